@@ -1,0 +1,74 @@
+"""Stateful Python contexts: a long-lived child per ``context_id`` whose globals persist.
+
+For each execution the agent passes fresh stdout/stderr/result pipe ends over a unix socket
+(SCM_RIGHTS), then the request as a frame; the context runs it in its globals and answers with
+a frame holding the exit code. A context that times out is killed; the next execution with the
+same id starts from empty globals and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from . import protocol, runners
+
+MAX_CONTEXTS = 16
+
+
+@dataclass
+class Context:
+    context_id: str
+    pid: int
+    sock: socket.socket
+    executions: int = 0
+
+
+def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> None:
+    """Body of a context child: serve executions until the socket closes."""
+    globs: dict[str, Any] = {"__name__": "__main__"}
+    devnull = os.open(os.devnull, os.O_RDWR)
+    while True:
+        try:
+            _, fds, _, _ = socket.recv_fds(sock, 1, 3)
+            if len(fds) != 3:
+                break
+            request = protocol.read_frame(sock.fileno())
+        except (EOFError, OSError, ValueError):
+            break
+        out_w, err_w, res_w = fds
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
+        runners.setup_stdio(bool(request.get("stream")))
+        try:
+            os.chdir(request.get("cwd") or workspace)
+        except OSError:
+            os.chdir(workspace)
+        code = runners.run_python(
+            request["code"], request.get("arguments"), globs, res_w, artifacts_dir,
+            request.get("figure_prefix", "figure"),
+        )
+        runners.flush_stdio()
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(res_w)
+        try:
+            protocol.write_frame(sock.fileno(), {"exit_code": code, "peak_memory_kb": _hwm_kb()})
+        except OSError:
+            break
+    os._exit(0)
+
+
+def _hwm_kb() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None

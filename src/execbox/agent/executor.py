@@ -1,0 +1,233 @@
+"""One execution: fork a child from the warm agent, pump its output, enforce time and size caps.
+
+The pump is shared by one-shot children and stateful contexts: it reads stdout/stderr/result
+pipes, streams chunks when asked, notices cancellation from the host, and kills the whole tree
+when the deadline passes.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import mimetypes
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import procs
+
+DEFAULT_OUTPUT_CAP = 1024 * 1024
+INLINE_ARTIFACT_CAP = 16 * 1024 * 1024
+MAX_ARTIFACTS = 200
+DRAIN_GRACE = 0.2
+OOM_MARKERS = ("JavaScript heap out of memory", "MemoryError", "Cannot allocate memory", "std::bad_alloc")
+
+
+@dataclass
+class Stream:
+    name: str
+    fd: int
+    cap: int
+    emit: Callable[[str, str], None] | None
+    data: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+    decoder: Any = None
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        if len(chunk) > room:
+            self.truncated = True
+        if self.emit is not None and room > 0:
+            if self.decoder is None:
+                self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            text = self.decoder.decode(chunk[: max(room, 0)])
+            if text:
+                self.emit(self.name, text)
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+@dataclass
+class Watch:
+    """What the pump waits on: the process to watch and how to learn it finished."""
+
+    pid: int
+    is_done: Callable[[], dict[str, Any] | None]  # returns the exit info once finished
+    extra_fds: list[int] = field(default_factory=list)  # e.g. a context's control socket
+    on_extra: Callable[[int], None] | None = None
+
+
+def snapshot(directory: str) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    if not os.path.isdir(directory):
+        return out
+    for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            out[os.path.relpath(p, directory)] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def collect_artifacts(directory: str, before: dict[str, tuple[int, int]], ws_rel: str,
+                      inline: bool) -> list[dict[str, Any]]:
+    after = snapshot(directory)
+    changed = sorted(k for k, v in after.items() if before.get(k) != v)[:MAX_ARTIFACTS]
+    out = []
+    budget = INLINE_ARTIFACT_CAP
+    for rel in changed:
+        path = os.path.join(directory, rel)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        item = {
+            "name": rel,
+            "path": f"{ws_rel}/{rel}",
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "mime_type": mimetypes.guess_type(rel)[0] or "application/octet-stream",
+        }
+        if inline and len(data) <= budget:
+            import base64
+
+            item["content_b64"] = base64.b64encode(data).decode()
+            budget -= len(data)
+        out.append(item)
+    return out
+
+
+def pump(
+    watch: Watch,
+    streams: list[Stream],
+    result_fd: int,
+    deadline: float,
+    wake_fd: int,
+    control_fd: int | None,
+    on_control: Callable[[bytes], bool],
+    on_wake: Callable[[], None],
+    kill: Callable[[], None],
+) -> dict[str, Any]:
+    """Run the IO loop until the watched process is done and its pipes are drained.
+
+    ``on_control`` gets bytes from the host and returns True when they cancel this run.
+    """
+    sel = selectors.DefaultSelector()
+    by_fd = {s.fd: s for s in streams}
+    for s in streams:
+        sel.register(s.fd, selectors.EVENT_READ)
+    result_buf = bytearray()
+    sel.register(result_fd, selectors.EVENT_READ)
+    open_fds = {s.fd for s in streams} | {result_fd}
+    sel.register(wake_fd, selectors.EVENT_READ)
+    if control_fd is not None:
+        sel.register(control_fd, selectors.EVENT_READ)
+    for fd in watch.extra_fds:
+        sel.register(fd, selectors.EVENT_READ)
+    timed_out = cancelled = False
+    done: dict[str, Any] | None = watch.is_done()
+    drain_until: float | None = None
+    while True:
+        now = time.monotonic()
+        if done is not None and drain_until is None:
+            drain_until = now + DRAIN_GRACE
+        if done is None and not timed_out and not cancelled and now >= deadline:
+            timed_out = True
+            kill()
+        if done is not None and (not open_fds or now >= drain_until):
+            break
+        if done is None and (timed_out or cancelled) and now >= deadline + 5:
+            break  # the process will not die: give up waiting, report what we have
+        wait = (drain_until - now) if drain_until else (deadline - now if not (timed_out or cancelled) else 0.05)
+        for key, _ in sel.select(max(0.0, min(wait, 1.0))):
+            fd = key.fd
+            if fd in by_fd or fd == result_fd:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    sel.unregister(fd)
+                    open_fds.discard(fd)
+                elif fd == result_fd:
+                    result_buf += chunk
+                else:
+                    by_fd[fd].feed(chunk)
+            elif fd == wake_fd:
+                try:
+                    os.read(wake_fd, 4096)
+                except OSError:
+                    pass
+                on_wake()
+            elif fd == control_fd:
+                try:
+                    data = os.read(control_fd, 1 << 20)
+                except OSError:
+                    data = b""
+                if on_control(data) and not cancelled and done is None:
+                    cancelled = True
+                    kill()
+            elif watch.on_extra is not None:
+                watch.on_extra(fd)
+        if done is None:
+            done = watch.is_done()
+    sel.close()
+    for fd in open_fds:
+        pass  # caller closes every fd it created
+    exit_info = done or {"exit_code": -signal.SIGKILL, "signal": signal.SIGKILL}
+    return {
+        "timed_out": timed_out,
+        "cancelled": cancelled,
+        "result_raw": bytes(result_buf),
+        "exit": exit_info,
+    }
+
+
+def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool]:
+    """(result dict or None, oom flag) from what the runner wrote to the result fd."""
+    result = None
+    oom = False
+    if raw:
+        text = raw.decode("utf-8", errors="replace")
+        decoder = json.JSONDecoder()
+        idx = 0
+        while idx < len(text):
+            try:
+                obj, end = decoder.raw_decode(text, idx)
+            except ValueError:
+                break
+            idx = end
+            if isinstance(obj, dict):
+                if "result" in obj:
+                    result = obj["result"]
+                if obj.get("oom"):
+                    oom = True
+    return result, oom
+
+
+def looks_oom(stderr: str, exit_info: dict[str, Any]) -> bool:
+    tail = stderr[-4096:]
+    return any(m in tail for m in OOM_MARKERS) and exit_info.get("exit_code", 0) != 0
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        procs.kill_tree(pid)
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,166 @@
+"""Process plumbing for the agent: rlimits, subreaper, finding and killing process trees."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def _prctl(option: int, arg: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Orphans of our executions (daemons) reparent to us, so we can find and kill them."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent() -> bool:
+    return _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def no_new_privs() -> bool:
+    return _prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def apply_rlimits(limits: dict[str, int | None], allow_address_space: bool = True) -> None:
+    """Set the limits a request asks for; never raise (a limit the kernel refuses is skipped)."""
+    table = {
+        "fsize_bytes": resource.RLIMIT_FSIZE,
+        "nofile": resource.RLIMIT_NOFILE,
+        "nproc": resource.RLIMIT_NPROC,
+        "cpu_seconds": resource.RLIMIT_CPU,
+    }
+    if allow_address_space:
+        # RLIMIT_DATA bounds heap and private mappings (what a memory bomb grows) without
+        # counting the shared libraries and preloaded modules a forked child inherits.
+        table["memory_bytes"] = resource.RLIMIT_DATA
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for key, which in table.items():
+        value = limits.get(key)
+        if value:
+            try:
+                resource.setrlimit(which, (int(value), int(value)))
+            except (ValueError, OSError):
+                pass
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` via /proc/<pid>/task/*/children, or a /proc scan."""
+    kids: list[int] = []
+    task_dir = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return []
+    found_file = False
+    for tid in tids:
+        try:
+            with open(f"{task_dir}/{tid}/children") as f:
+                found_file = True
+                kids.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    if found_file:
+        return kids
+    return [p for p, pp in _ppid_map().items() if pp == pid]
+
+
+def _ppid_map() -> dict[int, int]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            out[int(name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    stack = [pid]
+    seen = set()
+    while stack:
+        p = stack.pop()
+        for c in children_of(p):
+            if c not in seen:
+                seen.add(c)
+                out.append(c)
+                stack.append(c)
+    return out
+
+
+def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = True) -> int:
+    """SIGKILL ``pid``'s process group, its descendants, and our untracked orphans.
+
+    Repeats until nothing is left, so a fork bomb racing the kill still ends. Returns how many
+    processes were signalled.
+    """
+    keep = keep or set()
+    me = os.getpid()
+    total = 0
+    for _ in range(50):
+        targets = set(descendants(pid)) if include_root or pid != me else set()
+        if include_root:
+            targets.add(pid)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        # Orphans reparented to us (we are a subreaper) belong to some execution.
+        for orphan in children_of(me):
+            if orphan not in keep:
+                targets.add(orphan)
+                targets.update(descendants(orphan))
+        targets -= keep
+        targets.discard(me)
+        alive = []
+        for t in targets:
+            try:
+                os.kill(t, signal.SIGKILL)
+                alive.append(t)
+            except OSError:
+                pass
+        if not alive:
+            break
+        total += len(alive)
+        time.sleep(0.002)
+        include_root = False
+    return total
+
+
+def reap_all() -> list[tuple[int, int, resource.struct_rusage]]:
+    """Reap every exited child without blocking."""
+    out = []
+    while True:
+        try:
+            pid, status, ru = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        out.append((pid, status, ru))
+    return out
+
+
+def decode_status(status: int) -> tuple[int, int | None]:
+    """(exit_code, signal) with exit_code = -signal for a killed process."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return -sig, sig
+    return os.waitstatus_to_exitcode(status), None

@@ -1,0 +1,75 @@
+"""Framed JSON protocol between a host and the in-box agent.
+
+A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. Requests carry
+``id`` and ``op``; the agent answers with zero or more events (``{"id", "event", ...}``) and then
+exactly one reply (``{"id", "ok": true, "value"}`` or ``{"id", "ok": false, "error"}``).
+Stdlib only: this module is imported inside boxes and by the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 512 * 1024 * 1024
+PROTOCOL_VERSION = 1
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
+    return HEADER.pack(len(body)) + body
+
+
+def write_frame(fd: int, message: dict[str, Any]) -> None:
+    data = memoryview(encode_frame(message))
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def read_exact(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("stream closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> dict[str, Any]:
+    (size,) = HEADER.unpack(read_exact(fd, HEADER.size))
+    if size > MAX_FRAME:
+        raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+    return json.loads(read_exact(fd, size))
+
+
+class FrameBuffer:
+    """Incremental decoder for non-blocking reads: feed bytes, pop complete messages."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._buf)
+            if size > MAX_FRAME:
+                raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+            if len(self._buf) < HEADER.size + size:
+                break
+            body = bytes(self._buf[HEADER.size : HEADER.size + size])
+            del self._buf[: HEADER.size + size]
+            out.append(json.loads(body))
+        return out

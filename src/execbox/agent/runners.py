@@ -1,0 +1,141 @@
+"""What runs in a forked child: one function per language. Never returns; ends in ``os._exit``.
+
+Python runs in-process (the fork already has the runners and heavy libraries imported);
+JavaScript and bash replace the child with ``node``/``bash``. The value ``main()`` returns is
+written as JSON to the result fd, never to stdout.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import json
+import linecache
+import os
+import sys
+import traceback
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JS_RUNNER = os.path.join(HERE, "js_runner.js")
+CODE_FILENAME = "<code>"
+
+
+def write_result(fd: int, message: dict[str, Any]) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def encode_value(value: Any) -> dict[str, Any]:
+    """JSON-encode ``main()``'s return value, or explain why it cannot be."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        return {"error": f"main() returned a value that is not JSON-serializable ({type(value).__name__}): {e}"}
+    return {"present": True, "json": text, "type": type(value).__name__}
+
+
+def has_main_guard(tree: ast.Module) -> bool:
+    """True if the module has a top-level ``if __name__ == "__main__":`` block."""
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = [n for n in ast.walk(node.test) if isinstance(n, ast.Name) and n.id == "__name__"]
+            consts = [n for n in ast.walk(node.test) if isinstance(n, ast.Constant) and n.value == "__main__"]
+            if names and consts:
+                return True
+    return False
+
+
+def setup_stdio(line_buffered: bool) -> None:
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=line_buffered,
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
+    sys.stdin = open(os.devnull)  # noqa: SIM115
+
+
+def flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any], result_fd: int,
+               artifacts_dir: str | None, figure_prefix: str) -> int:
+    """Run ``code`` in ``globs``; call ``main`` per the contract. Returns the exit code."""
+    linecache.cache[CODE_FILENAME] = (len(code), None, code.splitlines(True), CODE_FILENAME)
+    try:
+        tree = compile(code, CODE_FILENAME, "exec", ast.PyCF_ONLY_AST)
+        compiled = compile(tree, CODE_FILENAME, "exec")
+    except (SyntaxError, ValueError) as e:
+        traceback.print_exception(type(e), e, None, file=sys.stderr)
+        return 1
+    guard = has_main_guard(tree)
+    # A script with a __main__ guard runs as a script; with arguments, main() is ours to call.
+    call_main = not guard or arguments is not None
+    globs["__name__"] = "__execbox__" if (guard and arguments is not None) else "__main__"
+    globs.setdefault("__builtins__", builtins)
+    exit_code = 0
+    try:
+        exec(compiled, globs)  # noqa: S102 - running the user's program is the point
+        main = globs.get("main")
+        if call_main and callable(main):
+            value = main(**arguments) if arguments else main()
+            encoded = encode_value(value)
+            if "error" in encoded:
+                print(f"execbox: {encoded['error']}", file=sys.stderr)
+                exit_code = 1
+            else:
+                write_result(result_fd, {"result": encoded})
+        elif arguments:
+            print("execbox: arguments were given but the code defines no main() function", file=sys.stderr)
+            exit_code = 1
+    except SystemExit as e:
+        exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except MemoryError:
+        write_result(result_fd, {"oom": True})
+        print("MemoryError: out of memory", file=sys.stderr)
+        exit_code = 1
+    except BaseException as e:  # noqa: BLE001 - the user's exception is reported, not raised
+        tb = e.__traceback__.tb_next if e.__traceback__ else None
+        traceback.print_exception(type(e), e, tb, file=sys.stderr)
+        exit_code = 1
+    save_figures(artifacts_dir, figure_prefix)
+    return exit_code
+
+
+def save_figures(artifacts_dir: str | None, prefix: str) -> None:
+    """Save open matplotlib figures as PNG artifacts, if the code used pyplot."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or not artifacts_dir:
+        return
+    try:
+        nums = plt.get_fignums()
+        for i, num in enumerate(nums, 1):
+            fig = plt.figure(num)
+            fig.savefig(os.path.join(artifacts_dir, f"{prefix}-{i}.png"), format="png")
+        plt.close("all")
+    except Exception as e:  # noqa: BLE001
+        print(f"execbox: could not save matplotlib figures: {e}", file=sys.stderr)
+
+
+def exec_node(node: str, code_path: str, args_path: str, env: dict[str, str], heap_mb: int | None) -> None:
+    argv = [node]
+    if heap_mb:
+        argv.append(f"--max-old-space-size={heap_mb}")
+    argv += [JS_RUNNER, code_path, args_path]
+    os.execve(node, argv, env)
+
+
+def exec_bash(bash: str, script_path: str, env: dict[str, str]) -> None:
+    os.execve(bash, [bash, "--noprofile", "--norc", script_path], env)

@@ -1,0 +1,1 @@
+"""Host side of self-hosted boxes: agent client, box handles, warm pool."""

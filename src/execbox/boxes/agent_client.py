@@ -1,0 +1,177 @@
+"""Host side of the agent protocol: send a request, collect its events, return its reply.
+
+Transport-agnostic: a ``Transport`` moves bytes (subprocess pipes for local/jail boxes, an
+attached container socket for Docker). One request at a time per box; ``cancel`` may be called
+from another thread while a request runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..agent import protocol
+from ..errors import (
+    ERRORS_BY_CODE,
+    InstanceCreationError,
+    ProviderUnavailableError,
+    SandboxError,
+)
+
+EventCallback = Callable[[str, Any], None]
+
+
+class Transport(Protocol):
+    def send(self, data: bytes) -> None: ...
+
+    def recv(self, max_bytes: int, timeout: float) -> bytes:
+        """Bytes available within ``timeout`` (b"" means EOF); raise TimeoutError if none."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class PipeTransport:
+    """Transport over a pair of file descriptors (a child's stdin and stdout)."""
+
+    def __init__(self, write_fd: int, read_fd: int, owns_fds: bool = True) -> None:
+        self.write_fd = write_fd
+        self.read_fd = read_fd
+        self.owns_fds = owns_fds
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.write_fd, view) :]
+
+    def recv(self, max_bytes: int, timeout: float) -> bytes:
+        ready, _, _ = select.select([self.read_fd], [], [], max(0.0, timeout))
+        if not ready:
+            raise TimeoutError
+        return os.read(self.read_fd, max_bytes)
+
+    def close(self) -> None:
+        if not self.owns_fds:
+            return
+        for fd in (self.write_fd, self.read_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class BoxDied(ProviderUnavailableError):
+    """The box's agent stream ended: the box crashed or was killed."""
+
+
+class AgentClient:
+    def __init__(self, transport: Transport, box_name: str = "box") -> None:
+        self.transport = transport
+        self.box_name = box_name
+        self.frames = protocol.FrameBuffer()
+        self.inbox: list[dict[str, Any]] = []
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        self.write_lock = threading.Lock()
+        self.hello: dict[str, Any] = {}
+        self.dead: str | None = None
+        self.current: int | None = None
+
+    def _send(self, message: dict[str, Any]) -> None:
+        with self.write_lock:
+            try:
+                self.transport.send(protocol.encode_frame(message))
+            except OSError as e:
+                self.dead = f"write failed: {e}"
+                raise BoxDied(f"{self.box_name} is gone ({e})", details={"box": self.box_name}) from None
+
+    def _next(self, deadline: float) -> dict[str, Any]:
+        while not self.inbox:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            try:
+                data = self.transport.recv(1 << 20, remaining)
+            except OSError as e:
+                data = b""
+                self.dead = f"read failed: {e}"
+            if not data:
+                self.dead = self.dead or "stream closed"
+                raise BoxDied(f"{self.box_name} stopped answering: its agent exited ({self.dead})",
+                              details={"box": self.box_name})
+            try:
+                self.inbox.extend(self.frames.feed(data))
+            except (protocol.ProtocolError, ValueError) as e:
+                self.dead = f"protocol error: {e}"
+                raise BoxDied(f"{self.box_name} sent a corrupt frame: {e}") from None
+        return self.inbox.pop(0)
+
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        try:
+            msg = self._next(time.monotonic() + timeout)
+        except TimeoutError:
+            raise InstanceCreationError(
+                f"{self.box_name}: agent did not become ready within {timeout:.0f}s"
+            ) from None
+        except BoxDied as e:
+            raise InstanceCreationError(f"{self.box_name}: agent failed to start ({e.message})") from None
+        if msg.get("event") != "ready":
+            raise InstanceCreationError(f"{self.box_name}: unexpected first message from agent: {msg!r:.200}")
+        self.hello = msg
+        return msg
+
+    def call(self, op: str, params: dict[str, Any] | None = None, *, timeout: float = 60.0,
+             on_event: EventCallback | None = None) -> Any:
+        """Send one request and wait for its reply; raise the SB error the agent reports."""
+        if self.dead:
+            raise BoxDied(f"{self.box_name} is gone ({self.dead})", details={"box": self.box_name})
+        with self.lock:
+            rid = next(self.ids)
+            message = {"id": rid, "op": op, **(params or {})}
+            self.current = rid
+            try:
+                self._send(message)
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        msg = self._next(deadline)
+                    except TimeoutError:
+                        self.dead = f"no reply to {op} within {timeout:.0f}s"
+                        raise BoxDied(f"{self.box_name} did not answer {op} within {timeout:.0f}s",
+                                      details={"box": self.box_name, "op": op}) from None
+                    if msg.get("id") != rid:
+                        continue
+                    if "event" in msg:
+                        if on_event is not None:
+                            on_event(msg["event"], msg.get("data"))
+                        continue
+                    if msg.get("ok"):
+                        return msg.get("value")
+                    raise agent_error(msg.get("error") or {})
+            finally:
+                self.current = None
+
+    def cancel(self) -> bool:
+        """Ask the agent to stop the running request (safe from any thread)."""
+        rid = self.current
+        if rid is None or self.dead:
+            return False
+        try:
+            self._send({"op": "cancel", "target": rid})
+        except BoxDied:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def agent_error(err: dict[str, Any]) -> SandboxError:
+    cls = ERRORS_BY_CODE.get(str(err.get("code")), SandboxError)
+    return cls(str(err.get("message", "agent error")), details=err.get("details") or {},
+               http_status=err.get("status"))

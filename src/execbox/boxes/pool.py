@@ -1,0 +1,122 @@
+"""Warm pool of started boxes: create_instance takes a ready one, a thread refills in the back.
+
+A box is handed out once and never returns to the pool. Start failures are retried with
+exponential backoff and stay visible in ``status()`` (for doctor, /readyz and metadata).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+log = logging.getLogger("execbox.pool")
+
+
+class PooledBox(Protocol):
+    def alive(self) -> bool: ...
+
+    def destroy(self) -> None: ...
+
+
+class BoxPool:
+    def __init__(self, start: Callable[[], PooledBox], size: int, name: str = "pool",
+                 max_backoff: float = 30.0) -> None:
+        self._start = start
+        self.size = max(0, int(size))
+        self.name = name
+        self.max_backoff = max_backoff
+        self._ready: deque[PooledBox] = deque()
+        self._cond = threading.Condition()
+        self._starting = 0
+        self._closed = False
+        self.failures = 0
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.started_total = 0
+        self.handed_out = 0
+        self._thread = threading.Thread(target=self._run, name=f"execbox-{name}", daemon=True)
+        if self.size:
+            self._thread.start()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._cond:
+                while not self._closed and len(self._ready) + self._starting >= self.size:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                self._starting += 1
+            try:
+                box = self._start()
+            except Exception as e:  # noqa: BLE001 - recorded and retried
+                with self._cond:
+                    self._starting -= 1
+                    self.failures += 1
+                    self.consecutive_failures += 1
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    self.last_error_at = time.time()
+                    self._cond.notify_all()
+                log.warning("pool %s: box start failed (%s); retrying in %.1fs", self.name, e, backoff)
+                with self._cond:
+                    self._cond.wait(timeout=backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+                continue
+            backoff = 0.5
+            with self._cond:
+                self._starting -= 1
+                self.started_total += 1
+                self.consecutive_failures = 0
+                if self._closed:
+                    box.destroy()
+                    return
+                self._ready.append(box)
+                self._cond.notify_all()
+
+    def take(self, wait: float = 0.0) -> PooledBox | None:
+        """A ready, live box, waiting up to ``wait`` seconds; None if none came."""
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while True:
+                while self._ready:
+                    box = self._ready.popleft()
+                    self._cond.notify_all()
+                    if box.alive():
+                        self.handed_out += 1
+                        return box
+                    threading.Thread(target=box.destroy, daemon=True).start()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed or not self.size:
+                    return None
+                self._cond.wait(timeout=remaining)
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "size": self.size,
+                "ready": len(self._ready),
+                "starting": self._starting,
+                "started_total": self.started_total,
+                "handed_out": self.handed_out,
+                "failures": self.failures,
+                "healthy": self.consecutive_failures == 0,
+                "last_error": self.last_error,
+                "last_error_at": self.last_error_at,
+            }
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            boxes = list(self._ready)
+            self._ready.clear()
+            self._cond.notify_all()
+        for box in boxes:
+            try:
+                box.destroy()
+            except Exception:  # noqa: BLE001
+                log.exception("pool %s: destroying a ready box failed", self.name)

@@ -1,0 +1,241 @@
+"""Data contracts shared by every provider and interface."""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import InvalidConfigError
+
+
+class Language(str, enum.Enum):
+    PYTHON = "python"
+    JAVASCRIPT = "javascript"
+    BASH = "bash"
+
+    @classmethod
+    def parse(cls, value: str | Language) -> Language:
+        """Accept the canonical names and their aliases (nodejs, js, sh, py)."""
+        if isinstance(value, Language):
+            return value
+        key = str(value or "").strip().lower()
+        lang = _LANGUAGE_ALIASES.get(key)
+        if lang is None:
+            raise InvalidConfigError(
+                f"unknown language {value!r}; supported: python, javascript (nodejs, js), bash",
+                details={"field": "language", "value": str(value)},
+            )
+        return lang
+
+
+_LANGUAGE_ALIASES = {
+    "python": Language.PYTHON,
+    "python3": Language.PYTHON,
+    "py": Language.PYTHON,
+    "javascript": Language.JAVASCRIPT,
+    "nodejs": Language.JAVASCRIPT,
+    "node": Language.JAVASCRIPT,
+    "js": Language.JAVASCRIPT,
+    "bash": Language.BASH,
+    "sh": Language.BASH,
+    "shell": Language.BASH,
+}
+
+
+class Isolation(str, enum.Enum):
+    """Security tiers, strongest first in TIER_ORDER."""
+
+    GVISOR = "gvisor"
+    CONTAINER = "container"
+    JAIL = "jail"
+    NONE = "none"
+
+
+TIER_ORDER = [Isolation.GVISOR, Isolation.CONTAINER, Isolation.JAIL, Isolation.NONE]
+
+
+def make_instance_id(tenant_id: str, session_id: str | None) -> str:
+    """Instance ids are scoped ``{tenant_id}:{session_id}:{uuid}`` so logs show ownership."""
+    return f"{tenant_id}:{session_id or 'oneshot'}:{uuid.uuid4().hex}"
+
+
+def split_instance_id(instance_id: str) -> tuple[str, str, str]:
+    parts = instance_id.split(":")
+    if len(parts) < 3:
+        return ("", "", instance_id)
+    return (parts[0], ":".join(parts[1:-1]), parts[-1])
+
+
+@dataclass
+class SandboxInstance:
+    instance_id: str
+    provider: str
+    status: str  # running, stopped, error
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Artifact:
+    """A file produced by a run. Bytes come inline (one-shot runs) or through ``fetch``."""
+
+    name: str
+    mime_type: str
+    size: int
+    sha256: str
+    path: str = ""
+    _data: bytes | None = field(default=None, repr=False, compare=False)
+    _fetcher: Callable[[str], bytes] | None = field(default=None, repr=False, compare=False)
+
+    def read_bytes(self) -> bytes:
+        """The artifact's content, checked against its sha256."""
+        if self._data is None:
+            if self._fetcher is None:
+                raise InvalidConfigError(
+                    f"artifact {self.name!r} has no content attached and its instance is gone",
+                    details={"artifact": self.name},
+                )
+            self._data = self._fetcher(self.path or self.name)
+        if hashlib.sha256(self._data).hexdigest() != self.sha256:
+            raise InvalidConfigError(
+                f"artifact {self.name!r} changed since the run (sha256 mismatch)",
+                details={"artifact": self.name},
+            )
+        return self._data
+
+    fetch = read_bytes
+
+    @property
+    def has_content(self) -> bool:
+        return self._data is not None
+
+    def to_dict(self, include_content: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "mime_type": self.mime_type,
+            "size": self.size,
+            "sha256": self.sha256,
+            "path": self.path,
+        }
+        if include_content and self._data is not None:
+            out["content_b64"] = base64.b64encode(self._data).decode()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], fetcher: Callable[[str], bytes] | None = None) -> Artifact:
+        data = base64.b64decode(d["content_b64"]) if d.get("content_b64") is not None else None
+        return cls(
+            name=d["name"],
+            mime_type=d.get("mime_type", "application/octet-stream"),
+            size=int(d.get("size", len(data) if data is not None else 0)),
+            sha256=d.get("sha256") or (hashlib.sha256(data).hexdigest() if data is not None else ""),
+            path=d.get("path", d["name"]),
+            _data=data,
+            _fetcher=fetcher,
+        )
+
+
+@dataclass
+class ExecutionResult:
+    stdout: str
+    stderr: str
+    exit_code: int
+    execution_time: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    timed_out: bool = False
+    truncated: bool = False
+    result: Any = None
+    artifacts: list[Artifact] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.error_code
+
+    @property
+    def error_code(self) -> str | None:
+        """SB005 (timeout), SB006 (out of memory) or None; the result still holds partial output."""
+        return self.metadata.get("error_code")
+
+    @property
+    def result_present(self) -> bool:
+        return bool(self.metadata.get("result_present", self.result is not None))
+
+    def raise_for_status(self) -> ExecutionResult:
+        """Raise the SB error this result carries (timeout, OOM); return self otherwise."""
+        from .errors import ERRORS_BY_CODE
+
+        code = self.error_code
+        if code:
+            cls = ERRORS_BY_CODE[code]
+            raise cls(self.metadata.get("error_message", code), details={"result": self.to_dict()})
+        return self
+
+    def to_dict(self, include_artifact_content: bool = False) -> dict[str, Any]:
+        return {
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "exit_code": self.exit_code,
+            "execution_time": self.execution_time,
+            "timed_out": self.timed_out,
+            "truncated": self.truncated,
+            "result": self.result,
+            "artifacts": [a.to_dict(include_artifact_content) for a in self.artifacts],
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], fetcher: Callable[[str], bytes] | None = None) -> ExecutionResult:
+        return cls(
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            exit_code=int(d.get("exit_code", 0)),
+            execution_time=float(d.get("execution_time", 0.0)),
+            metadata=dict(d.get("metadata") or {}),
+            timed_out=bool(d.get("timed_out", False)),
+            truncated=bool(d.get("truncated", False)),
+            result=d.get("result"),
+            artifacts=[Artifact.from_dict(a, fetcher) for a in d.get("artifacts") or []],
+        )
+
+
+@dataclass
+class FileInfo:
+    path: str
+    size: int
+    is_dir: bool
+    modified: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TextPage:
+    """A page of a text file: lines ``offset`` .. ``offset+len(lines)`` of ``total_lines``."""
+
+    path: str
+    content: str
+    offset: int
+    limit: int
+    total_lines: int
+    truncated: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GrepMatch:
+    path: str
+    line_number: int
+    line: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,1 @@
+"""Sandbox providers: the contract, the registry and one module per backend."""

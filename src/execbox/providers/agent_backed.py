@@ -1,0 +1,355 @@
+"""Shared implementation for self-hosted providers whose boxes run the execbox agent.
+
+A subclass only says how to start a box (``start_box``) and which limits it applies; every
+operation here is one request to the box's agent. Warm pool, AST policy, result mapping and
+SB error mapping live here once.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..boxes.agent_client import BoxDied
+from ..boxes.box import Box
+from ..boxes.pool import BoxPool
+from ..errors import (
+    InstanceCreationError,
+    InvalidConfigError,
+    ProviderUnavailableError,
+    SandboxError,
+    SessionNotFoundError,
+)
+from ..models import (
+    Artifact,
+    ExecutionResult,
+    FileInfo,
+    GrepMatch,
+    Language,
+    SandboxInstance,
+    TextPage,
+    make_instance_id,
+)
+from ..policy import AstPolicy
+from .base import OutputCallback, SandboxProvider
+from .schema import check_config
+
+log = logging.getLogger("execbox.provider")
+
+AGENT_GRACE = 10.0  # seconds past an execution's own timeout before the host gives up on a box
+FILE_OP_TIMEOUT = 60.0
+DEFAULT_OUTPUT_CAP = 1024 * 1024
+
+POLICY_SCHEMA: dict[str, dict[str, Any]] = {
+    "enable_ast_analysis": {
+        "type": "boolean", "default": False, "label": "AST policy",
+        "description": "Lint Python code before running it and block configured imports/calls (SB007). "
+                       "A guard rail, not the security boundary.",
+    },
+    "blocked_imports": {
+        "type": "list", "label": "Blocked imports",
+        "description": "Modules the AST policy blocks (comma-separated). Empty = built-in list.",
+    },
+    "blocked_calls": {
+        "type": "list", "label": "Blocked calls",
+        "description": "Dotted call names the AST policy blocks, e.g. os.system, eval.",
+    },
+}
+
+
+@dataclass
+class Instance:
+    instance_id: str
+    box: Box
+    tenant_id: str
+    session_id: str | None
+    created_at: float = field(default_factory=time.time)
+    executions: int = 0
+    from_pool: bool = False
+
+
+class AgentBackedProvider(SandboxProvider):
+    warm_pool_wait = 0.0  # seconds create_instance waits for a pooled box before starting one
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._instances: dict[str, Instance] = {}
+        self._lock = threading.Lock()
+        self._pool: BoxPool | None = None
+        self._policy: AstPolicy | None = None
+
+    # -- what a backend provides ------------------------------------------------------------
+    @abstractmethod
+    def start_box(self, workspace: str | None = None) -> Box:
+        """Start a box with its agent ready; ``workspace`` reuses an existing host directory."""
+
+    def applied_limits(self) -> dict[str, Any]:
+        return {"timeout": self.config.get("timeout"), "max_output_bytes": self.output_cap}
+
+    def warnings(self) -> list[str]:
+        return []
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def initialize(self, config: dict[str, Any]) -> bool:
+        clean = check_config(self.get_config_schema(), config or {}, self.name)
+        ok, message = self.validate_config(clean)
+        if not ok:
+            raise InvalidConfigError(f"invalid {self.name} configuration: {message}",
+                                     details={"provider": self.name, "message": message})
+        self.config = clean
+        if clean.get("enable_ast_analysis"):
+            self._policy = AstPolicy.from_config(clean.get("blocked_imports") or None,
+                                                 clean.get("blocked_calls") or None)
+        self.prepare()
+        size = int(clean.get("pool_size") or 0)
+        if size:
+            self._pool = BoxPool(self.start_box, size, name=self.name)
+        self.initialized = True
+        return True
+
+    def prepare(self) -> None:
+        """Backend checks run once at initialize (binaries present, cgroups usable, ...)."""
+
+    @property
+    def output_cap(self) -> int:
+        return int(self.config.get("max_output_bytes") or DEFAULT_OUTPUT_CAP)
+
+    def pool_status(self) -> dict[str, Any] | None:
+        return self._pool.status() if self._pool else None
+
+    def create_instance(self, template: str = "python", *, tenant_id: str = "default",
+                        session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
+        self._require_initialized()
+        instance_id = make_instance_id(tenant_id, session_id)
+        box = None
+        if self._pool is not None and workspace is None:
+            box = self._pool.take(self.warm_pool_wait)
+        from_pool = box is not None
+        if box is None:
+            try:
+                box = self.start_box(workspace)
+            except SandboxError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise InstanceCreationError(f"{self.name}: could not start a box: {e}",
+                                            details={"provider": self.name}) from e
+        if workspace is not None or session_id is not None:
+            box.keep_workspace = workspace is not None
+        inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool)
+        with self._lock:
+            self._instances[instance_id] = inst
+        return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
+
+    def _instance_metadata(self, inst: Instance) -> dict[str, Any]:
+        return {
+            "isolation": self.isolation.value, "tenant_id": inst.tenant_id, "session_id": inst.session_id,
+            "from_pool": inst.from_pool, "workspace": inst.box.workspace, **inst.box.info(),
+        }
+
+    def destroy_instance(self, instance_id: str) -> bool:
+        with self._lock:
+            inst = self._instances.pop(instance_id, None)
+        if inst is None:
+            return False
+        inst.box.destroy()
+        return True
+
+    def instance_alive(self, instance_id: str) -> bool:
+        inst = self._instances.get(instance_id)
+        return bool(inst and inst.box.alive())
+
+    def list_instances(self) -> list[SandboxInstance]:
+        with self._lock:
+            insts = list(self._instances.values())
+        return [SandboxInstance(i.instance_id, self.name, "running" if i.box.alive() else "error",
+                                self._instance_metadata(i)) for i in insts]
+
+    def health_check(self) -> bool:
+        if not self.initialized:
+            return False
+        ok, _ = self.availability()
+        return ok
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        with self._lock:
+            insts = list(self._instances.values())
+            self._instances.clear()
+        for inst in insts:
+            try:
+                inst.box.destroy()
+            except Exception:  # noqa: BLE001
+                log.exception("destroying %s failed", inst.instance_id)
+        self.initialized = False
+
+    def _get(self, instance_id: str) -> Instance:
+        self._require_initialized()
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            raise SessionNotFoundError(f"no instance {instance_id!r} in provider {self.name!r}",
+                                       details={"instance_id": instance_id})
+        return inst
+
+    def _call(self, inst: Instance, op: str, params: dict[str, Any], timeout: float = FILE_OP_TIMEOUT,
+              on_output: OutputCallback | None = None) -> Any:
+        try:
+            return inst.box.client.call(op, params, timeout=timeout, on_event=on_output)
+        except BoxDied as e:
+            self._box_died(inst, e)
+            raise AssertionError("unreachable") from e
+
+    def _box_died(self, inst: Instance, err: BoxDied) -> None:
+        oom = inst.box.oom_events() > 0
+        inst.box.destroy()
+        if oom:
+            from ..errors import OutOfMemoryError
+
+            raise OutOfMemoryError(f"box of {inst.instance_id} was killed for exceeding its memory limit",
+                                   details={"instance_id": inst.instance_id})
+        raise ProviderUnavailableError(
+            f"the box of instance {inst.instance_id} died: {err.message}",
+            details={"instance_id": inst.instance_id, "provider": self.name, "box_died": True},
+        )
+
+    def get_supported_languages(self) -> list[str]:
+        return [lang.value for lang in Language]
+
+    # -- execution --------------------------------------------------------------------------
+    def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
+                     arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
+                     on_output: OutputCallback | None = None, inline_artifacts: bool = False) -> ExecutionResult:
+        lang = Language.parse(language)
+        if not isinstance(code, str):
+            raise InvalidConfigError("code must be a string", details={"field": "code"})
+        if arguments is not None and not isinstance(arguments, dict):
+            raise InvalidConfigError("arguments must be a JSON object (dict)", details={"field": "arguments"})
+        if lang is Language.PYTHON and self._policy is not None:
+            self._policy.check(code)
+        return self._exec(instance_id, {
+            "language": lang.value, "code": code, "arguments": arguments, "context_id": context_id,
+        }, timeout, on_output, inline_artifacts)
+
+    def run_command(self, instance_id: str, command: str, timeout: int = 30, *, cwd: str | None = None,
+                    env: dict[str, str] | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
+        if not isinstance(command, str) or not command.strip():
+            raise InvalidConfigError("command must be a non-empty string", details={"field": "command"})
+        return self._exec(instance_id, {"language": "bash", "code": command, "cwd": cwd, "env": env or {}},
+                          timeout, on_output, False)
+
+    def _check_timeout(self, timeout: Any) -> float:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise InvalidConfigError("timeout must be a positive number of seconds",
+                                     details={"field": "timeout", "value": str(timeout)})
+        limit = self.config.get("max_timeout")
+        if limit and timeout > limit:
+            raise InvalidConfigError(f"timeout {timeout}s exceeds this provider's maximum of {limit}s",
+                                     details={"field": "timeout", "max": limit})
+        return float(timeout)
+
+    def _exec(self, instance_id: str, params: dict[str, Any], timeout: Any, on_output: OutputCallback | None,
+              inline_artifacts: bool) -> ExecutionResult:
+        inst = self._get(instance_id)
+        seconds = self._check_timeout(timeout)
+        oom_before = inst.box.oom_events()
+        request = {**params, "timeout": seconds, "output_cap": self.output_cap, "stream": on_output is not None,
+                   "inline_artifacts": inline_artifacts}
+        started = time.monotonic()
+        value = self._call(inst, "exec", request, timeout=seconds + AGENT_GRACE, on_output=on_output)
+        inst.executions += 1
+        oom = bool(value.get("oom")) or inst.box.oom_events() > oom_before
+        return self._to_result(inst, value, time.monotonic() - started, oom)
+
+    def _to_result(self, inst: Instance, v: dict[str, Any], wall: float, oom: bool) -> ExecutionResult:
+        import json
+
+        res = v.get("result")
+        result_value = json.loads(res["json"]) if res and res.get("present") else None
+        metadata: dict[str, Any] = {
+            "provider": self.name,
+            "isolation": self.isolation.value,
+            "instance_id": inst.instance_id,
+            "language": v.get("language"),
+            "limits": self.applied_limits(),
+            "peak_memory_kb": v.get("peak_memory_kb"),
+            "result_present": bool(res and res.get("present")),
+            "result_type": res.get("type") if res else None,
+            "host_overhead_ms": round((wall - float(v.get("execution_time", 0.0))) * 1000, 3),
+        }
+        if v.get("signal"):
+            metadata["signal"] = v["signal"]
+        for key in ("context_id", "context_new", "context_restarted", "context_reset", "context_note",
+                    "context_executions", "cancelled"):
+            if v.get(key) is not None:
+                metadata[key] = v[key]
+        warnings = self.warnings()
+        if self.selection_note:
+            metadata["selection_note"] = self.selection_note
+        if warnings:
+            metadata["warnings"] = warnings
+        if v.get("timed_out"):
+            metadata["error_code"] = "SB005"
+            metadata["error_message"] = "execution timed out; the process tree was killed"
+        elif oom:
+            metadata["error_code"] = "SB006"
+            metadata["error_message"] = "execution ran out of memory"
+        fetch = self._artifact_fetcher(inst.instance_id)
+        artifacts = [Artifact.from_dict(a, fetch) for a in v.get("artifacts") or []]
+        return ExecutionResult(
+            stdout=v.get("stdout", ""), stderr=v.get("stderr", ""), exit_code=int(v.get("exit_code", -1)),
+            execution_time=float(v.get("execution_time", 0.0)), metadata=metadata,
+            timed_out=bool(v.get("timed_out")), truncated=bool(v.get("truncated")), result=result_value,
+            artifacts=artifacts,
+        )
+
+    def _artifact_fetcher(self, instance_id: str):
+        return lambda path: self.read_bytes(instance_id, path)
+
+    def cancel(self, instance_id: str) -> bool:
+        inst = self._instances.get(instance_id)
+        return bool(inst and inst.box.client.cancel())
+
+    # -- files ------------------------------------------------------------------------------
+    def read_file(self, instance_id: str, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
+        v = self._call(self._get(instance_id), "files.read", {"path": path, "offset": offset, "limit": limit})
+        return TextPage(**v)
+
+    def read_bytes(self, instance_id: str, path: str) -> bytes:
+        v = self._call(self._get(instance_id), "files.read_bytes", {"path": path})
+        return base64.b64decode(v["content_b64"])
+
+    def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
+        v = self._call(self._get(instance_id), "files.write", {"path": path, "mode": mode, **_content(content)})
+        return FileInfo(**v)
+
+    def write_files(self, instance_id: str, files: dict[str, str | bytes]) -> list[FileInfo]:
+        items = [{"path": p, **_content(c)} for p, c in files.items()]
+        v = self._call(self._get(instance_id), "files.write_many", {"files": items})
+        return [FileInfo(**f) for f in v["files"]]
+
+    def list_files(self, instance_id: str, path: str = ".", recursive: bool = False) -> list[FileInfo]:
+        v = self._call(self._get(instance_id), "files.list", {"path": path, "recursive": recursive})
+        return [FileInfo(**f) for f in v["files"]]
+
+    def glob(self, instance_id: str, pattern: str) -> list[str]:
+        return self._call(self._get(instance_id), "files.glob", {"pattern": pattern})["paths"]
+
+    def grep(self, instance_id: str, pattern: str, path: str = ".", glob: str | None = None,
+             max_results: int = 100) -> list[GrepMatch]:
+        v = self._call(self._get(instance_id), "files.grep",
+                       {"pattern": pattern, "path": path, "glob": glob, "max_results": max_results})
+        return [GrepMatch(**m) for m in v["matches"]]
+
+
+def _content(content: str | bytes) -> dict[str, str]:
+    if isinstance(content, bytes):
+        return {"content_b64": base64.b64encode(content).decode()}
+    if isinstance(content, str):
+        return {"content": content}
+    raise InvalidConfigError("content must be str or bytes", details={"field": "content"})
