@@ -37,7 +37,13 @@ def get_provider_class(name: str) -> type[SandboxProvider]:
             f"unknown provider {name!r}; installed providers: {', '.join(sorted(eps)) or 'none'}",
             details={"field": "provider", "value": name, "known": sorted(eps)},
         )
-    cls = ep.load()
+    try:
+        cls = ep.load()
+    except ImportError as e:
+        raise ProviderUnavailableError(
+            f"provider {name!r} is not available in this installation: {e}",
+            details={"provider": name, "missing": getattr(e, "name", None) or str(e)},
+        ) from e
     if not (isinstance(cls, type) and issubclass(cls, SandboxProvider)):
         raise InvalidConfigError(f"entry point {name!r} does not name a SandboxProvider subclass")
     return cls

@@ -1,0 +1,43 @@
+# execbox: `make run` starts the service on its embedded defaults; `make test` runs the whole suite.
+# Both install what they need first (Python venv, Debian packages via scripts/setup/).
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# Resolve the real interpreter once (the pyenv `python3` on PATH is a slow shim).
+PYTHON ?= $(shell python3 -c 'import sys; print(sys.executable)' 2>/dev/null || echo /usr/bin/python3)
+HOST ?= 127.0.0.1
+PORT ?= 8080
+
+.PHONY: install system-deps-run system-deps-test run test lint fmt bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@bash scripts/setup/python.sh "$(PYTHON)" "$(VENV)"
+	@touch $@
+
+install: $(VENV)/.installed
+
+system-deps-run:
+	@for s in scripts/setup/run/*.sh; do [ -e "$$s" ] || continue; bash "$$s" || exit 1; done
+
+system-deps-test: system-deps-run
+	@for s in scripts/setup/test/*.sh; do [ -e "$$s" ] || continue; bash "$$s" || exit 1; done
+
+run: install system-deps-run
+	$(VENV)/bin/execbox serve --host $(HOST) --port $(PORT)
+
+test: install system-deps-test
+	$(PY) -m ruff check src tests bench
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check src tests bench
+
+fmt: install
+	$(PY) -m ruff check --fix src tests bench
+
+bench: install system-deps-test
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) "$$b" || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist src/*.egg-info

@@ -1,0 +1,3 @@
+from execbox.cli import main
+
+main()
