@@ -1,0 +1,78 @@
+"""Shared bench helpers: time a callable, run it at a concurrency, print a table with ratios.
+
+Every bench script measures its subject and a baseline side by side in the same process and
+prints p50, p95, throughput and the subject/baseline ratio. Nothing here asserts a threshold.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+
+@dataclass
+class Row:
+    name: str
+    samples_ms: list[float]
+    wall_s: float
+    concurrency: int
+    baseline: str | None = None
+    errors: int = 0
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def p95(self) -> float:
+        s = sorted(self.samples_ms)
+        return s[min(len(s) - 1, int(round(0.95 * (len(s) - 1))))]
+
+    @property
+    def throughput(self) -> float:
+        return len(self.samples_ms) / self.wall_s if self.wall_s else 0.0
+
+
+def measure(name: str, fn: Callable[[], object], n: int = 200, concurrency: int = 1, warmup: int = 5,
+            baseline: str | None = None) -> Row:
+    """Call ``fn`` ``n`` times (spread over ``concurrency`` threads) after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    errors = 0
+
+    def one() -> None:
+        nonlocal errors
+        t = time.perf_counter()
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - counted, shown in the table
+            errors += 1
+        samples.append((time.perf_counter() - t) * 1000)
+
+    start = time.perf_counter()
+    if concurrency == 1:
+        for _ in range(n):
+            one()
+    else:
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(lambda _: one(), range(n)))
+    return Row(name, samples, time.perf_counter() - start, concurrency, baseline, errors)
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    by_name = {r.name: r for r in rows}
+    print(f"\n{title}")
+    header = f"{'scenario':<44} {'conc':>4} {'n':>5} {'p50 ms':>9} {'p95 ms':>9} {'ops/s':>9} {'err':>4}  vs baseline"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ratio = ""
+        base = by_name.get(r.baseline) if r.baseline else None
+        if base is not None:
+            ratio = f"p50 x{r.p50 / base.p50:.2f} ({r.baseline})"
+        print(f"{r.name:<44} {r.concurrency:>4} {len(r.samples_ms):>5} {r.p50:>9.2f} {r.p95:>9.2f} "
+              f"{r.throughput:>9.1f} {r.errors:>4}  {ratio}")
