@@ -1,0 +1,150 @@
+"""Connecting to the store's database and migrating it (Alembic, scripts shipped in-package)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
+from sqlalchemy.pool import NullPool
+
+from ...errors import InvalidConfigError, ProviderUnavailableError
+from .repos import AuditRepo, SettingsRepo, TokensRepo
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+DEFAULT_DATA_DIR = "./.execbox"
+
+
+def data_dir_path(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """EXECBOX_DATA_DIR, default ./.execbox; created with 0700 (it holds the key file)."""
+    path = Path(data_dir or os.environ.get("EXECBOX_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def database_url(data_dir: str | os.PathLike[str] | None = None, url: str | None = None) -> str:
+    url = url or os.environ.get("EXECBOX_DATABASE_URL") or ""
+    if url:
+        # Plain postgresql:// means psycopg 3 here (the driver execbox installs).
+        return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url)
+    return f"sqlite:///{data_dir_path(data_dir) / 'execbox.db'}"
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password hidden, for logs and errors."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1****@", url)
+
+
+def _alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Run the migrations up to ``revision`` (idempotent)."""
+    cfg = _alembic_config(engine.url.render_as_string(hide_password=False))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(_alembic_config("sqlite://")).get_current_head()
+
+
+def _make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        # NullPool: each use opens the file afresh; cheap for SQLite and safe across forks.
+        engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record) -> None:  # pragma: no cover - trivial
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+class Store:
+    """The database behind the service: settings, tokens, audit."""
+
+    def __init__(self, engine: Engine, data_dir: Path) -> None:
+        self.engine = engine
+        self.data_dir = data_dir
+        sessions = sessionmaker(engine, expire_on_commit=False)
+        self.settings = SettingsRepo(sessions)
+        self.tokens = TokensRepo(sessions)
+        self.audit = AuditRepo(sessions)
+
+    @property
+    def url(self) -> str:
+        return redact_url(self.engine.url.render_as_string(hide_password=False))
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            return True
+        except SQLAlchemyError:
+            return False
+
+    def revision(self) -> str | None:
+        return current_revision(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_store(data_dir: str | os.PathLike[str] | None = None, url: str | None = None,
+               migrate: bool = True) -> Store:
+    """Connect (EXECBOX_DATABASE_URL, else SQLite in EXECBOX_DATA_DIR) and migrate to head."""
+    path = data_dir_path(data_dir)
+    full_url = database_url(path, url)
+    try:
+        engine = _make_engine(full_url)
+    except (SQLAlchemyError, ImportError, ValueError) as e:
+        raise InvalidConfigError(f"EXECBOX_DATABASE_URL {redact_url(full_url)!r} is not usable: {e}",
+                                 details={"field": "EXECBOX_DATABASE_URL"}) from None
+    try:
+        if migrate:
+            upgrade(engine)
+        else:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as e:
+        engine.dispose()
+        raise ProviderUnavailableError(
+            f"settings database {redact_url(full_url)} is unreachable: {type(e.__cause__ or e).__name__}: "
+            f"{str(e.__cause__ or e).splitlines()[0] if str(e.__cause__ or e) else ''}",
+            details={"database": redact_url(full_url)},
+        ) from None
+    return Store(engine, path)

@@ -1,0 +1,64 @@
+"""SQLAlchemy 2 table definitions: settings, tokens and the audit log.
+
+The Alembic migrations in ``migrations/versions`` are the source of truth for the schema; these
+models mirror them for the repositories' queries.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Float, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SystemSetting(Base):
+    """One named setting; provider configs are one JSON row each (``sandbox.<provider>``)."""
+
+    __tablename__ = "system_settings"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    source: Mapped[str] = mapped_column(String(32), nullable=False)
+    data_type: Mapped[str] = mapped_column(String(32), nullable=False)
+    value: Mapped[str] = mapped_column(Text, nullable=False)
+    update_time: Mapped[float] = mapped_column(Float(precision=53), nullable=False, index=True)
+
+
+class Token(Base):
+    """An API token. Only its SHA-256 is stored; prefix/last4 let people tell tokens apart."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    prefix: Mapped[str] = mapped_column(String(16), nullable=False)
+    last4: Mapped[str] = mapped_column(String(4), nullable=False)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False)
+    revoked_at: Mapped[float | None] = mapped_column(Float(precision=53), nullable=True)
+
+
+class AuditEntry(Base):
+    """One sandbox operation, kept for traceability per tenant."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    provider: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    operation: Mapped[str] = mapped_column(String(64), nullable=False)
+    instance_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    language: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    code_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    status: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    memory_used_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False, index=True)
+    code: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -1,0 +1,239 @@
+"""Repositories over the store's tables: settings, tokens, audit. Short transactions, no ORM
+objects leak out (callers get plain values or frozen records)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from ...errors import InvalidConfigError
+from .models import AuditEntry, SystemSetting, Token
+
+TOKEN_PREFIX = "ebx_"
+ROLES = ("tenant", "admin")
+
+
+@dataclass(frozen=True)
+class SettingRecord:
+    name: str
+    source: str
+    data_type: str
+    value: str
+    update_time: float
+
+
+class SettingsRepo:
+    """``system_settings``: one row per name; every write bumps the store's version."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    def get(self, name: str) -> str | None:
+        with self._sessions() as s:
+            return s.scalar(select(SystemSetting.value).where(SystemSetting.name == name))
+
+    def get_record(self, name: str) -> SettingRecord | None:
+        with self._sessions() as s:
+            row = s.get(SystemSetting, name)
+            return _setting(row) if row else None
+
+    def all(self) -> dict[str, SettingRecord]:
+        with self._sessions() as s:
+            rows = s.scalars(select(SystemSetting).where(SystemSetting.name != LOCK_ROW)
+                             .order_by(SystemSetting.name))
+            return {r.name: _setting(r) for r in rows}
+
+    def set(self, name: str, value: str, source: str = "admin", data_type: str = "json") -> float:
+        """Insert or replace one row atomically; returns its new update_time."""
+        return self.set_many({name: value}, source=source, data_type=data_type)
+
+    def set_many(self, values: dict[str, str], source: str = "admin", data_type: str = "json",
+                 data_types: dict[str, str] | None = None) -> float:
+        """Write several rows in one transaction (all or none)."""
+        with self._sessions.begin() as s:
+            return self._write(s, values, source, data_type, data_types or {})
+
+    def update(self, name: str, fn: Callable[[str | None], str], source: str = "admin",
+               data_type: str = "json") -> str:
+        """Read-modify-write one row under a row lock (SELECT ... FOR UPDATE where supported;
+        SQLite serialises writers with BEGIN IMMEDIATE). Returns the value written."""
+        with self._sessions.begin() as s:
+            _lock_for_write(s)
+            current = s.scalar(select(SystemSetting.value).where(SystemSetting.name == name)
+                               .with_for_update())
+            new = fn(current)
+            self._write(s, {name: new}, source, data_type, {})
+            return new
+
+    def version(self) -> float:
+        """max(update_time): one cheap indexed query, for hot reload."""
+        with self._sessions() as s:
+            return float(s.scalar(select(func.max(SystemSetting.update_time))) or 0.0)
+
+    @staticmethod
+    def _write(s: Session, values: dict[str, str], source: str, data_type: str,
+               data_types: dict[str, str]) -> float:
+        _lock_for_write(s)
+        # Strictly increasing versions even when two writes land in the same clock tick or the
+        # writers' clocks disagree: a reader must never miss a change.
+        latest = s.scalar(select(func.max(SystemSetting.update_time))) or 0.0
+        stamp = max(time.time(), float(latest) + 1e-3)
+        for name, value in values.items():
+            if not isinstance(value, str):
+                raise InvalidConfigError(f"setting {name!r}: value must be a string",
+                                         details={"field": name})
+            dt = data_types.get(name, data_type)
+            row = s.get(SystemSetting, name, with_for_update=True)
+            if row is None:
+                s.add(SystemSetting(name=name, source=source, data_type=dt, value=value, update_time=stamp))
+            else:
+                row.value, row.source, row.data_type, row.update_time = value, source, dt, stamp
+        s.flush()
+        return stamp
+
+
+LOCK_ROW = "_store.write_lock"
+
+
+def _lock_for_write(s: Session) -> None:
+    """Serialise writers on every database: updating the sentinel row takes a row lock held
+    until commit (PostgreSQL/MySQL) or SQLite's database write lock. Must be the transaction's
+    first statement so SQLite never has to upgrade a read snapshot."""
+    if s.info.get("write_locked"):
+        return
+    s.execute(update(SystemSetting).where(SystemSetting.name == LOCK_ROW).values(source="lock"))
+    s.info["write_locked"] = True
+
+
+def _setting(row: SystemSetting) -> SettingRecord:
+    return SettingRecord(row.name, row.source, row.data_type, row.value, float(row.update_time))
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    id: str
+    tenant_id: str
+    role: str
+    name: str | None
+    prefix: str
+    last4: str
+    created_at: float
+    revoked_at: float | None
+
+    @property
+    def display(self) -> str:
+        """How a token is shown anywhere: never whole."""
+        return f"{self.prefix}...{self.last4}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "tenant_id": self.tenant_id, "role": self.role, "name": self.name,
+                "token": self.display, "created_at": self.created_at, "revoked": self.revoked_at is not None}
+
+
+def hash_token(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
+
+
+class TokensRepo:
+    """API tokens: 256-bit random, stored as SHA-256 (a fast hash is right for high-entropy
+    secrets), shown once at creation."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    def create(self, tenant_id: str, role: str = "tenant",
+               name: str | None = None) -> tuple[TokenRecord, str]:
+        if role not in ROLES:
+            raise InvalidConfigError(f"role must be one of {', '.join(ROLES)}",
+                                     details={"fields": {"role": "invalid"}})
+        if not tenant_id or len(tenant_id) > 128:
+            raise InvalidConfigError("tenant_id must be 1-128 characters",
+                                     details={"fields": {"tenant_id": "invalid"}})
+        plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        row = Token(id="tok_" + secrets.token_hex(8), token_hash=hash_token(plaintext),
+                    prefix=plaintext[:8], last4=plaintext[-4:], tenant_id=tenant_id, role=role,
+                    name=name, created_at=time.time(), revoked_at=None)
+        with self._sessions.begin() as s:
+            s.add(row)
+            s.flush()
+            rec = _token(row)
+        return rec, plaintext
+
+    def verify(self, plaintext: str) -> TokenRecord | None:
+        if not plaintext or not plaintext.startswith(TOKEN_PREFIX) or len(plaintext) > 256:
+            return None
+        with self._sessions() as s:
+            row = s.scalar(select(Token).where(Token.token_hash == hash_token(plaintext)))
+            if row is None or row.revoked_at is not None:
+                return None
+            return _token(row)
+
+    def get(self, token_id: str) -> TokenRecord | None:
+        with self._sessions() as s:
+            row = s.get(Token, token_id)
+            return _token(row) if row else None
+
+    def list(self, include_revoked: bool = False) -> list[TokenRecord]:
+        q = select(Token).order_by(Token.created_at)
+        if not include_revoked:
+            q = q.where(Token.revoked_at.is_(None))
+        with self._sessions() as s:
+            return [_token(r) for r in s.scalars(q)]
+
+    def revoke(self, token_id: str) -> bool:
+        with self._sessions.begin() as s:
+            res = s.execute(update(Token).where(Token.id == token_id, Token.revoked_at.is_(None))
+                            .values(revoked_at=time.time()))
+            return bool(res.rowcount)
+
+    def count(self, role: str | None = None) -> int:
+        q = select(func.count()).select_from(Token).where(Token.revoked_at.is_(None))
+        if role:
+            q = q.where(Token.role == role)
+        with self._sessions() as s:
+            return int(s.scalar(q) or 0)
+
+
+def _token(row: Token) -> TokenRecord:
+    return TokenRecord(row.id, row.tenant_id, row.role, row.name, row.prefix, row.last4,
+                       float(row.created_at), row.revoked_at)
+
+
+AUDIT_FIELDS = ("tenant_id", "provider", "operation", "instance_id", "language", "code_hash", "duration_ms",
+                "status", "exit_code", "memory_used_mb", "error_code", "code", "created_at")
+
+
+class AuditRepo:
+    """Append-only log of sandbox operations."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    def record(self, **fields: Any) -> None:
+        unknown = set(fields) - set(AUDIT_FIELDS)
+        if unknown:
+            raise InvalidConfigError(f"unknown audit fields: {', '.join(sorted(unknown))}")
+        if fields.get("code") is not None and not fields.get("code_hash"):
+            fields["code_hash"] = hashlib.sha256(str(fields["code"]).encode()).hexdigest()
+        fields.setdefault("created_at", time.time())
+        fields.setdefault("tenant_id", "default")
+        fields.setdefault("operation", "execute")
+        with self._sessions.begin() as s:
+            s.execute(insert(AuditEntry).values(**fields))
+
+    def list(self, limit: int = 100, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        q = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(max(1, min(limit, 10000)))
+        if tenant_id is not None:
+            q = q.where(AuditEntry.tenant_id == tenant_id)
+        with self._sessions() as s:
+            return [{"id": r.id, **{f: getattr(r, f) for f in AUDIT_FIELDS}} for r in s.scalars(q)]
+
+
+__all__ = ["AuditRepo", "SettingRecord", "SettingsRepo", "TokenRecord", "TokensRepo", "hash_token"]
