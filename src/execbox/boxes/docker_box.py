@@ -1,0 +1,297 @@
+"""A hardened container whose main process is the agent, reached over its attached stdin/stdout.
+
+The container is created with every limit up front (network none, memory/CPU/pids, read-only
+root, tmpfs /tmp, per-box workspace volume, non-root, no capabilities, no-new-privileges), the
+attach stream is opened *before* start so the agent's ready frame cannot be missed, and the
+stream is demultiplexed here (no TTY: Docker prefixes each chunk with an 8-byte header).
+Never ``docker exec``: one long-lived stream per box.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InstanceCreationError
+from .agent_client import AgentClient
+from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
+from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
+
+log = logging.getLogger("execbox.docker")
+
+LABEL_PREFIX = "execbox."
+OWNER_LABEL = "execbox.owner"
+STDOUT, STDERR = 1, 2
+STDERR_TAIL = 8192
+
+
+class AttachTransport:
+    """Transport over a hijacked ``attach`` connection: demultiplexes Docker's stream frames."""
+
+    def __init__(self, sock: Any) -> None:
+        self._holder = sock  # the SDK's SocketIO keeps the HTTP response (and socket) alive
+        self.sock: socket.socket = getattr(sock, "_sock", sock)
+        self.sock.setblocking(True)
+        self._raw = bytearray()
+        self._out = bytearray()
+        self.stderr_tail = bytearray()
+        self._eof = False
+        self._closed = False
+
+    def send(self, data: bytes) -> None:
+        if self._closed:
+            raise OSError("attach stream closed")
+        self.sock.sendall(data)
+
+    def _demux(self) -> None:
+        raw = self._raw
+        while len(raw) >= 8:
+            kind, size = raw[0], struct.unpack(">I", raw[4:8])[0]
+            if len(raw) < 8 + size:
+                return
+            payload = raw[8 : 8 + size]
+            if kind == STDERR:
+                self.stderr_tail += payload
+                del self.stderr_tail[:-STDERR_TAIL]
+            else:
+                self._out += payload
+            del raw[: 8 + size]
+
+    def recv(self, max_bytes: int, timeout: float) -> bytes:
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self._out:
+            if self._eof or self._closed:
+                return b""
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, remaining))
+            if not ready:
+                raise TimeoutError
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                self._eof = True
+                continue
+            self._raw += chunk
+            self._demux()
+        out = bytes(self._out[:max_bytes])
+        del self._out[:max_bytes]
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for obj in (self.sock, self._holder):
+            try:
+                obj.close()
+            except OSError:
+                pass
+
+
+@dataclass
+class ContainerSpec:
+    """Everything a box container is created with; ``create_kwargs()`` is what Docker receives."""
+
+    image: str
+    runtime: str
+    name: str
+    labels: dict[str, str]
+    memory_bytes: int
+    cpus: float
+    pids_limit: int
+    tmpfs_size: str = "64m"
+    network: bool = False
+    gpu: bool = False
+    volume: str | None = None
+    host_workspace: str | None = None
+    preload: str = "auto"
+    agent_limits: dict[str, Any] = field(default_factory=dict)
+
+    def command(self) -> list[str]:
+        return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
+                "--preload", self.preload, "--limits", json.dumps(self.agent_limits, sort_keys=True)]
+
+    def create_kwargs(self) -> dict[str, Any]:
+        from docker.types import DeviceRequest, Mount
+
+        mounts = [Mount(target=f"{AGENT_ROOT}/execbox_agent", source=agent_source_dir(), type="bind",
+                        read_only=True)]
+        if self.host_workspace:
+            mounts.append(Mount(target=WORKSPACE, source=self.host_workspace, type="bind"))
+        elif self.volume:
+            mounts.append(Mount(target=WORKSPACE, source=self.volume, type="volume"))
+        kwargs: dict[str, Any] = {
+            "image": self.image,
+            "command": self.command(),
+            "name": self.name,
+            "labels": dict(self.labels),
+            "runtime": self.runtime,
+            "user": f"{SANDBOX_UID}:{SANDBOX_UID}",
+            "working_dir": WORKSPACE,
+            "stdin_open": True,
+            "tty": False,
+            "detach": True,
+            "init": True,
+            "network_mode": "bridge" if self.network else "none",
+            "mem_limit": self.memory_bytes,
+            "memswap_limit": self.memory_bytes,
+            "nano_cpus": int(self.cpus * 1e9),
+            "pids_limit": self.pids_limit,
+            "read_only": True,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size},mode=1777"},
+            "mounts": mounts,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "ulimits": [],
+        }
+        if self.gpu:
+            kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        return kwargs
+
+
+class DockerBox(Box):
+    """A running box container. Removal can be handed to a background reaper (``remover``)."""
+
+    def __init__(self, name: str, client: AgentClient, docker_client: Any, container_id: str,
+                 spec: ContainerSpec, transport: AttachTransport) -> None:
+        super().__init__(name, client, spec.host_workspace, spec.agent_limits)
+        self.docker = docker_client
+        self.container_id = container_id
+        self.spec = spec
+        self.transport = transport
+        self.remover: Callable[[Callable[[], None]], None] | None = None
+        self.keep_workspace = spec.host_workspace is not None
+        self._oom_file = _oom_file(container_id)
+        self._oom_seen = 0
+        self.claimed_by: dict[str, str] = {}
+
+    @property
+    def volume(self) -> str | None:
+        return self.spec.volume
+
+    def oom_events(self) -> int:
+        """OOM kills in the container's memory cgroup; from container state once it has exited."""
+        count = _read_oom_kills(self._oom_file) if self._oom_file else None
+        if count is None or self.client.dead:
+            try:
+                state = self.docker.api.inspect_container(self.container_id)["State"]
+                count = max(count or 0, 1 if state.get("OOMKilled") else 0)
+            except Exception:  # noqa: BLE001 - already removed: keep what we saw
+                count = count or 0
+        self._oom_seen = max(self._oom_seen, count)
+        return self._oom_seen
+
+    def kill(self) -> None:
+        try:
+            self.docker.api.kill(self.container_id)
+        except Exception:  # noqa: BLE001 - already stopped or gone
+            pass
+
+    def remove(self) -> None:
+        """Remove the container and, unless kept, its workspace volume (idempotent)."""
+        try:
+            self.docker.api.remove_container(self.container_id, force=True, v=True)
+        except Exception as e:  # noqa: BLE001
+            if "No such container" not in str(e):
+                log.warning("removing container %s failed: %s", self.name, e)
+        if self.spec.volume and not self.keep_workspace:
+            for attempt in range(5):
+                try:
+                    self.docker.api.remove_volume(self.spec.volume, force=True)
+                    break
+                except Exception as e:  # noqa: BLE001 - in use for a moment after container removal
+                    if "no such volume" in str(e).lower():
+                        break
+                    if attempt == 4:
+                        log.warning("removing volume %s failed: %s", self.spec.volume, e)
+                    time.sleep(0.2)
+
+    def destroy(self) -> None:
+        """Close the stream and remove the container (in the background when a remover is set)."""
+        with self._destroy_lock:
+            if self.destroyed:
+                return
+            self.destroyed = True
+        self.client.close()
+        if self.remover is not None:
+            self.remover(self.remove)
+        else:
+            self.remove()
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "container": self.container_id[:12], "container_name": self.name,
+                "runtime": self.spec.runtime, "image": self.spec.image, "volume": self.spec.volume,
+                **({"claimed_by": self.claimed_by} if self.claimed_by else {})}
+
+
+def start_container(docker_client: Any, spec: ContainerSpec,
+                    ready_timeout: float = READY_TIMEOUT) -> DockerBox:
+    """Create, attach, start and wait for the agent's ready frame; clean up on any failure."""
+    api = docker_client.api
+    if spec.volume and not spec.host_workspace:
+        api.create_volume(spec.volume, labels=spec.labels)
+    container_id: str | None = None
+    transport: AttachTransport | None = None
+    try:
+        container = docker_client.containers.create(**spec.create_kwargs())
+        container_id = container.id
+        sock = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        transport = AttachTransport(sock)
+        api.start(container_id)
+        client = AgentClient(transport, spec.name)
+        box = DockerBox(spec.name, client, docker_client, container_id, spec, transport)
+        try:
+            client.wait_ready(ready_timeout)
+        except InstanceCreationError as e:
+            tail = transport.stderr_tail.decode("utf-8", "replace")[-2000:]
+            raise InstanceCreationError(f"{e.message}; agent stderr: {tail or '(empty)'}",
+                                        details={"container": spec.name, "runtime": spec.runtime}) from None
+        return box
+    except BaseException:
+        if transport is not None:
+            transport.close()
+        if container_id is not None:
+            try:
+                api.remove_container(container_id, force=True, v=True)
+            except Exception:  # noqa: BLE001
+                pass
+        if spec.volume and not spec.host_workspace:
+            try:
+                api.remove_volume(spec.volume, force=True)
+            except Exception:  # noqa: BLE001
+                pass
+        raise
+
+
+def _oom_file(container_id: str) -> str | None:
+    for path in (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.oom_control",
+                 f"/sys/fs/cgroup/docker/{container_id}/memory.events",
+                 f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.events"):
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _read_oom_kills(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    m = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def safe_name(*parts: str) -> str:
+    """A container/volume name from free-form ids: [a-zA-Z0-9_.-] only, bounded length."""
+    text = "-".join(re.sub(r"[^a-zA-Z0-9_.-]", "_", p)[:40] for p in parts if p)
+    return text[:120]
+

@@ -1,0 +1,384 @@
+"""Provider ``docker``: hardened containers (tier ``gvisor`` under runsc, ``container`` under runc).
+
+Each box is a container whose main process is the execbox agent (see boxes/docker_box.py); a warm
+pool keeps ``pool_size`` of them started so create_instance never cold-starts on the hot path,
+and waits a bounded time for one when the pool is drained (SB004 with the pool's state after).
+Containers and volumes carry an ``execbox.owner`` label so a restarted service removes what a
+dead predecessor left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..boxes.docker_box import OWNER_LABEL, ContainerSpec, DockerBox, safe_name, start_container
+from ..boxes.images import DEFAULT_IMAGE
+from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
+from ..models import Isolation, SandboxInstance, make_instance_id
+from ..settings import parse_bool
+from .agent_backed import POLICY_SCHEMA, AgentBackedProvider, Instance
+from .schema import parse_size
+
+log = logging.getLogger("execbox.provider.docker")
+
+MEMORY_OPTIONS = ["128m", "256m", "512m", "1g"]
+AVAILABILITY_TTL = 30.0
+PROVIDER_LABEL = "execbox.provider_uid"  # one provider object: its shutdown sweeps only its own
+_availability_cache: dict[str, tuple[float, tuple[bool, str]]] = {}
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner_id(pid: int | None = None) -> str:
+    """``host:pid:start-time``: identifies this process, robust against pid reuse."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_proc_start_time(pid)}"
+
+
+def owner_is_gone(owner: str) -> bool:
+    """True when ``owner`` names a process on this host that no longer exists."""
+    try:
+        host, pid, start = owner.rsplit(":", 2)
+    except ValueError:
+        return False
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    return _proc_start_time(int(pid)) != start
+
+
+def docker_client(base_url: str = "", timeout: float = 30.0) -> Any:
+    import docker
+
+    if base_url:
+        return docker.DockerClient(base_url=base_url, timeout=int(timeout))
+    return docker.from_env(timeout=int(timeout))
+
+
+class DockerProvider(AgentBackedProvider):
+    name = "docker"
+    display_name = "Docker (gVisor)"
+    description = ("Hardened containers from a warm pool: gVisor (runsc) when registered with the "
+                   "Docker engine, else runc.")
+    tags = ["self-hosted", "container", "gvisor"]
+    isolation = Isolation.GVISOR  # zero-config class tier: availability() requires runsc
+    zero_config = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.docker: Any = None
+        self.runtime = ""
+        self.owner = owner_id()
+        self.uid = uuid.uuid4().hex
+        self._notes: list[str] = []
+        self._reaper: ThreadPoolExecutor | None = None
+        self._pending = 0
+        self._pending_lock = threading.Condition()
+
+    @staticmethod
+    def get_config_schema() -> dict[str, dict[str, Any]]:
+        return {
+            "image": {"type": "string", "default": DEFAULT_IMAGE, "label": "Worker image",
+                      "description": "Image with python3 and node (build it with `execbox image build`)."},
+            "runtime": {"type": "string", "default": "", "options": ["", "runc", "runsc"], "label": "Runtime",
+                        "description": "runsc (gVisor) or runc; empty = runsc when the engine has it, "
+                                       "else runc with a warning."},
+            "pool_size": {"type": "integer", "default": 5, "min": 0, "max": 100, "label": "Warm pool size",
+                          "description": "Started, ready containers kept per image."},
+            "pool_wait": {"type": "number", "default": 10, "min": 0, "max": 300, "label": "Pool wait (s)",
+                          "description": "How long create_instance waits for a pooled container when "
+                                         "the pool is drained before failing with SB004."},
+            "max_memory": {"type": "string", "default": "512m", "options": MEMORY_OPTIONS,
+                           "label": "Memory limit", "description": "Container memory limit (no swap)."},
+            "cpus": {"type": "number", "default": 1.0, "min": 0.1, "max": 64, "label": "CPUs",
+                     "description": "CPU quota per container."},
+            "pids_limit": {"type": "integer", "default": 128, "min": 16, "max": 4096, "label": "Pids limit",
+                           "description": "Most processes and threads a container may hold."},
+            "timeout": {"type": "integer", "default": 30, "min": 1, "max": 3600,
+                        "label": "Default timeout (s)",
+                        "description": "Default execution timeout in seconds."},
+            "max_timeout": {"type": "integer", "default": 3600, "min": 1, "max": 86400,
+                            "label": "Max timeout (s)",
+                            "description": "Largest timeout a caller may ask for."},
+            "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
+                                 "label": "Output cap (bytes)",
+                                 "description": "Cap on stdout and stderr each."},
+            "network": {"type": "boolean", "default": False, "label": "Network",
+                        "description": "Give containers a bridge network (runc only; runsc runs with "
+                                       "--network=none)."},
+            "gpu": {"type": "boolean", "default": False, "label": "GPU",
+                    "description": "Request all GPUs for containers (also SANDBOX_GPU_ENABLED=true)."},
+            "gpu_network": {"type": "boolean", "default": False, "label": "GPU network",
+                            "description": "Allow network in GPU containers (also "
+                                           "SANDBOX_GPU_NETWORK_ENABLED=true)."},
+            "preload": {"type": "string", "default": "auto", "label": "Preload modules",
+                        "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a list."},
+            "docker_host": {"type": "string", "default": "", "label": "Docker host",
+                            "placeholder": "unix:///var/run/docker.sock",
+                            "description": "Engine URL; empty = DOCKER_HOST or the local socket."},
+            **POLICY_SCHEMA,
+        }
+
+    def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
+        try:
+            parse_size(config.get("max_memory") or "512m")
+        except ValueError as e:
+            return False, f"max_memory: {e}"
+        return True, None
+
+    # -- host facts -------------------------------------------------------------------------
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        """dockerd answers, runsc is registered and the default image exists (cached per process)."""
+        key = os.environ.get("DOCKER_HOST", "")
+        hit = _availability_cache.get(key)
+        if hit and time.monotonic() - hit[0] < AVAILABILITY_TTL:
+            return hit[1]
+        result = cls._probe()
+        _availability_cache[key] = (time.monotonic(), result)
+        return result
+
+    @classmethod
+    def _probe(cls) -> tuple[bool, str]:
+        try:
+            client = docker_client(timeout=3)
+        except Exception as e:  # noqa: BLE001
+            return False, f"docker engine not reachable: {e}"
+        try:
+            info = client.info()
+            if "runsc" not in (info.get("Runtimes") or {}):
+                return False, ("runsc is not registered with dockerd (tier gvisor unavailable); "
+                               "configure docker with runtime=runc for tier container")
+            try:
+                client.images.get(DEFAULT_IMAGE)
+            except Exception:  # noqa: BLE001
+                return False, f"image {DEFAULT_IMAGE} is missing: run `execbox image build python`"
+            return True, f"docker {info.get('ServerVersion')} with runsc; image {DEFAULT_IMAGE}"
+        except Exception as e:  # noqa: BLE001
+            return False, f"docker engine not usable: {e}"
+        finally:
+            client.close()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        cfg = self.config
+        if parse_bool(os.environ.get("SANDBOX_GPU_ENABLED", ""), "SANDBOX_GPU_ENABLED"):
+            cfg["gpu"] = True
+        if parse_bool(os.environ.get("SANDBOX_GPU_NETWORK_ENABLED", ""), "SANDBOX_GPU_NETWORK_ENABLED"):
+            cfg["gpu_network"] = True
+        try:
+            self.docker = docker_client(cfg.get("docker_host") or "")
+            info = self.docker.info()
+        except Exception as e:  # noqa: BLE001
+            raise ProviderUnavailableError(f"docker engine not reachable: {e}",
+                                           details={"provider": self.name}) from None
+        runtimes = info.get("Runtimes") or {}
+        wanted = cfg.get("runtime") or ""
+        self._notes = []
+        if wanted and wanted not in runtimes:
+            raise InvalidConfigError(f"runtime {wanted!r} is not registered with the Docker engine "
+                                     f"(known: {', '.join(sorted(runtimes))})",
+                                     details={"field": "runtime", "value": wanted})
+        if not wanted:
+            wanted = "runsc" if "runsc" in runtimes else "runc"
+            if wanted == "runc":
+                self._notes.append("runsc (gVisor) is not registered with dockerd; containers run under "
+                                   "runc (isolation tier 'container')")
+        self.runtime = wanted
+        # Instance attribute shadows the class tier: the real tier of this configuration.
+        self.isolation = Isolation.GVISOR if wanted == "runsc" else Isolation.CONTAINER
+        if self.network_enabled and wanted == "runsc":
+            self._notes.append("network requested but the runsc runtime runs with --network=none")
+        try:
+            self.docker.images.get(cfg["image"])
+        except Exception:  # noqa: BLE001
+            raise ProviderUnavailableError(
+                f"image {cfg['image']!r} not found in the Docker engine; build it with "
+                "`execbox image build python`", details={"provider": self.name, "image": cfg["image"]},
+            ) from None
+        self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-reaper")
+        self.remove_stale()
+
+    @property
+    def network_enabled(self) -> bool:
+        if self.config.get("gpu"):
+            return bool(self.config.get("gpu_network"))
+        return bool(self.config.get("network"))
+
+    def warnings(self) -> list[str]:
+        return list(self._notes)
+
+    def applied_limits(self) -> dict[str, Any]:
+        c = self.config
+        return {**super().applied_limits(), "max_memory": c.get("max_memory"), "cpus": c.get("cpus"),
+                "pids_limit": c.get("pids_limit"), "network": self.network_enabled, "runtime": self.runtime,
+                "gpu": bool(c.get("gpu")), "enforced_by": f"docker/{self.runtime}"}
+
+    def pool_status(self) -> dict[str, Any] | None:
+        status = super().pool_status()
+        if status is not None:
+            status.update({"image": self.config.get("image"), "runtime": self.runtime,
+                           "wait_seconds": self.config.get("pool_wait")})
+        return status
+
+    # -- boxes ------------------------------------------------------------------------------
+    def container_spec(self, *, tenant_id: str = "", session_id: str = "", instance_id: str = "",
+                       workspace: str | None = None) -> ContainerSpec:
+        c = self.config
+        memory = parse_size(c["max_memory"])
+        short = uuid.uuid4().hex[:12]
+        labels = {"execbox.tenant": tenant_id, "execbox.session": session_id, "execbox.instance": instance_id,
+                  "execbox.pooled": "false" if instance_id else "true", OWNER_LABEL: self.owner,
+                  PROVIDER_LABEL: self.uid}
+        # The agent's per-run data limit sits below the cgroup limit, so most bombs end in a clean
+        # MemoryError (SB006) instead of a cgroup OOM kill; the cgroup stays the hard backstop.
+        agent_limits = {"memory_bytes": int(memory * 0.8), "fsize_bytes": 256 * 1024**2, "nofile": 1024}
+        return ContainerSpec(
+            image=c["image"], runtime=self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
+            labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=int(c["pids_limit"]),
+            network=self.network_enabled, gpu=bool(c.get("gpu")),
+            volume=None if workspace else safe_name("execbox-ws", short), host_workspace=workspace,
+            preload=c.get("preload") or "auto", agent_limits=agent_limits,
+        )
+
+    def start_box(self, workspace: str | None = None, **ids: str) -> DockerBox:
+        if workspace is not None:
+            os.makedirs(workspace, exist_ok=True)
+            os.chown(workspace, 1000, 1000)
+        box = start_container(self.docker, self.container_spec(workspace=workspace, **ids))
+        box.remover = self._remove_later
+        return box
+
+    def _remove_later(self, job: Any) -> None:
+        reaper = self._reaper
+        if reaper is None:
+            job()
+            return
+        with self._pending_lock:
+            self._pending += 1
+
+        def run() -> None:
+            try:
+                job()
+            finally:
+                with self._pending_lock:
+                    self._pending -= 1
+                    self._pending_lock.notify_all()
+
+        try:
+            reaper.submit(run)
+        except RuntimeError:  # reaper already shut down
+            run()
+
+    def create_instance(self, template: str = "python", *, tenant_id: str = "default",
+                        session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
+        """A pooled container (waiting up to ``pool_wait`` s); a cold start only without a pool."""
+        self._require_initialized()
+        if self._pool is None or workspace is not None:
+            instance_id = make_instance_id(tenant_id, session_id)
+            try:
+                box = self.start_box(workspace, tenant_id=tenant_id, session_id=session_id or "",
+                                     instance_id=instance_id)
+            except SandboxError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise InstanceCreationError(f"docker: could not start a container: {e}",
+                                            details={"provider": self.name}) from e
+            return self._register(Instance(instance_id, box, tenant_id, session_id), workspace is not None)
+        wait = float(self.config.get("pool_wait") or 0)
+        box = self._pool.take(wait)
+        if box is None:
+            status = self._pool.status()
+            reason = (f"pool failing to start containers: {status['last_error']}" if not status["healthy"]
+                      else f"all {status['size']} pooled containers are in use "
+                           f"({status['starting']} starting)")
+            raise InstanceCreationError(f"docker: no container available within {wait:g}s; {reason}",
+                                        details={"provider": self.name, "pool": status})
+        instance_id = make_instance_id(tenant_id, session_id)
+        assert isinstance(box, DockerBox)
+        self._claim_later(box, tenant_id, session_id or "", instance_id)
+        return self._register(Instance(instance_id, box, tenant_id, session_id, from_pool=True), False)
+
+    def _register(self, inst: Instance, keep_workspace: bool) -> SandboxInstance:
+        inst.box.keep_workspace = keep_workspace
+        with self._lock:
+            self._instances[inst.instance_id] = inst
+        return SandboxInstance(inst.instance_id, self.name, "running", self._instance_metadata(inst))
+
+    def _claim_later(self, box: DockerBox, tenant: str, session: str, instance_id: str) -> None:
+        """Name a pooled container after its owner (labels are fixed at create; names are not)."""
+        new_name = safe_name("execbox", tenant, session, instance_id.rsplit(":", 1)[-1][:12])
+        box.claimed_by = {"tenant": tenant, "session": session, "instance": instance_id}
+
+        def rename() -> None:
+            if box.destroyed:
+                return
+            try:
+                self.docker.api.rename(box.container_id, new_name)
+                box.name = new_name
+            except Exception:  # noqa: BLE001 - removed meanwhile: nothing to name
+                pass
+
+        self._remove_later(rename)
+
+    def _instance_metadata(self, inst: Instance) -> dict[str, Any]:
+        meta = super()._instance_metadata(inst)
+        meta["workspace"] = inst.box.workspace or "/workspace"
+        return meta
+
+    # -- hygiene ----------------------------------------------------------------------------
+    def owned_resources(self, mine: bool = False) -> tuple[list[Any], list[Any]]:
+        """(containers, volumes) labelled by execbox; only this provider object's when ``mine``."""
+        flt = f"{PROVIDER_LABEL}={self.uid}" if mine else OWNER_LABEL
+        containers = self.docker.containers.list(all=True, filters={"label": flt})
+        volumes = self.docker.volumes.list(filters={"label": flt})
+        return containers, volumes
+
+    def remove_stale(self) -> int:
+        """Remove containers and volumes whose owning execbox process no longer exists."""
+        removed = 0
+        containers, volumes = self.owned_resources()
+        for obj in [*containers, *volumes]:
+            labels = obj.labels if hasattr(obj, "labels") else obj.attrs.get("Labels")
+            owner = (labels or {}).get(OWNER_LABEL, "")
+            if owner and owner != self.owner and owner_is_gone(owner):
+                try:
+                    obj.remove(force=True)
+                    removed += 1
+                except Exception as e:  # noqa: BLE001
+                    log.warning("removing stale %s failed: %s", getattr(obj, "name", obj), e)
+        if removed:
+            log.info("docker: removed %d stale containers/volumes of dead execbox processes", removed)
+        return removed
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        with self._pending_lock:
+            self._pending_lock.wait_for(lambda: self._pending == 0, timeout=60)
+        if self._reaper is not None:
+            self._reaper.shutdown(wait=True)
+            self._reaper = None
+        if self.docker is not None:
+            try:
+                containers, volumes = self.owned_resources(mine=True)
+                for obj in [*containers, *volumes]:
+                    try:
+                        obj.remove(force=True)
+                    except Exception:  # noqa: BLE001
+                        pass
+            except Exception as e:  # noqa: BLE001
+                log.warning("docker: final cleanup failed: %s", e)
+            self.docker.close()
+            self.docker = None
