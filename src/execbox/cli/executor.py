@@ -1,0 +1,75 @@
+"""``execbox executor``: serve only the RAGFlow-compatible ``/run`` + ``/healthz`` API.
+
+For operators who want a drop-in for RAGFlow's executor_manager (port 9385) without the full
+service. Without a token it binds to loopback only; a public bind needs ``--token`` or an
+explicit ``--allow-unauthenticated``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from ..errors import SandboxError
+
+
+def _fail(message: str) -> None:
+    typer.secho(message, err=True, fg=typer.colors.RED)
+    raise typer.Exit(2)
+
+
+def executor(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind (RAGFlow's executor uses 9385).")] = 9385,
+    provider: Annotated[str | None, typer.Option(
+        help="Provider to run code on (default: SANDBOX_TYPE, else the strongest available).")] = None,
+    config: Annotated[str | None, typer.Option(help="Provider config as a JSON object.")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="EXECBOX_EXECUTOR_TOKEN", help="Bearer token clients must send (env EXECBOX_EXECUTOR_TOKEN).",
+        show_default=False)] = None,
+    allow_unauthenticated: Annotated[bool, typer.Option(
+        help="Serve /run without a token on a non-loopback address.")] = False,
+    allow_no_isolation: Annotated[bool, typer.Option(
+        help="Allow the 'local' provider (no isolation) on a non-loopback address.")] = False,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve RAGFlow's executor API (POST /run, GET /healthz) on the active provider."""
+    import uvicorn
+
+    from ..api import get_sandbox
+    from ..models import Isolation
+    from ..service.routes.executor_compat import ExecutorAuth, create_executor_app, is_loopback
+
+    public = not is_loopback(host)
+    if public and not token and not allow_unauthenticated:
+        _fail(f"refusing to serve /run on {host} without authentication: pass --token (or "
+              "EXECBOX_EXECUTOR_TOKEN), or --allow-unauthenticated if a proxy in front authenticates")
+    try:
+        cfg = json.loads(config) if config else None
+        if cfg is not None and not isinstance(cfg, dict):
+            _fail("--config must be a JSON object")
+        prov = get_sandbox(provider, cfg)
+    except json.JSONDecodeError as e:
+        _fail(f"--config is not valid JSON: {e}")
+        return
+    except SandboxError as e:
+        _fail(str(e))
+        return
+    if public and prov.isolation == Isolation.NONE and not allow_no_isolation:
+        prov.shutdown()
+        _fail(f"refusing to serve provider {prov.name!r} (no isolation) on {host}: use jail or docker, "
+              "or pass --allow-no-isolation")
+    auth = ExecutorAuth.for_bind(host, allow_unauthenticated=allow_unauthenticated, token=token)
+    mode = "open (loopback)" if auth.open and not public else ("open (--allow-unauthenticated)" if auth.open
+                                                              else "bearer token")
+    typer.echo(f"execbox executor: provider={prov.name} isolation={prov.isolation.value} auth={mode} "
+               f"listening on http://{host}:{port}", err=True)
+    if prov.selection_note:
+        typer.echo(f"note: {prov.selection_note}", err=True)
+    uvicorn.run(create_executor_app(prov, auth=auth), host=host, port=port, log_level=log_level)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("executor")(executor)

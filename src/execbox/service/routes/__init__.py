@@ -1,0 +1,1 @@
+"""HTTP routers of the execbox service (one module per API surface)."""
