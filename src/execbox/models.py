@@ -13,7 +13,7 @@ from typing import Any
 from .errors import InvalidConfigError
 
 
-class Language(str, enum.Enum):
+class Language(enum.StrEnum):
     PYTHON = "python"
     JAVASCRIPT = "javascript"
     BASH = "bash"
@@ -47,7 +47,7 @@ _LANGUAGE_ALIASES = {
 }
 
 
-class Isolation(str, enum.Enum):
+class Isolation(enum.StrEnum):
     """Security tiers, strongest first in TIER_ORDER."""
 
     GVISOR = "gvisor"

@@ -187,9 +187,7 @@ def pump(
                 watch.on_extra(fd)
         if done is None:
             done = watch.is_done()
-    sel.close()
-    for fd in open_fds:
-        pass  # caller closes every fd it created
+    sel.close()  # the caller closes every fd it created
     exit_info = done or {"exit_code": -signal.SIGKILL, "signal": signal.SIGKILL}
     return {
         "timed_out": timed_out,

@@ -119,7 +119,7 @@ class SandboxProvider(ABC):
         """Stop the execution running in an instance, if any (client went away)."""
         return False
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Release everything the provider holds (pools, instances)."""
 
     # -- host facts -------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""``execbox run`` (a file or stdin) and ``execbox exec --json`` (one JSON request -> one JSON result)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ..errors import InvalidConfigError, SandboxError
+
+EXTENSIONS = {".py": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
+              ".sh": "bash", ".bash": "bash"}
+EXIT_TIMEOUT = 124
+EXIT_ERROR = 2
+
+
+def _fail(err: SandboxError, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps({"ok": False, **err.to_dict()}) + "\n")
+    else:
+        typer.echo(f"execbox: {err.code}: {err.message}", err=True)
+        if err.details:
+            typer.echo(f"details: {json.dumps(err.details, default=str)}", err=True)
+    raise typer.Exit(EXIT_ERROR)
+
+
+def _parse_args_json(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidConfigError(f"--args is not valid JSON: {e}", details={"field": "args"}) from None
+    if not isinstance(value, dict):
+        raise InvalidConfigError("--args must be a JSON object", details={"field": "args"})
+    return value
+
+
+def run(
+    file: str = typer.Argument(..., help="Program file, or '-' to read the code from stdin."),
+    language: str | None = typer.Option(None, "--language", "-l",
+                                        help="python, javascript (nodejs, js) or bash; default from the extension."),
+    args: str | None = typer.Option(None, "--args", help="JSON object passed to main() as arguments."),
+    provider: str | None = typer.Option(None, "--provider", "-p",
+                                        help="Provider name; default SANDBOX_TYPE or the strongest available."),
+    timeout: str | None = typer.Option(None, "--timeout", "-t", help="Timeout: '30', '30s', '1m'."),
+    show_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON instead of the output."),
+) -> None:
+    """Run a program once in a fresh sandbox and print its output.
+
+    The exit status is the program's (124 on timeout, 2 on an execbox error). The value main()
+    returns is printed to stderr as `result: <json>` (stdout stays the program's own).
+    """
+    from ..api import execute_code
+    from ..settings import parse_duration
+
+    try:
+        if file == "-":
+            code = sys.stdin.read()
+            lang = language or "python"
+        else:
+            path = Path(file)
+            if not path.is_file():
+                raise InvalidConfigError(f"no such file: {file}", details={"field": "file"})
+            code = path.read_text(encoding="utf-8")
+            lang = language or EXTENSIONS.get(path.suffix.lower())
+            if lang is None:
+                raise InvalidConfigError(
+                    f"cannot tell the language of {file!r} from its extension; pass --language",
+                    details={"field": "language"})
+        seconds = parse_duration(timeout, "--timeout") if timeout is not None else None
+        result = execute_code(code, lang, seconds, _parse_args_json(args), provider=provider)
+    except SandboxError as e:
+        _fail(e, show_json)
+        return
+    if show_json:
+        sys.stdout.write(json.dumps(result.to_dict(include_artifact_content=False), default=str) + "\n")
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        if result.metadata.get("result_present"):
+            sys.stderr.write(f"result: {json.dumps(result.result)}\n")
+        for a in result.artifacts:
+            sys.stderr.write(f"artifact: {a.name} ({a.mime_type}, {a.size} bytes)\n")
+        if result.timed_out:
+            sys.stderr.write("execbox: timed out (SB005)\n")
+        elif result.error_code:
+            sys.stderr.write(f"execbox: {result.error_code}: {result.metadata.get('error_message')}\n")
+        if result.truncated:
+            sys.stderr.write("execbox: output was truncated\n")
+    if result.timed_out:
+        raise typer.Exit(EXIT_TIMEOUT)
+    code_out = result.exit_code
+    raise typer.Exit(code_out if 0 <= code_out < 256 else 128 + abs(code_out) % 128)
+
+
+EXEC_FIELDS = {"code", "language", "timeout", "arguments", "provider", "config", "tenant_id", "files",
+               "include_artifact_content"}
+
+
+def handle_exec_request(request: Any) -> dict[str, Any]:
+    """The body of ``execbox exec --json``: validate, run once, return the JSON reply."""
+    from ..api import Sandbox
+    from ..settings import parse_duration
+
+    if not isinstance(request, dict):
+        raise InvalidConfigError("the request must be a JSON object", details={"field": "request"})
+    unknown = sorted(set(request) - EXEC_FIELDS)
+    if unknown:
+        raise InvalidConfigError(f"unknown request fields: {', '.join(unknown)}",
+                                 details={"fields": {k: "unknown field" for k in unknown}})
+    code = request.get("code")
+    if not isinstance(code, str):
+        raise InvalidConfigError("code must be a string", details={"field": "code"})
+    arguments = request.get("arguments")
+    if arguments is not None and not isinstance(arguments, dict):
+        raise InvalidConfigError("arguments must be a JSON object", details={"field": "arguments"})
+    files = request.get("files") or {}
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise InvalidConfigError("files must map paths to text content", details={"field": "files"})
+    timeout = request.get("timeout")
+    seconds = parse_duration(timeout, "timeout") if timeout is not None else None
+    with Sandbox.create(request.get("provider"), config=request.get("config"),
+                        tenant_id=str(request.get("tenant_id") or "default")) as sb:
+        if files:
+            sb.files.write_many(files)
+        result = sb.run_code(code, request.get("language") or "python", timeout=seconds, arguments=arguments)
+        if request.get("include_artifact_content", True):
+            for a in result.artifacts:
+                a.read_bytes()
+    return {"ok": True, "result": result.to_dict(include_artifact_content=True)}
+
+
+def exec_json(
+    json_mode: bool = typer.Option(False, "--json", help="Read one JSON request on stdin, write one JSON reply."),
+) -> None:
+    """Run one request from another language: JSON on stdin, JSON on stdout (see docs/exec-json.md).
+
+    Exit status 0 when the program ran (whatever its own exit code), 2 when execbox refused or failed
+    the request; the reply then holds {"ok": false, "error": {code, message, details}}.
+    """
+    if not json_mode:
+        typer.echo("execbox exec currently speaks only --json (see docs/exec-json.md)", err=True)
+        raise typer.Exit(EXIT_ERROR)
+    raw = sys.stdin.read()
+    try:
+        try:
+            request = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise InvalidConfigError(f"stdin is not valid JSON: {e}", details={"field": "request"}) from None
+        reply = handle_exec_request(request)
+    except SandboxError as e:
+        _fail(e, True)
+        return
+    sys.stdout.write(json.dumps(reply, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("exec")(exec_json)
