@@ -1,0 +1,90 @@
+"""What runs inside a docker box: languages, arguments, artifacts, files, timeout, OOM, pids."""
+
+from __future__ import annotations
+
+import pytest
+
+from execbox.errors import FileNotFoundInSandbox, PathError
+
+pytestmark = pytest.mark.docker
+
+
+def test_python_main_with_arguments(provider, instance):
+    r = provider.execute_code(instance, "def main(a, b):\n    print('hi')\n    return {'sum': a + b}\n",
+                              "python", arguments={"a": 2, "b": 3})
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "hi\n"
+    assert r.result == {"sum": 5}
+    assert r.metadata["isolation"] == ("gvisor" if provider.runtime == "runsc" else "container")
+
+
+def test_javascript_and_bash(provider, instance):
+    r = provider.execute_code(instance, "function main(args) { return args.x * 2 }", "javascript",
+                              arguments={"x": 21})
+    assert r.exit_code == 0, r.stderr
+    assert r.result == 42
+    r = provider.execute_code(instance, "echo \"$((6*7))\"; echo oops >&2; exit 3", "bash")
+    assert (r.stdout, r.stderr.strip(), r.exit_code) == ("42\n", "oops", 3)
+
+
+def test_session_state_and_files(provider, instance):
+    provider.write_file(instance, "data/in.txt", "alpha\nbeta\n")
+    r = provider.execute_code(instance, "print(open('data/in.txt').read().upper(), end='')", "python")
+    assert r.stdout == "ALPHA\nBETA\n"
+    assert provider.read_file(instance, "data/in.txt", offset=1, limit=1).content.strip() == "beta"
+    assert "data/in.txt" in provider.glob(instance, "**/*.txt")
+    assert [m.line_number for m in provider.grep(instance, "beta")] == [2]
+    names = {f.path for f in provider.list_files(instance, ".", recursive=True)}
+    assert "data/in.txt" in names
+    with pytest.raises(PathError):
+        provider.read_file(instance, "../etc/passwd")
+    with pytest.raises(FileNotFoundInSandbox):
+        provider.read_file(instance, "missing.txt")
+
+
+def test_artifacts_and_figures(provider, instance):
+    code = ("import matplotlib.pyplot as plt\n"
+            "open('artifacts/report.csv', 'w').write('a,b\\n1,2\\n')\n"
+            "plt.plot([1, 2, 3]); plt.title('t')\n")
+    r = provider.execute_code(instance, code, "python")
+    assert r.exit_code == 0, r.stderr
+    by_name = {a.name: a for a in r.artifacts}
+    assert by_name["report.csv"].read_bytes() == b"a,b\n1,2\n"
+    pngs = [a for a in r.artifacts if a.mime_type == "image/png"]
+    assert pngs and pngs[0].read_bytes().startswith(b"\x89PNG")
+
+
+def test_timeout_kills_and_box_survives(provider, instance):
+    r = provider.execute_code(instance, "import time\nwhile True: time.sleep(0.01)", "python", timeout=1)
+    assert r.timed_out and r.error_code == "SB005"
+    assert provider.execute_code(instance, "print('still here')", "python").stdout == "still here\n"
+
+
+def test_memory_bomb_is_sb006(provider, instance):
+    code = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))\n"
+    try:
+        r = provider.execute_code(instance, code, "python", timeout=30)
+        code_seen = r.error_code
+    except Exception as e:  # the cgroup OOM killer may take the whole box down instead
+        code_seen = getattr(e, "code", repr(e))
+    assert code_seen == "SB006"
+
+
+def test_pids_limit_contains_fork_bomb(provider, instance):
+    r = provider.execute_code(instance, "for i in $(seq 1 200); do sleep 3 & done 2>&1; wait; echo done",
+                              "bash", timeout=20)
+    assert "Resource temporarily unavailable" in r.stdout + r.stderr
+    assert provider.execute_code(instance, "print(1)", "python").stdout == "1\n"
+
+
+def test_instances_do_not_see_each_other(provider):
+    a = provider.create_instance(tenant_id="ta", session_id="sa").instance_id
+    b = provider.create_instance(tenant_id="tb", session_id="sb").instance_id
+    try:
+        provider.write_file(a, "secret.txt", "tenant a only")
+        assert "secret.txt" not in {f.path for f in provider.list_files(b, ".", recursive=True)}
+        r = provider.execute_code(b, "find / -name secret.txt 2>/dev/null | head", "bash")
+        assert r.stdout == ""
+    finally:
+        provider.destroy_instance(a)
+        provider.destroy_instance(b)
