@@ -1,0 +1,132 @@
+"""create_app(): the one FastAPI application behind `execbox serve`.
+
+Tests pass their own ``store``, ``providers`` (anything with current() and candidates()) and
+``settings``; production gets the store from EXECBOX_DATA_DIR / EXECBOX_DATABASE_URL and the
+active provider from ProviderConfig (hot-reloaded from the settings store).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+
+from .. import __version__
+from .config import ServiceSettings
+from .errors import BodyLimit, install_error_handlers
+from .executions import Executor
+from .logs import AuditWriter, OperationLog
+from .metrics import ServiceMetrics
+from .sessions import ProviderSource, SessionManager
+
+log = logging.getLogger("execbox.service")
+
+WORKER_THREADS = 128
+"""Sync routes run on anyio's thread pool; its default of 40 would cap concurrent executions."""
+
+WEB_STATIC = Path(__file__).resolve().parent.parent / "web" / "static"
+
+
+def _optional_router(module: str) -> Any | None:
+    """A router built by another part of the service, or None while that module does not exist yet."""
+    try:
+        return importlib.import_module(module).router
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            log.warning("%s is not installed; its routes are not served", module)
+            return None
+        raise
+
+
+def _default_providers(store: Any) -> ProviderSource:
+    from .provider_config import ProviderConfig
+
+    return ProviderConfig(store)
+
+
+def _pool_statuses(providers: ProviderSource) -> Iterator[tuple[str, dict[str, Any]]]:
+    try:
+        candidates = providers.candidates()
+    except Exception:  # noqa: BLE001 - a scrape must not fail because no provider is configured
+        return
+    for p in candidates:
+        status_fn = getattr(p, "pool_status", None)
+        status = status_fn() if status_fn is not None else None
+        if status:
+            yield p.name, status
+
+
+def _sandbox_ids(prefix: str):  # noqa: ANN202
+    def unique_id(route: APIRoute) -> str:
+        return f"{prefix}{route.name}"
+
+    return unique_id
+
+
+def create_app(store: Any | None = None, providers: ProviderSource | None = None,
+               settings: ServiceSettings | None = None) -> FastAPI:
+    settings = settings or ServiceSettings.from_env()
+    if store is None:
+        from .store import open_store
+
+        store = open_store()
+    owns_providers = providers is None
+    if providers is None:
+        providers = _default_providers(store)
+    data_dir = settings.data_dir or str(store.data_dir)
+
+    metrics = ServiceMetrics()
+    sessions = SessionManager(providers, settings, data_dir, metrics)
+    metrics.bind_live(sessions.count, lambda: _pool_statuses(providers))
+    audit = AuditWriter(store)
+    executor = Executor(sessions, metrics, OperationLog(audit, settings.audit_code))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(limiter.total_tokens, WORKER_THREADS)
+        sessions.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(sessions.shutdown)
+            audit.close()
+            if owns_providers and hasattr(providers, "shutdown"):
+                await anyio.to_thread.run_sync(providers.shutdown)
+
+    app = FastAPI(title="execbox", version=__version__, lifespan=lifespan,
+                  description="Multi-tenant code sandbox: run untrusted Python, JavaScript and bash in "
+                              "isolated per-session workspaces. Errors: {\"error\": {code, message, details}}.")
+    app.state.store = store
+    app.state.providers = providers
+    app.state.sessions = sessions
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.audit = audit
+    app.state.executor = executor
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+
+    from .routes import health, sandbox
+
+    app.include_router(health.router)  # first: its /healthz wins over the executor's
+    app.include_router(sandbox.router, prefix="/v1/sandbox", tags=["sandbox"],
+                       generate_unique_id_function=_sandbox_ids("v1_"))
+    app.include_router(sandbox.router, tags=["sandbox (direct)"], generate_unique_id_function=_sandbox_ids(""))
+    admin = _optional_router("execbox.service.routes.admin")
+    if admin is not None:
+        app.include_router(admin)
+    compat = _optional_router("execbox.service.routes.executor_compat")
+    if compat is not None:
+        app.include_router(compat)
+    if WEB_STATIC.is_dir():
+        app.mount("/admin", StaticFiles(directory=WEB_STATIC, html=True), name="admin-console")
+    return app

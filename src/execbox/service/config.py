@@ -1,0 +1,79 @@
+"""Service settings read from the environment, parsed strictly (a bad value is SB002 naming the variable).
+
+The names follow the gateway contract (SANDBOX_IDLE_TIMEOUT, SANDBOX_MAX_SESSIONS) plus execbox's
+own quota and size limits. Tests build ``ServiceSettings(...)`` directly with small values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+from ..settings import parse_bool, parse_duration, parse_int, sandbox_timeout
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    idle_timeout: float = 900.0
+    """SANDBOX_IDLE_TIMEOUT: seconds a session may stay unused before its box is reaped."""
+    max_sessions: int = 50
+    """SANDBOX_MAX_SESSIONS: sessions across all tenants (SB004/503 beyond)."""
+    tenant_max_sessions: int = 20
+    """SANDBOX_TENANT_MAX_SESSIONS: sessions one tenant may hold (SB008/429 beyond)."""
+    tenant_max_executions: int = 10
+    """SANDBOX_TENANT_MAX_EXECUTIONS: concurrent executions per tenant (SB008/429 beyond)."""
+    default_timeout: float = 30.0
+    """SANDBOX_TIMEOUT_SEC: timeout of an execution that names none."""
+    max_code_bytes: int = 1024 * 1024
+    """SANDBOX_MAX_CODE_BYTES: largest code/command accepted (413 beyond)."""
+    max_file_bytes: int = 16 * 1024 * 1024
+    """SANDBOX_MAX_FILE_BYTES: largest single file in write/copy (413 beyond)."""
+    max_request_bytes: int = 64 * 1024 * 1024
+    """SANDBOX_MAX_REQUEST_BYTES: largest request body (413 beyond, checked before parsing)."""
+    audit_code: bool = False
+    """SANDBOX_AUDIT_CODE: store the code itself in the audit table (off: only its sha256)."""
+    reap_interval: float = 0.0
+    """Seconds between idle sweeps; 0 derives it from idle_timeout."""
+    data_dir: str = ""
+    """Where session workspaces persist (<data_dir>/workspaces/<tenant>/<session>); empty: the store's."""
+
+    @property
+    def sweep_every(self) -> float:
+        if self.reap_interval > 0:
+            return self.reap_interval
+        return max(0.05, min(30.0, self.idle_timeout / 4))
+
+    def with_(self, **changes: object) -> ServiceSettings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ServiceSettings:
+        """Read every SANDBOX_* knob; unset means the default, unparseable means SB002."""
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            raw = env.get(name)
+            return raw if raw is not None and raw.strip() != "" else None
+
+        values: dict[str, object] = {"default_timeout": sandbox_timeout(env)}
+        durations = {"SANDBOX_IDLE_TIMEOUT": "idle_timeout"}
+        ints = {
+            "SANDBOX_MAX_SESSIONS": ("max_sessions", 1),
+            "SANDBOX_TENANT_MAX_SESSIONS": ("tenant_max_sessions", 1),
+            "SANDBOX_TENANT_MAX_EXECUTIONS": ("tenant_max_executions", 1),
+            "SANDBOX_MAX_CODE_BYTES": ("max_code_bytes", 1),
+            "SANDBOX_MAX_FILE_BYTES": ("max_file_bytes", 1),
+            "SANDBOX_MAX_REQUEST_BYTES": ("max_request_bytes", 1024),
+        }
+        for var, attr in durations.items():
+            if (raw := get(var)) is not None:
+                values[attr] = parse_duration(raw, var)
+        for var, (attr, minimum) in ints.items():
+            if (raw := get(var)) is not None:
+                values[attr] = parse_int(raw, var, minimum)
+        if (raw := get("SANDBOX_AUDIT_CODE")) is not None:
+            values["audit_code"] = parse_bool(raw, "SANDBOX_AUDIT_CODE")
+        known = {f.name for f in fields(cls)}
+        values.update({k: v for k, v in overrides.items() if k in known and v is not None})
+        return cls(**values)  # type: ignore[arg-type]

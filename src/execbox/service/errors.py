@@ -1,0 +1,132 @@
+"""Exception handlers and the body-size guard: every failure leaves as {"error": {code, message, details}}.
+
+SandboxError -> its own status; validation errors -> 400 SB002 naming the field; unknown routes
+and methods -> 404/405 in the same shape; a body over the limit -> 413 before it is parsed.
+Anything else is a bug: logged with its traceback, answered 500 SB000 without internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import PayloadTooLargeError, SandboxError
+
+log = logging.getLogger("execbox.service.errors")
+
+
+def error_response(code: str, message: str, status: int, details: dict[str, Any] | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "details": details or {}}},
+                        status_code=status, headers=headers)
+
+
+def _count(request: Request, code: str) -> None:
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.errors.labels(code).inc()
+
+
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+async def sandbox_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, SandboxError)
+    _count(request, exc.code)
+    status = exc.http_status if 400 <= exc.http_status <= 599 else 500
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    if status >= 500:
+        log.warning("%s answered %s: %s", request.url.path, status, exc.message,
+                    extra={"fields": {"code": exc.code, "path": request.url.path}})
+    return JSONResponse(exc.to_dict(), status_code=status, headers=headers)
+
+
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for err in exc.errors():
+        # Never echo "input": it may hold code, file contents or env values.
+        problems.append({"field": _field(err.get("loc", ())), "message": str(err.get("msg", "")),
+                         "type": str(err.get("type", ""))})
+    first = problems[0] if problems else {"field": "body", "message": "invalid request"}
+    _count(request, "SB002")
+    return error_response("SB002", f"invalid request: {first['field']}: {first['message']}", 400,
+                          {"field": first["field"], "errors": problems})
+
+
+async def http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    _count(request, "SB002")
+    message = str(exc.detail) if exc.detail else "request failed"
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response("SB002", message, exc.status_code, {"path": request.url.path}, headers)
+
+
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    _count(request, "SB000")
+    return error_response("SB000", "internal error; the server log has the details", 500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(SandboxError, sandbox_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected_error)
+
+
+class BodyLimit:
+    """ASGI middleware: refuse bodies over ``max_bytes`` with 413 (declared length or counted stream)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> PayloadTooLargeError:
+        return PayloadTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes",
+                                    details={"field": "body", "limit": self.max_bytes})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.max_bytes:
+                    await self._reject(scope, receive, send)
+                    return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:  # FastAPI passes HTTPException through body parsing
+                    raise StarletteHTTPException(413, self._too_large().message)
+            return message
+
+        await self.app(scope, counted, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        err = self._too_large()
+        response = JSONResponse(err.to_dict(), status_code=413, headers={"Connection": "close"})
+        app = scope.get("app")
+        metrics = getattr(getattr(app, "state", None), "metrics", None)
+        if metrics is not None:
+            metrics.errors.labels(err.code).inc()
+        await response(scope, receive, send)

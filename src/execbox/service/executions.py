@@ -1,0 +1,144 @@
+"""One execution through the service: quota slot, session or one-shot box, run, metrics, log, audit.
+
+Routes describe *what* to run (a closure over the provider call); this module owns the order of
+the surrounding steps so plain and streamed requests behave the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SandboxError
+from ..models import ExecutionResult
+from ..providers.base import OutputCallback, SandboxProvider
+from .logs import OperationLog, memory_mb
+from .metrics import ServiceMetrics
+from .sessions import SessionManager
+from .streaming import Emit, RunHandle
+
+ProviderCall = Callable[[SandboxProvider, str, bool, OutputCallback | None], ExecutionResult]
+"""(provider, instance_id, one_shot, on_output) -> result."""
+
+
+@dataclass
+class RunSpec:
+    tenant_id: str
+    session_id: str | None
+    operation: str  # execute_code | run_command
+    language: str
+    code: str
+    token_id: str | None
+    call: ProviderCall
+
+
+def outcome(result: ExecutionResult) -> str:
+    if result.timed_out:
+        return "timeout"
+    if result.error_code == "SB006":
+        return "oom"
+    if result.metadata.get("cancelled"):
+        return "cancelled"
+    return "success" if result.exit_code == 0 else "failed"
+
+
+class Executor:
+    def __init__(self, sessions: SessionManager, metrics: ServiceMetrics, oplog: OperationLog) -> None:
+        self.sessions = sessions
+        self.metrics = metrics
+        self.oplog = oplog
+
+    @contextmanager
+    def _box(self, spec: RunSpec) -> Iterator[tuple[SandboxProvider, str]]:
+        template = spec.language
+        if spec.session_id is None:
+            with self.sessions.oneshot(spec.tenant_id, template) as pair:
+                yield pair
+        else:
+            with self.sessions.session(spec.tenant_id, spec.session_id, template) as s:
+                assert s.provider is not None and s.instance_id is not None
+                yield s.provider, s.instance_id
+
+    def run(self, spec: RunSpec, on_output: OutputCallback | None = None,
+            handle: RunHandle | None = None) -> ExecutionResult:
+        """Run and record; SB errors propagate after being counted and logged."""
+        provider_name, instance_id = "", None
+        started = time.monotonic()
+        with self.sessions.execution_slot(spec.tenant_id):
+            try:
+                with self._box(spec) as (provider, instance_id):
+                    provider_name = provider.name
+                    if handle is not None:
+                        handle.started(provider, instance_id)
+                        if handle.cancelled.is_set():
+                            raise _Cancelled
+                    result = spec.call(provider, instance_id, spec.session_id is None, on_output)
+            except SandboxError as e:
+                self._record(spec, provider_name, instance_id, started, "error", None, None, e.code)
+                raise
+            except _Cancelled:
+                self._record(spec, provider_name, instance_id, started, "cancelled", None, None, None)
+                raise
+        status = outcome(result)
+        self._record(spec, provider_name, instance_id, started, status, result.exit_code,
+                     memory_mb(result.metadata), result.error_code)
+        return result
+
+    def _record(self, spec: RunSpec, provider: str, instance_id: str | None, started: float, status: str,
+                exit_code: int | None, mem: float | None, error_code: str | None) -> None:
+        seconds = time.monotonic() - started
+        self.metrics.observe_execution(provider or "none", spec.language, status, seconds)
+        self.oplog.execution(
+            tenant_id=spec.tenant_id, session_id=spec.session_id, provider=provider or "none",
+            operation=spec.operation, instance_id=instance_id, language=spec.language, code=spec.code,
+            duration_ms=seconds * 1000, status=status, exit_code=exit_code, memory_used_mb=mem,
+            error_code=error_code, token_id=spec.token_id)
+
+    def stream(self, spec: RunSpec, artifact_url: str | None) -> Callable[[Emit, RunHandle], None]:
+        """The worker body for streaming.stream_run: output events, then artifacts, result, error."""
+
+        def work(emit: Emit, handle: RunHandle) -> None:
+            def on_output(stream: str, text: str) -> None:
+                if stream in ("stdout", "stderr"):
+                    emit(stream, {"text": text})
+
+            try:
+                result = self.run(spec, on_output, handle)
+            except _Cancelled:
+                return
+            for art in result.artifacts:
+                emit("artifact", artifact_event(art.to_dict(include_artifact_content=spec.session_id is None),
+                                                spec, artifact_url))
+            emit("result", result_body(result, spec))
+            if result.error_code:
+                emit("error", {"code": result.error_code,
+                               "message": result.metadata.get("error_message", result.error_code),
+                               "details": {"instance_id": result.metadata.get("instance_id")}})
+
+        return work
+
+
+class _Cancelled(Exception):
+    """The client went away before the run reached its box."""
+
+
+def result_body(result: ExecutionResult, spec: RunSpec) -> dict[str, Any]:
+    """ExecutionResult as JSON; one-shot runs carry artifact bytes (their box is gone)."""
+    body = result.to_dict(include_artifact_content=spec.session_id is None)
+    body["tenant_id"] = spec.tenant_id
+    body["session_id"] = spec.session_id
+    return body
+
+
+def artifact_event(meta: dict[str, Any], spec: RunSpec, url: str | None) -> dict[str, Any]:
+    """Artifact metadata plus how to fetch its bytes (read_binary on the session)."""
+    out = dict(meta)
+    if spec.session_id is not None and url:
+        out["url"] = url
+        out["fetch"] = {"method": "POST", "url": url,
+                        "json": {"tenant_id": spec.tenant_id, "session_id": spec.session_id,
+                                 "path": meta.get("path") or meta["name"]}}
+    return out

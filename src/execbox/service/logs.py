@@ -1,0 +1,136 @@
+"""Structured JSON logs per operation and the audit trail in the store.
+
+One record per execution carries the fields of the RAGFlow design's logging example
+(tenant_id, provider, operation, instance_id, language, code_hash, duration_ms, status,
+exit_code, memory_used_mb). The same facts go to the store's audit table from a background
+writer, so a slow database never adds latency to an execution. The code itself is stored only
+with SANDBOX_AUDIT_CODE=true; logs never carry it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+AUDIT_FIELDS = frozenset({"tenant_id", "provider", "operation", "instance_id", "language", "code_hash",
+                          "duration_ms", "status", "exit_code", "memory_used_mb", "error_code", "code"})
+"""Columns of the store's audit table (execbox.service.store.repos.AUDIT_FIELDS, minus created_at)."""
+
+EXEC_LOG = logging.getLogger("execbox.service.exec")
+log = logging.getLogger("execbox.service")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: timestamp, level, logger, message and any ``fields`` extra."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        msg = record.getMessage()
+        if msg:
+            out["message"] = msg
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_json_logging(level: int = logging.INFO) -> None:
+    """Route execbox.* loggers to stderr as JSON lines (``execbox serve`` calls this once)."""
+    root = logging.getLogger("execbox")
+    if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+
+
+def code_hash(code: str) -> str:
+    return "sha256:" + hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def memory_mb(metadata: dict[str, Any]) -> float | None:
+    kb = metadata.get("peak_memory_kb")
+    return round(kb / 1024, 2) if isinstance(kb, (int, float)) else None
+
+
+class AuditWriter:
+    """Writes audit records to ``store.audit`` on one background thread, in order.
+
+    ``flush()`` waits until everything queued so far is written (tests, shutdown).
+    """
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._q: queue.Queue[dict[str, Any] | threading.Event | None] = queue.Queue(maxsize=10000)
+        self._thread = threading.Thread(target=self._run, name="execbox-audit", daemon=True)
+        self._thread.start()
+        self.dropped = 0
+
+    def submit(self, fields: dict[str, Any]) -> None:
+        try:
+            self._q.put_nowait(fields)
+        except queue.Full:
+            self.dropped += 1
+            log.error("audit queue full; dropped a record", extra={"fields": {"dropped": self.dropped}})
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._store.audit.record(**item)
+            except Exception:  # noqa: BLE001 - the audit trail must not take the service down
+                log.exception("writing an audit record failed")
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        done = threading.Event()
+        self._q.put(done)
+        return done.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.flush(timeout)
+        self._q.put(None)
+        self._thread.join(timeout)
+
+
+class OperationLog:
+    """Builds the per-execution record, logs it as JSON and hands it to the audit writer."""
+
+    def __init__(self, audit: AuditWriter | None, audit_code: bool) -> None:
+        self.audit = audit
+        self.audit_code = audit_code
+
+    def execution(self, *, tenant_id: str, session_id: str | None, provider: str, operation: str,
+                  instance_id: str | None, language: str, code: str, duration_ms: float, status: str,
+                  exit_code: int | None, memory_used_mb: float | None, error_code: str | None = None,
+                  token_id: str | None = None) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "tenant_id": tenant_id, "session_id": session_id, "provider": provider, "operation": operation,
+            "instance_id": instance_id, "language": language, "code_hash": code_hash(code),
+            "duration_ms": round(duration_ms, 3), "status": status, "exit_code": exit_code,
+            "memory_used_mb": memory_used_mb, "error_code": error_code, "token_id": token_id,
+        }
+        EXEC_LOG.info("", extra={"fields": {"timestamp": datetime.now(UTC).isoformat(), **fields}})
+        if self.audit is not None:
+            record = {k: v for k, v in fields.items() if k in AUDIT_FIELDS}
+            if self.audit_code:
+                record["code"] = code
+            self.audit.submit(record)
+        return fields

@@ -1,0 +1,252 @@
+"""The gateway API (code-sandbox-gateway.md): execute, bash, files, sessions.
+
+Mounted twice by create_app: under /v1/sandbox (public) and bare (direct service paths).
+Every route authenticates; a tenant token is confined to its own tenant (403 otherwise).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+
+from ...errors import ERRORS_BY_CODE, InvalidConfigError, PayloadTooLargeError, SandboxError
+from ...models import Language
+from ...providers.base import OutputCallback, SandboxProvider
+from ..auth import ForbiddenError, Principal, require_admin, require_token
+from ..executions import Executor, RunSpec, result_body
+from ..schemas import (
+    ERROR_RESPONSES,
+    BashRequest,
+    BinaryOut,
+    CopyRequest,
+    DestroyedOut,
+    ExecuteRequest,
+    ExecutionOut,
+    FileInfoOut,
+    FilesOut,
+    GlobOut,
+    GlobRequest,
+    GrepOut,
+    GrepRequest,
+    ListRequest,
+    ReadBinaryRequest,
+    ReadRequest,
+    SessionsOut,
+    TextPageOut,
+    WriteRequest,
+)
+from ..sessions import NAME_PATTERN, SessionManager
+from ..streaming import stream_run, wants_stream
+
+router = APIRouter(responses=ERROR_RESPONSES)
+
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The ExecutionResult; or server-sent events stdout, stderr, artifact, result, error "
+                         "with Accept: text/event-stream or stream: true",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+}
+
+
+def tenant_for(principal: Principal, tenant_id: str | None) -> str:
+    """The tenant a request acts on: the token's own, or any for an admin token."""
+    if tenant_id is None or tenant_id == principal.tenant_id:
+        return principal.tenant_id
+    if principal.is_admin:
+        return tenant_id
+    raise ForbiddenError("this token may only access its own tenant's sessions",
+                         details={"field": "tenant_id", "token_tenant_id": principal.tenant_id})
+
+
+def _sessions(request: Request) -> SessionManager:
+    return request.app.state.sessions
+
+
+def _executor(request: Request) -> Executor:
+    return request.app.state.executor
+
+
+def _check_size(text: str, field: str, limit: int) -> None:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise PayloadTooLargeError(f"{field} is {size} bytes; the limit is {limit}",
+                                   details={"field": field, "size": size, "limit": limit})
+
+
+def _decode(content: str | None, content_b64: str | None, field: str, limit: int) -> str | bytes:
+    if (content is None) == (content_b64 is None):
+        raise InvalidConfigError(f"{field}: give exactly one of content or content_b64",
+                                 details={"field": f"{field}content"})
+    if content is not None:
+        _check_size(content, f"{field}content", limit)
+        return content
+    assert content_b64 is not None
+    if len(content_b64) > (limit // 3 + 2) * 4:
+        raise PayloadTooLargeError(f"{field}content_b64 decodes to more than {limit} bytes",
+                                   details={"field": f"{field}content_b64", "limit": limit})
+    try:
+        return base64.b64decode(content_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidConfigError(f"{field}content_b64 is not valid base64",
+                                 details={"field": f"{field}content_b64"}) from None
+
+
+def _artifact_url(request: Request) -> str:
+    prefix = "/v1/sandbox" if request.url.path.startswith("/v1/sandbox/") else ""
+    return f"{prefix}/read_binary"
+
+
+def _timeout(provider: SandboxProvider, asked: float | None, default: float) -> float:
+    if asked is not None:
+        return asked
+    configured = provider.config.get("timeout")
+    return float(configured) if configured else default
+
+
+# -- execution -------------------------------------------------------------------------------------
+
+
+@router.post("/execute", response_model=ExecutionOut, responses=STREAM_RESPONSE,
+             summary="Run code (python, javascript, bash) in a session or one-shot")
+def execute(body: ExecuteRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, body.tenant_id)
+    settings = request.app.state.settings
+    _check_size(body.code, "code", settings.max_code_bytes)
+    language = Language.parse(body.language).value
+    if body.context_id is not None and body.session_id is None:
+        raise InvalidConfigError("context_id needs a session_id (contexts live in a session)",
+                                 details={"field": "context_id"})
+
+    def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
+             on_output: OutputCallback | None) -> Any:
+        kwargs: dict[str, Any] = {"inline_artifacts": one_shot}
+        if body.context_id is not None:
+            kwargs["context_id"] = body.context_id
+        if on_output is not None:
+            kwargs["on_output"] = on_output
+        return provider.execute_code(instance_id, body.code, language,
+                                     _timeout(provider, body.timeout, settings.default_timeout),
+                                     body.arguments, **kwargs)
+
+    spec = RunSpec(tenant, body.session_id, "execute_code", language, body.code, principal.token_id, call)
+    return _respond(request, spec, body.stream)
+
+
+@router.post("/bash", response_model=ExecutionOut, responses=STREAM_RESPONSE,
+             summary="Run a shell command in a session's workspace or one-shot")
+def bash(body: BashRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, body.tenant_id)
+    settings = request.app.state.settings
+    _check_size(body.command, "command", settings.max_code_bytes)
+    if not body.command.strip():
+        raise InvalidConfigError("command must not be empty", details={"field": "command"})
+
+    def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
+             on_output: OutputCallback | None) -> Any:
+        return provider.run_command(instance_id, body.command,
+                                    _timeout(provider, body.timeout, settings.default_timeout),
+                                    cwd=body.cwd, env=body.env, on_output=on_output)
+
+    spec = RunSpec(tenant, body.session_id, "run_command", "bash", body.command, principal.token_id, call)
+    return _respond(request, spec, body.stream)
+
+
+def _respond(request: Request, spec: RunSpec, stream: bool) -> Any:
+    executor = _executor(request)
+    if wants_stream(request.headers.get("accept"), stream):
+        return stream_run(executor.stream(spec, _artifact_url(request)))
+    result = executor.run(spec)
+    body = result_body(result, spec)
+    if result.error_code:  # SB005 / SB006: the SB status, with the partial result kept in details
+        cls = ERRORS_BY_CODE.get(result.error_code, SandboxError)
+        raise cls(result.metadata.get("error_message", result.error_code), details={"result": body})
+    return body
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+
+@router.post("/read", response_model=TextPageOut, summary="Read a text file, paged by lines")
+def read(body: ReadRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, body.tenant_id)
+    with _sessions(request).session(tenant, body.session_id) as s:
+        return s.provider.read_file(s.instance_id, body.path, body.offset, body.limit).to_dict()  # type: ignore[union-attr, arg-type]
+
+
+@router.post("/read_binary", response_model=BinaryOut, summary="Read a file's bytes (artifacts)")
+def read_binary(body: ReadBinaryRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, body.tenant_id)
+    with _sessions(request).session(tenant, body.session_id) as s:
+        data = s.provider.read_bytes(s.instance_id, body.path)  # type: ignore[union-attr, arg-type]
+    return {"path": body.path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "content_b64": base64.b64encode(data).decode()}
+
+
+@router.post("/write", response_model=FileInfoOut, summary="Write a file (content or content_b64)")
+def write(body: WriteRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, body.tenant_id)
+    data = _decode(body.content, body.content_b64, "", request.app.state.settings.max_file_bytes)
+    with _sessions(request).session(tenant, body.session_id) as s:
+        return s.provider.write_file(s.instance_id, body.path, data, body.mode).to_dict()  # type: ignore[union-attr, arg-type]
+
+
+@router.post("/grep", response_model=GrepOut, summary="Search file contents with a regular expression")
+def grep(body: GrepRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, body.tenant_id)
+    with _sessions(request).session(tenant, body.session_id) as s:
+        found = s.provider.grep(s.instance_id, body.pattern, body.path, body.glob, body.max_results)  # type: ignore[union-attr, arg-type]
+    return {"matches": [m.to_dict() for m in found]}
+
+
+@router.post("/glob", response_model=GlobOut, summary="Match workspace paths against a glob pattern")
+def glob(body: GlobRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, body.tenant_id)
+    with _sessions(request).session(tenant, body.session_id) as s:
+        return {"paths": s.provider.glob(s.instance_id, body.pattern)}  # type: ignore[union-attr, arg-type]
+
+
+@router.post("/list", response_model=FilesOut, summary="List a workspace directory")
+def list_files(body: ListRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, body.tenant_id)
+    with _sessions(request).session(tenant, body.session_id) as s:
+        found = s.provider.list_files(s.instance_id, body.path, body.recursive)  # type: ignore[union-attr, arg-type]
+    return {"files": [f.to_dict() for f in found]}
+
+
+# -- sessions --------------------------------------------------------------------------------------
+
+SessionPath = Path(pattern=NAME_PATTERN, max_length=64)
+
+
+@router.get("/sessions", response_model=SessionsOut, summary="List sessions (admin only)")
+def list_sessions(request: Request, tenant_id: str | None = Query(default=None, pattern=NAME_PATTERN,
+                                                                    max_length=64),
+                  principal: Principal = Depends(require_admin)) -> Any:
+    return {"sessions": _sessions(request).list(tenant_id)}
+
+
+@router.delete("/sessions/{tenant_id}/{session_id}", response_model=DestroyedOut,
+               summary="Destroy a session, its box and its workspace (admin only)")
+def destroy_session(request: Request, tenant_id: str = SessionPath, session_id: str = SessionPath,
+                    principal: Principal = Depends(require_admin)) -> Any:
+    return {"destroyed": _sessions(request).destroy(tenant_id, session_id)}
+
+
+@router.post("/sessions/{tenant_id}/{session_id}/copy", response_model=FilesOut,
+             summary="Write many files into a workspace atomically: all or none")
+def copy_files(body: CopyRequest, request: Request, tenant_id: str = SessionPath, session_id: str = SessionPath,
+               principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, tenant_id)
+    limit = request.app.state.settings.max_file_bytes
+    files: dict[str, str | bytes] = {}
+    for i, item in enumerate(body.files):
+        if item.path in files:
+            raise InvalidConfigError(f"files[{i}].path {item.path!r} appears twice",
+                                     details={"field": f"files.{i}.path"})
+        files[item.path] = _decode(item.content, item.content_b64, f"files.{i}.", limit)
+    with _sessions(request).session(tenant, session_id) as s:
+        written = s.provider.write_files(s.instance_id, files)  # type: ignore[union-attr, arg-type]
+    return {"files": [f.to_dict() for f in written]}

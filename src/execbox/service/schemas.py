@@ -1,0 +1,211 @@
+"""Request and response bodies of the /v1/sandbox API (pydantic; they are the OpenAPI schema).
+
+Limits that depend on ServiceSettings (code and file sizes) are checked in the routes, so the
+413 carries the configured limit; everything static is declared here and rejected as 400 SB002.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .sessions import NAME_PATTERN
+
+Name = Field(default=None, pattern=NAME_PATTERN, max_length=64)
+Timeout = Field(default=None, gt=0, le=86400, allow_inf_nan=False,
+                description="Seconds; the provider's max_timeout applies")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Scoped(_Body):
+    tenant_id: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=64,
+                                  description="Defaults to the token's tenant; another tenant's id is 403")
+    session_id: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=64,
+                                   description="Created on first use")
+
+
+class ExecuteRequest(Scoped):
+    code: str
+    language: str = Field(default="python", max_length=32, description="python, javascript (nodejs), bash")
+    timeout: float | None = Timeout
+    arguments: dict[str, Any] | None = Field(default=None, description="main(**arguments) / main(arguments)")
+    context_id: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=64,
+                                   description="Stateful context in a session: globals persist")
+    stream: bool = Field(default=False, description="Answer with server-sent events (also Accept: "
+                                                    "text/event-stream)")
+
+
+class BashRequest(Scoped):
+    command: str
+    cwd: str | None = Field(default=None, max_length=4096, description="Relative to the workspace")
+    timeout: float | None = Timeout
+    env: dict[str, str] | None = None
+    stream: bool = False
+
+
+class SessionFileRequest(_Body):
+    tenant_id: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=64)
+    session_id: str = Field(pattern=NAME_PATTERN, max_length=64)
+
+
+class ReadRequest(SessionFileRequest):
+    path: str = Field(max_length=4096)
+    offset: int = Field(default=0, ge=0, le=2**31)
+    limit: int = Field(default=2000, ge=1, le=100000)
+
+
+class ReadBinaryRequest(SessionFileRequest):
+    path: str = Field(max_length=4096)
+
+
+class WriteRequest(SessionFileRequest):
+    path: str = Field(max_length=4096)
+    content: str | None = Field(default=None, description="Text (UTF-8); or content_b64")
+    content_b64: str | None = Field(default=None, description="Base64 bytes; or content")
+    mode: Literal["overwrite", "append", "create"] = "overwrite"
+
+
+class GrepRequest(SessionFileRequest):
+    pattern: str = Field(max_length=4096, description="Python regular expression")
+    path: str = Field(default=".", max_length=4096)
+    glob: str | None = Field(default=None, max_length=4096)
+    max_results: int = Field(default=100, ge=1, le=10000)
+
+
+class GlobRequest(SessionFileRequest):
+    pattern: str = Field(max_length=4096)
+
+
+class ListRequest(SessionFileRequest):
+    path: str = Field(default=".", max_length=4096)
+    recursive: bool = False
+
+
+class FileItem(_Body):
+    path: str = Field(max_length=4096)
+    content: str | None = None
+    content_b64: str | None = None
+
+
+class CopyRequest(_Body):
+    files: list[FileItem] = Field(min_length=1, max_length=10000)
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    mime_type: str
+    size: int
+    sha256: str
+    path: str
+    content_b64: str | None = None
+
+
+class ExecutionOut(BaseModel):
+    stdout: str
+    stderr: str
+    exit_code: int
+    execution_time: float
+    timed_out: bool
+    truncated: bool
+    result: Any = None
+    artifacts: list[ArtifactOut]
+    metadata: dict[str, Any]
+    tenant_id: str
+    session_id: str | None
+
+
+class TextPageOut(BaseModel):
+    path: str
+    content: str
+    offset: int
+    limit: int
+    total_lines: int
+    truncated: bool
+
+
+class BinaryOut(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    content_b64: str
+
+
+class FileInfoOut(BaseModel):
+    path: str
+    size: int
+    is_dir: bool
+    modified: float
+
+
+class FilesOut(BaseModel):
+    files: list[FileInfoOut]
+
+
+class GrepMatchOut(BaseModel):
+    path: str
+    line_number: int
+    line: str
+
+
+class GrepOut(BaseModel):
+    matches: list[GrepMatchOut]
+
+
+class GlobOut(BaseModel):
+    paths: list[str]
+
+
+class SessionOut(BaseModel):
+    tenant_id: str
+    session_id: str
+    provider: str | None
+    instance_id: str | None
+    created_at: float
+    idle_seconds: float
+    busy: bool
+    operations: int
+    boxes_started: int
+
+
+class SessionsOut(BaseModel):
+    sessions: list[SessionOut]
+
+
+class DestroyedOut(BaseModel):
+    destroyed: SessionOut
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in {
+        400: "Invalid request (SB002 and the field), blocked code (SB007)",
+        401: "Missing or invalid token",
+        403: "Token may not touch this tenant or route",
+        404: "Unknown session or file",
+        408: "Execution timed out (SB005); details.result holds the partial result",
+        409: "File exists (write mode=create)",
+        413: "Body, code or file too large",
+        422: "Out of memory (SB006); details.result holds the partial result",
+        429: "Per-tenant limit reached (SB008)",
+        501: "The active provider does not support this operation",
+        502: "Provider connection failed (SB003)",
+        503: "No capacity (SB004) or provider unavailable (SB001/SB009)",
+    }.items()
+}
