@@ -1,0 +1,199 @@
+"""Start, kill and clean up one jail box: cgroup + workspace quota + seccomp + bubblewrap.
+
+Start order: create the cgroup and the quota-limited workspace, then fork bwrap from one
+long-lived spawner thread (``--die-with-parent`` ties a box to the *thread* that forked it,
+so a box started from a short-lived request thread would die with that thread). The forked
+child joins the box's cgroup and, when execbox runs as root, drops to an unprivileged host
+uid before exec, so even the box's mapped "user" is nobody on the host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import bwrap, cgroups, quota, seccomp
+from .box import READY_TIMEOUT, ProcessBox
+from .runtime import Runtime, jail_dir
+
+log = logging.getLogger("execbox.jail")
+
+HOST_UID = int(os.environ.get("EXECBOX_JAIL_HOST_UID", "61000"))
+"""Host uid/gid boxes run as when execbox is root (no passwd entry needed)."""
+
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-jail-spawn")
+_counter = itertools.count(1)
+
+
+@dataclass
+class JailSettings:
+    runtime: Runtime
+    memory_bytes: int
+    cpus: float
+    pids: int
+    disk_bytes: int
+    tmp_bytes: int
+    preload: str = "auto"
+    use_cgroups: bool = True
+    drop_uid: bool = True
+    agent_root: str = ""
+    etc_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def boxes_dir() -> str:
+    return os.path.join(jail_dir(), "boxes")
+
+
+class JailBox(ProcessBox):
+    isolation = "jail"
+
+    def __init__(self, name: str, proc: subprocess.Popen, workspace: str | None, limits: dict[str, Any],
+                 cgroup: cgroups.BoxCgroup | None, box_dir: str, quota_image: str | None) -> None:
+        super().__init__(name, proc, workspace, limits)
+        self.cgroup = cgroup
+        self.box_dir = box_dir
+        self.quota_image = quota_image
+        self.started_at = time.time()
+        self.survivors: list[int] = []
+
+    def oom_events(self) -> int:
+        return self.cgroup.oom_kills() if self.cgroup else 0
+
+    def kill(self) -> None:
+        if self.cgroup is not None:
+            self.survivors = self.cgroup.kill_all()
+            if self.survivors:
+                log.error("box %s: processes %s survived SIGKILL", self.name, self.survivors)
+        super().kill()
+
+    def cleanup(self) -> None:
+        if self.cgroup is not None and not self.cgroup.remove():
+            log.error("box %s: cgroup %s could not be removed", self.name, self.cgroup.name)
+        if self.quota_image is not None:
+            if self.keep_workspace:
+                log.warning("box %s: a quota workspace cannot outlive its box; removing it", self.name)
+            quota.destroy(self.quota_image, self.workspace or "")
+        elif self.workspace and not self.keep_workspace:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+        shutil.rmtree(self.box_dir, ignore_errors=True)
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out["box_uid"] = self.hello.get("uid")
+        if self.cgroup is not None:
+            out["cgroup"] = self.cgroup.name
+        return out
+
+    def memory_bytes(self) -> int | None:
+        return self.cgroup.memory_current() if self.cgroup else None
+
+
+def _preexec(cg: cgroups.BoxCgroup | None, uid: int | None):
+    procs_files = cg.procs_files() if cg else []
+
+    def run() -> None:  # runs in the forked child: only async-signal-safe-ish syscalls
+        pid = str(os.getpid()).encode()
+        for path in procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, pid)
+            os.close(fd)
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+
+    return run
+
+
+def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
+    """Start one box with its agent ready (raises on any failure, leaving nothing behind)."""
+    name = f"jail-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
+    box_dir = os.path.join(boxes_dir(), name)
+    os.makedirs(box_dir, mode=0o755)
+    root = os.geteuid() == 0
+    uid = HOST_UID if (root and settings.drop_uid) else None
+    cg: cgroups.BoxCgroup | None = None
+    quota_image: str | None = None
+    ws_host: str | None = workspace
+    seccomp_fd: int | None = None
+    try:
+        if settings.use_cgroups:
+            cg = cgroups.BoxCgroup.create(name, cgroups.Limits(settings.memory_bytes, settings.pids,
+                                                               settings.cpus))
+        if workspace is None and quota.loop_quota_possible()[0]:
+            ws_host = os.path.join(box_dir, "workspace")
+            quota_image = os.path.join(box_dir, "workspace.img")
+            quota.create(quota_image, ws_host, settings.disk_bytes, uid if uid is not None else os.getuid())
+        elif workspace is not None and uid is not None:
+            _own_tree(workspace, uid)
+        seccomp_fd = seccomp.bpf_fd()
+        limits = {"memory_bytes": settings.memory_bytes, "fsize_bytes": settings.disk_bytes, "nofile": 1024}
+        spec = bwrap.BoxSpec(
+            runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=settings.etc_dir,
+            env=bwrap.box_env(), agent_limits=limits, seccomp_fd=seccomp_fd, workspace_host=ws_host,
+            ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
+        )
+        argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
+        errlog = os.open(os.path.join(box_dir, "bwrap.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            proc = _spawner.submit(
+                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog,
+                env={"PATH": "/usr/bin:/bin"}, cwd="/", close_fds=True, pass_fds=(seccomp_fd,),
+                preexec_fn=_preexec(cg, uid),
+            ).result()
+        finally:
+            os.close(errlog)
+    except BaseException:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+        if cg is not None:
+            cg.kill_all()
+            cg.remove()
+        if quota_image is not None:
+            quota.destroy(quota_image, ws_host or "")
+        shutil.rmtree(box_dir, ignore_errors=True)
+        raise
+    os.close(seccomp_fd)
+    box = JailBox(name, proc, ws_host, limits, cg, box_dir, quota_image)
+    if workspace is not None:
+        box.keep_workspace = True
+    try:
+        box.client.wait_ready(READY_TIMEOUT)
+    except Exception as e:
+        detail = _tail(os.path.join(box_dir, "bwrap.log"))
+        box.destroyed = True
+        box.kill()
+        box.cleanup()
+        if detail:
+            raise RuntimeError(f"{e}; bwrap said: {detail}") from e
+        raise
+    return box
+
+
+def _own_tree(path: str, uid: int) -> None:
+    """Hand a caller-provided workspace to the box uid (files the host wrote there too)."""
+    os.makedirs(path, exist_ok=True)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for n in [*dirnames, *filenames]:
+            try:
+                os.lchown(os.path.join(dirpath, n), uid, uid)
+            except OSError:
+                pass
+    os.chown(path, uid, uid)
+
+
+def _tail(path: str, limit: int = 400) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()[-limit:].strip()
+    except OSError:
+        return ""

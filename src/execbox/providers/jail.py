@@ -1,0 +1,231 @@
+"""Provider ``jail`` (isolation tier ``jail``): execbox's default backend, no daemon needed.
+
+One box per instance: bubblewrap namespaces (user, pid, net, ipc, uts, mount, cgroup), a
+read-only system and runtime, a quota-limited private workspace, a seccomp filter, a cgroup
+with memory/pids/CPU limits, an unprivileged uid and an environment built from scratch. The
+execbox agent runs as the box's main process; everything about running code is shared with
+the other self-hosted backends (providers/agent_backed.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from typing import Any
+
+from ..boxes import bwrap, cgroups, quota, runtime, seccomp
+from ..boxes.jail_box import HOST_UID, JailBox, JailSettings
+from ..boxes.jail_box import start as start_jail_box
+from ..errors import InvalidConfigError, ProviderUnavailableError
+from ..models import Isolation
+from .agent_backed import POLICY_SCHEMA, AgentBackedProvider
+from .schema import parse_size
+
+TMP_MAX = 256 * 1024 * 1024
+
+_avail_lock = threading.Lock()
+_avail: tuple[bool, str] | None = None
+
+
+class JailProvider(AgentBackedProvider):
+    name = "jail"
+    display_name = "Local jail (bubblewrap)"
+    description = ("Each instance runs in a bubblewrap box on this host: namespaces, seccomp, cgroup limits, "
+                   "no network, a quota-limited workspace. No daemon needed.")
+    tags = ["self-hosted", "default", "no-daemon"]
+    isolation = Isolation.JAIL
+    zero_config = True
+    warm_pool_wait = 0.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._settings: JailSettings | None = None
+        self._warnings: list[str] = []
+
+    @staticmethod
+    def get_config_schema() -> dict[str, dict[str, Any]]:
+        return {
+            "timeout": {"type": "integer", "default": 30, "min": 1, "max": 3600, "label": "Default timeout (s)",
+                        "description": "Default execution timeout in seconds."},
+            "max_timeout": {"type": "integer", "default": 3600, "min": 1, "max": 86400, "label": "Max timeout (s)",
+                            "description": "Largest timeout a caller may ask for."},
+            "max_memory": {"type": "string", "default": "512m", "format": "size", "label": "Memory per box",
+                           "description": "cgroup memory limit of each box (e.g. 256m, 1g); exceeding it is SB006."},
+            "cpus": {"type": "number", "default": 1.0, "min": 0.05, "max": 64, "label": "CPUs per box",
+                     "description": "CPU bandwidth of each box in cores (cgroup CFS quota)."},
+            "pids_limit": {"type": "integer", "default": 128, "min": 8, "max": 32768, "label": "Processes per box",
+                           "description": "cgroup pids limit: a fork bomb stops here."},
+            "disk_quota_mb": {"type": "integer", "default": 512, "min": 8, "max": 1048576,
+                              "label": "Workspace quota (MB)",
+                              "description": "Size of each box's workspace; writing past it fails (507)."},
+            "pool_size": {"type": "integer", "default": 2, "min": 0, "max": 64, "label": "Warm pool size",
+                          "description": "Boxes started ahead of time so one-shot runs skip start-up."},
+            "runtime": {"type": "string", "default": "system", "label": "Python runtime",
+                        "placeholder": "system",
+                        "description": "'system' (host python3 standard library) or a runtime made by "
+                                       "`execbox runtime install --name NAME PKG...`."},
+            "preload": {"type": "string", "default": "auto", "label": "Preload modules",
+                        "description": "'auto' (numpy, pandas, matplotlib when the runtime has them), "
+                                       "'none', or a comma-separated list."},
+            "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
+                                 "label": "Output cap (bytes)", "description": "Cap on stdout and stderr each."},
+            **POLICY_SCHEMA,
+        }
+
+    def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
+        try:
+            mem = parse_size(config.get("max_memory") or "512m")
+        except ValueError as e:
+            return False, f"max_memory: {e}"
+        if mem < 32 * 1024 * 1024:
+            return False, "max_memory: must be at least 32m (the agent itself needs ~15 MB)"
+        try:
+            runtime.resolve(config.get("runtime"))
+        except runtime.RuntimeNotUsable as e:
+            return False, f"runtime: {e}"
+        return True, None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        ok, reason = self.availability()
+        if not ok:
+            raise ProviderUnavailableError(f"jail provider cannot run on this host: {reason}",
+                                           details={"provider": self.name, "reason": reason})
+        cfg = self.config
+        rt = runtime.resolve(cfg.get("runtime"))
+        use_cgroups = True
+        try:
+            cgroups.detect()
+        except cgroups.CgroupUnavailable as e:
+            use_cgroups = False
+            self._warnings.append(f"jail: no cgroup limits ({e}); memory is bounded by rlimits only and "
+                                  "destroy relies on the pid namespace")
+        disk = int(cfg.get("disk_quota_mb") or 512) * 1024 * 1024
+        if not quota.loop_quota_possible()[0]:
+            self._warnings.append("jail: workspace quota is a tmpfs inside the box; its contents count "
+                                  "against max_memory")
+        self._settings = JailSettings(
+            runtime=rt, memory_bytes=parse_size(cfg.get("max_memory") or "512m"), cpus=float(cfg.get("cpus") or 1),
+            pids=int(cfg.get("pids_limit") or 128), disk_bytes=disk, tmp_bytes=min(TMP_MAX, disk),
+            preload=str(cfg.get("preload") or "auto"), use_cgroups=use_cgroups,
+            agent_root=runtime.staged_agent(), etc_dir=bwrap.staged_etc(),
+        )
+
+    def start_box(self, workspace: str | None = None) -> JailBox:
+        if self._settings is None:
+            raise InvalidConfigError("jail provider is not initialized")
+        return start_jail_box(self._settings, workspace)
+
+    def warnings(self) -> list[str]:
+        return list(self._warnings)
+
+    def applied_limits(self) -> dict[str, Any]:
+        s = self._settings
+        base = super().applied_limits()
+        if s is None:
+            return base
+        return {**base, "max_memory": self.config.get("max_memory"), "cpus": s.cpus, "pids_limit": s.pids,
+                "disk_quota_mb": s.disk_bytes // (1024 * 1024), "tmp_mb": s.tmp_bytes // (1024 * 1024),
+                "runtime": s.runtime.name, "network": "none",
+                "enforced_by": "cgroup+rlimit" if s.use_cgroups else "rlimit"}
+
+    def _instance_metadata(self, inst) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+        meta = super()._instance_metadata(inst)
+        meta["runtime"] = self._settings.runtime.name if self._settings else None
+        pool = self.pool_status()
+        if pool is not None:
+            meta["pool"] = {k: pool[k] for k in ("size", "ready", "healthy", "last_error")}
+        return meta
+
+    # -- host facts -------------------------------------------------------------------------
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        """Cached per process: bwrap present, seccomp filter buildable, a trivial box starts."""
+        global _avail
+        with _avail_lock:
+            if _avail is None:
+                _avail = cls._probe()
+            return _avail
+
+    @classmethod
+    def _probe(cls) -> tuple[bool, str]:
+        checks = cls.diagnose()
+        for key in ("bwrap", "seccomp", "user_namespaces", "trial_box"):
+            c = checks[key]
+            if not c["ok"]:
+                return False, f"{key}: {c['detail']}"
+        notes = [f"{k}: {checks[k]['detail']}" for k in ("cgroups", "workspace_quota") if not checks[k]["ok"]]
+        return True, "ok" + (f" (degraded: {'; '.join(notes)})" if notes else "")
+
+    @classmethod
+    def diagnose(cls) -> dict[str, dict[str, Any]]:
+        """Each prerequisite with ok and a human detail (printed by `execbox doctor`)."""
+        out: dict[str, dict[str, Any]] = {}
+        path = bwrap.bwrap_path()
+        out["bwrap"] = {"ok": bool(path), "detail": path or "bubblewrap is not installed (apt install bubblewrap)"}
+        try:
+            seccomp.bpf_program()
+            out["seccomp"] = {"ok": True, "detail": f"{len(seccomp.DENIED_SYSCALLS)} syscalls denied"}
+        except seccomp.SeccompUnavailable as e:
+            out["seccomp"] = {"ok": False, "detail": str(e)}
+        out["user_namespaces"] = _userns_check()
+        try:
+            out["cgroups"] = {"ok": True, "detail": cgroups.detect().describe()}
+        except cgroups.CgroupUnavailable as e:
+            out["cgroups"] = {"ok": False, "detail": str(e)}
+        ok, detail = quota.loop_quota_possible()
+        out["workspace_quota"] = {"ok": ok, "detail": detail}
+        try:
+            out["runtime_system"] = {"ok": True, "detail": runtime.system_runtime().python}
+        except runtime.RuntimeNotUsable as e:
+            out["runtime_system"] = {"ok": False, "detail": str(e)}
+        out["host_uid"] = {"ok": True, "detail": (f"boxes run as host uid {HOST_UID}" if os.geteuid() == 0
+                                                  else f"boxes run as the service uid {os.geteuid()}")}
+        out["trial_box"] = _trial_box(path) if path and out["user_namespaces"]["ok"] else {
+            "ok": False, "detail": "skipped: bwrap or user namespaces missing"}
+        return out
+
+
+def _userns_check() -> dict[str, Any]:
+    try:
+        with open("/proc/sys/user/max_user_namespaces", encoding="ascii") as f:
+            n = int(f.read())
+    except (OSError, ValueError):
+        n = -1
+    if n == 0:
+        return {"ok": False, "detail": "user namespaces disabled (sysctl user.max_user_namespaces=0)"}
+    try:
+        with open("/proc/sys/kernel/unprivileged_userns_clone", encoding="ascii") as f:
+            if f.read().strip() == "0":
+                return {"ok": False, "detail": "unprivileged user namespaces disabled "
+                                               "(sysctl kernel.unprivileged_userns_clone=0)"}
+    except OSError:
+        pass
+    return {"ok": True, "detail": f"max_user_namespaces={n}"}
+
+
+def _trial_box(path: str) -> dict[str, Any]:
+    """Really start a trivial box (same namespaces and uid drop as a real one)."""
+    argv = [path, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", "--uid", str(bwrap.BOX_UID), "--gid", str(bwrap.BOX_GID),
+            *bwrap.system_mounts(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv",
+            "--", "/usr/bin/true"]
+    uid = HOST_UID if os.geteuid() == 0 else None
+
+    def drop() -> None:
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+
+    t = time.monotonic()
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20,  # noqa: S603
+                              preexec_fn=drop, env={"PATH": "/usr/bin:/bin"}, cwd="/", text=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"ok": False, "detail": f"bwrap could not start: {e}"}
+    if proc.returncode != 0:
+        return {"ok": False, "detail": f"bwrap failed (exit {proc.returncode}): {proc.stdout.strip()[-300:]}"}
+    return {"ok": True, "detail": f"a trivial box ran in {(time.monotonic() - t) * 1000:.0f} ms"}
