@@ -81,10 +81,10 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     owns_providers = providers is None
     if providers is None:
         providers = _default_providers(store)
-    data_dir = settings.data_dir or str(store.data_dir)
+    workspaces = settings.resolve_workspaces_dir(settings.data_dir or str(store.data_dir))
 
     metrics = ServiceMetrics()
-    sessions = SessionManager(providers, settings, data_dir, metrics)
+    sessions = SessionManager(providers, settings, workspaces, metrics)
     metrics.bind_live(sessions.count, lambda: _pool_statuses(providers))
     audit = AuditWriter(store)
     executor = Executor(sessions, metrics, OperationLog(audit, settings.audit_code))

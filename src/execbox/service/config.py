@@ -36,7 +36,18 @@ class ServiceSettings:
     reap_interval: float = 0.0
     """Seconds between idle sweeps; 0 derives it from idle_timeout."""
     data_dir: str = ""
-    """Where session workspaces persist (<data_dir>/workspaces/<tenant>/<session>); empty: the store's."""
+    """The store's data directory (empty: the store's own)."""
+    workspaces_dir: str = ""
+    """EXECBOX_WORKSPACES_DIR: session workspaces persist here as <tenant>/<session>.
+    Empty: /var/lib/execbox/workspaces as root (boxes run as an unprivileged uid that must be able
+    to traverse it, and the data dir is 0700), else <data_dir>/workspaces."""
+
+    def resolve_workspaces_dir(self, data_dir: str) -> str:
+        if self.workspaces_dir:
+            return self.workspaces_dir
+        if os.geteuid() == 0:
+            return "/var/lib/execbox/workspaces"
+        return os.path.join(data_dir, "workspaces")
 
     @property
     def sweep_every(self) -> float:
@@ -72,6 +83,8 @@ class ServiceSettings:
         for var, (attr, minimum) in ints.items():
             if (raw := get(var)) is not None:
                 values[attr] = parse_int(raw, var, minimum)
+        if (raw := get("EXECBOX_WORKSPACES_DIR")) is not None:
+            values["workspaces_dir"] = raw.strip()
         if (raw := get("SANDBOX_AUDIT_CODE")) is not None:
             values["audit_code"] = parse_bool(raw, "SANDBOX_AUDIT_CODE")
         known = {f.name for f in fields(cls)}

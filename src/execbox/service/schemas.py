@@ -188,6 +188,12 @@ class SessionsOut(BaseModel):
     sessions: list[SessionOut]
 
 
+class WhoAmI(BaseModel):
+    tenant_id: str
+    role: str
+    token_id: str
+
+
 class DestroyedOut(BaseModel):
     destroyed: SessionOut
 

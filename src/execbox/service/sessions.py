@@ -88,11 +88,11 @@ def _accepts_workspace(provider: SandboxProvider) -> bool:
 
 
 class SessionManager:
-    def __init__(self, providers: ProviderSource, settings: ServiceSettings, data_dir: str,
+    def __init__(self, providers: ProviderSource, settings: ServiceSettings, workspaces_root: str,
                  metrics: ServiceMetrics | None = None) -> None:
         self.providers = providers
         self.settings = settings
-        self.workspaces_root = os.path.join(data_dir, "workspaces")
+        self.workspaces_root = workspaces_root
         self.metrics = metrics
         self._sessions: dict[tuple[str, str], Session] = {}
         self._running: dict[str, int] = {}
@@ -206,7 +206,7 @@ class SessionManager:
         prov = self.providers.current()
         kwargs: dict[str, Any] = {"tenant_id": s.tenant_id, "session_id": s.session_id}
         if s.workspace and _accepts_workspace(prov):
-            os.makedirs(s.workspace, mode=0o700, exist_ok=True)
+            self._make_workspace(s)
             kwargs["workspace"] = s.workspace
         else:
             s.workspace = None
@@ -218,6 +218,15 @@ class SessionManager:
             raise
         s.provider, s.instance_id = prov, inst.instance_id
         s.boxes_started += 1
+
+    def _make_workspace(self, s: Session) -> None:
+        """root/tenant are 0711 (a box's uid may traverse, never list); the session dir is the box's."""
+        tenant_dir = os.path.join(self.workspaces_root, s.tenant_id)
+        for d in (self.workspaces_root, tenant_dir):
+            if not os.path.isdir(d):
+                os.makedirs(d, exist_ok=True)
+                os.chmod(d, 0o711)
+        os.makedirs(s.workspace or "", mode=0o700, exist_ok=True)
 
     def _forget(self, s: Session) -> None:
         """A session whose first box never started does not count against any limit."""

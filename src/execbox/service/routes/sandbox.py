@@ -37,6 +37,7 @@ from ..schemas import (
     ReadRequest,
     SessionsOut,
     TextPageOut,
+    WhoAmI,
     WriteRequest,
 )
 from ..sessions import NAME_PATTERN, SessionManager
@@ -217,6 +218,12 @@ def list_files(body: ListRequest, request: Request, principal: Principal = Depen
 
 
 # -- sessions --------------------------------------------------------------------------------------
+
+
+@router.get("/whoami", response_model=WhoAmI, summary="The tenant and role of the calling token")
+def whoami(principal: Principal = Depends(require_token)) -> Any:
+    return {"tenant_id": principal.tenant_id, "role": principal.role, "token_id": principal.token_id}
+
 
 SessionPath = Path(pattern=NAME_PATTERN, max_length=64)
 
