@@ -113,6 +113,7 @@ class RunResponse(BaseModel):
 
 _NETWORK_MARKERS = ("Network is unreachable", "ENETUNREACH", "Temporary failure in name resolution",
                     "Name or service not known", "EAI_AGAIN", "getaddrinfo ENOTFOUND")
+_FILE_MARKERS = ("Permission denied", "PermissionError", "EACCES", "Read-only file system", "EROFS")
 _MEMORY_MARKERS = ("MemoryError", "JavaScript heap out of memory", "Cannot allocate memory")
 
 
@@ -142,7 +143,7 @@ def classify(result: ExecutionResult) -> dict[str, Any]:
         elif "Operation not permitted" in tail or "EPERM" in tail:
             out.update(status="unauthorized_access", unauthorized_access_type="disallowed_syscall",
                        detail="operation not permitted by the sandbox")
-        elif "Permission denied" in tail or "PermissionError" in tail or "EACCES" in tail:
+        elif any(m in tail for m in _FILE_MARKERS):
             out.update(status="unauthorized_access", unauthorized_access_type="file_access",
                        detail="file access denied by the sandbox")
         elif sig or result.exit_code < 0:
@@ -367,12 +368,18 @@ async def run(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
-def create_executor_app(provider: SandboxProvider, *, auth: ExecutorAuth | None = None) -> FastAPI:
-    """The standalone app behind ``execbox executor``: /run and /healthz only."""
+def create_executor_app(provider: SandboxProvider, *, auth: ExecutorAuth | None = None,
+                        owns_provider: bool = True) -> FastAPI:
+    """The standalone app behind ``execbox executor``: /run and /healthz only.
+
+    ``auth`` defaults to open (the CLI decides from the bind address); with ``owns_provider``
+    the provider is shut down when the app stops.
+    """
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        provider.shutdown()
+        if owns_provider:
+            provider.shutdown()
 
     app = FastAPI(title="execbox executor", description="RAGFlow executor_manager compatible /run API",
                   version="1", lifespan=lifespan)
