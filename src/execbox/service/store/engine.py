@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import StaticPool
 
 from ...errors import InvalidConfigError, ProviderUnavailableError
 from .repos import AuditRepo, SettingsRepo, TokensRepo
@@ -69,15 +69,16 @@ def head_revision() -> str | None:
 
 def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        # NullPool: each use opens the file afresh; cheap for SQLite and safe across forks.
-        engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": 30})
+        memory = url in ("sqlite://", "sqlite:///:memory:")
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
+                               **({"poolclass": StaticPool} if memory else {}))
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record) -> None:  # pragma: no cover - trivial
+        def _pragmas(dbapi_conn, _record) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
             cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
         return engine

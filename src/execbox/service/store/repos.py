@@ -29,11 +29,15 @@ class SettingRecord:
     update_time: float
 
 
+_VERSION_QUERY = select(func.max(SystemSetting.update_time))
+
+
 class SettingsRepo:
     """``system_settings``: one row per name; every write bumps the store's version."""
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
+        self._engine = sessions.kw["bind"]
 
     def get(self, name: str) -> str | None:
         with self._sessions() as s:
@@ -72,10 +76,33 @@ class SettingsRepo:
             self._write(s, {name: new}, source, data_type, {})
             return new
 
+    def seed(self, values: dict[str, str], source: str = "seed", data_type: str = "json",
+             data_types: dict[str, str] | None = None, marker: str | None = None) -> bool:
+        """First-boot write: under the write lock, write ``values`` only if ``marker`` (default:
+        the first name) does not exist yet. Two processes booting at once seed exactly once."""
+        marker = marker or next(iter(values))
+        with self._sessions.begin() as s:
+            _lock_for_write(s)
+            if s.get(SystemSetting, marker) is not None:
+                return False
+            self._write(s, values, source, data_type, data_types or {})
+            return True
+
+    def rewrite(self, fn: Callable[[dict[str, str]], dict[str, str]], source: str = "admin") -> int:
+        """Under the write lock: give ``fn`` every {name: value}; write back the rows it returns
+        (same data types), all in one transaction. Returns how many rows changed."""
+        with self._sessions.begin() as s:
+            _lock_for_write(s)
+            rows = {r.name: r for r in s.scalars(select(SystemSetting).where(SystemSetting.name != LOCK_ROW))}
+            changed = fn({n: r.value for n, r in rows.items()})
+            if changed:
+                self._write(s, changed, source, "json", {n: rows[n].data_type for n in changed if n in rows})
+            return len(changed)
+
     def version(self) -> float:
-        """max(update_time): one cheap indexed query, for hot reload."""
-        with self._sessions() as s:
-            return float(s.scalar(select(func.max(SystemSetting.update_time))) or 0.0)
+        """max(update_time): one cheap indexed query, for hot reload (Core, no ORM session)."""
+        with self._engine.connect() as conn:
+            return float(conn.execute(_VERSION_QUERY).scalar() or 0.0)
 
     @staticmethod
     def _write(s: Session, values: dict[str, str], source: str, data_type: str,

@@ -1,0 +1,340 @@
+"""Sandbox provider configuration as stored rows: seed, validate, encrypt, redact.
+
+Rows (the seed's keys): ``sandbox.provider_type`` (string; empty = zero-config), one JSON row
+per provider ``sandbox.<provider>`` holding only the values an operator set (schema defaults are
+applied on read, so a new default reaches existing installs), and ``sandbox.fallback`` (JSON
+list). ``secret: true`` fields are stored as AES-256-GCM ciphertext (``execbox.service.crypto``)
+and leave this module only decrypted for a provider, or redacted for people.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ...errors import InvalidConfigError, SandboxError
+from ...providers import registry
+from ...providers.base import SandboxProvider
+from ...providers.schema import validate_against_schema
+from ...settings import parse_duration, sandbox_type
+from ..crypto import KeyRing, is_encrypted, is_redacted, load_keyring, redact
+from .engine import Store
+
+log = logging.getLogger("execbox.config")
+
+ACTIVE = "sandbox.provider_type"
+FALLBACK = "sandbox.fallback"
+PREFIX = "sandbox."
+SEED_ENV = "EXECBOX_SEED_FILE"
+
+# Env vars applied on first boot only: (provider, field). The field is applied when the provider's
+# schema has it. Besides these, EXECBOX_<PROVIDER>_<FIELD> sets any schema field.
+ENV_FIELDS: dict[str, tuple[str, str]] = {
+    "E2B_API_KEY": ("e2b", "api_key"),
+    "E2B_DOMAIN": ("e2b", "domain"),
+    "E2B_TEMPLATE": ("e2b", "template"),
+    "AGENTRUN_ACCESS_KEY_ID": ("aliyun_codeinterpreter", "access_key_id"),
+    "AGENTRUN_ACCESS_KEY_SECRET": ("aliyun_codeinterpreter", "access_key_secret"),
+    "AGENTRUN_ACCOUNT_ID": ("aliyun_codeinterpreter", "account_id"),
+    "AGENTRUN_REGION": ("aliyun_codeinterpreter", "region"),
+    "SANDBOX_EXECUTOR_ENDPOINT": ("self_managed", "endpoint"),
+}
+
+
+def setting_name(provider: str) -> str:
+    return PREFIX + provider
+
+
+def default_seed_file() -> Path | None:
+    """EXECBOX_SEED_FILE, else conf/system_settings.json of the source tree or the working dir."""
+    if os.environ.get(SEED_ENV):
+        return Path(os.environ[SEED_ENV])
+    for base in (Path(__file__).resolve().parents[4], Path.cwd()):
+        path = base / "conf" / "system_settings.json"
+        if path.is_file():
+            return path
+    return None
+
+
+def read_seed(path: Path | None) -> dict[str, tuple[str, str]]:
+    """{name: (data_type, value)} from a RAGFlow-style ``{"system_settings": [...]}`` file."""
+    if path is None:
+        return {ACTIVE: ("string", ""), FALLBACK: ("json", "[]")}
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InvalidConfigError(f"seed file {path} is unreadable: {e}", details={"path": str(path)}) from None
+    out: dict[str, tuple[str, str]] = {}
+    for row in doc.get("system_settings", []):
+        value = row.get("value", "")
+        if not isinstance(value, str):
+            value = json.dumps(value)
+        out[str(row["name"])] = (str(row.get("data_type", "string")), value)
+    return out
+
+
+def provider_schema(name: str) -> dict[str, dict[str, Any]]:
+    return registry.get_provider_class(name).get_config_schema()
+
+
+def _schema_or_none(name: str) -> dict[str, dict[str, Any]] | None:
+    try:
+        return provider_schema(name)
+    except SandboxError:
+        return None
+
+
+def _field_for_message(message: str, schema: Mapping[str, Any]) -> str:
+    """Attribute a validate_config message to the field it starts with, if any."""
+    head = message.replace(":", " ").split(" ", 1)[0].strip()
+    return head if head in schema else "config"
+
+
+class SandboxSettings:
+    """The provider rows of the store, with secrets encrypted at rest."""
+
+    def __init__(self, store: Store, keyring: KeyRing | None = None) -> None:
+        self.store = store
+        self._keyring = keyring
+
+    @property
+    def keyring(self) -> KeyRing:
+        if self._keyring is None:
+            self._keyring = load_keyring(self.store.data_dir)
+        return self._keyring
+
+    # -- first boot ------------------------------------------------------------------------
+    def seed(self, seed_file: Path | None = None, env: Mapping[str, str] | None = None) -> bool:
+        """On a store without ``sandbox.provider_type``: write the seed file's rows with the env
+        overrides applied. Returns False (and writes nothing) on any later boot."""
+        env = os.environ if env is None else env
+        if self.store.settings.get(ACTIVE) is not None:
+            return False
+        rows = read_seed(seed_file if seed_file is not None else default_seed_file())
+        configs: dict[str, dict[str, Any]] = {}
+        for name, (_dt, value) in rows.items():
+            if name.startswith(PREFIX) and name not in (ACTIVE, FALLBACK):
+                try:
+                    parsed = json.loads(value or "{}")
+                except json.JSONDecodeError:
+                    raise InvalidConfigError(f"seed row {name} is not JSON", details={"field": name}) from None
+                configs[name[len(PREFIX):]] = {k: v for k, v in parsed.items() if v not in ("", None)}
+        self._apply_env(configs, env)
+        active = sandbox_type(env) or rows.get(ACTIVE, ("string", ""))[1]
+        values: dict[str, str] = {ACTIVE: active, FALLBACK: rows.get(FALLBACK, ("json", "[]"))[1]}
+        types = {ACTIVE: "string", FALLBACK: "json"}
+        for provider, cfg in configs.items():
+            schema = _schema_or_none(provider)
+            if schema is not None:
+                dropped = sorted(set(cfg) - set(schema))
+                if dropped:
+                    log.info("seed: %s has no field(s) %s; ignored", provider, ", ".join(dropped))
+                cfg = {k: v for k, v in cfg.items() if k in schema}
+            values[setting_name(provider)] = json.dumps(self._encrypt(provider, cfg, schema or {}))
+            types[setting_name(provider)] = "json"
+        return self.store.settings.seed(values, source="seed", data_types=types)
+
+    @staticmethod
+    def _apply_env(configs: dict[str, dict[str, Any]], env: Mapping[str, str]) -> None:
+        timeout = env.get("SANDBOX_TIMEOUT_SEC", "").strip()
+        if timeout:
+            seconds = max(1, round(parse_duration(timeout, "SANDBOX_TIMEOUT_SEC")))
+            for provider in registry.provider_names():
+                schema = _schema_or_none(provider) or {}
+                if "timeout" in schema:
+                    configs.setdefault(provider, {})["timeout"] = seconds
+        for var, (provider, fld) in ENV_FIELDS.items():
+            if env.get(var, "").strip():
+                configs.setdefault(provider, {})[fld] = env[var].strip()
+        names = registry.provider_names()
+        for var, value in env.items():
+            if not var.startswith("EXECBOX_") or not value.strip():
+                continue
+            rest = var[len("EXECBOX_"):].lower()
+            for provider in names:
+                if rest.startswith(provider + "_"):
+                    fld = rest[len(provider) + 1:]
+                    if fld in (_schema_or_none(provider) or {}):
+                        configs.setdefault(provider, {})[fld] = value.strip()
+
+    # -- reading ---------------------------------------------------------------------------
+    def active(self) -> str | None:
+        value = (self.store.settings.get(ACTIVE) or "").strip()
+        return value or None
+
+    def fallback(self) -> list[str]:
+        raw = self.store.settings.get(FALLBACK)
+        try:
+            names = json.loads(raw) if raw else []
+        except json.JSONDecodeError:
+            log.warning("%s is not a JSON list; ignoring it", FALLBACK)
+            return []
+        return [n for n in names if isinstance(n, str)]
+
+    def stored(self, provider: str) -> dict[str, Any] | None:
+        """The row as stored (secrets still encrypted), or None when never configured."""
+        raw = self.store.settings.get(setting_name(provider))
+        if raw is None:
+            return None
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            raise InvalidConfigError(f"stored {setting_name(provider)} is not valid JSON",
+                                     details={"field": setting_name(provider)}) from None
+        return value if isinstance(value, dict) else {}
+
+    def is_configured(self, provider: str) -> bool:
+        return self.store.settings.get(setting_name(provider)) is not None
+
+    def decrypted(self, provider: str) -> dict[str, Any]:
+        """Stored values with secrets in clear: what a provider is initialized with."""
+        stored = self.stored(provider) or {}
+        return {k: self.keyring.decrypt(v, f"{setting_name(provider)}.{k}") if is_encrypted(v) else v
+                for k, v in stored.items()}
+
+    def effective(self, provider: str) -> dict[str, Any]:
+        """Schema defaults overlaid with stored values (unknown stored fields dropped)."""
+        schema = provider_schema(provider)
+        stored = {k: v for k, v in self.decrypted(provider).items() if k in schema}
+        clean, errors = validate_against_schema(schema, stored)
+        if errors:
+            raise InvalidConfigError(
+                f"stored {provider} configuration is invalid: "
+                + "; ".join(f"{k}: {v}" for k, v in errors.items()),
+                details={"provider": provider, "fields": errors})
+        return clean
+
+    def redacted(self, provider: str) -> dict[str, Any]:
+        """For people: stored values or schema defaults, secrets as '****' + last 4."""
+        schema = provider_schema(provider)
+        values = {k: spec.get("default", "") for k, spec in schema.items()}
+        values.update({k: v for k, v in self.decrypted(provider).items() if k in schema})
+        for k, spec in schema.items():
+            if spec.get("secret"):
+                values[k] = redact(values.get(k) or "")
+        return values
+
+    # -- writing ---------------------------------------------------------------------------
+    def validate(self, provider: str, config: Any) -> dict[str, Any]:
+        """Schema + validate_config, with redacted secrets resolved to the stored ones.
+
+        Returns the values to store (only what was given); raises SB002 with details.fields.
+        """
+        cls = registry.get_provider_class(provider)
+        schema = cls.get_config_schema()
+        if not isinstance(config, dict):
+            raise InvalidConfigError("config must be a JSON object",
+                                     details={"provider": provider, "fields": {"config": "must be a JSON object"}})
+        config = dict(config)
+        errors: dict[str, str] = {}
+        current: dict[str, Any] | None = None
+        for key, spec in schema.items():
+            if not spec.get("secret"):
+                continue
+            value = config.get(key)
+            if value is None or is_redacted(value):
+                if current is None:
+                    current = self.decrypted(provider)
+                stored = current.get(key)
+                if value is None:
+                    if stored:
+                        config[key] = stored  # omitted: keep the stored secret
+                elif stored and redact(stored) == value:
+                    config[key] = stored  # redacted value sent back unchanged: keep it
+                else:
+                    errors[key] = "is a redacted placeholder that matches no stored secret; send the full value"
+        clean, schema_errors = validate_against_schema(schema, config, fill_defaults=False)
+        errors.update(schema_errors)
+        if not errors:
+            full, _ = validate_against_schema(schema, clean)
+            ok, message = cls().validate_config(full)
+            if not ok:
+                errors[_field_for_message(message or "", schema)] = message or "rejected by the provider"
+        if errors:
+            summary = "; ".join(f"{k}: {v}" for k, v in errors.items())
+            raise InvalidConfigError(f"invalid {provider} configuration: {summary}",
+                                     details={"provider": provider, "fields": errors})
+        return clean
+
+    def _encrypt(self, provider: str, values: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(values)
+        for k, spec in schema.items():
+            v = out.get(k)
+            if spec.get("secret") and isinstance(v, str) and v and not is_encrypted(v):
+                out[k] = self.keyring.encrypt(v, f"{setting_name(provider)}.{k}")
+        return out
+
+    def save(self, provider: str, clean: dict[str, Any], set_active: bool = False) -> float:
+        """Store validated values (secrets encrypted), optionally activating the provider, in
+        one transaction."""
+        row = json.dumps(self._encrypt(provider, clean, provider_schema(provider)), sort_keys=True)
+        values = {setting_name(provider): row}
+        types = {setting_name(provider): "json"}
+        if set_active:
+            values[ACTIVE] = provider
+            types[ACTIVE] = "string"
+        return self.store.settings.set_many(values, data_types=types)
+
+    def set_active(self, provider: str) -> float:
+        if provider not in registry.provider_names():
+            raise InvalidConfigError(
+                f"unknown provider {provider!r}; installed: {', '.join(registry.provider_names())}",
+                details={"fields": {"provider": "unknown provider"}, "known": registry.provider_names()})
+        if not self.is_configured(provider):
+            raise InvalidConfigError(
+                f"provider {provider!r} is not configured; save its configuration first",
+                details={"fields": {"provider": "not configured"}}, http_status=409)
+        return self.store.settings.set(ACTIVE, provider, data_type="string")
+
+    def set_fallback(self, providers: Any) -> float:
+        if not isinstance(providers, list) or not all(isinstance(p, str) for p in providers):
+            raise InvalidConfigError("fallback must be a list of provider names",
+                                     details={"fields": {"providers": "must be a list of strings"}})
+        known = registry.provider_names()
+        errors = {}
+        for i, p in enumerate(providers):
+            if p not in known:
+                errors[f"providers[{i}]"] = f"unknown provider {p!r}"
+            elif providers.index(p) != i:
+                errors[f"providers[{i}]"] = f"{p!r} is listed twice"
+        if errors:
+            raise InvalidConfigError("invalid fallback list: " + "; ".join(errors.values()),
+                                     details={"fields": errors, "known": known})
+        return self.store.settings.set(FALLBACK, json.dumps(providers))
+
+    def reencrypt_all(self, new: KeyRing) -> int:
+        """Re-encrypt every stored secret under ``new`` in one transaction; returns the count."""
+        old = self.keyring
+        count = 0
+
+        def rewrite(rows: dict[str, str]) -> dict[str, str]:
+            nonlocal count
+            changed: dict[str, str] = {}
+            for name, raw in rows.items():
+                if not name.startswith(PREFIX):
+                    continue
+                try:
+                    value = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(value, dict) or not any(is_encrypted(v) for v in value.values()):
+                    continue
+                for k, v in list(value.items()):
+                    if is_encrypted(v):
+                        aad = f"{name}.{k}"
+                        value[k] = new.encrypt(old.decrypt(v, aad), aad)
+                        count += 1
+                changed[name] = json.dumps(value, sort_keys=True)
+            return changed
+
+        self.store.settings.rewrite(rewrite)
+        self._keyring = new
+        return count
+
+
+def instantiate(name: str, config: dict[str, Any]) -> SandboxProvider:
+    return registry.create_provider(name, config)
