@@ -18,7 +18,9 @@ from typing import Any, Protocol
 from ..agent import protocol
 from ..errors import (
     ERRORS_BY_CODE,
+    FileNotFoundInSandbox,
     InstanceCreationError,
+    PayloadTooLargeError,
     ProviderUnavailableError,
     SandboxError,
 )
@@ -171,7 +173,12 @@ class AgentClient:
         self.transport.close()
 
 
+_REFINED = {("SB002", 404): FileNotFoundInSandbox, ("SB002", 413): PayloadTooLargeError}
+
+
 def agent_error(err: dict[str, Any]) -> SandboxError:
-    cls = ERRORS_BY_CODE.get(str(err.get("code")), SandboxError)
+    """The typed SB exception for an agent error reply (status refines the class where it can)."""
+    cls = _REFINED.get((str(err.get("code")), err.get("status"))) or ERRORS_BY_CODE.get(
+        str(err.get("code")), SandboxError)
     return cls(str(err.get("message", "agent error")), details=err.get("details") or {},
                http_status=err.get("status"))

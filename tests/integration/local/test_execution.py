@@ -1,0 +1,268 @@
+"""Execution semantics through the local provider (the same agent runs in every self-hosted box)."""
+
+import json
+import os
+import time
+
+import pytest
+
+from execbox import Sandbox, execute_code
+from execbox.errors import InvalidConfigError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def sb():
+    from execbox.providers.local import LocalProvider
+
+    p = LocalProvider()
+    p.initialize({"max_memory": "512m"})
+    with Sandbox.create(p) as s:
+        yield s
+    p.shutdown()
+
+
+# -- languages, arguments, results --------------------------------------------------------------
+
+def test_python_plain_script(sb):
+    r = sb.run_code("print('hello')\nimport sys; print('warn', file=sys.stderr)")
+    assert (r.stdout, r.stderr, r.exit_code, r.result) == ("hello\n", "warn\n", 0, None)
+    assert r.metadata["result_present"] is False
+    assert r.metadata["isolation"] == "none" and r.metadata["warnings"]
+
+
+def test_python_main_with_arguments(sb):
+    code = "def main(name: str, count: int) -> dict:\n    return {'message': f'Hello {name}!' * count}"
+    r = sb.run_code(code, arguments={"name": "World", "count": 3})
+    assert r.result == {"message": "Hello World!Hello World!Hello World!"}
+    assert r.stdout == ""  # the value never travels in stdout
+
+
+def test_python_main_without_arguments_is_called(sb):
+    r = sb.run_code("def main():\n    print('in main')\n    return [1, 2]")
+    assert r.stdout == "in main\n" and r.result == [1, 2]
+
+
+def test_python_main_guard_runs_once(sb):
+    r = sb.run_code("def main():\n    print('ran')\n    return 5\nif __name__ == '__main__':\n    main()")
+    assert r.stdout == "ran\n"
+
+
+def test_python_main_guard_with_arguments_calls_main_once(sb):
+    code = "def main(x):\n    print('ran')\n    return x\nif __name__ == '__main__':\n    main(0)"
+    r = sb.run_code(code, arguments={"x": 7})
+    assert r.stdout == "ran\n" and r.result == 7
+
+
+def test_arguments_without_main_is_an_error(sb):
+    r = sb.run_code("print(1)", arguments={"a": 1})
+    assert r.exit_code == 1 and "no main()" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["'s'", "42", "3.5", "True", "None", "[1, 'a', None]", "{'k': {'n': [1]}}",
+                                   "''", "[]", "{}"])
+def test_every_json_type_roundtrips(sb, value):
+    r = sb.run_code(f"def main():\n    return {value}")
+    assert r.exit_code == 0, r.stderr
+    assert r.result == eval(value)  # noqa: S307 - literal from the parametrize list
+    assert r.metadata["result_present"] is True
+
+
+@pytest.mark.parametrize("value,word", [("object()", "object"), ("float('nan')", "NaN"), ("{1, 2}", "set")])
+def test_non_serializable_result_is_a_clear_error(sb, value, word):
+    r = sb.run_code(f"def main():\n    return {value}")
+    assert r.exit_code == 1
+    assert "not JSON-serializable" in r.stderr and r.result is None
+
+
+def test_javascript_main_with_and_without_arguments(sb, node_available):
+    if not node_available:
+        pytest.skip("node is not installed")
+    r = sb.run_code("function main(args) { const {name, count} = args; return `Hello ${name}!`.repeat(count); }",
+                    "javascript", arguments={"name": "World", "count": 3})
+    assert r.result == "Hello World!Hello World!Hello World!" and r.stdout == ""
+    r = sb.run_code("console.log('plain'); console.error('e')", "js")
+    assert (r.stdout, r.stderr, r.exit_code) == ("plain\n", "e\n", 0)
+    r = sb.run_code("async function main() { return {ok: true, n: [1, null]}; }", "nodejs")
+    assert r.result == {"ok": True, "n": [1, None]}
+    r = sb.run_code("function main() { return 10n; }", "js")
+    assert r.exit_code == 1 and "not JSON-serializable" in r.stderr
+    r = sb.run_code("throw new Error('bad')", "js")
+    assert r.exit_code == 1 and "Error: bad" in r.stderr
+
+
+def test_bash_with_and_without_arguments(sb):
+    r = sb.run_code("echo out; echo err >&2; exit 3", "bash")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 3)
+    r = sb.run_code('cat "$EXECBOX_ARGUMENTS_FILE"', "bash", arguments={"a": 1})
+    assert json.loads(r.stdout) == {"a": 1}
+
+
+def test_unknown_language_is_sb002(sb):
+    with pytest.raises(InvalidConfigError) as ei:
+        sb.run_code("x", "cobol")
+    assert ei.value.details["field"] == "language"
+
+
+def test_syntax_error_reported(sb):
+    r = sb.run_code("def (:")
+    assert r.exit_code == 1 and "SyntaxError" in r.stderr
+
+
+def test_exception_traceback_shows_user_line(sb):
+    r = sb.run_code("x = 1\nraise ValueError('nope')")
+    assert r.exit_code == 1
+    assert 'File "<code>", line 2' in r.stderr and "raise ValueError('nope')" in r.stderr
+    assert "execbox" not in r.stderr.split("Traceback")[1].split("<code>")[0]
+
+
+def test_nonzero_exit(sb):
+    assert sb.run_code("import sys; sys.exit(7)").exit_code == 7
+    r = sb.run_code("raise SystemExit('bye')")
+    assert r.exit_code == 1 and "bye" in r.stderr
+
+
+# -- limits ---------------------------------------------------------------------------------------
+
+def test_timeout_kills_tree_and_sets_flag(sb):
+    r = sb.run_code("import subprocess\nsubprocess.Popen(['sleep', '300'])\nimport time\ntime.sleep(300)",
+                    timeout=1)
+    assert r.timed_out and r.error_code == "SB005" and r.execution_time < 10
+    assert not _sleepers(), "a child of the timed-out run survived"
+
+
+def test_timeout_when_sigterm_is_ignored(sb):
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n" \
+           "while True: time.sleep(0.1)"
+    r = sb.run_code(code, timeout=1)
+    assert r.timed_out and r.stdout == "up\n"
+    r = sb.run_code("trap '' TERM; sleep 300", "bash", timeout=1)
+    assert r.timed_out
+
+
+def test_background_processes_end_with_the_run(sb):
+    r = sb.run_code("sleep 300 & echo started", "bash")
+    assert r.stdout == "started\n" and r.execution_time < 5
+    assert not _sleepers()
+
+
+def test_daemonized_process_is_killed(sb):
+    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        os.execvp('sleep', ['sleep', '301'])\n    os._exit(0)\nos.wait()\nprint('parent done')")
+    r = sb.run_code(code)
+    assert r.stdout == "parent done\n"
+    time.sleep(0.1)
+    assert not _sleepers("301")
+
+
+def test_output_truncation():
+    from execbox.providers.local import LocalProvider
+
+    p = LocalProvider()
+    p.initialize({"max_output_bytes": 4096})
+    try:
+        with Sandbox.create(p) as s:
+            r = s.run_code("print('x' * 100000)\nimport sys\nprint('y' * 10, file=sys.stderr)")
+            assert r.truncated and len(r.stdout) == 4096 and r.stderr == "y" * 10 + "\n"
+            assert r.exit_code == 0
+    finally:
+        p.shutdown()
+
+
+def test_memory_bomb_is_sb006(sb):
+    r = sb.run_code("x = bytearray(2 * 1024**3)")
+    assert r.error_code == "SB006" and "MemoryError" in r.stderr
+    assert sb.run_code("print('still fine')").stdout == "still fine\n"
+
+
+def test_peak_memory_reported(sb):
+    r = sb.run_code("x = bytearray(50 * 1024**2)\nx[::4096] = b'1' * len(x[::4096])")
+    assert r.metadata["peak_memory_kb"] > 50 * 1024
+
+
+# -- artifacts -----------------------------------------------------------------------------------
+
+def test_file_artifact(sb):
+    r = sb.run_code("open('artifacts/report.csv', 'w').write('a,b\\n1,2\\n')")
+    [a] = [a for a in r.artifacts if a.name == "report.csv"]
+    assert a.mime_type == "text/csv" and a.size == 8
+    assert a.read_bytes() == b"a,b\n1,2\n"
+    r2 = sb.run_code("print('no new files')")
+    assert r2.artifacts == []
+
+
+def test_matplotlib_figure_artifact(sb):
+    pytest.importorskip("matplotlib")
+    r = sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.title('t')")
+    assert r.exit_code == 0, r.stderr
+    pngs = [a for a in r.artifacts if a.mime_type == "image/png"]
+    assert len(pngs) == 1
+    assert pngs[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_shot_artifacts_carry_bytes():
+    r = execute_code("open('artifacts/out.txt', 'w').write('data')", provider="local")
+    [a] = r.artifacts
+    assert a.has_content and a.read_bytes() == b"data"
+
+
+# -- contexts ------------------------------------------------------------------------------------
+
+def test_context_keeps_state(sb):
+    assert sb.run_code("counter = 41", context_id="ctx").exit_code == 0
+    r = sb.run_code("counter += 1\nprint(counter)", context_id="ctx")
+    assert r.stdout == "42\n" and r.metadata["context_executions"] == 2
+    r = sb.run_code("print('counter' in globals())")
+    assert r.stdout == "False\n"  # one-shot runs do not see the context
+
+
+def test_context_recovers_from_timeout(sb):
+    sb.run_code("state = 'kept'", context_id="slow")
+    r = sb.run_code("import time\nwhile True: time.sleep(0.05)", context_id="slow", timeout=1)
+    assert r.timed_out and r.metadata.get("context_reset") is True
+    r = sb.run_code("print(globals().get('state', 'gone'))", context_id="slow")
+    assert r.stdout == "gone\n"
+    assert r.metadata.get("context_restarted") is True
+    assert "restarted" in r.metadata.get("context_note", "")
+
+
+def test_context_only_for_python(sb):
+    with pytest.raises(InvalidConfigError):
+        sb.run_code("echo x", "bash", context_id="c")
+
+
+# -- streaming and cancel ------------------------------------------------------------------------
+
+def test_streaming_callback_receives_output_in_order(sb):
+    seen = []
+    r = sb.run_code("import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.05)",
+                    on_output=lambda stream, text: seen.append((stream, text)))
+    assert "".join(t for s, t in seen if s == "stdout") == "0\n1\n2\n" == r.stdout
+    assert len(seen) >= 2  # arrived in pieces, not once at the end
+
+
+def test_cancel_stops_a_run(sb):
+    import threading
+
+    timer = threading.Timer(0.5, lambda: sb.provider.cancel(sb.instance_id))
+    timer.start()
+    r = sb.run_code("import time\ntime.sleep(30)", timeout=30)
+    assert r.metadata.get("cancelled") is True and r.execution_time < 10
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _sleepers(tag: str = "300") -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"sleep") and tag.encode() in cmd:
+            out.append(pid)
+    return out
