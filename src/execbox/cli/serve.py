@@ -1,0 +1,69 @@
+"""``execbox serve``: the HTTP service (uvicorn) with the /v1/sandbox API, admin API and console.
+
+On first start with no tokens it creates an admin token and prints it once. It refuses to serve
+a provider without isolation (``local``) on a non-loopback address unless told to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import typer
+
+from ..errors import SandboxError
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to bind (0: any free port)."),
+    allow_no_isolation: bool = typer.Option(
+        False, "--allow-no-isolation",
+        help="Serve the 'local' provider (no isolation) on a non-loopback address anyway."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Start the sandbox service (uvicorn). Tokens: `execbox token create --tenant T [--admin]`."""
+    import uvicorn
+
+    from ..service.app import create_app
+    from ..service.config import ServiceSettings
+    from ..service.logs import configure_json_logging
+    from ..service.store import open_store
+    from ._store_cli import fail
+
+    try:
+        settings = ServiceSettings.from_env()
+        store = open_store()
+        if store.tokens.count() == 0:
+            rec, plaintext = store.tokens.create("default", "admin", "first-start admin")
+            typer.echo("No API tokens existed: created an admin token (shown once, store it now):", err=True)
+            typer.echo(f"  {plaintext}", err=True)
+            typer.echo(f"  id {rec.id}, tenant 'default'; more with `execbox token create --tenant T`", err=True)
+        app = create_app(store=store, settings=settings)
+        provider = app.state.providers.current()
+    except SandboxError as e:
+        fail(e)
+    if provider.isolation.value == "none" and not _is_loopback(host) and not allow_no_isolation:
+        fail(SandboxError(
+            f"provider {provider.name!r} has no isolation; refusing to serve it on {host}. Bind 127.0.0.1, "
+            "configure an isolating provider (SANDBOX_TYPE=jail), or pass --allow-no-isolation",
+            details={"provider": provider.name, "host": host}))
+    configure_json_logging()
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    typer.echo(f"execbox {app.version}: provider {provider.name} (isolation {provider.isolation.value}), "
+               f"data in {store.data_dir}", err=True)
+    typer.echo(f"  API      http://{shown}:{port}/v1/sandbox  (OpenAPI: /docs, /openapi.json)", err=True)
+    typer.echo(f"  console  http://{shown}:{port}/admin/    health: /healthz /readyz /metrics", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
