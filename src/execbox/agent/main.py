@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import importlib
 import importlib.util
 import json
@@ -66,6 +67,10 @@ class Agent:
         self.subreaper = procs.become_subreaper()
         self.preloaded = self._preload(preload)
         self.seq = 0
+        # Everything imported so far is shared with every fork: keep the collector from touching
+        # (and so copying) those pages in each child.
+        gc.collect()
+        gc.freeze()
 
     # -- start-up ---------------------------------------------------------------------------
     @staticmethod
