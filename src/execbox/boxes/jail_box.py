@@ -57,11 +57,13 @@ class JailBox(ProcessBox):
     isolation = "jail"
 
     def __init__(self, name: str, proc: subprocess.Popen, workspace: str | None, limits: dict[str, Any],
-                 cgroup: cgroups.BoxCgroup | None, box_dir: str, quota_image: str | None) -> None:
+                 cgroup: cgroups.BoxCgroup | None, box_dir: str, quota_image: str | None,
+                 bound: str | None = None) -> None:
         super().__init__(name, proc, workspace, limits)
         self.cgroup = cgroup
         self.box_dir = box_dir
         self.quota_image = quota_image
+        self.bound = bound  # host bind mount of a caller's workspace inside box_dir
         self.started_at = time.time()
         self.survivors: list[int] = []
 
@@ -78,13 +80,15 @@ class JailBox(ProcessBox):
     def cleanup(self) -> None:
         if self.cgroup is not None and not self.cgroup.remove():
             log.error("box %s: cgroup %s could not be removed", self.name, self.cgroup.name)
+        if self.bound is not None:
+            quota.unmount(self.bound)
         if self.quota_image is not None:
             if self.keep_workspace:
                 log.warning("box %s: a quota workspace cannot outlive its box; removing it", self.name)
             quota.destroy(self.quota_image, self.workspace or "")
-        elif self.workspace and not self.keep_workspace:
+        elif self.workspace and not self.keep_workspace and self.bound is None:
             shutil.rmtree(self.workspace, ignore_errors=True)
-        shutil.rmtree(self.box_dir, ignore_errors=True)
+        remove_box_dir(self.box_dir)
 
     def info(self) -> dict[str, Any]:
         out = super().info()
@@ -125,6 +129,7 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     quota_image: str | None = None
     ws_host: str | None = workspace
     seccomp_fd: int | None = None
+    bound: str | None = None
     try:
         if settings.use_cgroups:
             cg = cgroups.BoxCgroup.create(name, cgroups.Limits(settings.memory_bytes, settings.pids,
@@ -134,7 +139,10 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             quota_image = os.path.join(box_dir, "workspace.img")
             quota.create(quota_image, ws_host, settings.disk_bytes, uid if uid is not None else os.getuid())
         elif workspace is not None and uid is not None:
+            # The box uid may not be able to traverse the caller's path: bind it into the box dir.
             _own_tree(workspace, uid)
+            ws_host = bound = os.path.join(box_dir, "workspace")
+            quota.bind(workspace, bound)
         seccomp_fd = seccomp.bpf_fd()
         limits = {"memory_bytes": settings.memory_bytes, "fsize_bytes": settings.disk_bytes, "nofile": 1024}
         spec = bwrap.BoxSpec(
@@ -155,15 +163,17 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     except BaseException:
         if seccomp_fd is not None:
             os.close(seccomp_fd)
+        if bound is not None:
+            quota.unmount(bound)
         if cg is not None:
             cg.kill_all()
             cg.remove()
         if quota_image is not None:
             quota.destroy(quota_image, ws_host or "")
-        shutil.rmtree(box_dir, ignore_errors=True)
+        remove_box_dir(box_dir)
         raise
     os.close(seccomp_fd)
-    box = JailBox(name, proc, ws_host, limits, cg, box_dir, quota_image)
+    box = JailBox(name, proc, workspace if bound else ws_host, limits, cg, box_dir, quota_image, bound)
     if workspace is not None:
         box.keep_workspace = True
     try:
@@ -177,6 +187,34 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             raise RuntimeError(f"{e}; bwrap said: {detail}") from e
         raise
     return box
+
+
+def remove_box_dir(box_dir: str) -> None:
+    """Delete a box's host directory without ever recursing into a mount point.
+
+    Its workspace is a mount point (a quota image or a caller's directory): only an empty,
+    unmounted directory is removed, so a failed unmount can never delete a caller's files.
+    """
+    try:
+        names = os.listdir(box_dir)
+    except FileNotFoundError:
+        return
+    for n in names:
+        path = os.path.join(box_dir, n)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                if quota.is_mounted(path):
+                    log.error("box dir %s: %s is still mounted; leaving it", box_dir, path)
+                    continue
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except OSError as e:
+            log.error("box dir %s: cannot remove %s: %s", box_dir, n, e)
+    try:
+        os.rmdir(box_dir)
+    except OSError as e:
+        log.error("cannot remove box dir %s: %s", box_dir, e)
 
 
 def _own_tree(path: str, uid: int) -> None:

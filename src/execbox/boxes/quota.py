@@ -57,14 +57,35 @@ def create(image: str, mountpoint: str, size_bytes: int, owner: int) -> None:
     os.chmod(mountpoint, 0o700)
 
 
-def destroy(image: str, mountpoint: str) -> None:
-    """Unmount (detaching the loop device) and delete the image."""
-    if os.path.ismount(mountpoint):
+def bind(source: str, mountpoint: str) -> None:
+    """Bind-mount a caller's workspace (root only) where the box uid can reach it."""
+    os.makedirs(mountpoint, exist_ok=True)
+    _run([MOUNT, "--bind", "-o", "nosuid,nodev", "--", source, mountpoint])
+
+
+def is_mounted(path: str) -> bool:
+    """True if ``path`` is a mount point (os.path.ismount misses same-device bind mounts)."""
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            mp = line.split()[4].encode().decode("unicode_escape")
+            if mp == target:
+                return True
+    return False
+
+
+def unmount(mountpoint: str) -> None:
+    if mountpoint and is_mounted(mountpoint):
         proc = subprocess.run([UMOUNT, "--", mountpoint], stdout=subprocess.PIPE,  # noqa: S603
                               stderr=subprocess.STDOUT, timeout=60)
         if proc.returncode != 0:
             subprocess.run([UMOUNT, "-l", "--", mountpoint], stdout=subprocess.DEVNULL,  # noqa: S603
                            stderr=subprocess.DEVNULL, timeout=60)
+
+
+def destroy(image: str, mountpoint: str) -> None:
+    """Unmount (detaching the loop device) and delete the image."""
+    unmount(mountpoint)
     try:
         os.unlink(image)
     except FileNotFoundError:
