@@ -39,6 +39,7 @@ T = TypeVar("T")
 FALLBACK_CODES = frozenset({"SB003", "SB009"})
 BUILD_RETRY_SECONDS = 5.0
 UNHEALTHY_SECONDS = 10.0
+HEALTH_EVERY = 5.0
 
 
 @dataclass
@@ -86,6 +87,7 @@ class ProviderConfig:
         self._leases: dict[int, int] = {}
         self._retired: list[_Retired] = []
         self._unhealthy: dict[str, float] = {}
+        self._health_checked: dict[str, float] = {}
         self._sweeper: threading.Timer | None = None
         self._closed = False
         self.reloads = 0
@@ -177,13 +179,53 @@ class ProviderConfig:
 
     # -- what the service uses --------------------------------------------------------------------
     def current(self) -> SandboxProvider:
-        """The active provider (hot-reloaded); raises its SB error when it cannot be built."""
+        """The provider the next execution should use (hot-reloaded).
+
+        Without fallbacks: the active provider, or its SB error. With fallbacks: the first
+        candidate that builds and is healthy (health checked at most every HEALTH_EVERY
+        seconds, failures reported by run_with_fallback count too); never a silent switch
+        when no fallback is configured.
+        """
         self.refresh()
         self._sweep()
         with self._lock:
-            if self._active_name is None:
-                raise self._active_error or ProviderUnavailableError("no sandbox provider is usable")
-            return self._get(self._active_name)
+            active, fallbacks, error = self._active_name, list(self._fallback_names), self._active_error
+        if not fallbacks:
+            if active is None:
+                raise error or ProviderUnavailableError("no sandbox provider is usable")
+            return self._get(active)
+        first_error: SandboxError | None = error
+        built: SandboxProvider | None = None
+        for name in [n for n in [active, *fallbacks] if n]:
+            try:
+                provider = self._get(name)
+            except SandboxError as e:
+                first_error = first_error or e
+                continue
+            built = built or provider
+            if self._healthy(name, provider):
+                if name != active:
+                    log.warning("active provider %s is unhealthy; serving with fallback %s", active, name)
+                return provider
+        if built is not None:
+            return built  # nothing healthy: let the active one report its own error
+        raise first_error or ProviderUnavailableError("no sandbox provider is usable")
+
+    def _healthy(self, name: str, provider: SandboxProvider) -> bool:
+        now = time.monotonic()
+        if self._unhealthy.get(name, 0) > now:
+            return False
+        checked = self._health_checked.get(name)
+        if checked is not None and now - checked < HEALTH_EVERY:
+            return True
+        try:
+            ok = bool(provider.health_check())
+        except Exception:  # noqa: BLE001
+            ok = False
+        self._health_checked[name] = now
+        if not ok:
+            self.mark_unhealthy(name, HEALTH_EVERY)
+        return ok
 
     @property
     def active_name(self) -> str | None:
@@ -235,6 +277,7 @@ class ProviderConfig:
 
     def mark_unhealthy(self, name: str, seconds: float = UNHEALTHY_SECONDS) -> None:
         self._unhealthy[name] = time.monotonic() + seconds
+        self._health_checked.pop(name, None)
 
     def run_with_fallback(self, fn: Callable[[SandboxProvider], T]) -> tuple[T, str, list[dict[str, Any]]]:
         """Call ``fn(provider)`` on each candidate while it fails with SB003/SB009 (or cannot be
@@ -259,6 +302,7 @@ class ProviderConfig:
                     last = e
                     continue
             self._unhealthy.pop(name, None)
+            self._health_checked[name] = time.monotonic()
             return value, name, tried
         if last is None:
             last = ProviderUnavailableError("no sandbox provider is configured or usable")

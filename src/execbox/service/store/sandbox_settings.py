@@ -288,6 +288,13 @@ class SandboxSettings:
             raise InvalidConfigError(
                 f"provider {provider!r} is not configured; save its configuration first",
                 details={"fields": {"provider": "not configured"}}, http_status=409)
+        try:
+            self.effective(provider)
+        except InvalidConfigError as e:
+            raise InvalidConfigError(
+                f"provider {provider!r} is not configured correctly: {e.message}",
+                details={"fields": {"provider": "not configured"}, "config_errors": e.details.get("fields", {})},
+                http_status=409) from None
         return self.store.settings.set(ACTIVE, provider, data_type="string")
 
     def set_fallback(self, providers: Any) -> float:

@@ -1,0 +1,168 @@
+"""Admin API for sandbox providers (``/api/admin/sandbox/...``; admin token required).
+
+Every write goes through the same validation as the CLI (schema + the provider's
+``validate_config``) and answers 400 with ``details.fields = {field: message}``; secrets are
+encrypted at rest and only ever returned redacted ("****" + last 4 characters).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...errors import ConnectionFailedError, InvalidConfigError, SandboxError
+from ...providers import registry
+from ..auth import Principal, require_admin
+from ..provider_config import probe
+from ..store.sandbox_settings import SandboxSettings
+
+router = APIRouter(prefix="/api/admin/sandbox", tags=["admin"])
+
+
+class ConfigBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    provider_type: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    set_active: bool = True
+    test_connection: bool = False
+
+
+class TestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    provider_type: str
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ActiveBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    provider: str
+
+
+class FallbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    providers: list[str]
+
+
+def sandbox_settings(request: Request) -> SandboxSettings:
+    """The ProviderConfig's settings when the app has one (shared key ring), else the store's."""
+    holder = getattr(request.app.state, "providers", None)
+    settings = getattr(holder, "settings", None)
+    if isinstance(settings, SandboxSettings):
+        return settings
+    cached = getattr(request.app.state, "sandbox_settings", None)
+    if cached is None:
+        cached = request.app.state.sandbox_settings = SandboxSettings(request.app.state.store)
+    return cached
+
+
+def _known(name: str) -> str:
+    known = registry.provider_names()
+    if name not in known:
+        raise InvalidConfigError(f"unknown provider {name!r}; installed: {', '.join(known)}",
+                                 details={"fields": {"provider_type": "unknown provider"}, "known": known})
+    return name
+
+
+def _describe(name: str, settings: SandboxSettings, active: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": name, "name": name.replace("_", " ").title(), "active": name == active,
+                             "configured": settings.is_configured(name)}
+    try:
+        cls = registry.get_provider_class(name)
+    except SandboxError as e:
+        return {**entry, "description": "", "tags": [], "config_schema": {}, "supported_languages": [],
+                "isolation": None, "usable": False, "reason": e.message}
+    try:
+        languages = cls().get_supported_languages()
+    except Exception:  # noqa: BLE001 - some providers need a config to know
+        languages = []
+    try:
+        usable, reason = cls.availability()
+    except Exception as e:  # noqa: BLE001
+        usable, reason = False, f"availability check failed: {e}"
+    return {**entry, "name": cls.display_name or entry["name"], "description": cls.description,
+            "tags": list(cls.tags), "config_schema": cls.get_config_schema(),
+            "supported_languages": languages, "isolation": str(getattr(cls.isolation, "value", cls.isolation)),
+            "zero_config": cls.zero_config, "usable": usable, "reason": reason}
+
+
+@router.get("/providers")
+def list_providers(request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Every installed provider with its schema and whether it is usable on this host."""
+    settings = sandbox_settings(request)
+    active = settings.active()
+    return {"data": [_describe(n, settings, active) for n in registry.provider_names()]}
+
+
+@router.get("/config")
+def get_config(request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """``{"active", "fallback", "<provider>": {...}}``: stored values or schema defaults, secrets redacted."""
+    settings = sandbox_settings(request)
+    out: dict[str, Any] = {"active": settings.active(), "fallback": settings.fallback()}
+    holder = getattr(request.app.state, "providers", None)
+    if out["active"] is None and holder is not None and hasattr(holder, "active_name"):
+        try:
+            out["zero_config"] = {"provider": holder.active_name, "note": holder.selection_note}
+        except SandboxError as e:
+            out["zero_config"] = {"provider": None, "note": e.message}
+    for name in registry.provider_names():
+        try:
+            out[name] = settings.redacted(name)
+        except SandboxError as e:
+            out[name] = {"error": {"code": e.code, "message": e.message}}
+    return out
+
+
+@router.post("/config")
+def set_config(body: ConfigBody, request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Validate, optionally probe, then store (and activate) one provider's configuration."""
+    settings = sandbox_settings(request)
+    name = _known(body.provider_type)
+    clean = settings.validate(name, body.config)
+    test = None
+    if body.test_connection:
+        test = probe(name, _with_defaults(name, clean))
+        if not test["success"]:
+            raise ConnectionFailedError(f"connection test failed; configuration not saved: {test['message']}",
+                                        details={"provider": name, "test": test})
+    version = settings.save(name, clean, set_active=body.set_active)
+    return {"message": "Configuration saved", "provider_type": name, "active": settings.active() == name,
+            "version": version, "config": settings.redacted(name), "test": test}
+
+
+def _with_defaults(name: str, clean: dict[str, Any]) -> dict[str, Any]:
+    from ...providers.schema import validate_against_schema
+
+    full, _ = validate_against_schema(registry.get_provider_class(name).get_config_schema(), clean)
+    return full
+
+
+@router.post("/test")
+def test_connection(body: TestBody, request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Really run a probe program on the provider built from this config (nothing is stored)."""
+    settings = sandbox_settings(request)
+    name = _known(body.provider_type)
+    clean = settings.validate(name, body.config)
+    return probe(name, _with_defaults(name, clean))
+
+
+@router.put("/active")
+def set_active(body: ActiveBody, request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Switch the active provider: 400 unknown, 409 not configured."""
+    settings = sandbox_settings(request)
+    version = settings.set_active(body.provider)
+    return {"message": "Active provider updated", "active": body.provider, "version": version}
+
+
+@router.get("/fallback")
+def get_fallback(request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    return {"providers": sandbox_settings(request).fallback()}
+
+
+@router.put("/fallback")
+def set_fallback(body: FallbackBody, request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Ordered providers to try when the active one fails with SB003/SB009."""
+    settings = sandbox_settings(request)
+    version = settings.set_fallback(body.providers)
+    return {"message": "Fallback updated", "providers": settings.fallback(), "version": version}

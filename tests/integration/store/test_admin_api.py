@@ -1,0 +1,202 @@
+"""Admin API over the real service app, on SQLite and PostgreSQL: auth, CRUD, per-field
+validation, redaction and secret round-trips, probes, active/fallback switching."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from execbox.service.app import create_app
+from execbox.service.config import ServiceSettings
+from execbox.service.crypto import is_encrypted
+from execbox.service.provider_config import ProviderConfig
+from execbox.service.store import open_store
+
+from .helpers import keyring, write_seed
+
+SECRET = "sk-live-0123456789abcdefWXYZ"
+API = "/api/admin/sandbox"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def admin(db_url, tmp_path):
+    store = open_store(tmp_path, url=db_url)
+    providers = ProviderConfig(store, keyring=keyring(), env={"SANDBOX_TYPE": "local"},
+                               seed_file=write_seed(tmp_path))
+    app = create_app(store=store, providers=providers, settings=ServiceSettings())
+    _, admin_token = store.tokens.create("ops", "admin")
+    _, tenant_token = store.tokens.create("acme")
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {admin_token}"
+        client.tenant_headers = {"Authorization": f"Bearer {tenant_token}"}
+        client.store = store
+        client.providers = providers
+        yield client
+    providers.shutdown()
+    store.close()
+
+
+def stored_row(store, name: str) -> dict:
+    with store.engine.connect() as conn:
+        raw = conn.execute(text("SELECT value FROM system_settings WHERE name = :n"), {"n": name}).scalar()
+    return json.loads(raw) if raw else None
+
+
+ROUTES = [("get", "/providers", None), ("get", "/config", None),
+          ("post", "/config", {"provider_type": "local", "config": {}}),
+          ("post", "/test", {"provider_type": "local", "config": {}}),
+          ("put", "/active", {"provider": "local"}), ("get", "/fallback", None),
+          ("put", "/fallback", {"providers": []})]
+
+
+@pytest.mark.parametrize("method,path,body", ROUTES)
+def test_every_admin_route_needs_an_admin_token(admin, method, path, body):
+    kwargs = {"json": body} if body is not None else {}
+    r = admin.request(method, API + path, headers={"Authorization": ""}, **kwargs)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "SB002"
+    r = admin.request(method, API + path, headers=admin.tenant_headers, **kwargs)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "SB002"
+
+
+def test_providers_list_describes_schema_tier_and_usability(admin):
+    data = {p["id"]: p for p in admin.get(API + "/providers").json()["data"]}
+    local = data["local"]
+    assert local["isolation"] == "none" and local["usable"] is True and local["active"] is True
+    assert local["config_schema"]["timeout"]["type"] == "integer"
+    assert "python" in local["supported_languages"]
+    assert data["self_managed"]["config_schema"]["api_key"]["secret"] is True
+    for p in data.values():
+        assert {"id", "name", "description", "tags", "config_schema", "usable", "reason"} <= set(p)
+
+
+def test_config_crud_reaches_the_running_provider(admin):
+    cfg = admin.get(API + "/config").json()
+    assert cfg["active"] == "local" and cfg["local"]["timeout"] == 30
+    assert cfg["self_managed"]["endpoint"] == "http://localhost:9385"  # schema default, never stored
+    assert admin.providers.current().config["timeout"] == 30
+
+    r = admin.post(API + "/config", json={"provider_type": "local", "config": {"timeout": 12, "pool_size": 0}})
+    assert r.status_code == 200, r.text
+    assert r.json()["config"]["timeout"] == 12
+    assert admin.get(API + "/config").json()["local"]["timeout"] == 12
+    assert admin.providers.current().config["timeout"] == 12  # hot reload, no restart
+    assert stored_row(admin.store, "sandbox.local") == {"timeout": 12, "pool_size": 0}
+
+
+def test_validation_errors_are_400_per_field_and_store_nothing(admin):
+    before = stored_row(admin.store, "sandbox.local")
+    r = admin.post(API + "/config", json={"provider_type": "local", "config": {
+        "timeout": "soon", "max_timeout": 0, "pool_size": 999, "bogus": 1}})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "SB002"
+    fields = err["details"]["fields"]
+    assert fields["timeout"] == "must be an integer"
+    assert fields["max_timeout"].startswith("must be >=")
+    assert fields["pool_size"].startswith("must be <=")
+    assert fields["bogus"].startswith("unknown field")
+    # validate_config (beyond the schema) is attributed to its field too.
+    r = admin.post(API + "/config", json={"provider_type": "local", "config": {"python": "/nonexistent/python"}})
+    assert r.status_code == 400 and "python" in r.json()["error"]["details"]["fields"]
+    r = admin.post(API + "/config", json={"provider_type": "self_managed", "config": {"endpoint": "ftp://x"}})
+    assert r.status_code == 400 and "endpoint" in r.json()["error"]["details"]["fields"]
+    r = admin.post(API + "/config", json={"provider_type": "nope", "config": {}})
+    assert r.status_code == 400 and r.json()["error"]["details"]["fields"] == {"provider_type": "unknown provider"}
+    r = admin.post(API + "/config", json={"config": {}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "SB002"
+    assert stored_row(admin.store, "sandbox.local") == before
+
+
+def test_secrets_encrypted_at_rest_redacted_and_kept_through_a_redacted_round_trip(admin):
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    r = admin.post(API + "/config", json={"provider_type": "self_managed", "set_active": False,
+                                          "config": {"endpoint": endpoint, "api_key": SECRET}})
+    assert r.status_code == 200, r.text
+    assert SECRET not in r.text
+    row = stored_row(admin.store, "sandbox.self_managed")
+    assert is_encrypted(row["api_key"]) and SECRET not in json.dumps(row)  # ciphertext really stored
+
+    cfg = admin.get(API + "/config")
+    assert SECRET not in cfg.text
+    redacted = cfg.json()["self_managed"]["api_key"]
+    assert redacted == "****" + SECRET[-4:]
+
+    # The console sends the redacted value back unchanged with another edit: the secret survives.
+    r = admin.post(API + "/config", json={"provider_type": "self_managed", "set_active": False,
+                                          "config": {"endpoint": endpoint, "api_key": redacted, "timeout": 7}})
+    assert r.status_code == 200, r.text
+    assert admin.providers.settings.decrypted("self_managed")["api_key"] == SECRET
+    assert admin.providers.settings.effective("self_managed")["timeout"] == 7
+    assert stored_row(admin.store, "sandbox.self_managed")["api_key"] != row["api_key"]  # fresh nonce
+
+    # A placeholder that matches nothing is refused rather than stored as the secret.
+    r = admin.post(API + "/config", json={"provider_type": "self_managed", "set_active": False,
+                                          "config": {"endpoint": endpoint, "api_key": "****nope"}})
+    assert r.status_code == 400 and "api_key" in r.json()["error"]["details"]["fields"]
+    assert admin.providers.settings.decrypted("self_managed")["api_key"] == SECRET
+
+
+def test_probe_really_runs_code(admin):
+    r = admin.post(API + "/test", json={"provider_type": "local", "config": {"timeout": 10}})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["success"] is True and body["latency_ms"] > 0
+    assert body["details"]["exit_code"] == 0 and "execbox-probe 42" in body["details"]["stdout"]
+    assert "probe-stderr" in body["details"]["stderr"]
+
+    dead = {"endpoint": f"http://127.0.0.1:{closed_port()}", "max_retries": 0, "api_key": SECRET}
+    body = admin.post(API + "/test", json={"provider_type": "self_managed", "config": dead}).json()
+    assert body["success"] is False and "SB003" in body["message"]
+    assert SECRET not in json.dumps(body)
+
+
+def test_failed_connection_test_leaves_stored_config_untouched(admin):
+    before = stored_row(admin.store, "sandbox.self_managed")
+    dead = {"endpoint": f"http://127.0.0.1:{closed_port()}", "max_retries": 0}
+    r = admin.post(API + "/config", json={"provider_type": "self_managed", "config": dead,
+                                          "test_connection": True})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "SB003"
+    assert r.json()["error"]["details"]["test"]["success"] is False
+    assert stored_row(admin.store, "sandbox.self_managed") == before
+    assert admin.get(API + "/config").json()["active"] == "local"
+    r = admin.post(API + "/config", json={"provider_type": "local", "config": {"timeout": 9},
+                                          "test_connection": True})
+    assert r.status_code == 200 and r.json()["test"]["success"] is True
+
+
+def test_switching_active_provider(admin):
+    r = admin.put(API + "/active", json={"provider": "nope"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "SB002"
+    r = admin.put(API + "/active", json={"provider": "self_managed"})  # not in this seed
+    assert r.status_code == 409 and r.json()["error"]["code"] == "SB002"
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    assert admin.post(API + "/config", json={"provider_type": "self_managed", "set_active": False,
+                                             "config": {"endpoint": endpoint}}).status_code == 200
+    assert admin.providers.current().name == "local"
+    r = admin.put(API + "/active", json={"provider": "self_managed"})
+    assert r.status_code == 200 and r.json()["active"] == "self_managed"
+    assert admin.providers.current().name == "self_managed"
+    assert admin.get(API + "/config").json()["active"] == "self_managed"
+
+
+def test_fallback_list_roundtrip_and_validation(admin):
+    assert admin.get(API + "/fallback").json() == {"providers": []}
+    r = admin.put(API + "/fallback", json={"providers": ["self_managed", "local"]})
+    assert r.status_code == 200 and r.json()["providers"] == ["self_managed", "local"]
+    assert admin.get(API + "/fallback").json()["providers"] == ["self_managed", "local"]
+    r = admin.put(API + "/fallback", json={"providers": ["local", "nope", "local"]})
+    assert r.status_code == 400
+    assert set(r.json()["error"]["details"]["fields"]) == {"providers[1]", "providers[2]"}
+    r = admin.put(API + "/fallback", json={"providers": "local"})
+    assert r.status_code == 400
+    assert admin.get(API + "/fallback").json()["providers"] == ["self_managed", "local"]
