@@ -1,0 +1,67 @@
+import pytest
+
+from execbox import get_sandbox
+from execbox.errors import InvalidConfigError
+from execbox.models import TIER_ORDER, Isolation
+from execbox.providers import registry
+from execbox.providers.base import SandboxProvider
+
+
+def test_builtins_are_entry_points():
+    names = registry.provider_names()
+    assert {"local", "jail", "docker", "self_managed", "e2b", "aliyun_codeinterpreter"} <= set(names)
+    assert issubclass(registry.get_provider_class("local"), SandboxProvider)
+
+
+def test_unknown_provider_is_sb002():
+    with pytest.raises(InvalidConfigError) as ei:
+        registry.get_provider_class("nope")
+    assert "local" in ei.value.details["known"]
+
+
+def test_zero_config_picks_strongest_usable(monkeypatch):
+    choice, skipped = registry.strongest_available()
+    cls = registry.get_provider_class(choice)
+    assert cls.zero_config and cls.availability()[0]
+    rank = TIER_ORDER.index(Isolation(cls.isolation))
+    for name, c in registry.provider_classes().items():
+        if c.zero_config and TIER_ORDER.index(Isolation(c.isolation)) < rank:
+            assert name in skipped and not c.availability()[0]
+
+
+def test_get_sandbox_env(monkeypatch):
+    p = get_sandbox(env={"SANDBOX_BACKEND": "local", "SANDBOX_TIMEOUT_SEC": "1m"})
+    try:
+        assert p.name == "local" and p.config["timeout"] == 60
+    finally:
+        p.shutdown()
+    with pytest.raises(InvalidConfigError):
+        get_sandbox(env={"SANDBOX_TYPE": "local", "SANDBOX_TIMEOUT_SEC": "60 seconds"})
+    with pytest.raises(InvalidConfigError):
+        get_sandbox(env={"SANDBOX_TYPE": "warp-drive"})
+
+
+def test_zero_config_fallback_note(monkeypatch):
+    stronger = [n for n, c in registry.provider_classes().items() if c.zero_config and n != "local"]
+    for n in stronger:
+        monkeypatch.setattr(registry.get_provider_class(n), "availability",
+                            classmethod(lambda cls: (False, "disabled for this test")))
+    p = get_sandbox(env={})
+    try:
+        assert p.name == "local"
+        if stronger:
+            assert "disabled for this test" in p.selection_note
+    finally:
+        p.shutdown()
+
+
+def test_provider_manager_swaps():
+    from execbox.errors import ProviderNotInitializedError
+
+    m = registry.ProviderManager()
+    with pytest.raises(ProviderNotInitializedError):
+        m.get_provider()
+    p = registry.create_provider("local", {})
+    assert m.set_provider(p) is None and m.get_provider() is p
+    m.shutdown()
+    assert not p.initialized
