@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
@@ -62,6 +62,12 @@ def _pool_statuses(providers: ProviderSource) -> Iterator[tuple[str, dict[str, A
         status = status_fn() if status_fn is not None else None
         if status:
             yield p.name, status
+
+
+def _without(router: APIRouter, paths: set[str]) -> APIRouter:
+    out = APIRouter()
+    out.routes.extend(r for r in router.routes if getattr(r, "path", None) not in paths)
+    return out
 
 
 def _sandbox_ids(prefix: str):  # noqa: ANN202
@@ -125,8 +131,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     if admin is not None:
         app.include_router(admin)
     compat = _optional_router("execbox.service.routes.executor_compat")
-    if compat is not None:
-        app.include_router(compat)
+    if compat is not None:  # /run; its own /healthz is for the standalone executor app (ours answers here)
+        app.include_router(_without(compat, {"/healthz"}))
     if WEB_STATIC.is_dir():
         app.mount("/admin", StaticFiles(directory=WEB_STATIC, html=True), name="admin-console")
     return app

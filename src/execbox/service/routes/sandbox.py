@@ -225,7 +225,12 @@ def whoami(principal: Principal = Depends(require_token)) -> Any:
     return {"tenant_id": principal.tenant_id, "role": principal.role, "token_id": principal.token_id}
 
 
-SessionPath = Path(pattern=NAME_PATTERN, max_length=64)
+
+
+def _name_path() -> Any:
+    """A fresh Path() per parameter (FastAPI binds a FieldInfo to one parameter name)."""
+    return Path(pattern=NAME_PATTERN, max_length=64)
+
 
 
 @router.get("/sessions", response_model=SessionsOut, summary="List sessions (admin only)")
@@ -237,14 +242,14 @@ def list_sessions(request: Request, tenant_id: str | None = Query(default=None, 
 
 @router.delete("/sessions/{tenant_id}/{session_id}", response_model=DestroyedOut,
                summary="Destroy a session, its box and its workspace (admin only)")
-def destroy_session(request: Request, tenant_id: str = SessionPath, session_id: str = SessionPath,
+def destroy_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
                     principal: Principal = Depends(require_admin)) -> Any:
     return {"destroyed": _sessions(request).destroy(tenant_id, session_id)}
 
 
 @router.post("/sessions/{tenant_id}/{session_id}/copy", response_model=FilesOut,
              summary="Write many files into a workspace atomically: all or none")
-def copy_files(body: CopyRequest, request: Request, tenant_id: str = SessionPath, session_id: str = SessionPath,
+def copy_files(body: CopyRequest, request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
                principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, tenant_id)
     limit = request.app.state.settings.max_file_bytes

@@ -1,0 +1,154 @@
+"""A real execbox service on a loopback port: uvicorn in a thread, a temp store, the jail provider.
+
+``service_factory(**settings)`` starts one more app with its own settings (limits, idle timeout)
+on the shared jail provider; every app is shut down at the end of its test module.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from execbox.providers.base import SandboxProvider
+from execbox.service.app import create_app
+from execbox.service.config import ServiceSettings
+from execbox.service.store import open_store
+from tests.conftest import require
+
+
+class Holder:
+    """The ``providers`` object of a test app: one initialized provider."""
+
+    def __init__(self, provider: SandboxProvider) -> None:
+        self.provider = provider
+
+    def current(self) -> SandboxProvider:
+        return self.provider
+
+    def candidates(self) -> list[SandboxProvider]:
+        return [self.provider]
+
+
+@dataclass
+class Service:
+    url: str
+    app: Any
+    store: Any
+    admin: str
+    tenant_a: str
+    tenant_b: str
+    server: uvicorn.Server
+    thread: threading.Thread
+    workspaces: str
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    def client(self, token: str | None = None, **kw: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        c = httpx.Client(base_url=self.url, headers=headers, timeout=kw.pop("timeout", 60), **kw)
+        self.clients.append(c)
+        return c
+
+    @property
+    def a(self) -> httpx.Client:
+        return self.client(self.tenant_a)
+
+    @property
+    def b(self) -> httpx.Client:
+        return self.client(self.tenant_b)
+
+    @property
+    def root(self) -> httpx.Client:
+        return self.client(self.admin)
+
+    def stop(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def traversable_tmpdir(prefix: str) -> str:
+    """Jail boxes run as an unprivileged uid: every ancestor of a workspace must be traversable."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(d, 0o711)
+    return d
+
+
+def start_service(provider: Any, settings: ServiceSettings | None = None) -> Service:
+    base = traversable_tmpdir("execbox-svc-")
+    workspaces = os.path.join(base, "ws")
+    store = open_store(data_dir=os.path.join(base, "data"))
+    _, admin = store.tokens.create("ops", role="admin")
+    _, ta = store.tokens.create("tenant-a")
+    _, tb = store.tokens.create("tenant-b")
+    settings = (settings or ServiceSettings()).with_(workspaces_dir=workspaces)
+    providers = provider if hasattr(provider, "current") else Holder(provider)
+    app = create_app(store=store, providers=providers, settings=settings)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    return Service(f"http://127.0.0.1:{port}", app, store, admin, ta, tb, server, thread, workspaces)
+
+
+@pytest.fixture(scope="session")
+def jail_provider() -> Iterator[SandboxProvider]:
+    from execbox.providers.jail import JailProvider
+
+    ok, reason = JailProvider.availability()
+    require(ok, f"bubblewrap jail ({reason})")
+    p = JailProvider()
+    p.initialize({"pool_size": 2, "max_memory": "256m", "preload": "none"})
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture(scope="module")
+def service(jail_provider: SandboxProvider) -> Iterator[Service]:
+    svc = start_service(jail_provider)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def service_factory(jail_provider: SandboxProvider) -> Iterator[Any]:
+    started: list[Service] = []
+
+    def make(provider: Any = None, **settings: Any) -> Service:
+        svc = start_service(provider or jail_provider, ServiceSettings(**settings))
+        started.append(svc)
+        return svc
+
+    yield make
+    for svc in started:
+        svc.stop()
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    """The error object of an SB error response (asserting the one JSON shape)."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message", "details"}, body
+    return body["error"]
