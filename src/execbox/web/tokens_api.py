@@ -1,0 +1,65 @@
+"""Admin token routes for the console's Tokens page (``/api/admin/tokens``; admin token required).
+
+The same operations as ``execbox token create|list|revoke``: a new token's plaintext is in the
+create response only (the store keeps its SHA-256); listings show prefix and last 4 characters.
+An admin cannot revoke the token its own request is using, so the console cannot lock itself out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import InvalidConfigError
+from ..service.auth import Principal, require_admin
+
+router = APIRouter(prefix="/api/admin/tokens", tags=["admin tokens"])
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class UnknownTokenError(InvalidConfigError):
+    http_status = 404
+
+
+class OwnTokenError(InvalidConfigError):
+    http_status = 409
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tenant_id: str = Field(pattern=NAME_PATTERN, max_length=64, description="Tenant the token acts for")
+    role: Literal["tenant", "admin"] = "tenant"
+    name: str | None = Field(default=None, max_length=128, description="A label to recognise it by")
+
+
+@router.get("")
+def list_tokens(request: Request, include_revoked: bool = Query(default=False),
+                principal: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Tokens, never whole: ``token`` is prefix...last4; ``current`` marks the caller's own."""
+    records = request.app.state.store.tokens.list(include_revoked=include_revoked)
+    return {"tokens": [{**r.to_dict(), "current": r.id == principal.token_id} for r in records]}
+
+
+@router.post("", status_code=201)
+def create_token(body: TokenCreate, request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Create a token; ``secret`` holds its plaintext, in this response only."""
+    rec, plaintext = request.app.state.store.tokens.create(body.tenant_id, body.role, body.name)
+    return {"token": {**rec.to_dict(), "current": False}, "secret": plaintext,
+            "message": "Store this token now: it is not shown again"}
+
+
+@router.delete("/{token_id}")
+def revoke_token(request: Request, token_id: str = Path(pattern=r"^tok_[0-9a-f]{1,64}$"),
+                 principal: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Revoke a token: requests using it get 401 at once."""
+    if token_id == principal.token_id:
+        raise OwnTokenError("this is the token you are signed in with; revoke it from another admin token",
+                            details={"field": "token_id"})
+    store = request.app.state.store
+    if not store.tokens.revoke(token_id):
+        raise UnknownTokenError(f"no active token with id {token_id!r}", details={"field": "token_id"})
+    rec = store.tokens.get(token_id)
+    return {"revoked": rec.to_dict() if rec else {"id": token_id}}
