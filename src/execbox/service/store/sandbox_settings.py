@@ -21,7 +21,7 @@ from ...providers import registry
 from ...providers.base import SandboxProvider
 from ...providers.schema import validate_against_schema
 from ...settings import parse_duration, sandbox_type
-from ..crypto import KeyRing, is_encrypted, is_redacted, load_keyring, redact
+from ..crypto import KeyRing, SecretKeyError, is_encrypted, is_redacted, load_keyring, redact
 from .engine import Store
 
 log = logging.getLogger("execbox.config")
@@ -100,6 +100,7 @@ class SandboxSettings:
     def __init__(self, store: Store, keyring: KeyRing | None = None) -> None:
         self.store = store
         self._keyring = keyring
+        self._keyring_fixed = keyring is not None
 
     @property
     def keyring(self) -> KeyRing:
@@ -193,8 +194,18 @@ class SandboxSettings:
     def decrypted(self, provider: str) -> dict[str, Any]:
         """Stored values with secrets in clear: what a provider is initialized with."""
         stored = self.stored(provider) or {}
-        return {k: self.keyring.decrypt(v, f"{setting_name(provider)}.{k}") if is_encrypted(v) else v
+        return {k: self._decrypt(v, f"{setting_name(provider)}.{k}") if is_encrypted(v) else v
                 for k, v in stored.items()}
+
+    def _decrypt(self, value: str, aad: str) -> str:
+        try:
+            return self.keyring.decrypt(value, aad)
+        except SecretKeyError as e:
+            # Another process may have rotated the key file since we loaded it: reload once.
+            if "key_id" not in e.details or "configured_key_id" not in e.details or self._keyring_fixed:
+                raise
+            self._keyring = load_keyring(self.store.data_dir, create=False)
+            return self._keyring.decrypt(value, aad)
 
     def effective(self, provider: str) -> dict[str, Any]:
         """Schema defaults overlaid with stored values (unknown stored fields dropped)."""
