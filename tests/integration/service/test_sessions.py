@@ -1,0 +1,125 @@
+"""Session lifecycle on a real service: idle reaping, limits, rate limiting, box death and recovery."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from .conftest import Service, error_of
+
+
+def _wait(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_idle_sessions_are_reaped_with_their_box_and_workspace(service_factory) -> None:
+    svc: Service = service_factory(idle_timeout=1.0, reap_interval=0.2)
+    c = svc.a
+    c.post("/v1/sandbox/execute", json={"code": "open('f','w').write('1')", "session_id": "idle"})
+    busy = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/execute", json={
+        "code": "import time; time.sleep(2.5)", "session_id": "busy"}))
+    busy.start()
+    s = svc.app.state.sessions.get("tenant-a", "idle")
+    provider, instance_id, workspace = s.provider, s.instance_id, s.workspace
+    assert os.path.isdir(workspace) and provider.instance_alive(instance_id)
+    assert _wait(lambda: svc.app.state.sessions.get("tenant-a", "idle") is None, 5)
+    assert _wait(lambda: not os.path.exists(workspace), 5)
+    assert not provider.instance_alive(instance_id)
+    assert svc.app.state.sessions.get("tenant-a", "busy") is not None  # running: never reaped mid-run
+    busy.join()
+    metrics = svc.client().get("/metrics").text
+    assert "execbox_sessions_reaped_total 1.0" in metrics or "execbox_sessions_reaped_total 2.0" in metrics
+
+
+def test_max_sessions_is_503_sb004_with_the_reason(service_factory) -> None:
+    svc: Service = service_factory(max_sessions=2)
+    assert svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "m1"}).status_code == 200
+    assert svc.b.post("/v1/sandbox/execute", json={"code": "1", "session_id": "m2"}).status_code == 200
+    r = svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "m3"})
+    assert r.status_code == 503
+    err = error_of(r)
+    assert err["code"] == "SB004" and err["details"]["reason"] == "max_sessions" and err["details"]["limit"] == 2
+    assert svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "m1"}).status_code == 200
+    assert svc.a.post("/v1/sandbox/execute", json={"code": "1"}).status_code == 200  # one-shot still runs
+    svc.root.delete("/v1/sandbox/sessions/tenant-b/m2")
+    assert svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "m3"}).status_code == 200
+
+
+def test_tenant_session_limit_is_429_sb008(service_factory) -> None:
+    svc: Service = service_factory(tenant_max_sessions=1)
+    assert svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "t1"}).status_code == 200
+    r = svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "t2"})
+    assert r.status_code == 429 and error_of(r)["details"]["reason"] == "tenant_max_sessions"
+    assert svc.b.post("/v1/sandbox/execute", json={"code": "1", "session_id": "t2"}).status_code == 200
+
+
+def test_concurrent_executions_per_tenant_are_rate_limited(service_factory) -> None:
+    svc: Service = service_factory(tenant_max_executions=1)
+    started = threading.Event()
+    results: list[int] = []
+
+    def slow() -> None:
+        started.set()
+        results.append(svc.a.post("/v1/sandbox/execute", json={"code": "import time; time.sleep(1.5)"}).status_code)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    started.wait()
+    assert _wait(lambda: svc.app.state.sessions._running.get("tenant-a") == 1, 5)
+    r = svc.a.post("/v1/sandbox/execute", json={"code": "print(1)"})
+    assert r.status_code == 429
+    err = error_of(r)
+    assert err["code"] == "SB008" and err["details"]["reason"] == "tenant_max_executions"
+    assert r.headers["retry-after"] == "1"
+    assert svc.b.post("/v1/sandbox/execute", json={"code": "print(1)"}).status_code == 200  # other tenant
+    t.join()
+    assert results == [200]
+    assert svc.a.post("/v1/sandbox/execute", json={"code": "print(1)"}).status_code == 200  # slot freed
+    assert 'execbox_rate_limit_rejections_total{limit="executions"} 1.0' in svc.client().get("/metrics").text
+
+
+def test_executions_in_one_session_are_serialized(service: Service) -> None:
+    code = ("import os, time\nfd = os.open('lock', os.O_CREAT | os.O_EXCL | os.O_WRONLY)\n"
+            "time.sleep(0.3)\nos.close(fd); os.unlink('lock')\nprint('ok')")
+    out: list[str] = []
+    threads = [threading.Thread(target=lambda: out.append(service.a.post(
+        "/v1/sandbox/execute", json={"code": code, "session_id": "serial"}).json()["stdout"])) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == ["ok\n"] * 3  # an overlapping run would have failed to create 'lock'
+
+
+def test_dead_box_is_reported_once_then_recreated_with_its_workspace(service: Service) -> None:
+    c = service.a
+    c.post("/v1/sandbox/write", json={"session_id": "phoenix", "path": "keep.txt", "content": "survives"})
+    s = service.app.state.sessions.get("tenant-a", "phoenix")
+    first_instance = s.instance_id
+    s.provider._instances[first_instance].box.kill()  # the box dies between requests (OOM killer, crash)
+    r = c.post("/v1/sandbox/execute", json={"code": "print(1)", "session_id": "phoenix"})
+    assert r.status_code == 503
+    err = error_of(r)
+    assert err["code"] == "SB009" and err["details"]["box_died"] and err["details"]["recreated_on_next_use"]
+    r = c.post("/v1/sandbox/execute", json={"code": "print(open('keep.txt').read())", "session_id": "phoenix"})
+    assert r.status_code == 200 and r.json()["stdout"] == "survives\n"
+    assert r.json()["metadata"]["instance_id"] != first_instance
+    assert service.app.state.sessions.get("tenant-a", "phoenix").boxes_started == 2
+
+
+def test_box_dying_mid_run_is_sb009_once(service: Service) -> None:
+    c = service.a
+    c.post("/v1/sandbox/write", json={"session_id": "crash", "path": "keep.txt", "content": "still here"})
+    s = service.app.state.sessions.get("tenant-a", "crash")
+    box = s.provider._instances[s.instance_id].box
+    threading.Timer(0.5, box.kill).start()
+    r = c.post("/v1/sandbox/execute", json={"code": "import time; time.sleep(20)", "session_id": "crash"})
+    assert r.status_code == 503 and error_of(r)["code"] == "SB009"
+    r = c.post("/v1/sandbox/execute", json={"code": "print(open('keep.txt').read())", "session_id": "crash"})
+    assert r.status_code == 200 and r.json()["stdout"] == "still here\n"
