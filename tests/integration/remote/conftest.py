@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from execbox.providers.base import SandboxProvider
+from tests.unit.remote.http_server import ThreadedServer, free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["ThreadedServer", "free_port"]
 
 
 def server_provider_name() -> str:
@@ -32,33 +26,6 @@ def server_provider_name() -> str:
     except Exception:  # noqa: BLE001 - jail not built or not loadable yet
         return "local"
     return "jail" if ok else "local"
-
-
-class ThreadedServer:
-    """uvicorn in a thread of the test process; stop() ends it."""
-
-    def __init__(self, app, port: int) -> None:
-        self.port = port
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, wait: bool = True) -> ThreadedServer:
-        self.thread.start()
-        if wait:
-            deadline = time.monotonic() + 15
-            while not self.server.started:
-                if time.monotonic() > deadline or not self.thread.is_alive():
-                    raise RuntimeError("executor server did not start")
-                time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="session")

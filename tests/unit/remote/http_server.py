@@ -1,0 +1,43 @@
+"""Real HTTP servers for tests: uvicorn in a thread on a free loopback port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadedServer:
+    """uvicorn serving ``app`` in a daemon thread; ``stop()`` ends it."""
+
+    def __init__(self, app, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait: bool = True) -> ThreadedServer:
+        self.thread.start()
+        if wait:
+            deadline = time.monotonic() + 15
+            while not self.server.started:
+                if time.monotonic() > deadline or not self.thread.is_alive():
+                    raise RuntimeError("test server did not start")
+                time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
