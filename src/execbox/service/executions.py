@@ -110,7 +110,7 @@ class Executor:
             except _Cancelled:
                 return
             for art in result.artifacts:
-                emit("artifact", artifact_event(art.to_dict(include_artifact_content=spec.session_id is None),
+                emit("artifact", artifact_event(art.to_dict(include_content=spec.session_id is None),
                                                 spec, artifact_url))
             emit("result", result_body(result, spec))
             if result.error_code:
