@@ -364,7 +364,10 @@ class DockerProvider(AgentBackedProvider):
         return removed
 
     def shutdown(self) -> None:
+        pool = self._pool
         super().shutdown()
+        if pool is not None and pool._thread.is_alive():  # a start in flight ends in destroy()
+            pool._thread.join(timeout=90)
         with self._pending_lock:
             self._pending_lock.wait_for(lambda: self._pending == 0, timeout=60)
         if self._reaper is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from execbox.errors import FileNotFoundInSandbox, PathError
+from execbox.errors import InvalidConfigError
 
 pytestmark = pytest.mark.docker
 
@@ -36,10 +36,12 @@ def test_session_state_and_files(provider, instance):
     assert [m.line_number for m in provider.grep(instance, "beta")] == [2]
     names = {f.path for f in provider.list_files(instance, ".", recursive=True)}
     assert "data/in.txt" in names
-    with pytest.raises(PathError):
+    with pytest.raises(InvalidConfigError) as ei:
         provider.read_file(instance, "../etc/passwd")
-    with pytest.raises(FileNotFoundInSandbox):
+    assert ei.value.code == "SB002" and ".." in ei.value.message
+    with pytest.raises(InvalidConfigError) as ei:
         provider.read_file(instance, "missing.txt")
+    assert ei.value.http_status == 404
 
 
 def test_artifacts_and_figures(provider, instance):

@@ -60,8 +60,10 @@ def test_killed_from_outside_mid_run_is_sb009_and_pool_stays_healthy(provider, d
     t.join(30)
     assert errors and isinstance(errors[0], ProviderUnavailableError) and errors[0].code == "SB009"
     assert errors[0].details.get("box_died") is True
-    with pytest.raises(InvalidConfigError):  # the instance is gone, not half-alive
+    with pytest.raises(ProviderUnavailableError):  # stays dead, never half-alive
         provider.execute_code(inst.instance_id, "print(1)", "python")
+    assert not provider.instance_alive(inst.instance_id)
+    provider.destroy_instance(inst.instance_id)
     assert provider.pool_status()["healthy"]
     fresh = provider.create_instance(tenant_id="t", session_id=None)
     try:
