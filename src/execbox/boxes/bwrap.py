@@ -85,7 +85,7 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
         argv += ["--bind", spec.workspace_host, WORKSPACE]
     else:
         argv += ["--perms", "0700", "--size", str(spec.ws_size), "--tmpfs", WORKSPACE]
-    argv += ["--chdir", WORKSPACE, "--clearenv"]
+    argv += ["--remount-ro", "/", "--chdir", WORKSPACE, "--clearenv"]  # only /workspace and /tmp writable
     for key, value in sorted(spec.env.items()):
         argv += ["--setenv", key, value]
     if spec.seccomp_fd is not None:

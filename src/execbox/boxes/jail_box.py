@@ -189,6 +189,42 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     return box
 
 
+def reap_stale() -> list[str]:
+    """Clean up boxes left by execbox processes that died without destroying them.
+
+    A box dir is named ``jail-<owner pid>-...``; if that pid no longer exists its processes,
+    cgroup (where this process's layout can see it), mounts and files are removed.
+    """
+    reaped: list[str] = []
+    root = boxes_dir()
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return reaped
+    layout = None
+    try:
+        layout = cgroups.detect()
+    except cgroups.CgroupUnavailable:
+        pass
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 4 or parts[0] != "jail" or not parts[1].isdigit():
+            continue
+        if os.path.exists(f"/proc/{parts[1]}"):
+            continue
+        if layout is not None:
+            cg = cgroups.BoxCgroup(layout, name)
+            if cg.exists():
+                cg.kill_all()
+                cg.remove()
+        box_dir = os.path.join(root, name)
+        ws = os.path.join(box_dir, "workspace")
+        quota.unmount(ws)
+        remove_box_dir(box_dir)
+        reaped.append(name)
+    return reaped
+
+
 def remove_box_dir(box_dir: str) -> None:
     """Delete a box's host directory without ever recursing into a mount point.
 

@@ -9,6 +9,7 @@ the other self-hosted backends (providers/agent_backed.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import threading
@@ -16,13 +17,14 @@ import time
 from typing import Any
 
 from ..boxes import bwrap, cgroups, quota, runtime, seccomp
-from ..boxes.jail_box import HOST_UID, JailBox, JailSettings
+from ..boxes.jail_box import HOST_UID, JailBox, JailSettings, reap_stale
 from ..boxes.jail_box import start as start_jail_box
 from ..errors import InvalidConfigError, ProviderUnavailableError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, AgentBackedProvider
 from .schema import parse_size
 
+log = logging.getLogger("execbox.jail")
 TMP_MAX = 256 * 1024 * 1024
 
 _avail_lock = threading.Lock()
@@ -95,6 +97,7 @@ class JailProvider(AgentBackedProvider):
                                            details={"provider": self.name, "reason": reason})
         cfg = self.config
         rt = runtime.resolve(cfg.get("runtime"))
+        _reap_once()
         use_cgroups = True
         try:
             cgroups.detect()
@@ -186,6 +189,21 @@ class JailProvider(AgentBackedProvider):
         out["trial_box"] = _trial_box(path) if path and out["user_namespaces"]["ok"] else {
             "ok": False, "detail": "skipped: bwrap or user namespaces missing"}
         return out
+
+
+_reaped = False
+
+
+def _reap_once() -> None:
+    """Once per process: remove boxes whose owning execbox process died (crash, SIGKILL)."""
+    global _reaped
+    with _avail_lock:
+        if _reaped:
+            return
+        _reaped = True
+    names = reap_stale()
+    if names:
+        log.warning("jail: removed %d boxes left by dead execbox processes", len(names))
 
 
 def _userns_check() -> dict[str, Any]:
