@@ -1,0 +1,69 @@
+"""Sandbox runtimes: built by `execbox runtime install`, mounted read-only, heavy imports preloaded."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from execbox.boxes import runtime
+from execbox.cli import app
+from tests.conftest import require
+
+from .conftest import make_provider, run
+
+pytestmark = pytest.mark.jail
+
+
+def _has_sci() -> bool:
+    return any(r["name"] == "sci" for r in runtime.list_runtimes())
+
+
+def test_cli_installs_a_runtime_that_boxes_mount_read_only():
+    name = f"t-empty-{os.getpid()}"
+    cli = CliRunner()
+    try:
+        res = cli.invoke(app, ["runtime", "install", "--name", name])
+        assert res.exit_code == 0, res.output
+        assert name in cli.invoke(app, ["runtime", "list"]).output
+        p = make_provider(runtime=name)
+        try:
+            inst = p.create_instance()
+            r = run(p, inst.instance_id, "import sys, json, os\n"
+                                         "try:\n    open(sys.prefix + '/x', 'w')\n    w = 'WROTE'\n"
+                                         "except OSError as e:\n    w = e.strerror\n"
+                                         "print(json.dumps([sys.prefix, sys.executable, w]))")
+            prefix, exe, write = __import__("json").loads(r.stdout)
+            assert prefix == runtime.RUNTIME_MOUNT and exe.startswith(runtime.RUNTIME_MOUNT)
+            assert write in ("Read-only file system", "Permission denied")
+            assert inst.metadata["runtime"] == name
+        finally:
+            p.shutdown()
+    finally:
+        assert cli.invoke(app, ["runtime", "remove", name]).exit_code == 0
+    assert name not in cli.invoke(app, ["runtime", "list"]).output
+
+
+def test_cli_rejects_bad_runtime_names_with_sb002():
+    res = CliRunner().invoke(app, ["runtime", "install", "--name", "../evil", "numpy"])
+    assert res.exit_code == 2 and "SB002" in res.output
+    res = CliRunner().invoke(app, ["runtime", "remove", "never-installed-x"])
+    assert res.exit_code == 2 and "not installed" in res.output
+    with pytest.raises(runtime.RuntimeNotUsable):
+        runtime.install("ok-name", ["--index-url=http://evil"])
+
+
+def test_heavy_packages_are_preloaded_so_user_imports_cost_nothing():
+    require(_has_sci(), "jail runtime 'sci' (scripts/setup/test/20-jail-runtime.sh)")
+    p = make_provider(runtime="sci", preload="auto", max_memory="512m", disk_quota_mb=64)
+    try:
+        inst = p.create_instance()
+        assert set(inst.metadata["preloaded"]) == {"numpy", "pandas", "matplotlib.pyplot"}
+        code = ("import sys\nbefore = 'pandas' in sys.modules\nimport pandas as pd, matplotlib.pyplot as plt\n"
+                "plt.plot(pd.Series([1, 3, 2]))\nprint(before)")
+        r = run(p, inst.instance_id, code, timeout=60)
+        assert r.stdout == "True\n", r.stderr[-500:]
+        assert [a.mime_type for a in r.artifacts] == ["image/png"]  # the figure was saved automatically
+    finally:
+        p.shutdown()
