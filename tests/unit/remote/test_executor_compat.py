@@ -1,0 +1,194 @@
+"""/run mapping, auth and runner errors, in process (real FastAPI app, real local provider)."""
+
+from __future__ import annotations
+
+import base64
+import signal
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from execbox.errors import CodeBlockedError, InstanceCreationError, ProviderUnavailableError
+from execbox.models import ExecutionResult
+from execbox.providers.local import LocalProvider
+from execbox.providers.self_managed import STATUSES, run_response_to_result
+from execbox.service.routes.executor_compat import (
+    ExecutorAuth,
+    classify,
+    create_executor_app,
+    is_loopback,
+    result_to_response,
+)
+
+
+def b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+def res(**kw) -> ExecutionResult:
+    base = {"stdout": "", "stderr": "", "exit_code": 0, "execution_time": 0.01, "metadata": {}}
+    base.update(kw)
+    return ExecutionResult(**base)
+
+
+@pytest.mark.parametrize("result, status, field, value", [
+    (res(), "success", None, None),
+    (res(exit_code=-9, timed_out=True, metadata={"error_code": "SB005"}), "resource_limit_exceeded",
+     "resource_limit_type", "time"),
+    (res(exit_code=-9, metadata={"error_code": "SB006", "signal": 9}), "resource_limit_exceeded",
+     "resource_limit_type", "memory"),
+    (res(truncated=True), "resource_limit_exceeded", "resource_limit_type", "output"),
+    (res(exit_code=-31, metadata={"signal": signal.SIGSYS}), "unauthorized_access", "unauthorized_access_type",
+     "disallowed_syscall"),
+    (res(exit_code=-11, metadata={"signal": 11}), "runtime_error", "runtime_error_type", "signalled"),
+    (res(exit_code=2, stderr="boom\n"), "program_error", "runtime_error_type", "nonzero_exit"),
+    (res(exit_code=1, stderr="PermissionError: [Errno 13] Permission denied: '/x'\n"), "unauthorized_access",
+     "unauthorized_access_type", "file_access"),
+    (res(exit_code=1, stderr="OSError: [Errno 101] Network is unreachable\n"), "unauthorized_access",
+     "unauthorized_access_type", "network_access"),
+])
+def test_classify_every_status(result, status, field, value):
+    out = classify(result)
+    assert out["status"] == status
+    if field:
+        assert out[field] == value
+    assert set(out) == {"status", "resource_limit_type", "unauthorized_access_type", "runtime_error_type",
+                        "detail"}
+
+
+def test_response_round_trips_through_the_client_mapping():
+    r = res(stdout="x\n", result={"a": [1]}, metadata={"result_present": True, "result_type": "dict",
+                                                       "peak_memory_kb": 2048, "isolation": "jail"})
+    body = result_to_response(r)
+    back = run_response_to_result(body, provider="self_managed", instance_id="i", wall=0.02,
+                                  default_isolation="container")
+    assert back.result == {"a": [1]} and back.stdout == "x\n"
+    assert back.metadata["peak_memory_kb"] == 2048.0 and back.metadata["isolation"] == "jail"
+
+
+def test_client_maps_ragflow_executor_answers():
+    """Bodies exactly as RAGFlow's executor_manager sends them (no isolation, no error object)."""
+    common = {"stdout": "", "stderr": "", "detail": None, "time_used_ms": 5.0, "memory_used_kb": None,
+              "resource_limit_type": None, "unauthorized_access_type": None, "runtime_error_type": None}
+    kw = {"provider": "self_managed", "instance_id": "i", "wall": 0.1, "default_isolation": "container"}
+    t = run_response_to_result({**common, "status": "resource_limit_exceeded", "exit_code": -124,
+                                "stderr": "Execution timeout", "resource_limit_type": "time"}, **kw)
+    assert t.timed_out and t.error_code == "SB005" and t.metadata["isolation"] == "container"
+    m = run_response_to_result({**common, "status": "resource_limit_exceeded", "exit_code": -137,
+                                "resource_limit_type": "memory"}, **kw)
+    assert m.error_code == "SB006"
+    u = run_response_to_result({**common, "status": "unauthorized_access", "exit_code": 1,
+                                "unauthorized_access_type": "file_access"}, **kw)
+    assert u.error_code == "SB007"
+    ok = run_response_to_result({**common, "status": "success", "exit_code": 0, "stdout": "hi\n",
+                                 "artifacts": [], "result": {"present": True, "value": 3, "type": "json"}}, **kw)
+    assert ok.ok and ok.result == 3
+    with pytest.raises(InstanceCreationError):
+        run_response_to_result({**common, "status": "program_runner_error", "exit_code": -10,
+                                "stderr": "Container pool is busy", "detail": "no_available_container"}, **kw)
+    with pytest.raises(CodeBlockedError):
+        run_response_to_result({**common, "status": "program_runner_error", "exit_code": -999,
+                                "stderr": "Line 1: import os", "detail": "Code is unsafe"}, **kw)
+    with pytest.raises(ProviderUnavailableError):
+        run_response_to_result({**common, "status": "weird"}, **kw)
+    assert len(STATUSES) == 6
+
+
+@pytest.fixture(scope="module")
+def local():
+    p = LocalProvider()
+    p.initialize({"enable_ast_analysis": True, "blocked_imports": ["socket"]})
+    yield p
+    p.shutdown()
+
+
+def test_static_token_auth(local):
+    app = create_executor_app(local, auth=ExecutorAuth(token="tok-123456"), owns_provider=False)
+    c = TestClient(app)
+    body = {"code_b64": b64("print(1)"), "language": "python"}
+    r = c.post("/run", json=body)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "SB002"
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert c.post("/run", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+    ok = c.post("/run", json=body, headers={"Authorization": "Bearer tok-123456"})
+    assert ok.status_code == 200 and ok.json()["stdout"] == "1\n"
+
+
+def test_bind_decides_openness():
+    assert ExecutorAuth.for_bind("127.0.0.1").open is True
+    assert ExecutorAuth.for_bind("::1").open is True
+    assert ExecutorAuth.for_bind("0.0.0.0").open is False
+    assert ExecutorAuth.for_bind("0.0.0.0", allow_unauthenticated=True).open is True
+    assert ExecutorAuth.for_bind("127.0.0.1", token="t").open is False  # a token is always required once set
+    assert is_loopback("localhost") and not is_loopback("10.0.0.1")
+
+
+def test_blocked_code_is_a_runner_error_like_ragflow(local):
+    c = TestClient(create_executor_app(local, owns_provider=False))
+    r = c.post("/run", json={"code_b64": b64("import socket\n"), "language": "python"})
+    assert r.status_code == 400
+    body = r.json()
+    assert body["status"] == "program_runner_error" and body["detail"] == "Code is unsafe"
+    assert body["stderr"].startswith("Line 1:") and body["error"]["code"] == "SB007"
+
+
+class Broken:
+    def current(self):
+        raise ProviderUnavailableError("every provider is down", details={"reasons": {}})
+
+    def candidates(self):
+        return []
+
+
+def test_provider_unavailable_is_503_with_run_shape(local):
+    app = create_executor_app(local, owns_provider=False)
+    app.state.providers = Broken()
+    c = TestClient(app)
+    r = c.post("/run", json={"code_b64": b64("print(1)")})
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "program_runner_error" and body["error"]["code"] == "SB009"
+    assert body["exit_code"] == -999
+    h = c.get("/healthz")
+    assert h.status_code == 503 and h.json()["status"] == "unavailable"
+
+
+def test_oversized_body_is_413(local):
+    c = TestClient(create_executor_app(local, owns_provider=False))
+    r = c.post("/run", content=b"{" + b" " * (33 * 1024 * 1024) + b"}", headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "SB002"
+
+
+def test_inside_execbox_serve_run_needs_a_store_token(local, tmp_path):
+    from execbox.service.app import create_app
+    from execbox.service.config import ServiceSettings
+    from execbox.service.routes.executor_compat import StaticProviders
+    from execbox.service.store import open_store
+
+    store = open_store(data_dir=str(tmp_path / "data"))
+    _, token = store.tokens.create("tenant-x")
+    app = create_app(store=store, providers=StaticProviders(local),
+                     settings=ServiceSettings().with_(workspaces_dir=str(tmp_path / "ws")))
+    with TestClient(app) as c:
+        body = {"code_b64": b64("def main():\n    return 'served'\n"), "language": "python"}
+        assert c.post("/run", json=body).status_code == 401
+        r = c.post("/run", json=body, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["result"]["value"] == "served"
+        assert c.get("/healthz").json()["status"] == "ok"
+
+
+def test_cli_refuses_public_bind_without_token():
+    from execbox.cli import app
+
+    r = CliRunner().invoke(app, ["executor", "--host", "0.0.0.0", "--provider", "local"], env={})
+    assert r.exit_code == 2
+    assert "without authentication" in r.output
+
+
+def test_cli_refuses_no_isolation_on_public_bind():
+    from execbox.cli import app
+
+    r = CliRunner().invoke(app, ["executor", "--host", "0.0.0.0", "--provider", "local", "--token", "t"], env={})
+    assert r.exit_code == 2
+    assert "no isolation" in r.output
