@@ -28,12 +28,12 @@ function headers(extra = {}) {
   return out;
 }
 
-async function failure(res) {
+async function failure(res, stored = true) {
   let body = null;
   try { body = await res.json(); } catch { /* not JSON */ }
   const err = new ApiError(res.status, body);
   if (!body || !body.error) err.message = `${res.status} ${res.statusText || "error"} from the server`;
-  if (res.status === 401) auth.onRejected(err);
+  if (res.status === 401 && stored) auth.onRejected(err);  // the saved token stopped working
   return err;
 }
 
@@ -48,7 +48,7 @@ export async function api(method, path, body, { token } = {}) {
   } catch (e) {
     throw new ApiError(0, { error: { code: "", message: `cannot reach the server: ${e.message}` } });
   }
-  if (!res.ok) throw await failure(res);
+  if (!res.ok) throw await failure(res, !token);
   return res.status === 204 ? null : res.json();
 }
 

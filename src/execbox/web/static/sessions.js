@@ -48,5 +48,5 @@ function paint(el, sessions, refresh) {
         } catch (err) {
           await refresh(notice("error", `Not destroyed: ${describeError(err)}`));
         }
-      }))))))));
+      })))))));
 }

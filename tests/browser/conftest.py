@@ -1,0 +1,176 @@
+"""Browser tests: a real `execbox serve` subprocess on a loopback port (temp data dir, jail
+provider) driven by Debian's Chromium through Playwright.
+
+Playwright never downloads a browser here: scripts/setup/test/50-browser.sh installs the
+`chromium` package and the tests launch /usr/bin/chromium via executable_path, with a fresh
+temporary profile per launch. Screenshots land in test-artifacts/browser/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import require
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WIDTHS = {"desktop": (1280, 900), "mobile": (390, 844)}
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
+RUNTIME = "sci"  # jail runtime with numpy, pandas, matplotlib (scripts/setup/test/20-jail-runtime.sh)
+
+
+@dataclass
+class Server:
+    url: str
+    admin_token: str
+    admin_id: str
+    data_dir: str
+    log: Path
+
+    def api(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120,
+                            headers={"Authorization": f"Bearer {token or self.admin_token}"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def jail_ready() -> None:
+    from execbox.boxes import runtime
+    from execbox.providers.jail import JailProvider
+
+    ok, reason = JailProvider.availability()
+    require(ok, f"bubblewrap jail ({reason})")
+    try:
+        runtime.resolve(RUNTIME)
+        has_runtime = True
+    except runtime.RuntimeNotUsable:
+        has_runtime = False
+    require(has_runtime, f"jail runtime {RUNTIME!r} (scripts/setup/test/20-jail-runtime.sh)")
+
+
+@pytest.fixture(scope="session")
+def server(jail_ready: None) -> Iterator[Server]:
+    """`python -m execbox serve` with its own data dir and a pre-made admin token."""
+    from execbox.service.store import open_store
+
+    data_dir = tempfile.mkdtemp(prefix="execbox-browser-")
+    store = open_store(data_dir=data_dir)
+    rec, token = store.tokens.create("default", "admin", "browser tests")
+    close = getattr(store, "close", None)
+    if close:
+        close()
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SANDBOX_") and k != "EXECBOX_DATABASE_URL"}
+    env["EXECBOX_DATA_DIR"] = data_dir
+    log = Path(data_dir) / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "execbox", "serve", "--host", "127.0.0.1",
+                                 "--port", str(port), "--log-level", "warning"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"execbox serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"execbox serve did not answer /healthz within 90 s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+    try:
+        yield Server(url, token, rec.id, data_dir, log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    require(os.access(CHROMIUM, os.X_OK), f"Debian chromium at {CHROMIUM} (scripts/setup/test/50-browser.sh)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        # launch() runs Chromium on a fresh temporary profile (its own --user-data-dir), removed on close.
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any, server: Server) -> Iterator[Any]:
+    """A fresh browser context (no storage carried over) at desktop width."""
+    w, hgt = WIDTHS["desktop"]
+    context = browser.new_context(viewport={"width": w, "height": hgt}, base_url=server.url)
+    context.set_default_timeout(30_000)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        yield pg
+    finally:
+        context.close()
+    # Failed fetches (HTTP 4xx the test provoked) are logged by Chromium as console errors; script errors are bugs.
+    assert not [e for e in errors if "Failed to load resource" not in e], errors
+
+
+@pytest.fixture
+def signed_in(page: Any, server: Server) -> Any:
+    sign_in(page, server.admin_token)
+    return page
+
+
+def sign_in(page: Any, token: str) -> None:
+    page.goto("/admin/")
+    page.fill("#token", token)
+    page.get_by_role("button", name="Sign in").click()
+    page.locator("#nav").wait_for(state="visible")
+
+
+@pytest.fixture(scope="session")
+def screenshot() -> Callable[[Any, str], None]:
+    """Save the page at both widths and check nothing overflows sideways at 390 px."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    def take(page: Any, name: str) -> None:
+        for label, (w, hgt) in WIDTHS.items():
+            page.set_viewport_size({"width": w, "height": hgt})
+            page.wait_for_timeout(50)
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{name} at {w}px scrolls sideways by {overflow}px"
+            page.screenshot(path=str(ARTIFACTS / f"{name}-{label}-{w}.png"), full_page=True)
+        page.set_viewport_size({"width": WIDTHS["desktop"][0], "height": WIDTHS["desktop"][1]})
+
+    return take
