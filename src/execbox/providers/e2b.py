@@ -387,6 +387,25 @@ class E2BProvider(SandboxProvider):
         return FileInfo(path=check_syntax(path), size=len(data), is_dir=False, modified=time.time())
 
 
+    def write_files(self, instance_id: str, files: dict[str, str | bytes]) -> list[FileInfo]:
+        """All files in one upload request: envd writes the whole multipart body or fails it."""
+        sandbox = self._get(instance_id)
+        entries, infos = [], []
+        for path, content in files.items():
+            data = content.encode() if isinstance(content, str) else content
+            if not isinstance(data, bytes):
+                raise InvalidConfigError("content must be str or bytes", details={"field": "content", "path": path})
+            entries.append({"path": self._abs(path), "data": data})
+            infos.append(FileInfo(path=check_syntax(path), size=len(data), is_dir=False, modified=time.time()))
+        if not entries:
+            return []
+        try:
+            sandbox.files.write_files(entries)
+        except Exception as e:  # noqa: BLE001
+            raise self._map_error(e, "write files") from e
+        return infos
+
+
 def _check_inputs(code: Any, arguments: Any, timeout: Any) -> None:
     if not isinstance(code, str):
         raise InvalidConfigError("code must be a string", details={"field": "code"})
