@@ -45,10 +45,12 @@ async def sandbox_error(request: Request, exc: Exception) -> JSONResponse:
     _count(request, exc.code)
     status = exc.http_status if 400 <= exc.http_status <= 599 else 500
     headers = {"Retry-After": "1"} if status in (429, 503) else None
-    if status >= 500:
+    body = exc.to_dict()
+    trace = body["error"]["details"].pop("traceback", None)  # internals stay in the server log
+    if status >= 500 or trace:
         log.warning("%s answered %s: %s", request.url.path, status, exc.message,
-                    extra={"fields": {"code": exc.code, "path": request.url.path}})
-    return JSONResponse(exc.to_dict(), status_code=status, headers=headers)
+                    extra={"fields": {"code": exc.code, "path": request.url.path, "traceback": trace}})
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def validation_error(request: Request, exc: Exception) -> JSONResponse:
