@@ -13,7 +13,6 @@ import itertools
 import logging
 import os
 import secrets
-import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,14 +55,13 @@ def boxes_dir() -> str:
 class JailBox(ProcessBox):
     isolation = "jail"
 
-    def __init__(self, name: str, proc: subprocess.Popen, workspace: str | None, limits: dict[str, Any],
-                 cgroup: cgroups.BoxCgroup | None, box_dir: str, quota_image: str | None,
-                 bound: str | None = None) -> None:
-        super().__init__(name, proc, workspace, limits)
+    def __init__(self, name: str, proc: subprocess.Popen, ws: Workspace, limits: dict[str, Any],
+                 cgroup: cgroups.BoxCgroup | None, box_dir: str) -> None:
+        super().__init__(name, proc, ws.host_path, limits)
+        self.ws = ws
         self.cgroup = cgroup
         self.box_dir = box_dir
-        self.quota_image = quota_image
-        self.bound = bound  # host bind mount of a caller's workspace inside box_dir
+        self.keep_workspace = ws.caller_dir is not None
         self.started_at = time.time()
         self.survivors: list[int] = []
 
@@ -80,14 +78,7 @@ class JailBox(ProcessBox):
     def cleanup(self) -> None:
         if self.cgroup is not None and not self.cgroup.remove():
             log.error("box %s: cgroup %s could not be removed", self.name, self.cgroup.name)
-        if self.bound is not None:
-            quota.unmount(self.bound)
-        if self.quota_image is not None:
-            if self.keep_workspace:
-                log.warning("box %s: a quota workspace cannot outlive its box; removing it", self.name)
-            quota.destroy(self.quota_image, self.workspace or "")
-        elif self.workspace and not self.keep_workspace and self.bound is None:
-            shutil.rmtree(self.workspace, ignore_errors=True)
+        self.ws.teardown()  # a caller's workspace (and its image) stays; the box's own goes
         remove_box_dir(self.box_dir)
 
     def info(self) -> dict[str, Any]:
@@ -118,6 +109,67 @@ def _preexec(cg: cgroups.BoxCgroup | None, uid: int | None):
     return run
 
 
+class Workspace:
+    """The host side of a box's /workspace: which directory bwrap binds and what to undo.
+
+    * no caller dir, root: a fresh ext4 image in the box dir (deleted with the box);
+    * caller dir, root: a persistent image ``<dir>/.execbox-workspace.img`` (quota, survives
+      the box so a recreated box finds its files), also bound onto ``<dir>`` while the box
+      lives so the host sees the files in place;
+    * not root: the caller dir bound as is (no quota), or a bwrap ``--size`` tmpfs.
+    """
+
+    def __init__(self, box_dir: str, caller_dir: str | None) -> None:
+        self.box_dir = box_dir
+        self.caller_dir = caller_dir
+        self.mount_dir = os.path.join(box_dir, "workspace")
+        self.bind_src: str | None = None  # what bwrap binds on /workspace (None: a tmpfs)
+        self.image: str | None = None
+        self.persistent = False
+        self.host_view: str | None = None
+        self.loop = False
+
+    def setup(self, size: int, owner: int | None) -> None:
+        uid = owner if owner is not None else os.getuid()
+        loop_ok = quota.loop_quota_possible()[0]
+        if self.caller_dir is None:
+            if loop_ok:
+                self.image = os.path.join(self.box_dir, "workspace.img")
+                quota.create(self.image, self.mount_dir, size, uid)
+                self.loop = True
+                self.bind_src = self.mount_dir
+            return
+        os.makedirs(self.caller_dir, exist_ok=True)
+        if loop_ok:
+            self.image = os.path.join(self.caller_dir, quota.PERSISTENT_IMAGE)
+            self.persistent = True
+            quota.attach_persistent(self.image, self.mount_dir, size, uid, seed_dir=self.caller_dir)
+            self.loop = True
+            with open(os.path.join(self.box_dir, "host_view"), "w", encoding="utf-8") as f:
+                f.write(self.caller_dir)
+            quota.bind(self.mount_dir, self.caller_dir)
+            self.host_view = self.caller_dir
+            self.bind_src = self.mount_dir
+        else:
+            self.bind_src = self.caller_dir
+
+    @property
+    def host_path(self) -> str | None:
+        """Where the host sees the workspace's files (None: only inside the box)."""
+        return self.caller_dir or (self.mount_dir if self.loop else None)
+
+    def teardown(self) -> None:
+        if self.host_view is not None:
+            quota.unmount(self.host_view)
+            self.host_view = None
+        if self.loop:
+            if self.persistent:
+                quota.unmount(self.mount_dir)
+            else:
+                quota.destroy(self.image or "", self.mount_dir)
+            self.loop = False
+
+
 def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     """Start one box with its agent ready (raises on any failure, leaving nothing behind)."""
     name = f"jail-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
@@ -126,28 +178,18 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     root = os.geteuid() == 0
     uid = HOST_UID if (root and settings.drop_uid) else None
     cg: cgroups.BoxCgroup | None = None
-    quota_image: str | None = None
-    ws_host: str | None = workspace
+    ws = Workspace(box_dir, workspace)
     seccomp_fd: int | None = None
-    bound: str | None = None
     try:
         if settings.use_cgroups:
             cg = cgroups.BoxCgroup.create(name, cgroups.Limits(settings.memory_bytes, settings.pids,
                                                                settings.cpus))
-        if workspace is None and quota.loop_quota_possible()[0]:
-            ws_host = os.path.join(box_dir, "workspace")
-            quota_image = os.path.join(box_dir, "workspace.img")
-            quota.create(quota_image, ws_host, settings.disk_bytes, uid if uid is not None else os.getuid())
-        elif workspace is not None and uid is not None:
-            # The box uid may not be able to traverse the caller's path: bind it into the box dir.
-            _own_tree(workspace, uid)
-            ws_host = bound = os.path.join(box_dir, "workspace")
-            quota.bind(workspace, bound)
+        ws.setup(settings.disk_bytes, uid)
         seccomp_fd = seccomp.bpf_fd()
         limits = {"memory_bytes": settings.memory_bytes, "fsize_bytes": settings.disk_bytes, "nofile": 1024}
         spec = bwrap.BoxSpec(
             runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=settings.etc_dir,
-            env=bwrap.box_env(), agent_limits=limits, seccomp_fd=seccomp_fd, workspace_host=ws_host,
+            env=bwrap.box_env(), agent_limits=limits, seccomp_fd=seccomp_fd, workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
         )
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
@@ -163,19 +205,14 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     except BaseException:
         if seccomp_fd is not None:
             os.close(seccomp_fd)
-        if bound is not None:
-            quota.unmount(bound)
         if cg is not None:
             cg.kill_all()
             cg.remove()
-        if quota_image is not None:
-            quota.destroy(quota_image, ws_host or "")
+        ws.teardown()
         remove_box_dir(box_dir)
         raise
     os.close(seccomp_fd)
-    box = JailBox(name, proc, workspace if bound else ws_host, limits, cg, box_dir, quota_image, bound)
-    if workspace is not None:
-        box.keep_workspace = True
+    box = JailBox(name, proc, ws, limits, cg, box_dir)
     try:
         box.client.wait_ready(READY_TIMEOUT)
     except Exception as e:
@@ -218,8 +255,18 @@ def reap_stale() -> list[str]:
                 cg.kill_all()
                 cg.remove()
         box_dir = os.path.join(root, name)
+        try:
+            with open(os.path.join(box_dir, "host_view"), encoding="utf-8") as f:
+                quota.unmount(f.read().strip())
+        except OSError:
+            pass
         ws = os.path.join(box_dir, "workspace")
         quota.unmount(ws)
+        for img in ("workspace.img",):
+            try:
+                os.unlink(os.path.join(box_dir, img))
+            except OSError:
+                pass
         remove_box_dir(box_dir)
         reaped.append(name)
     return reaped
@@ -251,18 +298,6 @@ def remove_box_dir(box_dir: str) -> None:
         os.rmdir(box_dir)
     except OSError as e:
         log.error("cannot remove box dir %s: %s", box_dir, e)
-
-
-def _own_tree(path: str, uid: int) -> None:
-    """Hand a caller-provided workspace to the box uid (files the host wrote there too)."""
-    os.makedirs(path, exist_ok=True)
-    for dirpath, dirnames, filenames in os.walk(path):
-        for n in [*dirnames, *filenames]:
-            try:
-                os.lchown(os.path.join(dirpath, n), uid, uid)
-            except OSError:
-                pass
-    os.chown(path, uid, uid)
 
 
 def _tail(path: str, limit: int = 400) -> str:

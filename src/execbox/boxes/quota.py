@@ -17,6 +17,10 @@ MOUNT = "/usr/bin/mount"
 UMOUNT = "/usr/bin/umount"
 
 
+PERSISTENT_IMAGE = ".execbox-workspace.img"
+LOSETUP = "/usr/sbin/losetup"
+
+
 class QuotaUnavailable(RuntimeError):
     pass
 
@@ -57,8 +61,38 @@ def create(image: str, mountpoint: str, size_bytes: int, owner: int) -> None:
     os.chmod(mountpoint, 0o700)
 
 
+def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, seed_dir: str) -> None:
+    """Mount a caller workspace's image (created on first use), moving in files found beside it.
+
+    The image lives inside the caller's directory, so it survives the box and goes when the
+    service deletes the session directory. It is refused while another loop device still
+    holds it: mounting one ext4 image twice would corrupt it.
+    """
+    if os.path.exists(image):
+        proc = subprocess.run([LOSETUP, "-j", image], stdout=subprocess.PIPE, text=True,  # noqa: S603
+                              stderr=subprocess.DEVNULL, timeout=30)
+        if proc.stdout.strip():
+            raise QuotaUnavailable(f"workspace {seed_dir} is still mounted by another box")
+        os.makedirs(mountpoint, exist_ok=True)
+        _run([MOUNT, "-o", "loop,nosuid,nodev,noatime", "-t", "ext4", "--", image, mountpoint])
+    else:
+        create(image, mountpoint, size_bytes, owner)
+    try:
+        for name in os.listdir(seed_dir):
+            if name != PERSISTENT_IMAGE:
+                shutil.move(os.path.join(seed_dir, name), os.path.join(mountpoint, name))
+        for dirpath, dirnames, filenames in os.walk(mountpoint):
+            for n in [*dirnames, *filenames]:
+                os.lchown(os.path.join(dirpath, n), owner, owner)
+        os.chown(mountpoint, owner, owner)
+        os.chmod(mountpoint, 0o700)
+    except BaseException:
+        unmount(mountpoint)
+        raise
+
+
 def bind(source: str, mountpoint: str) -> None:
-    """Bind-mount a caller's workspace (root only) where the box uid can reach it."""
+    """Bind-mount ``source`` on ``mountpoint`` (root only)."""
     os.makedirs(mountpoint, exist_ok=True)
     _run([MOUNT, "--bind", "-o", "nosuid,nodev", "--", source, mountpoint])
 

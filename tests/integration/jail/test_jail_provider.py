@@ -101,15 +101,25 @@ def test_destroy_removes_cgroup_workspace_and_processes(jail):
     assert not os.path.exists(box_dir) and not (ws and os.path.ismount(ws))
 
 
-def test_caller_workspace_is_kept_after_destroy(jail, tmp_path):
+def test_caller_workspace_has_a_quota_and_survives_its_box(jail, tmp_path):
     ws = tmp_path / "session-ws"
     ws.mkdir()
     (ws / "seed.txt").write_text("from host")
     inst = jail.create_instance(session_id="s1", workspace=str(ws))
     r = run(jail, inst.instance_id, "print(open('seed.txt').read()); open('made.txt','w').write('by box')")
     assert r.stdout == "from host\n"
+    assert (ws / "made.txt").read_text() == "by box"  # the host sees the files in place
+    r = run(jail, inst.instance_id, "import os\ntry:\n    for n in ('b1', 'b2'):\n"
+                                    "        open(n, 'wb').write(os.urandom(20 << 20))\n"
+                                    "except OSError as e:\n    print(e.strerror)\nos.remove('b1')")
+    assert r.stdout.strip() == "No space left on device"  # 32 MB quota
     jail.destroy_instance(inst.instance_id)
-    assert (ws / "made.txt").read_text() == "by box" and (ws / "seed.txt").exists()
+    # a new box for the same session finds everything (kept in the session's workspace image)
+    again = jail.create_instance(session_id="s1", workspace=str(ws))
+    r = run(jail, again.instance_id, "import os; print(sorted(os.listdir('.')))")
+    assert "made.txt" in r.stdout and "seed.txt" in r.stdout
+    jail.destroy_instance(again.instance_id)
+    assert ws.is_dir()
 
 
 def test_warm_pool_hands_each_box_out_once_and_refills():
