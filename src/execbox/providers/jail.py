@@ -184,6 +184,11 @@ class JailProvider(AgentBackedProvider):
             out["runtime_system"] = {"ok": True, "detail": runtime.system_runtime().python}
         except runtime.RuntimeNotUsable as e:
             out["runtime_system"] = {"ok": False, "detail": str(e)}
+        try:
+            names = [str(r["name"]) for r in runtime.list_runtimes()]
+            out["runtimes"] = {"ok": True, "detail": ", ".join(names)}
+        except (OSError, ValueError) as e:
+            out["runtimes"] = {"ok": False, "detail": f"cannot list runtimes: {e}"}
         out["host_uid"] = {"ok": True, "detail": (f"boxes run as host uid {HOST_UID}" if os.geteuid() == 0
                                                   else f"boxes run as the service uid {os.geteuid()}")}
         out["trial_box"] = _trial_box(path) if path and out["user_namespaces"]["ok"] else {
