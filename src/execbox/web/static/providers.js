@@ -136,14 +136,12 @@ function paintEditor(el, refresh, message = null) {
     try {
       await api("PUT", "/api/admin/sandbox/active", { provider: p.id });
       await refresh();
-      paintEditor(el, refresh, notice("ok", `${p.name} is now the active provider.`));
-      return;
+      paintEditor(el, refresh, notice("ok", `${p.name} is now the active provider.`));  // fresh buttons
     } catch (err) {
-      clear(status, notice("error", err.status === 409
-        ? `${p.name} cannot be set active yet: ${err.message}. Save its configuration first. (${err.code})`
-        : `Not switched: ${describeError(err)}`));
-    } finally {
       busy(false);
+      clear(status, notice("error", err.status === 409
+        ? `${p.name} cannot be set active yet: ${err.message}. Save a valid configuration for it first. (${err.code})`
+        : `Not switched: ${describeError(err)}`));
     }
   }
 
