@@ -113,6 +113,10 @@ def _detect() -> Layout:
                 if ctrl == "freezer":
                     continue
                 raise CgroupUnavailable(f"cannot create {parent}: {e.strerror}") from None
+            if not os.access(parent, os.W_OK):
+                if ctrl == "freezer":
+                    continue
+                raise CgroupUnavailable(f"{parent} is not writable by uid {os.geteuid()}")
             parents[ctrl] = parent
         missing = [c for c in ("memory", "pids", "cpu") if c not in parents]
         if missing:
@@ -153,6 +157,8 @@ def _prepare_v2(mount: str, own: str) -> str:
         except OSError as e2:
             raise CgroupUnavailable(f"cannot enable controllers in {base}: {e2.strerror}") from None
     parent = os.path.join(base, PARENT_NAME)
+    if not os.access(base, os.W_OK):
+        raise CgroupUnavailable(f"{base} is not writable by uid {os.geteuid()} (delegate it)")
     try:
         os.makedirs(parent, exist_ok=True)
         _write(os.path.join(parent, "cgroup.subtree_control"), enable)

@@ -236,7 +236,7 @@ def reap_stale() -> list[str]:
     root = boxes_dir()
     try:
         names = os.listdir(root)
-    except FileNotFoundError:
+    except OSError:
         return reaped
     layout = None
     try:
