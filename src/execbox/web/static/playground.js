@@ -25,7 +25,7 @@ def main(n=5):
   bash: `echo "hello from $(uname -s)"\nls -la\n`,
 };
 
-const form = { language: "python", code: EXAMPLES.python, args: '{"n": 5}', tenant: "", session: "" };
+const form = { language: "python", code: EXAMPLES.python, args: '{"n": 5}', tenant: "", session: "", timeout: "" };
 const objectUrls = [];
 
 export async function render(root) {
@@ -41,6 +41,8 @@ export async function render(root) {
     placeholder: "your token's tenant", "aria-describedby": ids("scope-help") });
   const session = h("input", { id: ids("session"), type: "text", spellcheck: "false", value: form.session,
     placeholder: "empty: one-shot run", "aria-describedby": ids("scope-help") });
+  const timeout = h("input", { id: ids("timeout"), type: "number", min: "0.1", step: "any", inputmode: "decimal",
+    placeholder: "provider default", value: form.timeout, "aria-describedby": ids("scope-help") });
   const run = h("button", { type: "submit", id: ids("run") }, "Run");
   const stop = h("button", { type: "button", class: "secondary", id: ids("stop"), disabled: true }, "Stop");
   const status = h("p", { id: ids("status"), class: "run-status", role: "status" }, "Ready.");
@@ -53,7 +55,7 @@ export async function render(root) {
     if (code.value === EXAMPLES[form.language]) code.value = EXAMPLES[language.value];
     form.language = language.value;
   });
-  for (const [el, key] of [[code, "code"], [args, "args"], [tenant, "tenant"], [session, "session"]]) {
+  for (const [el, key] of [[code, "code"], [args, "args"], [tenant, "tenant"], [session, "session"], [timeout, "timeout"]]) {
     el.addEventListener("input", () => { form[key] = el.value; });
   }
   let controller = null;
@@ -83,6 +85,7 @@ export async function render(root) {
     if (parsed) body.arguments = parsed;
     if (tenant.value.trim()) body.tenant_id = tenant.value.trim();
     if (session.value.trim()) body.session_id = session.value.trim();
+    if (timeout.value.trim()) body.timeout = Number(timeout.value);
     for (const url of objectUrls.splice(0)) URL.revokeObjectURL(url);
     clear(output); clear(result); clear(artifacts); clear(errorBox);
     run.disabled = true; stop.disabled = false;
@@ -137,9 +140,10 @@ export async function render(root) {
     h("div", { class: "row" },
       h("div", { class: "field" }, h("label", { for: ids("language") }, "Language"), language),
       h("div", { class: "field" }, h("label", { for: ids("tenant") }, "Tenant"), tenant),
-      h("div", { class: "field" }, h("label", { for: ids("session") }, "Session"), session)),
+      h("div", { class: "field" }, h("label", { for: ids("session") }, "Session"), session),
+      h("div", { class: "field" }, h("label", { for: ids("timeout") }, "Timeout (s)"), timeout)),
     h("small", { id: ids("scope-help"), class: "help" },
-      "Leave the session empty for a one-shot run in a fresh box; name one to keep its workspace and see it on the Sessions page. The tenant defaults to your token's."),
+      "Leave the session empty for a one-shot run in a fresh box; name one to keep its workspace and see it on the Sessions page. The tenant defaults to your token's; the timeout to the provider's."),
     h("div", { class: "field" }, h("label", { for: ids("code") }, "Code"), code,
       h("small", { id: ids("code-help"), class: "help" }, "Tab indents, Shift+Tab dedents; press Esc then Tab to leave the editor. Ctrl+Enter runs.")),
     h("div", { class: "field" }, h("label", { for: ids("args") }, "Arguments (JSON)"), args,

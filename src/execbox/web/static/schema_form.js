@@ -96,7 +96,8 @@ export function schemaForm(schema, values) {
     for (const [key, message] of Object.entries(errors || {})) {
       const f = fields[key] || fields[key.split(".")[0]];
       if (!f) { unmatched[key] = message; continue; }
-      f.error.textContent = message;
+      const prefix = `${key}: `;  // provider messages often repeat the field name
+      f.error.textContent = String(message).startsWith(prefix) ? String(message).slice(prefix.length) : message;
       f.row.classList.add("invalid");
       f.input.setAttribute("aria-invalid", "true");
       first = first || f.input;
