@@ -62,6 +62,16 @@ def test_nodejs_main_args(client, node_available):
     assert body["result"]["value"] == "Hello World!Hello World!"
 
 
+def test_nodejs_code_written_for_ragflow(client, node_available):
+    """RAGFlow's handler appends `module.exports = { main };`; code written that way (or with require) works."""
+    require(node_available, "node")
+    code = "const path = require('path');\nfunction main(args) {\n  return path.join(args.a, args.b);\n}\n" \
+           "module.exports = { main };\n"
+    status, body = run(client, code, "nodejs", {"a": "x", "b": "y"})
+    assert status == 200 and body["status"] == "success", body
+    assert body["result"]["value"] == "x/y"
+
+
 def test_no_main_plain_script(client):
     status, body = run(client, "print(6 * 7)")
     assert body["status"] == "success"
