@@ -32,6 +32,13 @@ class FileOpError(Exception):
         self.details = details
 
 
+def _syntax(path: str, field: str) -> str:
+    try:
+        return paths.check_syntax(path)
+    except paths.PathViolation as e:
+        raise FileOpError(str(e), field=field, path=e.path) from None
+
+
 def _resolve(ws: str, path: str, must_exist: bool = False) -> str:
     try:
         return paths.resolve(ws, path, must_exist=must_exist)
@@ -84,7 +91,7 @@ def read_text(ws: str, path: str, offset: int = 0, limit: int = 2000) -> dict[st
     lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
     page = lines[offset : offset + limit]
     return {
-        "path": paths.check_syntax(path),
+        "path": _syntax(path, "path"),
         "content": "".join(page),
         "offset": offset,
         "limit": limit,
@@ -201,7 +208,7 @@ def list_dir(ws: str, path: str = ".", recursive: bool = False) -> list[dict[str
 
 def glob(ws: str, pattern: str, max_results: int = 1000) -> list[str]:
     """Match workspace-relative paths; ``**`` spans directories. Pure Python, no shell."""
-    pat = paths.check_syntax(pattern) if pattern not in ("", ".") else "*"
+    pat = _syntax(pattern, "pattern") if pattern not in ("", ".") else "*"
     regex = _glob_regex(pat)
     root = os.path.realpath(ws)
     out = []
@@ -260,7 +267,7 @@ def grep(
         raise FileOpError(f"invalid regular expression: {e}", field="pattern") from None
     real = _resolve(ws, path, must_exist=True)
     files = [real] if os.path.isfile(real) else [p for p in _walk(ws, real) if os.path.isfile(p)]
-    name_rx = _glob_regex(paths.check_syntax(glob_pattern)) if glob_pattern else None
+    name_rx = _glob_regex(_syntax(glob_pattern, "glob")) if glob_pattern else None
     matches: list[dict[str, Any]] = []
     truncated = False
     for f in files:

@@ -237,3 +237,14 @@ def test_warm_pool_hands_out_fresh_boxes():
         p.destroy_instance(b.instance_id)
     finally:
         p.shutdown()
+
+
+@pytest.mark.parametrize("call", [
+    lambda sb: sb.files.glob("../*"),
+    lambda sb: sb.files.glob("/etc/*"),
+    lambda sb: sb.files.grep("x", glob="../*.py"),
+])
+def test_glob_patterns_are_validated_as_paths(sb, call):
+    with pytest.raises(InvalidConfigError) as ei:
+        call(sb)
+    assert ei.value.code == "SB002" and ei.value.http_status == 400
