@@ -76,6 +76,7 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
     argv += [
         "--proc", "/proc", "--dev", "/dev",
         "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/tmp",
+        "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/dev/shm",
         "--perms", "0755", "--dir", "/opt",
         "--ro-bind", os.path.join(spec.agent_root, AGENT_PACKAGE), f"{AGENT_ROOT_IN_BOX}/{AGENT_PACKAGE}",
     ]

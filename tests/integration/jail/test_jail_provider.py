@@ -142,22 +142,17 @@ def test_warm_pool_hands_each_box_out_once_and_refills():
         p.shutdown()
 
 
-def test_pool_failures_are_visible(monkeypatch):
+def test_pool_failures_are_visible():
     from execbox.boxes import runtime
+    from execbox.boxes.pool import BoxPool
 
-    p = make_provider(pool_size=1)
+    p = make_provider(pool_size=0)
     try:
-        broken = runtime.Runtime("broken", "/usr/bin/no-such-python")
-        p.shutdown()  # stop the healthy pool, restart with a runtime whose python does not exist
-        p2 = make_provider(pool_size=0)
-        p2._settings.runtime = broken
-        from execbox.boxes.pool import BoxPool
-
-        p2._pool = BoxPool(p2.start_box, 1, name="jail")
-        assert wait_for(lambda: p2.pool_status()["failures"] >= 1, timeout=30)
-        status = p2.pool_status()
+        p._settings.runtime = runtime.Runtime("broken", "/usr/bin/no-such-python")  # every start fails
+        p._pool = BoxPool(p.start_box, 1, name="jail")
+        assert wait_for(lambda: p.pool_status()["failures"] >= 1, timeout=30)
+        status = p.pool_status()
         assert status["healthy"] is False and "no-such-python" in status["last_error"]
-        p2.shutdown()
     finally:
         p.shutdown()
 

@@ -181,8 +181,13 @@ print(json.dumps({"forked": n, "error": err}))
 """
     out = json.loads(run(jail, box, code, timeout=30).stdout)
     assert out["error"] == "Resource temporarily unavailable" and out["forked"] < 64  # pids_limit=64
-    r = run(jail, box, ":(){ :|:& };:; sleep 1; echo survived", "bash", timeout=10)
-    assert r.exit_code is not None
+    cg = jail._instances[box].box.cgroup
+    r = run(jail, box, ":(){ :|:& };:; sleep 2", "bash", timeout=10)
+    assert "Resource temporarily unavailable" in r.stderr or r.timed_out
+    if cg.layout.version == 1:
+        events = open(os.path.join(cg.dirs["pids"], "pids.events")).read().split()
+        assert int(events[events.index("max") + 1]) > 0  # the pids limit was what stopped it
+    assert wait_for(lambda: len(cg.pids()) <= 3, timeout=10)  # the run's tree is gone: bwrap + agent
     assert_healthy(jail, box)
 
 
@@ -237,6 +242,24 @@ except OSError as e:
     assert e.value.code == "SB002" and e.value.http_status == 507
     r = run(jail, box, "import os; os.remove('a.bin'); os.remove('b.bin'); open('ok.txt','w').write('fine')")
     assert r.exit_code == 0 and jail.read_file(box, "ok.txt").content.startswith("fine")
+    assert_healthy(jail, box)
+
+
+def test_tmp_and_dev_shm_are_size_capped(jail, box):
+    code = """
+import errno, json
+out = {}
+for d in ("/tmp", "/dev/shm"):
+    try:
+        for n in ("a", "b"):
+            with open(f"{d}/{n}", "wb") as f:
+                f.write(b"\\0" * (20 << 20))
+        out[d] = "WROTE 40MB"
+    except OSError as e:
+        out[d] = errno.errorcode[e.errno]
+print(json.dumps(out))
+"""
+    assert json.loads(run(jail, box, code).stdout) == {"/tmp": "ENOSPC", "/dev/shm": "ENOSPC"}  # 32 MB caps
     assert_healthy(jail, box)
 
 
