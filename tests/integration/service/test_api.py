@@ -101,7 +101,11 @@ def test_copy_is_all_or_nothing(service: Service) -> None:
     assert [f["path"] for f in ok.json()["files"]] == ["in/1.txt", "in/2.bin"]
     bad = c.post(url, json={"files": [{"path": "in/3.txt", "content": "three"},
                                       {"path": "../escape.txt", "content": "no"}]})
-    assert bad.status_code == 400 and error_of(bad)["details"]["field"] == "path"
+    assert bad.status_code == 400 and error_of(bad)["details"]["field"] == "files.1.path"
+    # a failure only the box can see (a file where a directory is): still nothing written
+    bad = c.post(url, json={"files": [{"path": "in/3.txt", "content": "three"},
+                                      {"path": "in/1.txt/x", "content": "no"}]})
+    assert 400 <= bad.status_code < 500, bad.text
     paths = c.post("/v1/sandbox/glob", json={"session_id": "copy-s", "pattern": "in/*"}).json()["paths"]
     assert paths == ["in/1.txt", "in/2.bin"]  # 3.txt was not written
 
