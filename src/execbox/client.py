@@ -177,8 +177,8 @@ class RemoteSandbox:
     """A session on an execbox service: workspace and contexts persist until ``close()``.
 
     ``tenant_id`` defaults to the token's tenant; ``session_id`` to a fresh random id.
-    ``close()`` destroys the session when the token may (admin); otherwise the service's idle
-    reaper (SANDBOX_IDLE_TIMEOUT) frees it.
+    ``close()`` destroys the session when the token is an admin token (DELETE is admin only);
+    otherwise the service's idle reaper (SANDBOX_IDLE_TIMEOUT) frees it.
     """
 
     def __init__(self, url: str, token: str | None = None, *, tenant_id: str | None = None,
@@ -270,10 +270,12 @@ class RemoteSandbox:
         if self.closed:
             return
         try:
-            if self.tenant_id is not None:
-                self._send("DELETE", f"sessions/{self.tenant_id}/{self.session_id}", timeout=10)
-        except SandboxError:
-            pass  # not allowed (tenant token) or unreachable: the idle reaper frees the session
+            me = self._send("GET", "whoami", timeout=10)
+            if me.status_code == 200 and me.json().get("role") == "admin":
+                tenant = self.tenant_id or me.json()["tenant_id"]
+                self._send("DELETE", f"sessions/{tenant}/{self.session_id}", timeout=10)
+        except (SandboxError, ValueError):
+            pass  # tenant token (DELETE is admin only) or unreachable: the idle reaper frees the session
         finally:
             self.closed = True
             if self._owns_client:
@@ -430,9 +432,11 @@ class AsyncRemoteSandbox:
         if self.closed:
             return
         try:
-            if self.tenant_id is not None:
-                await self._send("DELETE", f"sessions/{self.tenant_id}/{self.session_id}", timeout=10)
-        except SandboxError:
+            me = await self._send("GET", "whoami", timeout=10)
+            if me.status_code == 200 and me.json().get("role") == "admin":
+                tenant = self.tenant_id or me.json()["tenant_id"]
+                await self._send("DELETE", f"sessions/{tenant}/{self.session_id}", timeout=10)
+        except (SandboxError, ValueError):
             pass
         finally:
             self.closed = True

@@ -184,3 +184,14 @@ def test_openapi_lists_both_mounts(service: Service, prefix: str) -> None:
     for p in ("execute", "bash", "read", "read_binary", "write", "grep", "glob", "sessions",
               "sessions/{tenant_id}/{session_id}", "sessions/{tenant_id}/{session_id}/copy"):
         assert f"{prefix}/{p}" in paths
+
+
+def test_remote_close_destroys_with_admin_token_and_leaves_reaping_to_tenants(service: Service) -> None:
+    sessions = service.app.state.sessions
+    with RemoteSandbox.create(service.url, service.admin, tenant_id="tenant-b", session_id="closing") as sb:
+        sb.run_code("1")
+        assert sessions.get("tenant-b", "closing") is not None
+    assert sessions.get("tenant-b", "closing") is None
+    with RemoteSandbox.create(service.url, service.tenant_b, session_id="kept") as sb:
+        sb.run_code("1")
+    assert sessions.get("tenant-b", "kept") is not None  # a tenant token may not DELETE: idle reaper frees it
