@@ -174,3 +174,13 @@ def screenshot() -> Callable[[Any, str], None]:
         page.set_viewport_size({"width": WIDTHS["desktop"][0], "height": WIDTHS["desktop"][1]})
 
     return take
+
+
+@pytest.fixture(scope="session")
+def jail_active(server: Server) -> None:
+    """The jail provider with the runtime that has matplotlib, set active (what an operator does)."""
+    with server.api() as api:
+        r = api.post("/api/admin/sandbox/config", json={
+            "provider_type": "jail", "set_active": True,
+            "config": {"runtime": RUNTIME, "max_memory": "512m", "pool_size": 1}})
+        assert r.status_code == 200, r.text

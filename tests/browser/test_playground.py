@@ -4,12 +4,7 @@ rendered inline, timing and isolation tier; bad input answered in words."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
-
-from tests.browser.conftest import RUNTIME, Server
 
 PYTHON = """import time
 import matplotlib.pyplot as plt
@@ -30,17 +25,6 @@ JAVASCRIPT = """function main(args) {
   return { doubled: args.x * 2 };
 }
 """
-
-
-@pytest.fixture(scope="module")
-def jail_active(server: Server) -> Iterator[None]:
-    """The jail provider with the runtime that has matplotlib, set active (what an operator does)."""
-    with server.api() as api:
-        r = api.post("/api/admin/sandbox/config", json={
-            "provider_type": "jail", "set_active": True,
-            "config": {"runtime": RUNTIME, "max_memory": "512m", "pool_size": 1}})
-        assert r.status_code == 200, r.text
-    yield
 
 
 def set_code(page: Any, code: str) -> None:

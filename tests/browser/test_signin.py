@@ -56,3 +56,31 @@ def test_a_revoked_token_sends_the_console_back_to_sign_in(page: Any, server: Se
     page.get_by_text("The server rejected your token").wait_for()
     assert page.locator("#nav").is_hidden()
     assert page.evaluate("sessionStorage.length") == 0
+
+
+def test_console_is_reachable_by_keyboard(signed_in: Any) -> None:
+    page = signed_in
+    page.locator('article[data-provider="jail"]').wait_for()
+    reached = []
+    for _ in range(20):
+        page.keyboard.press("Tab")
+        reached.append(page.evaluate("document.activeElement.textContent.trim()"))
+    assert "Configure Local jail (bubblewrap)" in reached, reached
+    while page.evaluate("document.activeElement.textContent.trim()") != "Configure Local jail (bubblewrap)":
+        page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "editor-title"  # focus moves to the form
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.name") == "timeout"
+
+    page.reload()
+    page.get_by_role("heading", name="Providers").wait_for()
+    names = []
+    for _ in range(7):
+        page.keyboard.press("Tab")
+        names.append(page.evaluate("document.activeElement.textContent.trim()"))
+    assert names[:6] == ["Skip to content", "Providers", "Playground", "Sessions", "Tokens", "Sign out"], names
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Shift+Tab")  # back on "Tokens"
+    page.keyboard.press("Enter")
+    page.get_by_role("heading", level=1, name="Tokens").wait_for()

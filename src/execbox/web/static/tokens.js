@@ -83,7 +83,7 @@ export async function render(root) {
       h("div", { class: "actions" }, h("button", { type: "submit" }, "Create token")),
       created),
     h("section", { class: "card", "aria-labelledby": "tok-list-title" },
-      h("h2", { id: "tok-list-title" }, "Tokens"),
+      h("h2", { id: "tok-list-title" }, "Existing tokens"),
       h("div", { class: "field field-switch" }, showRevoked, h("label", { for: "tok-show-revoked" }, "Show revoked tokens")),
       status, table));
   await refresh();
