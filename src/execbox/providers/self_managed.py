@@ -187,7 +187,10 @@ class SelfManagedProvider(SandboxProvider):
         headers = {"User-Agent": "execbox-self-managed"}
         if clean.get("api_key"):
             headers["Authorization"] = f"Bearer {clean['api_key']}"
-        limits = httpx.Limits(max_connections=int(clean["pool_size"]), max_keepalive_connections=4)
+        # keep-alive shorter than servers' idle close (uvicorn: 5 s), so a pooled connection is
+        # not found closed after the request was written (that would look like a lost request)
+        limits = httpx.Limits(max_connections=int(clean["pool_size"]), max_keepalive_connections=4,
+                              keepalive_expiry=2.0)
         self._client = httpx.Client(base_url=clean["endpoint"].rstrip("/"), headers=headers, limits=limits,
                                     transport=httpx.HTTPTransport(retries=0))
         self._policy = AstPolicy.from_config(None, None) if clean.get("enable_ast_analysis") else None
