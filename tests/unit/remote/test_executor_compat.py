@@ -176,6 +176,13 @@ def test_inside_execbox_serve_run_needs_a_store_token(local, tmp_path):
         r = c.post("/run", json=body, headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200 and r.json()["result"]["value"] == "served"
         assert c.get("/healthz").json()["status"] == "ok"
+        # it went through the service's execution path: counted like any other execution
+        sample = app.state.metrics.registry.get_sample_value(
+            "execbox_executions_total", {"provider": "local", "language": "python", "status": "success"})
+        assert sample == 1.0
+        art = c.post("/run", headers={"Authorization": f"Bearer {token}"}, json={
+            "code_b64": b64("open('artifacts/o.txt', 'w').write('svc')\n"), "language": "python"})
+        assert base64.b64decode(art.json()["artifacts"][0]["content_b64"]) == b"svc"
 
 
 def test_cli_refuses_public_bind_without_token():

@@ -6,7 +6,8 @@ active provider (jail by default) with a fresh box per call, ``memory_used_kb`` 
 failures of the runner itself get a real HTTP status plus the SB error, and the response says
 which ``isolation`` tier ran the code.
 
-Served inside ``execbox serve`` (the provider comes from ``app.state.providers.current()``) and
+Served inside ``execbox serve`` (through the service's one-shot path: ``app.state.executor``, so
+quotas, metrics and the audit log apply; the provider is ``app.state.providers.current()``) and
 standalone by ``create_executor_app`` for ``execbox executor --port 9385``.
 """
 
@@ -258,17 +259,18 @@ class ExecutorAuth:
         return cls(open=not token and (allow_unauthenticated or is_loopback(host)), token=token or None)
 
 
-def authorize(request: Request) -> str:
-    """The tenant a /run request runs as; raises 401 (SB002) without a valid token."""
+def authorize(request: Request) -> tuple[str, str | None]:
+    """(tenant, token id) a /run request runs as; raises 401 (SB002) without a valid token."""
     auth = getattr(request.app.state, "executor_auth", None) or ExecutorAuth()
     if auth.open:
-        return EXECUTOR_TENANT
+        return EXECUTOR_TENANT, None
     if auth.token:
         given = bearer_token(request)
         if given is None or not hmac.compare_digest(given.encode(), auth.token.encode()):
             raise AuthError("missing or invalid bearer token for /run", details={"header": "Authorization"})
-        return EXECUTOR_TENANT
-    return authenticate(request).tenant_id
+        return EXECUTOR_TENANT, None
+    principal = authenticate(request)
+    return principal.tenant_id, principal.token_id
 
 
 # -- provider lookup ------------------------------------------------------------------------------
@@ -299,19 +301,44 @@ def _default_timeout(provider: SandboxProvider) -> float:
     return float(t) if t else sandbox_timeout()
 
 
+def _execute(provider: SandboxProvider, instance_id: str, req: RunRequest, code: str
+             ) -> tuple[ExecutionResult, list[dict[str, Any]], list[str]]:
+    timeout = req.timeout if req.timeout is not None else _default_timeout(provider)
+    result = provider.execute_code(instance_id, code, req.language.value, timeout, req.arguments or {},
+                                   inline_artifacts=True)
+    artifacts, problems = _artifact_items(result)  # while the instance still exists
+    return result, artifacts, problems
+
+
 def run_once(provider: SandboxProvider, req: RunRequest, tenant_id: str) -> dict[str, Any]:
     """One-shot: create an instance, run, read artifacts, always destroy."""
     code = base64.b64decode(req.code_b64).decode("utf-8")
-    language = req.language.value
-    timeout = req.timeout if req.timeout is not None else _default_timeout(provider)
-    inst = provider.create_instance(template=language, tenant_id=tenant_id)
+    inst = provider.create_instance(template=req.language.value, tenant_id=tenant_id)
     try:
-        result = provider.execute_code(inst.instance_id, code, language, timeout, req.arguments or {},
-                                       inline_artifacts=True)
-        artifacts, problems = _artifact_items(result)
+        result, artifacts, problems = _execute(provider, inst.instance_id, req, code)
     finally:
         provider.destroy_instance(inst.instance_id)
     return result_to_response(result, artifacts, problems)
+
+
+def run_in_service(service_executor: Any, req: RunRequest, tenant_id: str, token_id: str | None,
+                   max_code_bytes: int | None) -> dict[str, Any]:
+    """Inside `execbox serve`: the service's one-shot path (quota slot, metrics, audit log)."""
+    from ..executions import RunSpec
+
+    code = base64.b64decode(req.code_b64).decode("utf-8")
+    if max_code_bytes and len(code.encode()) > max_code_bytes:
+        raise PayloadTooLargeError(f"code is larger than {max_code_bytes} bytes",
+                                   details={"field": "code_b64", "max_bytes": max_code_bytes})
+    read: dict[str, Any] = {}
+
+    def call(provider: SandboxProvider, instance_id: str, one_shot: bool, on_output: Any) -> ExecutionResult:
+        result, read["artifacts"], read["problems"] = _execute(provider, instance_id, req, code)
+        return result
+
+    spec = RunSpec(tenant_id, None, "execute_code", req.language.value, code, token_id, call)
+    result = service_executor.run(spec)
+    return result_to_response(result, read.get("artifacts"), read.get("problems"))
 
 
 # -- routes ---------------------------------------------------------------------------------------
@@ -337,7 +364,7 @@ async def healthz(request: Request) -> JSONResponse:
                  "application/json": {"schema": RunRequest.model_json_schema()}}}})
 async def run(request: Request) -> JSONResponse:
     try:
-        tenant_id = authorize(request)
+        tenant_id, token_id = authorize(request)
     except SandboxError as e:
         return JSONResponse(e.to_dict(), status_code=e.http_status, headers={"WWW-Authenticate": "Bearer"})
     length = request.headers.get("content-length")
@@ -357,9 +384,15 @@ async def run(request: Request) -> JSONResponse:
         req = RunRequest.model_validate(payload)
     except ValidationError as e:
         return _validation_response(e.errors(include_url=False, include_input=False))
+    service_executor = getattr(request.app.state, "executor", None)
     try:
-        provider = _current_provider(request)
-        body = await run_in_threadpool(run_once, provider, req, tenant_id)
+        if service_executor is not None:
+            settings = getattr(request.app.state, "settings", None)
+            body = await run_in_threadpool(run_in_service, service_executor, req, tenant_id, token_id,
+                                           getattr(settings, "max_code_bytes", None))
+        else:
+            provider = _current_provider(request)
+            body = await run_in_threadpool(run_once, provider, req, tenant_id)
     except SandboxError as e:
         return runner_error_response(e)
     except Exception as e:  # noqa: BLE001 - report, never drop: a runner bug is still an answer
