@@ -202,8 +202,22 @@ class SessionManager:
         if s.instance_id is None:
             self._create_instance(s, template)
 
+    @contextmanager
+    def _leased(self) -> Iterator[SandboxProvider]:
+        """The current provider, pinned (when the holder supports leases) so a hot reload cannot
+        shut it down between choosing it and creating an instance on it."""
+        lease = getattr(self.providers, "lease", None)
+        if lease is None:
+            yield self.providers.current()
+            return
+        with lease() as prov:
+            yield prov
+
     def _create_instance(self, s: Session, template: str) -> None:
-        prov = self.providers.current()
+        with self._leased() as prov:
+            self._create_on(prov, s, template)
+
+    def _create_on(self, prov: SandboxProvider, s: Session, template: str) -> None:
         kwargs: dict[str, Any] = {"tenant_id": s.tenant_id, "session_id": s.session_id}
         if s.workspace and _accepts_workspace(prov):
             self._make_workspace(s)
@@ -264,16 +278,16 @@ class SessionManager:
     def oneshot(self, tenant_id: str, template: str = "python") -> Iterator[tuple[SandboxProvider, str]]:
         """A fresh instance for one run, always destroyed afterwards."""
         check_name(tenant_id, "tenant_id")
-        prov = self.providers.current()
-        inst = prov.create_instance(template=template, tenant_id=tenant_id)
-        with self._lock:
-            self._oneshots[inst.instance_id] = prov
-        try:
-            yield prov, inst.instance_id
-        finally:
+        with self._leased() as prov:
+            inst = prov.create_instance(template=template, tenant_id=tenant_id)
             with self._lock:
-                self._oneshots.pop(inst.instance_id, None)
-            self._destroy_instance(prov, inst.instance_id)
+                self._oneshots[inst.instance_id] = prov
+            try:
+                yield prov, inst.instance_id
+            finally:
+                with self._lock:
+                    self._oneshots.pop(inst.instance_id, None)
+                self._destroy_instance(prov, inst.instance_id)
 
     # -- admin ------------------------------------------------------------------------------
     def list(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
