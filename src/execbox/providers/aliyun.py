@@ -39,7 +39,16 @@ from ..models import (
     make_instance_id,
 )
 from .base import OutputCallback, SandboxProvider
-from .remote_code import ARTIFACTS_DIR, extract_result, make_artifact, new_marker, wrap_javascript, wrap_python
+from .remote_code import (
+    ARTIFACTS_DIR,
+    extract_result,
+    is_connect_error,
+    make_artifact,
+    mask_secrets,
+    new_marker,
+    wrap_javascript,
+    wrap_python,
+)
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.aliyun")
@@ -56,10 +65,6 @@ ENV_FALLBACKS = {
     "data_endpoint": "AGENTRUN_DATA_ENDPOINT",
 }
 WORKDIR = "/home/user"
-
-
-def _mask(secret: str | None) -> str:
-    return f"...{secret[-4:]}" if secret else ""
 
 
 class AliyunCodeInterpreterProvider(SandboxProvider):
@@ -149,12 +154,12 @@ class AliyunCodeInterpreterProvider(SandboxProvider):
     def _map_error(self, err: Exception, action: str) -> SandboxError:
         from agentrun.utils.exception import ClientError, ResourceNotExistError, ServerError
 
-        text = str(err)
-        for secret in (self.config.get("access_key_secret"), self.config.get("access_key_id")):
-            if secret:
-                text = text.replace(secret, _mask(secret))
+        text = mask_secrets(str(err), [self.config.get("access_key_secret"), self.config.get("access_key_id")])
         details = {"provider": self.name, "action": action, "sdk_error": type(err).__name__}
         status = getattr(err, "status_code", None)
+        if is_connect_error(err):
+            return ConnectionFailedError(f"agentrun is not reachable while trying to {action}: {text}",
+                                         details=details)
         if isinstance(err, ResourceNotExistError) or status == 404:
             return FileNotFoundInSandbox(f"agentrun: not found while trying to {action}: {text}", details=details)
         if status in (401, 403):

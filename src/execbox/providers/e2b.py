@@ -39,7 +39,16 @@ from ..models import (
     make_instance_id,
 )
 from .base import OutputCallback, SandboxProvider
-from .remote_code import ARTIFACTS_DIR, extract_result, make_artifact, new_marker, wrap_javascript, wrap_python
+from .remote_code import (
+    ARTIFACTS_DIR,
+    extract_result,
+    is_connect_error,
+    make_artifact,
+    mask_secrets,
+    new_marker,
+    wrap_javascript,
+    wrap_python,
+)
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.e2b")
@@ -56,10 +65,6 @@ def _sdk() -> Any:
         raise ProviderUnavailableError("the e2b provider needs the e2b-code-interpreter package "
                                        "(pip install e2b-code-interpreter)", details={"missing": "e2b"}) from e
     return e2b_code_interpreter
-
-
-def mask(secret: str | None) -> str:
-    return f"...{secret[-4:]}" if secret else ""
 
 
 class E2BProvider(SandboxProvider):
@@ -138,8 +143,10 @@ class E2BProvider(SandboxProvider):
         """SDK exceptions -> SB errors; the API key never appears (the SDK does not echo it)."""
         from e2b import exceptions as ex
 
-        text = str(err).replace(self.config.get("api_key") or "\0", mask(self.config.get("api_key")))
+        text = mask_secrets(str(err), [self.config.get("api_key")])
         details = {"provider": self.name, "action": action, "sdk_error": type(err).__name__}
+        if is_connect_error(err):
+            return ConnectionFailedError(f"e2b is not reachable while trying to {action}: {text}", details=details)
         if isinstance(err, ex.AuthenticationException):
             return ConnectionFailedError(f"e2b rejected the credentials while trying to {action}: {text}",
                                          details=details)

@@ -83,8 +83,13 @@ def test_bad_remote_config_is_a_json_error():
 @pytest.mark.parametrize("secret_field, provider, config", [
     ("api_key", "e2b", {"api_key": "e2b_supersecret_value_0000", "api_url": "http://127.0.0.1:9",
                         "sandbox_url": "http://127.0.0.1:9"}),
+    ("access_key_secret", "aliyun_codeinterpreter", {
+        "access_key_id": "LTAIunreachable01", "access_key_secret": "agentrun-secret-value-77",
+        "account_id": "1", "template_name": "t", "control_endpoint": "http://127.0.0.1:9",
+        "data_endpoint": "http://127.0.0.1:9"}),
 ])
-def test_unreachable_cloud_error_never_shows_the_secret(secret_field, provider, config):
+def test_unreachable_cloud_is_sb003_and_never_shows_the_secret(secret_field, provider, config):
     code, reply = exec_json({"code": "print(1)", "provider": provider, "config": config})
     assert code == 2 and reply["ok"] is False
+    assert reply["error"]["code"] == "SB003", reply
     assert config[secret_field] not in json.dumps(reply)

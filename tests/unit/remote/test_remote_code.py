@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-from execbox.providers.remote_code import MARK_PREFIX, extract_result, new_marker, wrap_javascript, wrap_python
+from execbox.providers.remote_code import (
+    MARK_PREFIX,
+    extract_result,
+    is_connect_error,
+    mask_secrets,
+    new_marker,
+    wrap_javascript,
+    wrap_python,
+)
 from tests.conftest import require
 
 
@@ -98,3 +106,16 @@ def test_e2b_ignores_artifact_names_that_escape(monkeypatch):
     arts = p._artifacts(Sb(), ["../../etc/passwd", "/abs", "fine.txt"], [])
     assert [a.name for a in arts] == ["fine.txt"]
     assert reads == ["/home/user/artifacts/fine.txt"]
+
+
+def test_mask_secrets_and_connect_error_detection():
+    assert mask_secrets("key e2b_abcdef123456 failed", ["e2b_abcdef123456"]) == "key ...3456 failed"
+    assert mask_secrets("a message about a", ["a"]) == "a message about a"  # too short to be a real secret
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as inner:
+            raise RuntimeError("Unretryable: request failed") from inner
+    except RuntimeError as e:
+        assert is_connect_error(e)
+    assert not is_connect_error(ValueError("bad template"))
