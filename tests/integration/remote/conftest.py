@@ -32,7 +32,8 @@ def server_provider_name() -> str:
 def server_provider() -> Iterator[SandboxProvider]:
     from execbox.providers.registry import create_provider
 
-    p = create_provider(server_provider_name(), {"timeout": 10})
+    name = server_provider_name()
+    p = create_provider(name, {"timeout": 10, **({"max_memory": "256m"} if name == "jail" else {})})
     yield p
     p.shutdown()
 

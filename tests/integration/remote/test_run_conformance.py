@@ -174,6 +174,18 @@ def test_jail_denials_are_unauthorized_access(client):
     assert fs["status"] == "unauthorized_access" and fs["unauthorized_access_type"] == "file_access", fs
 
 
+def test_memory_bomb_is_contained_as_memory_limit(client):
+    """A real OOM kill by the box's memory limit (jail: 256 MiB here), reported like RAGFlow's 137."""
+    require(server_provider_name() == "jail", "jail provider (bubblewrap)")
+    code = "blocks = []\nwhile True:\n    blocks.append(b'x' * (16 * 1024 * 1024))\n"
+    status, body = run(client, code, timeout=20)
+    assert status == 200
+    assert body["status"] == "resource_limit_exceeded" and body["resource_limit_type"] == "memory", body
+    assert body["memory_used_kb"] is None or body["memory_used_kb"] <= 300 * 1024
+    _, after = run(client, "print('still serving')")
+    assert after["stdout"] == "still serving\n"
+
+
 def test_artifacts_inline(client):
     code = ("import csv\n"
             "with open('artifacts/table.csv', 'w', newline='') as f:\n"
