@@ -13,9 +13,12 @@ import itertools
 import logging
 import os
 import secrets
+import signal
 import subprocess
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +32,11 @@ HOST_UID = int(os.environ.get("EXECBOX_JAIL_HOST_UID", "61000"))
 """Host uid/gid boxes run as when execbox is root (no passwd entry needed)."""
 
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-jail-spawn")
+_reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-jail-reap")
 _counter = itertools.count(1)
+_pending_lock = threading.Lock()
+_pending: dict[str, Future] = {}  # box name -> its background teardown
+_pending_ws: dict[str, Future] = {}  # caller workspace dir -> teardown that still holds its image
 
 
 @dataclass
@@ -68,6 +75,43 @@ class JailBox(ProcessBox):
     def oom_events(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
 
+    def destroy(self) -> None:
+        """SIGKILL every process of the box now; unmount and remove the rest in the background.
+
+        The kill is synchronous (the box's pid-namespace init dies with it, so nothing it
+        started can keep running); the slower part (waiting for exits, rmdir of the cgroup,
+        unmounting and deleting the workspace, ~50 ms) is off the caller's clock. ``drain()``
+        waits for it, and a new box for the same caller workspace waits for its image.
+        """
+        with self._destroy_lock:
+            if self.destroyed:
+                return
+            self.destroyed = True
+        pids = self.cgroup.pids() if self.cgroup is not None else [self.proc.pid]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        with _pending_lock:
+            fut = _reaper.submit(self._teardown)
+            _pending[self.name] = fut
+            if self.ws.persistent and self.ws.caller_dir:
+                _pending_ws[self.ws.caller_dir] = fut
+
+    def _teardown(self) -> None:
+        try:
+            self.kill()
+        finally:
+            try:
+                self.client.close()
+                self.cleanup()
+            finally:
+                with _pending_lock:
+                    _pending.pop(self.name, None)
+                    if self.ws.caller_dir and _pending_ws.get(self.ws.caller_dir) is not None:
+                        _pending_ws.pop(self.ws.caller_dir, None)
+
     def kill(self) -> None:
         if self.cgroup is not None:
             self.survivors = self.cgroup.kill_all()
@@ -90,6 +134,21 @@ class JailBox(ProcessBox):
 
     def memory_bytes(self) -> int | None:
         return self.cgroup.memory_current() if self.cgroup else None
+
+
+def drain(timeout: float = 30.0) -> bool:
+    """Wait for every background box teardown of this process; True if all finished."""
+    with _pending_lock:
+        futures = list(_pending.values())
+    done, not_done = wait_futures(futures, timeout=timeout)
+    return not not_done
+
+
+def _wait_for_workspace(caller_dir: str, timeout: float = 30.0) -> None:
+    with _pending_lock:
+        fut = _pending_ws.get(caller_dir)
+    if fut is not None:
+        wait_futures([fut], timeout=timeout)
 
 
 def _preexec(cg: cgroups.BoxCgroup | None, uid: int | None):
@@ -165,6 +224,7 @@ class Workspace:
         if self.loop:
             if self.persistent:
                 quota.unmount(self.mount_dir)
+                quota.detach(self.image or "")
             else:
                 quota.destroy(self.image or "", self.mount_dir)
             self.loop = False
@@ -179,6 +239,8 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     uid = HOST_UID if (root and settings.drop_uid) else None
     cg: cgroups.BoxCgroup | None = None
     ws = Workspace(box_dir, workspace)
+    if workspace is not None:
+        _wait_for_workspace(workspace)  # the previous box of this session may still be unmounting
     seccomp_fd: int | None = None
     try:
         if settings.use_cgroups:

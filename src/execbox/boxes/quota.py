@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 MKFS = "/usr/sbin/mkfs.ext4"
 MOUNT = "/usr/bin/mount"
@@ -69,10 +70,11 @@ def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, 
     holds it: mounting one ext4 image twice would corrupt it.
     """
     if os.path.exists(image):
-        proc = subprocess.run([LOSETUP, "-j", image], stdout=subprocess.PIPE, text=True,  # noqa: S603
-                              stderr=subprocess.DEVNULL, timeout=30)
-        if proc.stdout.strip():
-            raise QuotaUnavailable(f"workspace {seed_dir} is still mounted by another box")
+        deadline = time.monotonic() + 5.0
+        while loop_devices(image):  # autoclear after an unmount can lag a little
+            if time.monotonic() > deadline:
+                raise QuotaUnavailable(f"workspace {seed_dir} is still mounted by another box")
+            time.sleep(0.05)
         os.makedirs(mountpoint, exist_ok=True)
         _run([MOUNT, "-o", "loop,nosuid,nodev,noatime", "-t", "ext4", "--", image, mountpoint])
     else:
@@ -89,6 +91,20 @@ def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, 
     except BaseException:
         unmount(mountpoint)
         raise
+
+
+def loop_devices(image: str) -> list[str]:
+    """Loop devices currently backed by ``image``."""
+    proc = subprocess.run([LOSETUP, "-j", image], stdout=subprocess.PIPE, text=True,  # noqa: S603
+                          stderr=subprocess.DEVNULL, timeout=30)
+    return [line.split(":", 1)[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def detach(image: str) -> None:
+    """Release the loop devices of an unmounted image now rather than whenever autoclear runs."""
+    for dev in loop_devices(image):
+        subprocess.run([LOSETUP, "-d", dev], stdout=subprocess.DEVNULL,  # noqa: S603
+                       stderr=subprocess.DEVNULL, timeout=30)
 
 
 def bind(source: str, mountpoint: str) -> None:
@@ -120,6 +136,7 @@ def unmount(mountpoint: str) -> None:
 def destroy(image: str, mountpoint: str) -> None:
     """Unmount (detaching the loop device) and delete the image."""
     unmount(mountpoint)
+    detach(image)
     try:
         os.unlink(image)
     except FileNotFoundError:

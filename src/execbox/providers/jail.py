@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ..boxes import bwrap, cgroups, quota, runtime, seccomp
-from ..boxes.jail_box import HOST_UID, JailBox, JailSettings, reap_stale
+from ..boxes.jail_box import HOST_UID, JailBox, JailSettings, drain, reap_stale
 from ..boxes.jail_box import start as start_jail_box
 from ..errors import InvalidConfigError, ProviderUnavailableError
 from ..models import Isolation
@@ -120,6 +120,11 @@ class JailProvider(AgentBackedProvider):
         if self._settings is None:
             raise InvalidConfigError("jail provider is not initialized")
         return start_jail_box(self._settings, workspace)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if not drain():
+            log.error("jail: some boxes were still being torn down at shutdown")
 
     def warnings(self) -> list[str]:
         return list(self._warnings)

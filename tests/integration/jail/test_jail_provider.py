@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from execbox.boxes.jail_box import drain
 from execbox.errors import InvalidConfigError, ProviderUnavailableError
 from execbox.providers.jail import JailProvider
 
@@ -97,6 +98,7 @@ def test_destroy_removes_cgroup_workspace_and_processes(jail):
     ws, box_dir, cgdirs = b.workspace, b.box_dir, list(b.cgroup.dirs.values())
     assert jail.destroy_instance(inst.instance_id)
     assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
+    assert drain()  # unmounting and rmdir happen off the caller's clock
     assert not any(os.path.isdir(d) for d in cgdirs)
     assert not os.path.exists(box_dir) and not (ws and os.path.ismount(ws))
 
@@ -119,7 +121,8 @@ def test_caller_workspace_has_a_quota_and_survives_its_box(jail, tmp_path):
     r = run(jail, again.instance_id, "import os; print(sorted(os.listdir('.')))")
     assert "made.txt" in r.stdout and "seed.txt" in r.stdout
     jail.destroy_instance(again.instance_id)
-    assert ws.is_dir()
+    assert drain()
+    assert ws.is_dir() and [p.name for p in ws.iterdir()] == [".execbox-workspace.img"]
 
 
 def test_warm_pool_hands_each_box_out_once_and_refills():

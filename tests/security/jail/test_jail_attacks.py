@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from execbox.boxes.jail_box import drain
 from execbox.errors import InvalidConfigError, OutOfMemoryError
 from tests.integration.jail.conftest import assert_healthy, pids_alive, run, wait_for
 
@@ -182,7 +183,7 @@ print(json.dumps({"forked": n, "error": err}))
     out = json.loads(run(jail, box, code, timeout=30).stdout)
     assert out["error"] == "Resource temporarily unavailable" and out["forked"] < 64  # pids_limit=64
     cg = jail._instances[box].box.cgroup
-    r = run(jail, box, ":(){ :|:& };:; sleep 2", "bash", timeout=10)
+    r = run(jail, box, ":(){ :|:& };:; sleep 1", "bash", timeout=4)
     assert "Resource temporarily unavailable" in r.stderr or r.timed_out
     if cg.layout.version == 1:
         events = open(os.path.join(cg.dirs["pids"], "pids.events")).read().split()
@@ -345,7 +346,7 @@ import time; time.sleep(0.3); print("spawned")
     jail.destroy_instance(inst.instance_id)
     assert wait_for(lambda: not host_pids_with_marker(), timeout=5)
     assert wait_for(lambda: not pids_alive(all_box_pids), timeout=5)
-    assert not b.cgroup.exists()
+    assert drain() and not b.cgroup.exists()
     assert_healthy(jail)
 
 
@@ -358,7 +359,7 @@ def test_daemon_left_in_a_session_is_killed_by_destroy(jail):
     assert len(pids) >= 4  # bwrap, agent, context process, sleep
     jail.destroy_instance(inst.instance_id)
     assert wait_for(lambda: not pids_alive(pids), timeout=5)
-    assert not b.cgroup.exists()
+    assert drain() and not b.cgroup.exists()
 
 
 def test_one_instance_cannot_read_anothers_workspace(jail):
