@@ -10,11 +10,13 @@ package is copied (not bind-mounted from the source tree) into ``<jail dir>/agen
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -129,10 +131,14 @@ def install(name: str, packages: list[str], progress: Progress | None = None,
     os.chmod(work, 0o755)
     try:
         report(f"creating venv from {python}", 0.05)
-        subprocess.run([python, "-m", "venv", work], check=True,  # noqa: S603 - fixed argv
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        pip = [os.path.join(work, "bin", "python"), "-m", "pip", "--disable-pip-version-check",
-               "--no-input", "install", "--no-cache-dir", "--progress-bar", "off"]
+        # execbox's own pip can install into the new venv (--python), which skips ensurepip;
+        # the runtime then holds only what was asked for.
+        own_pip = importlib.util.find_spec("pip") is not None
+        venv = [python, "-m", "venv"] + (["--without-pip"] if own_pip or not packages else []) + [work]
+        subprocess.run(venv, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # noqa: S603
+        target = os.path.join(work, "bin", "python")
+        pip = ([sys.executable, "-m", "pip", "--python", target] if own_pip else [target, "-m", "pip"]) + [
+            "--disable-pip-version-check", "--no-input", "install", "--no-cache-dir", "--progress-bar", "off"]
         for i, pkg in enumerate(packages):
             report(f"installing {pkg}", 0.1 + 0.85 * i / max(1, len(packages)))
             proc = subprocess.run([*pip, "--", pkg], stdout=subprocess.PIPE,  # noqa: S603
