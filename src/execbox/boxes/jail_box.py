@@ -249,6 +249,9 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
         ws.setup(settings.disk_bytes, uid)
         seccomp_fd = seccomp.bpf_fd()
         limits = {"memory_bytes": settings.memory_bytes, "fsize_bytes": settings.disk_bytes, "nofile": 1024}
+        if cg is None:
+            # No pids cgroup: RLIMIT_NPROC, counted per uid inside the box's own user namespace.
+            limits["nproc"] = settings.pids
         spec = bwrap.BoxSpec(
             runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=settings.etc_dir,
             env=bwrap.box_env(), agent_limits=limits, seccomp_fd=seccomp_fd, workspace_host=ws.bind_src,

@@ -25,18 +25,21 @@ SCRIPT = r"""
 import json, os, sys
 from execbox.providers.jail import JailProvider
 ok, reason = JailProvider.availability()
-p = JailProvider(); p.initialize({"pool_size": 0, "disk_quota_mb": 16, "preload": "none"})
+p = JailProvider(); p.initialize({"pool_size": 0, "disk_quota_mb": 16, "preload": "none", "pids_limit": 32})
 i = p.create_instance().instance_id
 r1 = p.execute_code(i, "import os; print(os.getuid())", "python", 20)
 r2 = p.execute_code(i, "import os\ntry:\n    for n in 'fg':\n        open(n,'wb').write(b'x' * (10 << 20))\n"
                        "except OSError as e:\n    print(e.strerror)", "python", 20)
+r3 = p.execute_code(i, "import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n"
+                       "            time.sleep(5); os._exit(0)\n        n += 1\nexcept OSError as e:\n"
+                       "    print(n, e.strerror)", "python", 20)
 box = p._instances[i].box
 pid = box.proc.pid
 p.destroy_instance(i)
 p.shutdown()
 print(json.dumps({"ok": ok, "reason": reason, "uid": r1.stdout.strip(), "fill": r2.stdout.strip(),
                   "warnings": r1.metadata.get("warnings", []), "workspace": box.workspace,
-                  "bwrap_alive": os.path.exists(f"/proc/{pid}")}))
+                  "bwrap_alive": os.path.exists(f"/proc/{pid}"), "forks": r3.stdout.strip()}))
 """
 
 
@@ -76,3 +79,5 @@ def test_unprivileged_host_uses_user_namespaces_and_a_tmpfs_quota(open_tmp):
     assert out["workspace"] is None  # the workspace lived only inside the box (a --size tmpfs)
     assert any("tmpfs" in w for w in out["warnings"])
     assert out["bwrap_alive"] is False
+    forked, _, err = out["forks"].partition(" ")
+    assert err == "Resource temporarily unavailable" and int(forked) < 32  # RLIMIT_NPROC stands in
