@@ -19,7 +19,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,8 +31,6 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import (
-    CodeBlockedError,
-    InvalidConfigError,
     PayloadTooLargeError,
     ProviderNotInitializedError,
     SandboxError,
@@ -42,13 +39,24 @@ from ...models import ExecutionResult
 from ...providers.base import SandboxProvider
 from ...settings import sandbox_timeout
 from ..auth import AuthError, authenticate, bearer_token
+from .executor_results import (
+    MAX_ARTIFACT_BYTES,
+    RUNNER_ERROR_EXIT,
+    artifact_items,
+    classify,
+    result_to_response,
+    runner_error_response,
+    validation_response,
+)
+
+__all__ = ["MAX_ARTIFACT_BYTES", "RUNNER_ERROR_EXIT", "ExecutorAuth", "RunRequest", "StaticProviders",
+           "classify", "create_executor_app", "is_loopback", "result_to_response", "router",
+           "runner_error_response"]
 
 log = logging.getLogger("execbox.executor")
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-MAX_ARTIFACT_BYTES = 64 * 1024 * 1024  # total artifact bytes returned inline by one /run
 EXECUTOR_TENANT = "executor"
-RUNNER_ERROR_EXIT = -999  # RAGFlow's exit_code for a runner (not program) failure
 
 
 class SupportLanguage(StrEnum):
@@ -108,130 +116,6 @@ class RunResponse(BaseModel):
     result: StructuredResult | None = None
     isolation: str | None = None
     error: dict[str, Any] | None = None
-
-
-# -- mapping ExecutionResult -> /run ------------------------------------------------------------
-
-_NETWORK_MARKERS = ("Network is unreachable", "ENETUNREACH", "Temporary failure in name resolution",
-                    "Name or service not known", "EAI_AGAIN", "getaddrinfo ENOTFOUND")
-_FILE_MARKERS = ("Permission denied", "PermissionError", "EACCES", "Read-only file system", "EROFS")
-_MEMORY_MARKERS = ("MemoryError", "JavaScript heap out of memory", "Cannot allocate memory")
-
-
-def _stderr_tail(stderr: str, lines: int = 3) -> str:
-    return "\n".join([ln for ln in stderr.splitlines() if ln.strip()][-lines:])
-
-
-def classify(result: ExecutionResult) -> dict[str, Any]:
-    """status, the three *_type fields and detail for one ExecutionResult."""
-    out: dict[str, Any] = {"status": "success", "resource_limit_type": None, "unauthorized_access_type": None,
-                           "runtime_error_type": None, "detail": None}
-    sig = result.metadata.get("signal")
-    tail = _stderr_tail(result.stderr)
-    if result.timed_out or result.error_code == "SB005":
-        out.update(status="resource_limit_exceeded", resource_limit_type="time",
-                   detail=result.metadata.get("error_message") or "execution timed out")
-    elif result.error_code == "SB006" or (result.exit_code != 0 and any(m in tail for m in _MEMORY_MARKERS)):
-        out.update(status="resource_limit_exceeded", resource_limit_type="memory",
-                   detail=result.metadata.get("error_message") or "execution ran out of memory")
-    elif sig == signal.SIGSYS:
-        out.update(status="unauthorized_access", unauthorized_access_type="disallowed_syscall",
-                   detail="killed by SIGSYS: a system call the sandbox does not allow")
-    elif result.exit_code != 0:
-        if any(m in tail for m in _NETWORK_MARKERS):
-            out.update(status="unauthorized_access", unauthorized_access_type="network_access",
-                       detail="network access is not allowed in this sandbox")
-        elif "Operation not permitted" in tail or "EPERM" in tail:
-            out.update(status="unauthorized_access", unauthorized_access_type="disallowed_syscall",
-                       detail="operation not permitted by the sandbox")
-        elif any(m in tail for m in _FILE_MARKERS):
-            out.update(status="unauthorized_access", unauthorized_access_type="file_access",
-                       detail="file access denied by the sandbox")
-        elif sig or result.exit_code < 0:
-            name = _signal_name(sig or -result.exit_code)
-            out.update(status="runtime_error", runtime_error_type="signalled", detail=f"killed by {name}")
-        else:
-            out.update(status="program_error", runtime_error_type="nonzero_exit",
-                       detail=f"exited with code {result.exit_code}")
-    elif result.truncated:
-        out.update(status="resource_limit_exceeded", resource_limit_type="output",
-                   detail="output exceeded the cap and was truncated")
-    return out
-
-
-def _signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-def _artifact_items(result: ExecutionResult) -> tuple[list[dict[str, Any]], list[str]]:
-    items, problems, budget = [], [], MAX_ARTIFACT_BYTES
-    for a in result.artifacts:
-        try:
-            data = a.read_bytes()  # inline bytes, or fetched while the instance still exists
-        except SandboxError as e:
-            problems.append(f"{a.name}: {e.message}")
-            continue
-        if len(data) > budget:
-            problems.append(f"{a.name}: skipped, artifacts exceed {MAX_ARTIFACT_BYTES} bytes in total")
-            continue
-        budget -= len(data)
-        items.append({"name": a.name, "mime_type": a.mime_type, "size": len(data),
-                      "content_b64": base64.b64encode(data).decode("ascii")})
-    return items, problems
-
-
-def result_to_response(result: ExecutionResult, artifacts: list[dict[str, Any]] | None = None,
-                       artifact_problems: list[str] | None = None) -> dict[str, Any]:
-    """The /run response body for an ExecutionResult (artifacts already read)."""
-    fields = classify(result)
-    if artifact_problems:
-        note = "artifacts not returned: " + "; ".join(artifact_problems)
-        fields["detail"] = f"{fields['detail']}; {note}" if fields["detail"] else note
-    present = bool(result.metadata.get("result_present", result.result is not None))
-    peak = result.metadata.get("peak_memory_kb")
-    body = {
-        **fields,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-        "exit_code": result.exit_code,
-        "time_used_ms": round(result.execution_time * 1000, 3),
-        "memory_used_kb": float(peak) if peak is not None else None,
-        "artifacts": artifacts or [],
-        "result": {"present": present, "value": result.result if present else None,
-                   "type": (result.metadata.get("result_type") or "json") if present else "json"},
-        "isolation": result.metadata.get("isolation"),
-    }
-    return body
-
-
-def runner_error_response(err: SandboxError) -> JSONResponse:
-    """A failure of the runner (not of the program): RAGFlow's shape, a real HTTP status, the SB error."""
-    if isinstance(err, CodeBlockedError):
-        stderr, detail = f"Line {err.details.get('line', 0)}: {err.message}", "Code is unsafe"
-    else:
-        stderr, detail = err.message, f"{err.code}: {err.message}"
-    body = {"status": "program_runner_error", "stdout": "", "stderr": stderr, "exit_code": RUNNER_ERROR_EXIT,
-            "detail": detail, "time_used_ms": None, "memory_used_kb": None, "resource_limit_type": None,
-            "unauthorized_access_type": None, "runtime_error_type": None, "artifacts": [], "result": None,
-            "isolation": None, **err.to_dict()}
-    return JSONResponse(body, status_code=err.http_status)
-
-
-def _validation_response(errors: list[dict[str, Any]]) -> JSONResponse:
-    """422 with FastAPI's ``detail`` list (what RAGFlow's executor answers) plus the SB002 error."""
-    detail = []
-    for e in errors:
-        item = {"type": e.get("type"), "loc": ["body", *e.get("loc", ())], "msg": e.get("msg")}
-        if e.get("ctx"):
-            item["ctx"] = {k: str(v) for k, v in e["ctx"].items()}
-        detail.append(item)
-    fields = {".".join(str(p) for p in d["loc"][1:]) or "body": d["msg"] for d in detail}
-    err = InvalidConfigError("invalid /run request: " + "; ".join(f"{k}: {v}" for k, v in fields.items()),
-                             details={"fields": fields}, http_status=422)
-    return JSONResponse({"detail": detail, **err.to_dict()}, status_code=422)
 
 
 # -- auth -----------------------------------------------------------------------------------------
@@ -306,7 +190,7 @@ def _execute(provider: SandboxProvider, instance_id: str, req: RunRequest, code:
     timeout = req.timeout if req.timeout is not None else _default_timeout(provider)
     result = provider.execute_code(instance_id, code, req.language.value, timeout, req.arguments or {},
                                    inline_artifacts=True)
-    artifacts, problems = _artifact_items(result)  # while the instance still exists
+    artifacts, problems = artifact_items(result)  # while the instance still exists
     return result, artifacts, problems
 
 
@@ -379,11 +263,11 @@ async def run(request: Request) -> JSONResponse:
     try:
         payload = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        return _validation_response([{"type": "json_invalid", "loc": (), "msg": f"JSON decode error: {e}"}])
+        return validation_response([{"type": "json_invalid", "loc": (), "msg": f"JSON decode error: {e}"}])
     try:
         req = RunRequest.model_validate(payload)
     except ValidationError as e:
-        return _validation_response(e.errors(include_url=False, include_input=False))
+        return validation_response(e.errors(include_url=False, include_input=False))
     service_executor = getattr(request.app.state, "executor", None)
     try:
         if service_executor is not None:
