@@ -19,11 +19,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import bwrap, cgroups, quota, seccomp
 from .box import READY_TIMEOUT, ProcessBox
+from .quota import Workspace
 from .runtime import Runtime, jail_dir
 
 log = logging.getLogger("execbox.jail")
@@ -52,7 +53,6 @@ class JailSettings:
     drop_uid: bool = True
     agent_root: str = ""
     etc_dir: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def boxes_dir() -> str:
@@ -166,68 +166,6 @@ def _preexec(cg: cgroups.BoxCgroup | None, uid: int | None):
             os.setresuid(uid, uid, uid)
 
     return run
-
-
-class Workspace:
-    """The host side of a box's /workspace: which directory bwrap binds and what to undo.
-
-    * no caller dir, root: a fresh ext4 image in the box dir (deleted with the box);
-    * caller dir, root: a persistent image ``<dir>/.execbox-workspace.img`` (quota, survives
-      the box so a recreated box finds its files), also bound onto ``<dir>`` while the box
-      lives so the host sees the files in place;
-    * not root: the caller dir bound as is (no quota), or a bwrap ``--size`` tmpfs.
-    """
-
-    def __init__(self, box_dir: str, caller_dir: str | None) -> None:
-        self.box_dir = box_dir
-        self.caller_dir = caller_dir
-        self.mount_dir = os.path.join(box_dir, "workspace")
-        self.bind_src: str | None = None  # what bwrap binds on /workspace (None: a tmpfs)
-        self.image: str | None = None
-        self.persistent = False
-        self.host_view: str | None = None
-        self.loop = False
-
-    def setup(self, size: int, owner: int | None) -> None:
-        uid = owner if owner is not None else os.getuid()
-        loop_ok = quota.loop_quota_possible()[0]
-        if self.caller_dir is None:
-            if loop_ok:
-                self.image = os.path.join(self.box_dir, "workspace.img")
-                quota.create(self.image, self.mount_dir, size, uid)
-                self.loop = True
-                self.bind_src = self.mount_dir
-            return
-        os.makedirs(self.caller_dir, exist_ok=True)
-        if loop_ok:
-            self.image = os.path.join(self.caller_dir, quota.PERSISTENT_IMAGE)
-            self.persistent = True
-            quota.attach_persistent(self.image, self.mount_dir, size, uid, seed_dir=self.caller_dir)
-            self.loop = True
-            with open(os.path.join(self.box_dir, "host_view"), "w", encoding="utf-8") as f:
-                f.write(self.caller_dir)
-            quota.bind(self.mount_dir, self.caller_dir)
-            self.host_view = self.caller_dir
-            self.bind_src = self.mount_dir
-        else:
-            self.bind_src = self.caller_dir
-
-    @property
-    def host_path(self) -> str | None:
-        """Where the host sees the workspace's files (None: only inside the box)."""
-        return self.caller_dir or (self.mount_dir if self.loop else None)
-
-    def teardown(self) -> None:
-        if self.host_view is not None:
-            quota.unmount(self.host_view)
-            self.host_view = None
-        if self.loop:
-            if self.persistent:
-                quota.unmount(self.mount_dir)
-                quota.detach(self.image or "")
-            else:
-                quota.destroy(self.image or "", self.mount_dir)
-            self.loop = False
 
 
 def start(settings: JailSettings, workspace: str | None = None) -> JailBox:

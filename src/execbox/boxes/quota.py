@@ -1,7 +1,7 @@
-"""Workspace size quota that the kernel enforces: a loop-mounted ext4 image per box.
+"""A box's /workspace with a size quota the kernel enforces: a loop-mounted ext4 image.
 
-Only root can loop-mount; other hosts fall back to bubblewrap's ``--size`` tmpfs (decided by
-the caller). An image is sparse (costs only what is written), disk-backed (it does not eat
+Only root can loop-mount; other hosts fall back to bubblewrap's ``--size`` tmpfs (``Workspace``
+decides). An image is sparse (costs only what is written), disk-backed (it does not eat
 the box's memory limit the way a tmpfs would), and writing past it fails with ENOSPC, which
 the agent reports as HTTP 507 with code SB002. Creating one takes ~50 ms, hidden by the pool.
 """
@@ -141,3 +141,65 @@ def destroy(image: str, mountpoint: str) -> None:
         os.unlink(image)
     except FileNotFoundError:
         pass
+
+
+class Workspace:
+    """The host side of a box's /workspace: which directory bwrap binds and what to undo.
+
+    * no caller dir, root: a fresh ext4 image in the box dir (deleted with the box);
+    * caller dir, root: a persistent image ``<dir>/.execbox-workspace.img`` (quota, survives
+      the box so a recreated box finds its files), also bound onto ``<dir>`` while the box
+      lives so the host sees the files in place;
+    * not root: the caller dir bound as is (no quota), or a bwrap ``--size`` tmpfs.
+    """
+
+    def __init__(self, box_dir: str, caller_dir: str | None) -> None:
+        self.box_dir = box_dir
+        self.caller_dir = caller_dir
+        self.mount_dir = os.path.join(box_dir, "workspace")
+        self.bind_src: str | None = None  # what bwrap binds on /workspace (None: a tmpfs)
+        self.image: str | None = None
+        self.persistent = False
+        self.host_view: str | None = None
+        self.loop = False
+
+    def setup(self, size: int, owner: int | None) -> None:
+        uid = owner if owner is not None else os.getuid()
+        loop_ok = loop_quota_possible()[0]
+        if self.caller_dir is None:
+            if loop_ok:
+                self.image = os.path.join(self.box_dir, "workspace.img")
+                create(self.image, self.mount_dir, size, uid)
+                self.loop = True
+                self.bind_src = self.mount_dir
+            return
+        os.makedirs(self.caller_dir, exist_ok=True)
+        if loop_ok:
+            self.image = os.path.join(self.caller_dir, PERSISTENT_IMAGE)
+            self.persistent = True
+            attach_persistent(self.image, self.mount_dir, size, uid, seed_dir=self.caller_dir)
+            self.loop = True
+            with open(os.path.join(self.box_dir, "host_view"), "w", encoding="utf-8") as f:
+                f.write(self.caller_dir)
+            bind(self.mount_dir, self.caller_dir)
+            self.host_view = self.caller_dir
+            self.bind_src = self.mount_dir
+        else:
+            self.bind_src = self.caller_dir
+
+    @property
+    def host_path(self) -> str | None:
+        """Where the host sees the workspace's files (None: only inside the box)."""
+        return self.caller_dir or (self.mount_dir if self.loop else None)
+
+    def teardown(self) -> None:
+        if self.host_view is not None:
+            unmount(self.host_view)
+            self.host_view = None
+        if self.loop:
+            if self.persistent:
+                unmount(self.mount_dir)
+                detach(self.image or "")
+            else:
+                destroy(self.image or "", self.mount_dir)
+            self.loop = False
