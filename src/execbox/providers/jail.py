@@ -19,7 +19,7 @@ from typing import Any
 from ..boxes import bwrap, cgroups, quota, runtime, seccomp
 from ..boxes.jail_box import HOST_UID, JailBox, JailSettings, drain, reap_stale
 from ..boxes.jail_box import start as start_jail_box
-from ..errors import InvalidConfigError, ProviderUnavailableError
+from ..errors import ProviderNotInitializedError, ProviderUnavailableError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, AgentBackedProvider
 from .schema import parse_size
@@ -98,6 +98,7 @@ class JailProvider(AgentBackedProvider):
         cfg = self.config
         rt = runtime.resolve(cfg.get("runtime"))
         _reap_once()
+        self._warnings = []
         use_cgroups = True
         try:
             cgroups.detect()
@@ -118,7 +119,8 @@ class JailProvider(AgentBackedProvider):
 
     def start_box(self, workspace: str | None = None) -> JailBox:
         if self._settings is None:
-            raise InvalidConfigError("jail provider is not initialized")
+            raise ProviderNotInitializedError("jail provider is not initialized; call initialize(config) first",
+                                              details={"provider": self.name})
         return start_jail_box(self._settings, workspace)
 
     def shutdown(self) -> None:
