@@ -41,11 +41,13 @@ from ..models import (
 from .base import OutputCallback, SandboxProvider
 from .remote_code import (
     ARTIFACTS_DIR,
+    check_run_inputs,
     extract_result,
     is_connect_error,
     make_artifact,
     mask_secrets,
     new_marker,
+    text_page,
     wrap_javascript,
     wrap_python,
 )
@@ -295,12 +297,7 @@ class AliyunCodeInterpreterProvider(SandboxProvider):
                                      http_status=501)
         if context_id is not None:
             raise self._unsupported("stateful contexts (context_id)")
-        if not isinstance(code, str):
-            raise InvalidConfigError("code must be a string", details={"field": "code"})
-        if arguments is not None and not isinstance(arguments, dict):
-            raise InvalidConfigError("arguments must be a JSON object (dict)", details={"field": "arguments"})
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise InvalidConfigError("timeout must be a positive number of seconds", details={"field": "timeout"})
+        check_run_inputs(code, arguments, timeout)
         if timeout > HARD_TIMEOUT:
             raise InvalidConfigError(f"timeout {timeout:g}s exceeds aliyun_codeinterpreter's hard limit of "
                                      f"{HARD_TIMEOUT}s", details={"field": "timeout", "max": HARD_TIMEOUT})
@@ -412,10 +409,7 @@ class AliyunCodeInterpreterProvider(SandboxProvider):
             raise self._map_error(e, f"read {path}") from e
 
     def read_file(self, instance_id: str, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        lines = self.read_bytes(instance_id, path).decode("utf-8", errors="replace").splitlines(keepends=True)
-        page = lines[offset:offset + limit]
-        return TextPage(path=path, content="".join(page), offset=offset, limit=limit, total_lines=len(lines),
-                        truncated=offset + len(page) < len(lines))
+        return text_page(path, self.read_bytes(instance_id, path), offset, limit)
 
     def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
         target = self._abs(path)

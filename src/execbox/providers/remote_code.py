@@ -16,7 +16,8 @@ import mimetypes
 import secrets
 from typing import Any
 
-from ..models import Artifact
+from ..errors import InvalidConfigError
+from ..models import Artifact, TextPage
 
 MARK_PREFIX = "__EXECBOX_RESULT_"
 ARTIFACTS_DIR = "artifacts"
@@ -141,3 +142,22 @@ def make_artifact(name: str, data: bytes, mime_type: str | None = None) -> Artif
     return Artifact(name=name, mime_type=mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream",
                     size=len(data), sha256=hashlib.sha256(data).hexdigest(), path=f"{ARTIFACTS_DIR}/{name}",
                     _data=data)
+
+
+def check_run_inputs(code: Any, arguments: Any, timeout: Any) -> None:
+    """The same SB002 checks the agent-backed providers make, before anything is sent."""
+    if not isinstance(code, str):
+        raise InvalidConfigError("code must be a string", details={"field": "code"})
+    if arguments is not None and not isinstance(arguments, dict):
+        raise InvalidConfigError("arguments must be a JSON object (dict)", details={"field": "arguments"})
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise InvalidConfigError("timeout must be a positive number of seconds",
+                                 details={"field": "timeout", "value": str(timeout)})
+
+
+def text_page(path: str, data: bytes, offset: int, limit: int) -> TextPage:
+    """A page of lines of a downloaded file (clouds have no paged read)."""
+    lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
+    page = lines[offset:offset + limit]
+    return TextPage(path=path, content="".join(page), offset=offset, limit=limit, total_lines=len(lines),
+                    truncated=offset + len(page) < len(lines))
