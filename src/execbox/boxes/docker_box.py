@@ -252,7 +252,8 @@ def start_container(docker_client: Any, spec: ContainerSpec,
             client.wait_ready(ready_timeout)
         except InstanceCreationError as e:
             tail = transport.stderr_tail.decode("utf-8", "replace")[-2000:]
-            raise InstanceCreationError(f"{e.message}; agent stderr: {tail or '(empty)'}",
+            raise InstanceCreationError(f"{e.message}; {_exit_state(api, container_id)}; "
+                                        f"agent stderr: {tail or '(empty)'}",
                                         details={"container": spec.name, "runtime": spec.runtime}) from None
         return box
     except BaseException:
@@ -269,6 +270,20 @@ def start_container(docker_client: Any, spec: ContainerSpec,
             except Exception:  # noqa: BLE001
                 pass
         raise
+
+
+def _exit_state(api: Any, container_id: str) -> str:
+    """Why a container stopped, from its state (exit code, OOM, engine error)."""
+    try:
+        st = api.inspect_container(container_id)["State"]
+    except Exception as e:  # noqa: BLE001
+        return f"container state unknown ({e})"
+    parts = [f"container {st.get('Status')}", f"exit code {st.get('ExitCode')}"]
+    if st.get("OOMKilled"):
+        parts.append("OOM-killed")
+    if st.get("Error"):
+        parts.append(f"engine error: {st['Error']}")
+    return ", ".join(parts)
 
 
 def _oom_file(container_id: str) -> str | None:

@@ -30,6 +30,14 @@ log = logging.getLogger("execbox.provider.docker")
 
 MEMORY_OPTIONS = ["128m", "256m", "512m", "1g"]
 AVAILABILITY_TTL = 30.0
+RUNSC_PIDS_HEADROOM = 4096
+
+
+def runsc_host_pids(pids: int) -> int:
+    """Host cgroup pids for a runsc box. Under the ptrace platform every sandboxed task also costs
+    host threads (a stub plus its tracer) on top of ~75 sentry/gofer threads; the user-facing
+    limit is enforced inside gVisor instead (RLIMIT_NPROC), this one only stops a runaway sentry."""
+    return RUNSC_PIDS_HEADROOM + 4 * pids
 PROVIDER_LABEL = "execbox.provider_uid"  # one provider object: its shutdown sweeps only its own
 _availability_cache: dict[str, tuple[float, tuple[bool, str]]] = {}
 
@@ -245,9 +253,16 @@ class DockerProvider(AgentBackedProvider):
         # The agent's per-run data limit sits below the cgroup limit, so most bombs end in a clean
         # MemoryError (SB006) instead of a cgroup OOM kill; the cgroup stays the hard backstop.
         agent_limits = {"memory_bytes": int(memory * 0.8), "fsize_bytes": 256 * 1024**2, "nofile": 1024}
+        pids = int(c["pids_limit"])
+        if self.runtime == "runsc":
+            # gVisor's own threads live in the container's host cgroup: give them headroom there and
+            # enforce the user-facing limit inside the sandbox (gVisor's per-sandbox RLIMIT_NPROC).
+            # Not under runc: RLIMIT_NPROC counts the uid across the whole host.
+            agent_limits["nproc"] = pids
+            pids = runsc_host_pids(pids)
         return ContainerSpec(
             image=c["image"], runtime=self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
-            labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=int(c["pids_limit"]),
+            labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=pids,
             network=self.network_enabled, gpu=bool(c.get("gpu")),
             volume=None if workspace else safe_name("execbox-ws", short), host_workspace=workspace,
             preload=c.get("preload") or "auto", agent_limits=agent_limits,
