@@ -80,6 +80,38 @@ class Session:
         }
 
 
+MOUNT_WAIT_SECONDS = 30.0
+
+
+def _mounted(path: str) -> bool:
+    """Whether something is mounted on ``path`` (a backend may bind a box's workspace there)."""
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and fields[4].replace("\\040", " ") == real:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def remove_workspace(path: str) -> None:
+    """Delete a session workspace once its box's teardown has released it.
+
+    Backends may finish tearing a box down in the background (the jail unmounts the workspace
+    image after the kill); deleting under a live mount would only empty the mounted view.
+    """
+    deadline = time.monotonic() + MOUNT_WAIT_SECONDS
+    while _mounted(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if _mounted(path):
+        log.error("workspace %s is still mounted after %ss; leaving it", path, MOUNT_WAIT_SECONDS)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _accepts_workspace(provider: SandboxProvider) -> bool:
     try:
         return "workspace" in inspect.signature(provider.create_instance).parameters
@@ -97,6 +129,7 @@ class SessionManager:
         self._sessions: dict[tuple[str, str], Session] = {}
         self._running: dict[str, int] = {}
         self._oneshots: dict[str, SandboxProvider] = {}
+        self._deleting: dict[str, threading.Event] = {}  # workspace path -> removal finished
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -235,6 +268,10 @@ class SessionManager:
 
     def _make_workspace(self, s: Session) -> None:
         """root/tenant are 0711 (a box's uid may traverse, never list); the session dir is the box's."""
+        with self._lock:
+            pending = self._deleting.get(s.workspace or "")
+        if pending is not None:  # the previous session of this name is still being removed
+            pending.wait(MOUNT_WAIT_SECONDS + 5)
         tenant_dir = os.path.join(self.workspaces_root, s.tenant_id)
         for d in (self.workspaces_root, tenant_dir):
             if not os.path.isdir(d):
@@ -249,7 +286,7 @@ class SessionManager:
                 del self._sessions[(s.tenant_id, s.session_id)]
                 s.closed = True
         if s.closed and s.workspace:
-            shutil.rmtree(s.workspace, ignore_errors=True)
+            remove_workspace(s.workspace)
 
     @staticmethod
     def _alive(prov: SandboxProvider, instance_id: str) -> bool:
@@ -322,12 +359,23 @@ class SessionManager:
         return info
 
     def _teardown(self, s: Session) -> None:
-        with s.lock:
-            if s.provider is not None and s.instance_id is not None:
-                self._destroy_instance(s.provider, s.instance_id)
-                s.instance_id = None
+        done = threading.Event()
+        if s.workspace:
+            with self._lock:
+                self._deleting[s.workspace] = done
+        try:
+            with s.lock:
+                if s.provider is not None and s.instance_id is not None:
+                    self._destroy_instance(s.provider, s.instance_id)
+                    s.instance_id = None
+                if s.workspace:
+                    remove_workspace(s.workspace)
+        finally:
+            done.set()
             if s.workspace:
-                shutil.rmtree(s.workspace, ignore_errors=True)
+                with self._lock:
+                    if self._deleting.get(s.workspace) is done:
+                        del self._deleting[s.workspace]
 
     # -- idle reaping -----------------------------------------------------------------------
     def reap_idle(self) -> list[tuple[str, str]]:

@@ -28,7 +28,7 @@ def test_idle_sessions_are_reaped_with_their_box_and_workspace(service_factory) 
     s = svc.app.state.sessions.get("tenant-a", "idle")
     provider, instance_id, workspace = s.provider, s.instance_id, s.workspace
     assert os.path.isdir(workspace) and provider.instance_alive(instance_id)
-    assert _wait(lambda: svc.app.state.sessions.get("tenant-a", "idle") is None, 5)
+    assert _wait(lambda: svc.app.state.sessions.get("tenant-a", "idle") is None, 5), svc.app.state.sessions.list()
     assert _wait(lambda: not os.path.exists(workspace), 5)
     assert not provider.instance_alive(instance_id)
     assert svc.app.state.sessions.get("tenant-a", "busy") is not None  # running: never reaped mid-run
