@@ -67,11 +67,11 @@ def test_fallback_when_the_active_provider_is_made_unhealthy(db_url, tmp_path, e
         pc = ProviderConfig(store, keyring=keyring(), env={}, seed_file=write_seed(tmp_path))
         try:
             pc.settings.save("self_managed", pc.settings.validate("self_managed",
-                                                                  {"endpoint": url, "max_retries": 0}),
+                                                                  {"endpoint": url, "max_retries": 1}),
                              set_active=True)
             pc.settings.set_fallback(["local"])
             value, served, tried = pc.run_with_fallback(_one_shot)
-            assert (value, served, tried) == ("42\n", "self_managed", [])
+            assert (value, served, tried) == ("42\n", "self_managed", []), (value, served, tried)
             assert pc.current().name == "self_managed"
 
             proc.kill()  # the remote executor dies

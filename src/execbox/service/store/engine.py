@@ -82,7 +82,9 @@ def _make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    # No pre-ping (it doubles the round trips of the per-execution version check); a connection
+    # the server dropped is invalidated on first use and SettingsRepo.version() retries once.
+    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800)
 
 
 class Store:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ...errors import InvalidConfigError
@@ -101,8 +102,14 @@ class SettingsRepo:
 
     def version(self) -> float:
         """max(update_time): one cheap indexed query, for hot reload (Core, no ORM session)."""
-        with self._engine.connect() as conn:
-            return float(conn.execute(_VERSION_QUERY).scalar() or 0.0)
+        try:
+            with self._engine.connect() as conn:
+                return float(conn.execute(_VERSION_QUERY).scalar() or 0.0)
+        except DBAPIError as e:
+            if not e.connection_invalidated:
+                raise
+            with self._engine.connect() as conn:  # the pool dropped a dead connection: once more
+                return float(conn.execute(_VERSION_QUERY).scalar() or 0.0)
 
     @staticmethod
     def _write(s: Session, values: dict[str, str], source: str, data_type: str,
