@@ -145,6 +145,12 @@ def test_secrets_encrypted_at_rest_redacted_and_kept_through_a_redacted_round_tr
     assert r.status_code == 400 and "api_key" in r.json()["error"]["details"]["fields"]
     assert admin.providers.settings.decrypted("self_managed")["api_key"] == SECRET
 
+    # Replaying a ciphertext read from the database is refused, not stored as if encrypted.
+    r = admin.post(API + "/config", json={"provider_type": "self_managed", "set_active": False,
+                                          "config": {"endpoint": endpoint, "api_key": row["api_key"]}})
+    assert r.status_code == 400 and "ciphertext" in r.json()["error"]["details"]["fields"]["api_key"]
+    assert admin.providers.settings.decrypted("self_managed")["api_key"] == SECRET
+
 
 def test_probe_really_runs_code(admin):
     r = admin.post(API + "/test", json={"provider_type": "local", "config": {"timeout": 10}})

@@ -247,6 +247,9 @@ class SandboxSettings:
             if not spec.get("secret"):
                 continue
             value = config.get(key)
+            if is_encrypted(value):
+                errors[key] = "looks like a stored ciphertext; send the secret itself"
+                continue
             if value is None or is_redacted(value):
                 if current is None:
                     current = self.decrypted(provider)
