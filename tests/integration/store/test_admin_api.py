@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -52,7 +53,8 @@ def stored_row(store, name: str) -> dict:
     return json.loads(raw) if raw else None
 
 
-ROUTES = [("get", "/providers", None), ("get", "/config", None),
+ROUTES = [("get", "/providers", None), ("get", "/config", None), ("get", "/status", None),
+          ("get", "/audit", None),
           ("post", "/config", {"provider_type": "local", "config": {}}),
           ("post", "/test", {"provider_type": "local", "config": {}}),
           ("put", "/active", {"provider": "local"}), ("get", "/fallback", None),
@@ -206,3 +208,19 @@ def test_fallback_list_roundtrip_and_validation(admin):
     r = admin.put(API + "/fallback", json={"providers": "local"})
     assert r.status_code == 400
     assert admin.get(API + "/fallback").json()["providers"] == ["self_managed", "local"]
+
+
+def test_status_and_audit(admin):
+    st = admin.get(API + "/status").json()
+    assert st["serving"]["provider"] == "local" and st["serving"]["healthy"] is True
+    assert st["store"]["ok"] is True and st["configured_active"] == "local"
+    r = admin.post("/v1/sandbox/execute", json={"code": "print(1)"}, headers=admin.tenant_headers)
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    entries = []
+    while not entries and time.monotonic() < deadline:  # the audit writer is async
+        entries = admin.get(API + "/audit", params={"tenant_id": "acme"}).json()["data"]
+        time.sleep(0.05)
+    assert entries and entries[0]["provider"] == "local" and entries[0]["tenant_id"] == "acme"
+    assert admin.get(API + "/audit", params={"limit": 0}).status_code == 400
+    assert admin.get(API + "/audit", headers=admin.tenant_headers).status_code == 403

@@ -166,3 +166,33 @@ def set_fallback(body: FallbackBody, request: Request, _: Principal = Depends(re
     settings = sandbox_settings(request)
     version = settings.set_fallback(body.providers)
     return {"message": "Fallback updated", "providers": settings.fallback(), "version": version}
+
+
+@router.get("/status")
+def status(request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """What this process serves right now: the provider current() returns, its health, versions."""
+    holder = request.app.state.providers
+    out: dict[str, Any] = {"configured_active": sandbox_settings(request).active(),
+                           "store": {"url": request.app.state.store.url, "ok": request.app.state.store.ping()}}
+    try:
+        provider = holder.current()
+        out["serving"] = {"provider": provider.name, "isolation": str(getattr(provider.isolation, "value", "")),
+                          "healthy": bool(provider.health_check())}
+    except SandboxError as e:
+        out["serving"] = None
+        out["error"] = {"code": e.code, "message": e.message}
+    for attr in ("version", "selection_note", "reloads"):
+        if hasattr(holder, attr):
+            out[attr] = getattr(holder, attr)
+    if hasattr(holder, "retired"):
+        out["retired_providers"] = [p.name for p in holder.retired()]
+    return out
+
+
+@router.get("/audit")
+def audit(request: Request, limit: int = 100, tenant_id: str | None = None,
+          _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """Newest audit entries first (the code itself only when SANDBOX_AUDIT_CODE is on)."""
+    if not 1 <= limit <= 1000:
+        raise InvalidConfigError("limit must be between 1 and 1000", details={"fields": {"limit": "1..1000"}})
+    return {"data": request.app.state.store.audit.list(limit=limit, tenant_id=tenant_id)}
