@@ -121,6 +121,7 @@ def _detect() -> Layout:
         missing = [c for c in ("memory", "pids", "cpu") if c not in parents]
         if missing:
             raise CgroupUnavailable(f"cgroup v1 controllers not mounted: {', '.join(missing)}")
+        _weigh_parent(os.path.join(parents["cpu"], "cpu.shares"), 1024)
         return Layout(1, parents)
     if "cgroup2" in mounts:
         return Layout(2, {"": _prepare_v2(mounts["cgroup2"], own.get("", "/"))})
@@ -164,7 +165,20 @@ def _prepare_v2(mount: str, own: str) -> str:
         _write(os.path.join(parent, "cgroup.subtree_control"), enable)
     except OSError as e:
         raise CgroupUnavailable(f"cannot prepare {parent}: {e.strerror}") from None
+    _weigh_parent(os.path.join(parent, "cpu.weight"), 100)
     return parent
+
+
+def _weigh_parent(path: str, per_cpu: int) -> None:
+    """Give the parent of all boxes the CPU weight of one busy process per host CPU.
+
+    Every box is a child of one ``execbox`` group, so without this all boxes together would
+    compete for CPU like a single process against everything else on the host.
+    """
+    try:
+        _write(path, str(min(per_cpu * (os.cpu_count() or 1), 10_000 if per_cpu == 100 else 262_144)))
+    except OSError:
+        pass
 
 
 @dataclass

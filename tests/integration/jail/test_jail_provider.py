@@ -84,6 +84,8 @@ def test_cpu_limit_is_applied_to_the_cgroup(jail, box):
         assert quota == 100_000
         assert int(open(os.path.join(cg.dirs["pids"], "pids.max")).read()) == 64
         assert int(open(os.path.join(cg.dirs["memory"], "memory.limit_in_bytes")).read()) == 256 * 1024**2
+        parent_shares = int(open(os.path.join(os.path.dirname(cg.dirs["cpu"]), "cpu.shares")).read())
+        assert parent_shares == 1024 * (os.cpu_count() or 1)  # boxes together weigh one process per CPU
     else:
         assert open(os.path.join(cg.dirs[""], "cpu.max")).read().split()[0] == "100000"
 
