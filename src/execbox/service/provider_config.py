@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from ..errors import ProviderUnavailableError, SandboxError
 from ..providers import registry
 from ..providers.base import SandboxProvider
@@ -80,6 +82,7 @@ class ProviderConfig:
         self._lock = threading.RLock()
         self._version: float | None = None
         self._checked_at = 0.0
+        self._db_warned = 0.0
         self._active_name: str | None = None
         self._active_error: SandboxError | None = None
         self._fallback_names: list[str] = []
@@ -103,7 +106,20 @@ class ProviderConfig:
         now = time.monotonic()
         if not force and self._version is not None and now - self._checked_at < self.check_interval:
             return False
-        version = self.store.settings.version()
+        try:
+            version = self.store.settings.version()
+        except SQLAlchemyError as e:
+            if self._version is None:
+                raise ProviderUnavailableError(
+                    f"settings database {self.store.url} is unreachable: {type(e).__name__}",
+                    details={"database": self.store.url}) from None
+            # Keep serving what was loaded: a database outage must not stop executions.
+            if now - self._db_warned > 30:
+                log.warning("settings database unreachable (%s); serving the last loaded configuration",
+                            type(e).__name__)
+                self._db_warned = now
+            self._checked_at = now
+            return False
         self._checked_at = now
         if not force and version == self._version:
             return False

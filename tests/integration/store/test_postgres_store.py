@@ -53,3 +53,30 @@ def test_concurrent_writers_serialise_and_versions_strictly_increase(db_url, tmp
         assert store.settings.get("counter") == "50"
         stamps = sorted(r.update_time for r in store.settings.all().values())
         assert stamps == sorted(set(stamps))
+
+
+def test_database_outage_keeps_serving_the_loaded_provider(pg_server, tmp_path):
+    import psycopg
+
+    from execbox.service.crypto import KeyRing, generate_key
+    from execbox.service.provider_config import ProviderConfig
+
+    from .conftest import new_pg_database
+
+    url = new_pg_database(pg_server)
+    store = open_store(tmp_path, url=url)
+    pc = ProviderConfig(store, keyring=KeyRing(generate_key()), env={"SANDBOX_TYPE": "local"})
+    try:
+        provider = pc.current()
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect(pg_server.replace("postgresql+psycopg", "postgresql") + "/postgres",
+                             autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')  # the database is gone for real
+        assert pc.current() is provider  # still serving, no exception
+        inst = provider.create_instance("python")
+        assert provider.execute_code(inst.instance_id, "print(2)", "python").stdout == "2\n"
+        provider.destroy_instance(inst.instance_id)
+        assert store.ping() is False
+    finally:
+        pc.shutdown()
+        store.close()
