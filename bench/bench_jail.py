@@ -186,7 +186,7 @@ def main() -> None:
         plot_rows: list[Row] = []
         sci_py = os.path.join(runtime.runtimes_dir(), "sci", "bin", "python")
         env = {"PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/execbox-bench-mpl"}
-        cold_n = max(5, n // 20)
+        cold_n = max(3, n // 40)
         plot_rows.append(measure("cold: fresh sci python, import+plot",
                                  lambda: subprocess.run([sci_py, "-I", "-c", PLOT], check=True, capture_output=True,
                                                         env=env, cwd="/tmp"), n=cold_n, warmup=1))
