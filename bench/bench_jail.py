@@ -120,23 +120,28 @@ def oneshot_sustained(provider: JailProvider, n: int, concurrency: int) -> Row:
                    baseline="baseline: fresh bwrap python3 -I -S -c")
 
 
-def idle_memory(provider: JailProvider) -> tuple[float, float]:
-    """(sum of RSS of the box's processes, cgroup memory usage) in MB of one idle box."""
+def _kb(path: str, key: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def idle_memory(provider: JailProvider) -> tuple[float, float, float]:
+    """(RSS sum, PSS sum, cgroup memory usage) in MB of one idle box's processes."""
     inst = provider.create_instance()
     try:
         time.sleep(0.5)
         box = provider._instances[inst.instance_id].box
-        rss = 0
-        for pid in box.cgroup.pids():
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmRSS:"):
-                            rss += int(line.split()[1])
-            except OSError:
-                pass
+        pids = box.cgroup.pids()
+        rss = sum(_kb(f"/proc/{pid}/status", "VmRSS:") for pid in pids)
+        pss = sum(_kb(f"/proc/{pid}/smaps_rollup", "Pss:") for pid in pids)
         cg = box.cgroup.memory_current() or 0
-        return rss / 1024, cg / 1024 / 1024
+        return rss / 1024, pss / 1024, cg / 1024 / 1024
     finally:
         provider.destroy_instance(inst.instance_id)
 
@@ -174,13 +179,13 @@ def main() -> None:
             rows.append(row)
             hit_rates.append(hits)
         rows.append(oneshot_sustained(p, max(8, n // 20), 1))
-        rss_sys, cg_sys = idle_memory(p)
+        mem_sys = idle_memory(p)
     finally:
         p.shutdown()
     print_table("jail provider: print(1)", rows)
     print(f"warm-pool hit rate: {', '.join(f'{h:.0%}' for h in hit_rates)} (conc 1, 4)")
 
-    mem_rows = [("runtime system, preload none", rss_sys, cg_sys)]
+    mem_rows = [("runtime system, preload none", *mem_sys)]
     sci = any(r["name"] == "sci" for r in runtime.list_runtimes())
     if sci and not args.no_sci:
         plot_rows: list[Row] = []
@@ -205,9 +210,9 @@ def main() -> None:
                 q.shutdown()
         print_table("jail provider: import pandas, matplotlib + one plot", plot_rows)
     print("\nidle box memory")
-    print(f"{'box':<32} {'RSS MB':>8} {'cgroup MB':>10}")
-    for name, rss, cg in mem_rows:
-        print(f"{name:<32} {rss:>8.1f} {cg:>10.1f}")
+    print(f"{'box':<32} {'RSS MB':>8} {'PSS MB':>8} {'cgroup MB':>10}")
+    for name, rss, pss, cg in mem_rows:
+        print(f"{name:<32} {rss:>8.1f} {pss:>8.1f} {cg:>10.1f}")
     print(f"\nhost: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
 
 
