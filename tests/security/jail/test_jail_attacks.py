@@ -292,6 +292,16 @@ print(json.dumps(out))
     assert_healthy(jail, box)
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x32 syscall numbering is x86_64's")
+def test_foreign_abi_syscalls_kill_the_process(jail, box):
+    """ptrace through the x32 ABI (nr | 0x40000000), a classic way around per-arch filters."""
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+            "libc.syscall(ctypes.c_long(0x40000000 | 101), 0, 0, 0, 0)\nprint('still alive')")
+    r = run(jail, box, code)
+    assert r.stdout == "" and r.metadata.get("signal") == 31  # SIGSYS from the filter's bad-arch action
+    assert_healthy(jail, box)
+
+
 def test_ptrace_traceme_mount_and_unshare_commands_fail(jail, box):
     code = """
 import ctypes, json, errno, os
