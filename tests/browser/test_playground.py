@@ -4,6 +4,7 @@ rendered inline, timing and isolation tier; bad input answered in words."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 PYTHON = """import time
@@ -129,3 +130,30 @@ def test_editor_tab_indents_and_escape_releases_focus(signed_in: Any) -> None:
     page.keyboard.press("Escape")
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.id") == "pg-args"
+
+
+def test_stop_cancels_the_run_on_the_server(signed_in: Any, server: Any, jail_active: None) -> None:
+    page = signed_in
+    page.goto("/admin/#/playground")
+    page.select_option("#pg-language", "python")
+    set_code(page, 'import time\nprint("working", flush=True)\ntime.sleep(60)\nprint("never")\n')
+    page.fill("#pg-args", "")
+    page.fill("#pg-tenant", "acme")
+    page.fill("#pg-session", "stopped")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.locator("#pg-output").get_by_text("working").wait_for(timeout=60_000)
+    page.get_by_role("button", name="Stop").click()
+    page.locator('#pg-status[data-state="failed"]').wait_for()
+    assert "stopped: the run was cancelled" in page.locator("#pg-error").inner_text()
+    # the server killed the run: the session is idle again long before the 60 s sleep ends
+    deadline = time.monotonic() + 20
+    with server.api() as api:
+        while True:
+            live = {(s["tenant_id"], s["session_id"]): s for s in api.get("/v1/sandbox/sessions").json()["sessions"]}
+            if not live[("acme", "stopped")]["busy"]:
+                break
+            assert time.monotonic() < deadline, "the session is still busy 20 s after Stop"
+            time.sleep(0.2)
+        r = api.post("/v1/sandbox/execute", json={"code": "print('next')", "tenant_id": "acme",
+                                                  "session_id": "stopped"})
+    assert r.status_code == 200 and r.json()["stdout"] == "next\n"

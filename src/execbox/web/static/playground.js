@@ -92,6 +92,8 @@ export async function render(root) {
     status.textContent = "Running…";
     status.dataset.state = "running";
     controller = new AbortController();
+    const leave = () => controller && controller.abort();  // leaving the page cancels the run
+    window.addEventListener("hashchange", leave);
     const started = performance.now();
     let final = null;
     let failed = null;
@@ -111,6 +113,7 @@ export async function render(root) {
     } catch (err) {
       failed = err.name === "AbortError" ? { message: "stopped: the run was cancelled", code: "" } : err;
     } finally {
+      window.removeEventListener("hashchange", leave);
       run.disabled = false; stop.disabled = true; controller = null;
     }
     const wall = (performance.now() - started) / 1000;
