@@ -29,8 +29,18 @@ from .runtime import Runtime, jail_dir
 
 log = logging.getLogger("execbox.jail")
 
-HOST_UID = int(os.environ.get("EXECBOX_JAIL_HOST_UID", "61000"))
-"""Host uid/gid boxes run as when execbox is root (no passwd entry needed)."""
+def _host_uid() -> int:
+    raw = os.environ.get("EXECBOX_JAIL_HOST_UID", "").strip()
+    if not raw:
+        return 61000
+    if not raw.isdigit() or int(raw) == 0:
+        log.error("EXECBOX_JAIL_HOST_UID=%r is not a non-zero uid; using 61000", raw)
+        return 61000
+    return int(raw)
+
+
+HOST_UID = _host_uid()
+"""Host uid/gid boxes run as when execbox is root (no passwd entry needed; never 0)."""
 
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-jail-spawn")
 _reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-jail-reap")
