@@ -45,9 +45,9 @@ def timed(fn, n: int, before=None) -> tuple[list[float], float, int]:
     return samples, wall, errors
 
 
-def bench_runtime(runtime: str, n: int, oneshot_n: int, pool: int) -> list[Row]:
+def bench_runtime(runtime: str, n: int, oneshot_n: int, pool: int, preload: str) -> list[Row]:
     p = DockerProvider()
-    p.initialize({"runtime": runtime, "pool_size": pool, "pool_wait": 300})
+    p.initialize({"runtime": runtime, "pool_size": pool, "pool_wait": 300, "preload": preload})
     rows: list[Row] = []
     try:
         wait_ready(p, pool)
@@ -65,14 +65,21 @@ def bench_runtime(runtime: str, n: int, oneshot_n: int, pool: int) -> list[Row]:
             out = api.exec_start(eid)
             assert out == b"1\n", out
 
+        def session_context() -> None:
+            r = p.execute_code(inst.instance_id, "print(1)", "python", context_id="bench")
+            assert r.stdout == "1\n", r.stderr
+
         for _ in range(5):
             session()
+            session_context()
             docker_exec()
         base = f"{runtime}: docker exec per run"
         s, w, e = timed(docker_exec, n)
         rows.append(Row(base, s, w, 1, None, e))
         s, w, e = timed(session, n)
-        rows.append(Row(f"{runtime}: session execute (agent stream)", s, w, 1, base, e))
+        rows.append(Row(f"{runtime}: session execute, fork per run", s, w, 1, base, e))
+        s, w, e = timed(session_context, n)
+        rows.append(Row(f"{runtime}: session execute in a context", s, w, 1, base, e))
         p.destroy_instance(inst.instance_id)
 
         def oneshot() -> None:
@@ -85,13 +92,12 @@ def bench_runtime(runtime: str, n: int, oneshot_n: int, pool: int) -> list[Row]:
 
         s, w, e = timed(oneshot, oneshot_n, before=lambda: wait_ready(p, 1))
         rows.append(Row(f"{runtime}: one-shot from warm pool", s, w, 1, base, e))
-        t = time.perf_counter()
-        i = p.create_instance(tenant_id="bench", session_id=None)  # measure one pool refill (start-up)
-        p.destroy_instance(i.instance_id)
-        while p.pool_status()["ready"] < pool:
-            time.sleep(0.01)
-        refill = (time.perf_counter() - t) * 1000
-        rows.append(Row(f"{runtime}: container cold start (refill, 1 sample)", [refill], refill / 1000, 1))
+
+        def cold_start() -> None:
+            p.start_box().destroy()
+
+        s, w, e = timed(cold_start, 3)
+        rows.append(Row(f"{runtime}: cold start (pool refill)", s, w, 1, None, e))
     finally:
         p.shutdown()
     return rows
@@ -102,6 +108,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--oneshot-n", type=int, default=20)
     ap.add_argument("--pool", type=int, default=2)
+    ap.add_argument("--preload", default="auto", help="agent preload: auto (numpy, pandas, matplotlib) or none")
     ap.add_argument("--runtimes", default="runc,runsc")
     args = ap.parse_args()
     client = docker_client()
@@ -111,7 +118,7 @@ def main() -> None:
         if rt not in known:
             print(f"skipping {rt}: not registered with dockerd")
             continue
-        rows += bench_runtime(rt, args.n, args.oneshot_n, args.pool)
+        rows += bench_runtime(rt, args.n, args.oneshot_n, args.pool, args.preload)
     print_table("docker provider: execute latency (python print(1))", rows)
     print("targets (issue 6): runsc session execute p50 <= 30 ms; runsc one-shot from warm pool p50 <= 60 ms")
 
