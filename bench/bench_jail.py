@@ -22,10 +22,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _stats import Row, measure, print_table  # noqa: E402
 from execbox.boxes import bwrap, runtime  # noqa: E402
-from execbox.boxes.jail_box import HOST_UID  # noqa: E402
+from execbox.boxes.jail_box import host_uid  # noqa: E402
 from execbox.providers.jail import JailProvider  # noqa: E402
 
 PY = "/usr/bin/python3"
+UID = host_uid()
 PLOT = ("import pandas as pd, matplotlib.pyplot as plt\n"
         "df = pd.DataFrame({'x': range(100), 'y': [i * i for i in range(100)]})\n"
         "fig = plt.figure(); plt.plot(df.x, df.y); fig.savefig('plot.png'); plt.close(fig)\n")
@@ -35,8 +36,8 @@ CONFIG = {"max_memory": "512m", "disk_quota_mb": 64, "cpus": 1.0}
 def drop_uid() -> None:
     if os.geteuid() == 0:
         os.setgroups([])
-        os.setresgid(HOST_UID, HOST_UID, HOST_UID)
-        os.setresuid(HOST_UID, HOST_UID, HOST_UID)
+        os.setresgid(UID, UID, UID)
+        os.setresuid(UID, UID, UID)
 
 
 def bare_bwrap_argv() -> list[str]:

@@ -22,6 +22,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidConfigError
 from . import bwrap, cgroups, quota, seccomp
 from .box import READY_TIMEOUT, ProcessBox
 from .quota import Workspace
@@ -29,18 +30,21 @@ from .runtime import Runtime, jail_dir
 
 log = logging.getLogger("execbox.jail")
 
-def _host_uid() -> int:
+DEFAULT_HOST_UID = 61000
+
+
+def host_uid() -> int:
+    """EXECBOX_JAIL_HOST_UID (default 61000): the host uid/gid boxes run as when execbox is root.
+
+    No passwd entry is needed. Parsed strictly: anything but a non-zero integer is SB002.
+    """
     raw = os.environ.get("EXECBOX_JAIL_HOST_UID", "").strip()
     if not raw:
-        return 61000
-    if not raw.isdigit() or int(raw) == 0:
-        log.error("EXECBOX_JAIL_HOST_UID=%r is not a non-zero uid; using 61000", raw)
-        return 61000
+        return DEFAULT_HOST_UID
+    if not raw.isdigit() or int(raw) == 0 or int(raw) >= 2**32 - 1:
+        raise InvalidConfigError(f"EXECBOX_JAIL_HOST_UID: {raw!r} is not a non-zero uid",
+                                 details={"field": "EXECBOX_JAIL_HOST_UID", "value": raw})
     return int(raw)
-
-
-HOST_UID = _host_uid()
-"""Host uid/gid boxes run as when execbox is root (no passwd entry needed; never 0)."""
 
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-jail-spawn")
 _reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-jail-reap")
@@ -184,7 +188,7 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     box_dir = os.path.join(boxes_dir(), name)
     os.makedirs(box_dir, mode=0o755)
     root = os.geteuid() == 0
-    uid = HOST_UID if (root and settings.drop_uid) else None
+    uid = host_uid() if (root and settings.drop_uid) else None
     cg: cgroups.BoxCgroup | None = None
     ws = Workspace(box_dir, workspace)
     if workspace is not None:

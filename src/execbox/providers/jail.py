@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 from ..boxes import bwrap, cgroups, quota, runtime, seccomp
-from ..boxes.jail_box import HOST_UID, JailBox, JailSettings, drain, reap_stale
+from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
-from ..errors import ProviderNotInitializedError, ProviderUnavailableError
+from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, AgentBackedProvider
 from .schema import parse_size
@@ -91,6 +91,8 @@ class JailProvider(AgentBackedProvider):
 
     # -- lifecycle --------------------------------------------------------------------------
     def prepare(self) -> None:
+        if os.geteuid() == 0:
+            host_uid()  # a bad EXECBOX_JAIL_HOST_UID is a configuration error (SB002), not "unavailable"
         ok, reason = self.availability()
         if not ok:
             raise ProviderUnavailableError(f"jail provider cannot run on this host: {reason}",
@@ -162,7 +164,7 @@ class JailProvider(AgentBackedProvider):
     @classmethod
     def _probe(cls) -> tuple[bool, str]:
         checks = cls.diagnose()
-        for key in ("bwrap", "seccomp", "user_namespaces", "trial_box"):
+        for key in ("bwrap", "seccomp", "user_namespaces", "host_uid", "trial_box"):
             c = checks[key]
             if not c["ok"]:
                 return False, f"{key}: {c['detail']}"
@@ -196,8 +198,11 @@ class JailProvider(AgentBackedProvider):
             out["runtimes"] = {"ok": True, "detail": ", ".join(names)}
         except (OSError, ValueError) as e:
             out["runtimes"] = {"ok": False, "detail": f"cannot list runtimes: {e}"}
-        out["host_uid"] = {"ok": True, "detail": (f"boxes run as host uid {HOST_UID}" if os.geteuid() == 0
-                                                  else f"boxes run as the service uid {os.geteuid()}")}
+        try:
+            out["host_uid"] = {"ok": True, "detail": (f"boxes run as host uid {host_uid()}" if os.geteuid() == 0
+                                                      else f"boxes run as the service uid {os.geteuid()}")}
+        except InvalidConfigError as e:
+            out["host_uid"] = {"ok": False, "detail": e.message}
         out["trial_box"] = _trial_box(path) if path and out["user_namespaces"]["ok"] else {
             "ok": False, "detail": "skipped: bwrap or user namespaces missing"}
         return out
@@ -242,7 +247,10 @@ def _trial_box(path: str) -> dict[str, Any]:
             "--new-session", "--cap-drop", "ALL", "--uid", str(bwrap.BOX_UID), "--gid", str(bwrap.BOX_GID),
             *bwrap.system_mounts(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv",
             "--", "/usr/bin/true"]
-    uid = HOST_UID if os.geteuid() == 0 else None
+    try:
+        uid = host_uid() if os.geteuid() == 0 else None
+    except InvalidConfigError as e:
+        return {"ok": False, "detail": e.message}
 
     def drop() -> None:
         if uid is not None:

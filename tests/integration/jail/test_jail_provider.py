@@ -175,6 +175,18 @@ def test_bad_config_is_sb002_naming_the_field():
     assert "pids_limit" in e.value.details["fields"]
 
 
+def test_bad_host_uid_env_is_sb002(monkeypatch):
+    from execbox.boxes.jail_box import host_uid
+
+    for bad in ("0", "abc", "-5"):
+        monkeypatch.setenv("EXECBOX_JAIL_HOST_UID", bad)
+        with pytest.raises(InvalidConfigError) as e:
+            host_uid()
+        assert "EXECBOX_JAIL_HOST_UID" in e.value.message
+    monkeypatch.setenv("EXECBOX_JAIL_HOST_UID", "61005")
+    assert host_uid() == 61005
+
+
 def test_zero_config_picks_jail_here():
     from execbox.providers.registry import strongest_available
 
