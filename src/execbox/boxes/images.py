@@ -23,7 +23,7 @@ from ..errors import InstanceCreationError, InvalidConfigError
 
 CACHE_DIR = os.environ.get("EXECBOX_IMAGE_CACHE", "/var/cache/execbox/images")
 SUITE = "bookworm"
-LAYOUT_VERSION = "1"  # bump when the rootfs customisation below changes
+LAYOUT_VERSION = "2"  # bump when the rootfs customisation below changes
 HASH_LABEL = "execbox.image.hash"
 FLAVOR_LABEL = "execbox.image.flavor"
 SANDBOX_UID = 1000
@@ -37,6 +37,15 @@ FLAVORS: dict[str, list[str]] = {
     "node": list(BASE_PACKAGES),
 }
 """Every flavor has python3 (the agent) and node; ``python`` adds the data-science runtime."""
+
+PURGE = ["binutils", "binutils-common", "binutils-x86-64-linux-gnu", "libbinutils", "cpp", "cpp-12", "g++",
+         "g++-12", "gcc", "gcc-12", "libgcc-12-dev", "libstdc++-12-dev", "libboost-dev", "libboost1.74-dev",
+         "libc6-dev", "libcrypt-dev", "libexpat1-dev", "libnsl-dev", "libopenblas-dev",
+         "libopenblas-pthread-dev", "libpython3-all-dev", "libpython3-dev", "libpython3.11-dev",
+         "libtirpc-dev", "libxsimd-dev", "linux-libc-dev", "python3-all-dev", "python3-dev", "python3.11-dev",
+         "zlib1g-dev", "python3-pythran"]
+"""Build toolchain that Debian's dependency chain drags in (fonttools -> scipy -> pythran -> g++):
+removed from the image with ``dpkg --force-depends``; nothing at runtime needs a compiler."""
 
 DEFAULT_IMAGE = "execbox/python:latest"
 
@@ -71,7 +80,8 @@ class ImageSpec:
     @property
     def input_hash(self) -> str:
         blob = json.dumps({"flavor": self.flavor, "packages": sorted(self.packages), "mirror": self.mirror,
-                           "suite": self.suite, "layout": LAYOUT_VERSION, "env": ENV, "uid": SANDBOX_UID},
+                           "suite": self.suite, "layout": LAYOUT_VERSION, "purge": PURGE, "env": ENV,
+                           "uid": SANDBOX_UID},
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -150,6 +160,8 @@ def _build_rootfs_tarball(spec: ImageSpec, tarball: str, cache_dir: str, say: Pr
         argv = [debootstrap, "--variant=minbase", f"--include={','.join(spec.packages)}",
                 f"--cache-dir={debs}", spec.suite, rootfs, spec.mirror]
         _run_debootstrap(argv, say)
+        say("removing the build toolchain pulled in by dependencies", 0.83)
+        purge_toolchain(rootfs)
         say("customising rootfs (sandbox user, mount points, trimming)", 0.85)
         customise_rootfs(rootfs)
         say("writing rootfs tarball", 0.88)
@@ -183,6 +195,22 @@ def _run_debootstrap(argv: list[str], say: Progress) -> None:
     if proc.wait() != 0:
         raise InstanceCreationError("debootstrap failed:\n" + "\n".join(tail),
                                     details={"exit_code": proc.returncode})
+
+
+def installed_packages(rootfs: str) -> set[str]:
+    with open(os.path.join(rootfs, "var/lib/dpkg/status"), encoding="utf-8") as fh:
+        return set(re.findall(r"^Package: (\S+)$", fh.read(), re.MULTILINE))
+
+
+def purge_toolchain(rootfs: str) -> None:
+    victims = sorted(installed_packages(rootfs) & set(PURGE))
+    if not victims:
+        return
+    proc = subprocess.run(["chroot", rootfs, "/usr/bin/dpkg", "--purge", "--force-depends", *victims],  # noqa: S603,S607
+                          capture_output=True, text=True, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                                               "DEBIAN_FRONTEND": "noninteractive"})
+    if proc.returncode != 0:
+        raise InstanceCreationError(f"removing the toolchain from the rootfs failed: {proc.stderr[-1500:]}")
 
 
 def customise_rootfs(rootfs: str) -> None:

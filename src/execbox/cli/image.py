@@ -42,6 +42,7 @@ def register(app: typer.Typer) -> None:
         columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[flavor]:<7}"), BarColumn(),
                    TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
                    TextColumn("{task.description}", style="dim"))
+        summary: list[str] = []
         with Progress(*columns, console=console, transient=False) as progress:
             for spec in specs:
                 task = progress.add_task("checking cache", total=1.0, flavor=spec.flavor)
@@ -57,6 +58,8 @@ def register(app: typer.Typer) -> None:
                     progress.stop()
                     console.print(f"[red]{e.code}[/red] {e.message}")
                     raise typer.Exit(1) from None
-                verb = "built" if built else "cached"
-                progress.update(task, completed=1.0,
-                                description=f"{name} {verb} in {time.monotonic() - started:.1f}s")
+                line = f"{name} {'built' if built else 'cached'} in {time.monotonic() - started:.1f}s"
+                progress.update(task, completed=1.0, description=line)
+                summary.append(f"{line} (inputs {spec.input_hash})")
+        for line in summary:
+            console.print(line, soft_wrap=True)

@@ -90,3 +90,14 @@ def test_instances_do_not_see_each_other(provider):
     finally:
         provider.destroy_instance(a)
         provider.destroy_instance(b)
+
+
+def test_cgroup_oom_kill_is_sb006(provider, instance):
+    """Off-heap memory (Buffers) escapes node's heap limit: the container's cgroup stops it."""
+    code = "const a = []; while (true) { a.push(Buffer.alloc(16 * 1024 * 1024, 1)); }"
+    try:
+        r = provider.execute_code(instance, code, "javascript", timeout=60)
+        code_seen = r.error_code
+    except Exception as e:  # under gVisor the OOM killer may take the whole sandbox
+        code_seen = getattr(e, "code", repr(e))
+    assert code_seen == "SB006"

@@ -193,3 +193,15 @@ def test_owner_label_identifies_this_process():
     assert owner_is_gone(owner_id().rsplit(":", 1)[0] + ":0")
     assert not owner_is_gone("other-host:1:1")
     assert os.getpid() == int(owner_id().split(":")[1])
+
+
+def test_host_workspace_is_bound_and_kept(provider, tmp_path):
+    ws = tmp_path / "ws"
+    inst = provider.create_instance(tenant_id="t", session_id="persist", workspace=str(ws))
+    try:
+        assert inst.metadata["from_pool"] is False
+        r = provider.execute_code(inst.instance_id, "open('kept.txt', 'w').write('x')", "python")
+        assert r.exit_code == 0, r.stderr
+    finally:
+        provider.destroy_instance(inst.instance_id)
+    assert (ws / "kept.txt").read_text() == "x"
