@@ -6,7 +6,8 @@ Scenarios, each beside its baseline measured in the same process:
   - playground, first output: Run click to the first streamed line on screen, for a program that
     prints, works 300 ms, prints again; against the same run without streaming (httpx, whole
     JSON result): what streaming saves before the user sees something;
-  - playground, finished: Run click to the result drawn, against the same non-streamed baseline.
+  - playground, finished: Run click to the result drawn, against the same non-streamed baseline
+    (and the streamed request read to its end with httpx, to tell SSE cost from browser cost).
 Runs use one warm session, so box start-up is not what is measured.
 Usage: .venv/bin/python bench/bench_web_console.py [--quick]
 """
@@ -78,6 +79,13 @@ def main() -> None:
         def api_run() -> None:
             api.post("/v1/sandbox/execute", json=body).raise_for_status()
 
+        def api_stream() -> None:
+            with api.stream("POST", "/v1/sandbox/execute", json=body,
+                            headers={"Accept": "text/event-stream"}) as r:
+                r.raise_for_status()
+                for _ in r.iter_bytes():
+                    pass
+
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
             page = browser.new_page(base_url=url, viewport={"width": 1280, "height": 900})
@@ -90,6 +98,13 @@ def main() -> None:
                 page.goto("about:blank")
                 page.goto("/admin/#/providers")
                 page.locator('article[data-provider="jail"]').wait_for()
+
+            rows = [measure("admin API calls of the Providers page (httpx)", api_page, n=n, warmup=2),
+                    measure("Providers page drawn (chromium)", console_page, n=n, warmup=2,
+                            baseline="admin API calls of the Providers page (httpx)"),
+                    measure("execute, not streamed (httpx)", api_run, n=n, warmup=2),
+                    measure("execute, streamed to the end (httpx SSE)", api_stream, n=n, warmup=2,
+                            baseline="execute, not streamed (httpx)")]
 
             page.goto("/admin/#/playground")
             page.fill("#pg-code", CODE)
@@ -114,10 +129,6 @@ def main() -> None:
                 ui_run()
                 firsts.append(marks["first"])
 
-            rows = [measure("admin API calls of the Providers page (httpx)", api_page, n=n, warmup=2),
-                    measure("Providers page drawn (chromium)", console_page, n=n, warmup=2,
-                            baseline="admin API calls of the Providers page (httpx)"),
-                    measure("execute, not streamed (httpx)", api_run, n=n, warmup=2)]
             finished = measure("playground: Run to result drawn", ui_first, n=n, warmup=2,
                                baseline="execute, not streamed (httpx)")
             first_row = type(finished)("playground: Run to first output drawn", firsts[-n:], finished.wall_s, 1,
