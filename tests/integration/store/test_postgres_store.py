@@ -12,7 +12,7 @@ from execbox.service.store import open_store
 def test_migrations_from_empty_and_idempotent(db_url, tmp_path):
     store = open_store(tmp_path, url=db_url)
     try:
-        assert store.revision() == "0001"
+        assert store.revision() == "0002"
         tables = set(inspect(store.engine).get_table_names())
         assert {"system_settings", "tokens", "audit", "alembic_version"} <= tables
         store.settings.set("sandbox.local", '{"timeout": 3}')
@@ -31,8 +31,30 @@ def test_tokens_and_audit(db_url, tmp_path):
         assert store.tokens.verify(tok).id == rec.id
         store.tokens.revoke(rec.id)
         assert store.tokens.verify(tok) is None
-        store.audit.record(tenant_id="acme", provider="local", operation="execute", status="ok")
-        assert store.audit.list(tenant_id="acme")[0]["status"] == "ok"
+        store.audit.record(tenant_id="acme", provider="local", operation="execute", status="ok",
+                           code_hash="sha256:" + "a" * 64, session_id="s1", token_id=rec.id,
+                           instance_id="i" * 300)
+        (entry,) = store.audit.list(tenant_id="acme")
+        assert entry["status"] == "ok" and entry["code_hash"] == "sha256:" + "a" * 64
+        assert entry["session_id"] == "s1" and entry["token_id"] == rec.id
+        assert len(entry["instance_id"]) == 256 and entry["instance_id"].endswith("…")  # clipped, not lost
+
+
+def test_upgrade_from_0001_keeps_data(db_url, tmp_path):
+    from execbox.service.store import upgrade
+
+    store = open_store(tmp_path, url=db_url, migrate=False)
+    try:
+        upgrade(store.engine, "0001")
+        assert store.revision() == "0001"
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO audit (tenant_id, operation, code_hash, created_at) "
+                                 "VALUES ('old', 'execute', 'abc', 1.0)")
+        upgrade(store.engine)
+        assert store.revision() == "0002"
+        assert store.audit.list(tenant_id="old")[0]["code_hash"] == "abc"
+    finally:
+        store.close()
 
 
 def test_concurrent_writers_serialise_and_versions_strictly_increase(db_url, tmp_path):
@@ -80,3 +102,16 @@ def test_database_outage_keeps_serving_the_loaded_provider(pg_server, tmp_path):
     finally:
         pc.shutdown()
         store.close()
+
+
+def test_processes_starting_together_on_an_empty_database_migrate_once(db_url, tmp_path):
+    import subprocess
+    import sys
+
+    script = ("import sys; from execbox.service.store import open_store; "
+              "s = open_store(sys.argv[1], url=sys.argv[2]); print(s.revision()); s.close()")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / f"d{i}"), db_url],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [o[1][-800:] for o in outs]
+    assert [o[0].strip() for o in outs] == ["0002"] * 4

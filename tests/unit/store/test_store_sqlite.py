@@ -20,7 +20,7 @@ def store(tmp_path):
 
 def test_migrations_from_empty_create_tables_at_head(tmp_path):
     s = open_store(tmp_path)
-    assert s.revision() == "0001"
+    assert s.revision() == "0002"
     assert s.ping()
     tables = {r[0] for r in sqlite3.connect(tmp_path / "execbox.db").execute(
         "select name from sqlite_master where type='table'")}
@@ -28,7 +28,7 @@ def test_migrations_from_empty_create_tables_at_head(tmp_path):
     s.close()
     # Re-opening an up-to-date database is a no-op and keeps data.
     s2 = open_store(tmp_path)
-    assert s2.revision() == "0001"
+    assert s2.revision() == "0002"
     s2.close()
 
 
@@ -106,6 +106,6 @@ def test_audit_records_and_filters(store):
                        error_code="SB005")
     assert [e["tenant_id"] for e in store.audit.list()] == ["b", "a"]
     (a,) = store.audit.list(tenant_id="a")
-    assert len(a["code_hash"]) == 64 and a["exit_code"] == 0
+    assert a["code_hash"].startswith("sha256:") and len(a["code_hash"]) == 71 and a["exit_code"] == 0
     with pytest.raises(InvalidConfigError):
         store.audit.record(tenant_id="a", bogus=1)

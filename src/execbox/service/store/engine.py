@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -50,12 +53,49 @@ def _alembic_config(url: str) -> Config:
     return cfg
 
 
+MIGRATION_LOCK = 0x65786278  # "exbx": advisory lock id, so concurrent first boots migrate once
+
+
+@contextmanager
+def _file_lock(engine: Engine) -> Iterator[None]:
+    database = engine.url.database
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Run the migrations up to ``revision`` (idempotent)."""
+    """Run the migrations up to ``revision`` (idempotent). Processes starting together on an
+    empty database take turns: a file lock (SQLite), an advisory lock (PostgreSQL, MySQL)."""
     cfg = _alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    dialect = engine.dialect.name
+    if dialect == "sqlite":
+        with _file_lock(engine), engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+        return
+    lock, unlock = {
+        "postgresql": (f"SELECT pg_advisory_lock({MIGRATION_LOCK})", f"SELECT pg_advisory_unlock({MIGRATION_LOCK})"),
+        "mysql": ("SELECT GET_LOCK('execbox_migrate', 300)", "SELECT RELEASE_LOCK('execbox_migrate')"),
+    }.get(dialect, (None, None))
+    with engine.connect() as conn:
+        if lock:
+            conn.exec_driver_sql(lock)
+            conn.commit()
+        try:
+            with conn.begin():
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+        finally:
+            if unlock:
+                conn.exec_driver_sql(unlock)
+                conn.commit()
 
 
 def current_revision(engine: Engine) -> str | None:

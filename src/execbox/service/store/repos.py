@@ -240,8 +240,9 @@ def _token(row: Token) -> TokenRecord:
                        float(row.created_at), row.revoked_at)
 
 
-AUDIT_FIELDS = ("tenant_id", "provider", "operation", "instance_id", "language", "code_hash", "duration_ms",
-                "status", "exit_code", "memory_used_mb", "error_code", "code", "created_at")
+AUDIT_FIELDS = ("tenant_id", "provider", "operation", "instance_id", "session_id", "token_id", "language",
+                "code_hash", "duration_ms", "status", "exit_code", "memory_used_mb", "error_code", "code",
+                "created_at")
 
 
 class AuditRepo:
@@ -255,7 +256,12 @@ class AuditRepo:
         if unknown:
             raise InvalidConfigError(f"unknown audit fields: {', '.join(sorted(unknown))}")
         if fields.get("code") is not None and not fields.get("code_hash"):
-            fields["code_hash"] = hashlib.sha256(str(fields["code"]).encode()).hexdigest()
+            fields["code_hash"] = "sha256:" + hashlib.sha256(str(fields["code"]).encode()).hexdigest()
+        # An over-long identifier must not cost the whole record: clip to the column (marked).
+        for name, value in fields.items():
+            length = getattr(AuditEntry.__table__.c[name].type, "length", None)
+            if length and isinstance(value, str) and len(value) > length:
+                fields[name] = value[:length - 1] + "…"
         fields.setdefault("created_at", time.time())
         fields.setdefault("tenant_id", "default")
         fields.setdefault("operation", "execute")
