@@ -133,6 +133,7 @@ export async function render(root) {
       h("pre", { id: "pg-result-value", class: "out" },
         m.result_present || final.result !== null ? JSON.stringify(final.result, null, 2) : "(no return value)"));
     }
+    if (final && !final.artifacts.length && !artifacts.childNodes.length) artifacts.append(h("p", { class: "muted" }, "No artifacts."));
     status.dataset.state = failed ? "failed" : "done";
     status.textContent = failed ? "Failed." : `Finished: exit code ${final ? final.exit_code : "?"} in ${duration(final ? final.execution_time : wall)}.`;
     if (failed) errorBox.append(notice("error", `The run failed: ${describeError(failed)}`));
