@@ -12,6 +12,7 @@ import hashlib
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import JSONResponse
 
 from ...agent.paths import PathViolation, check_syntax
 from ...errors import ERRORS_BY_CODE, InvalidConfigError, PathError, PayloadTooLargeError, SandboxError
@@ -182,7 +183,7 @@ def _respond(request: Request, spec: RunSpec, stream: bool) -> Any:
     if result.error_code:  # SB005 / SB006: the SB status, with the partial result kept in details
         cls = ERRORS_BY_CODE.get(result.error_code, SandboxError)
         raise cls(result.metadata.get("error_message", result.error_code), details={"result": body})
-    return body
+    return JSONResponse(body)  # already JSON-shaped: skip re-validation on the hot path (schema-tested)
 
 
 # -- files -----------------------------------------------------------------------------------------
