@@ -302,6 +302,18 @@ def test_foreign_abi_syscalls_kill_the_process(jail, box):
     assert_healthy(jail, box)
 
 
+def test_no_capabilities_no_new_privs_and_not_root(jail, box):
+    r = run(jail, box, "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Uid|Gid):' /proc/self/status", "bash")
+    fields = {line.split(":")[0]: line.split(":")[1].split() for line in r.stdout.splitlines()}
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[cap][0], 16) == 0, (cap, fields[cap])
+    assert fields["NoNewPrivs"] == ["1"]
+    assert set(fields["Uid"]) == {"1000"} and set(fields["Gid"]) == {"1000"}
+    host_uid = os.stat(f"/proc/{jail._instances[box].box.proc.pid}").st_uid
+    assert host_uid != 0  # on the host the box is an unprivileged uid too
+    assert_healthy(jail, box)
+
+
 def test_ptrace_traceme_mount_and_unshare_commands_fail(jail, box):
     code = """
 import ctypes, json, errno, os
