@@ -75,7 +75,11 @@ class Executor:
                         handle.started(provider, instance_id)
                         if handle.cancelled.is_set():
                             raise _Cancelled
-                    result = spec.call(provider, instance_id, spec.session_id is None, on_output)
+                    try:
+                        result = spec.call(provider, instance_id, spec.session_id is None, on_output)
+                    finally:
+                        if handle is not None:
+                            handle.finished()
             except SandboxError as e:
                 self._record(spec, provider_name, instance_id, started, "error", None, None, e.code)
                 raise

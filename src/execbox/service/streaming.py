@@ -54,14 +54,18 @@ class RunHandle:
         if self.cancelled.is_set():
             self._poke()
 
-    def _poke(self) -> None:
+    def finished(self) -> None:
+        """The run left its box: from now on a poke must not reach the next run in that session."""
         with self._lock:
-            target = self._target
-        if target is not None:
-            try:
-                target[0].cancel(target[1])
-            except SandboxError:
-                pass
+            self._target = None
+
+    def _poke(self) -> None:
+        with self._lock:  # held across cancel(): finished() cannot slip in between
+            if self._target is not None:
+                try:
+                    self._target[0].cancel(self._target[1])
+                except SandboxError:
+                    pass
 
     def cancel(self) -> None:
         """Stop the run; keep asking until the worker returns (the request may not have reached the box)."""

@@ -94,3 +94,21 @@ def test_client_disconnect_stops_the_run(service: Service) -> None:
     assert int(again["stdout"]) == beat  # nothing is still writing: the run was killed
     stats = service.client().get("/metrics").text
     assert 'execbox_executions_total{language="python",provider="jail",status="cancelled"} 1.0' in stats
+
+
+def test_disconnect_while_queued_cancels_only_its_own_run(service: Service) -> None:
+    import threading
+
+    out: dict = {}
+    first = threading.Thread(target=lambda: out.update(a=service.a.post("/v1/sandbox/execute", json={
+        "code": "import time\ntime.sleep(1.5)\nprint('A done')", "session_id": "queue"}).json()))
+    first.start()
+    time.sleep(0.3)  # A holds the session; B queues behind it and its client leaves
+    with service.a.stream("POST", "/v1/sandbox/execute", json={
+            "code": "open('b-ran', 'w').write('1')", "session_id": "queue", "stream": True}) as r:
+        next(r.iter_lines())
+    first.join()
+    assert out["a"]["stdout"] == "A done\n" and out["a"]["exit_code"] == 0  # A was not cancelled
+    after = service.a.post("/v1/sandbox/execute", json={"code": "import os; print(os.path.exists('b-ran'))",
+                                                        "session_id": "queue"}).json()
+    assert after["stdout"] == "False\n"  # B never started: its client had gone
