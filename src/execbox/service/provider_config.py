@@ -31,6 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..errors import ProviderUnavailableError, SandboxError
 from ..providers import registry
 from ..providers.base import SandboxProvider
+from ..settings import sandbox_type
 from .crypto import KeyRing
 from .store import Store
 from .store.sandbox_settings import SandboxSettings
@@ -77,8 +78,12 @@ class ProviderConfig:
         self.check_interval = check_interval
         self.retire_grace = retire_grace
         self.selection_note: str | None = None
-        if seed:
-            self.settings.seed(seed_file, env)
+        if seed and not self.settings.seed(seed_file, env):
+            wanted = sandbox_type(env)
+            stored = self.settings.active()
+            if wanted and stored and wanted != stored:
+                log.warning("SANDBOX_TYPE=%s is ignored: the settings store (the source of truth after "
+                            "first boot) has %s active; use `execbox config activate %s`", wanted, stored, wanted)
         self._lock = threading.RLock()
         self._version: float | None = None
         self._checked_at = 0.0
