@@ -142,8 +142,23 @@ def build_image(client: Any, spec: ImageSpec, *, progress: Progress | None = Non
         _build_rootfs_tarball(spec, tarball, cache_dir, say)
     say(f"importing {os.path.basename(tarball)} into docker", 0.92)
     _import(client, spec, tarball)
+    prune_stale(client, spec, cache_dir)
     say(f"{name} built ({spec.input_hash})", 1.0)
     return name, True
+
+
+def prune_stale(client: Any, spec: ImageSpec, cache_dir: str = CACHE_DIR) -> None:
+    """Drop tarballs and image tags of this flavor built from older inputs (in-use images stay)."""
+    for entry in os.listdir(cache_dir):
+        if entry.startswith(f"{spec.flavor}-") and entry.endswith(".tar") and spec.input_hash not in entry:
+            os.unlink(os.path.join(cache_dir, entry))
+    for image in client.images.list(name=spec.repository):
+        if not any(t in (spec.tag, f"{spec.repository}:latest") for t in image.tags):
+            for tag in image.tags:
+                try:
+                    client.images.remove(tag)
+                except Exception:  # noqa: BLE001 - still used by a container: keep it
+                    pass
 
 
 def _build_rootfs_tarball(spec: ImageSpec, tarball: str, cache_dir: str, say: Progress) -> None:

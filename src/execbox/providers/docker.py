@@ -179,6 +179,15 @@ class DockerProvider(AgentBackedProvider):
         finally:
             client.close()
 
+    def health_check(self) -> bool:
+        """This configuration's engine answers (the class probe also demands runsc and the default image)."""
+        if not self.initialized or self.docker is None:
+            return False
+        try:
+            return bool(self.docker.ping())
+        except Exception:  # noqa: BLE001
+            return False
+
     # -- lifecycle --------------------------------------------------------------------------
     def prepare(self) -> None:
         cfg = self.config

@@ -205,3 +205,10 @@ def test_host_workspace_is_bound_and_kept(provider, tmp_path):
     finally:
         provider.destroy_instance(inst.instance_id)
     assert (ws / "kept.txt").read_text() == "x"
+
+
+def test_health_and_zero_config_availability(provider):
+    assert provider.health_check()
+    ok, reason = DockerProvider.availability()
+    assert ok, reason
+    assert "runsc" in reason
