@@ -14,12 +14,14 @@ import json
 import logging
 import queue
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
-AUDIT_FIELDS = frozenset({"tenant_id", "provider", "operation", "instance_id", "language", "code_hash",
-                          "duration_ms", "status", "exit_code", "memory_used_mb", "error_code", "code"})
-"""Columns of the store's audit table (execbox.service.store.repos.AUDIT_FIELDS, minus created_at)."""
+AUDIT_FIELDS = frozenset({"tenant_id", "provider", "operation", "instance_id", "session_id", "token_id",
+                          "language", "code_hash", "duration_ms", "status", "exit_code", "memory_used_mb",
+                          "error_code", "code", "created_at"})
+"""Columns of the store's audit table (execbox.service.store.repos.AUDIT_FIELDS)."""
 
 EXEC_LOG = logging.getLogger("execbox.service.exec")
 log = logging.getLogger("execbox.service")
@@ -130,6 +132,7 @@ class OperationLog:
         EXEC_LOG.info("", extra={"fields": {"timestamp": datetime.now(UTC).isoformat(), **fields}})
         if self.audit is not None:
             record = {k: v for k, v in fields.items() if k in AUDIT_FIELDS}
+            record["created_at"] = time.time()  # when it happened, not when the writer got to it
             if self.audit_code:
                 record["code"] = code
             self.audit.submit(record)

@@ -97,6 +97,7 @@ def test_audit_table_records_facts_and_code_only_when_enabled(service_factory) -
     [row] = plain.store.audit.list(tenant_id="tenant-a")
     assert row["operation"] == "run_command" and row["language"] == "bash" and row["status"] == "success"
     assert row["provider"] == "jail" and row["exit_code"] == 0 and row["code"] is None
+    assert row["session_id"] == "au" and row["token_id"].startswith("tok_")
     assert row["code_hash"].startswith("sha256:")
 
     full: Service = service_factory(audit_code=True)
