@@ -68,6 +68,10 @@ def memory_mb(metadata: dict[str, Any]) -> float | None:
     return round(kb / 1024, 2) if isinstance(kb, (int, float)) else None
 
 
+BATCH_LINGER = 0.05  # seconds the writer waits for more records before a transaction
+BATCH_MAX = 500
+
+
 class AuditWriter:
     """Writes audit records to ``store.audit`` on one background thread, in order.
 
@@ -90,16 +94,58 @@ class AuditWriter:
 
     def _run(self) -> None:
         while True:
+            batch: list[dict[str, Any]] = []
+            marks: list[threading.Event] = []
+            stop = False
             item = self._q.get()
-            if item is None:
+            deadline = time.monotonic() + BATCH_LINGER
+            while True:
+                if item is None:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    marks.append(item)
+                else:
+                    batch.append(item)
+                if stop or marks or len(batch) >= BATCH_MAX:
+                    break
+                try:
+                    item = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+            if batch:
+                self._write(batch)
+            for mark in marks:
+                mark.set()
+            if stop:
                 return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        """One transaction per batch (store.audit.record_many when the store has it)."""
+        many = getattr(self._store.audit, "record_many", None)
+        try:
+            if many is not None:
+                many(batch)
+            elif len(batch) == 1:
+                self._store.audit.record(**batch[0])
+            else:
+                self._insert_many(batch)
+            return
+        except Exception:  # noqa: BLE001 - the audit trail must not take the service down
+            log.exception("writing %d audit records failed; retrying one by one", len(batch))
+        for fields in batch:
             try:
-                self._store.audit.record(**item)
-            except Exception:  # noqa: BLE001 - the audit trail must not take the service down
+                self._store.audit.record(**fields)
+            except Exception:  # noqa: BLE001
                 log.exception("writing an audit record failed")
+
+    def _insert_many(self, batch: list[dict[str, Any]]) -> None:
+        from sqlalchemy import insert
+
+        from .store.models import AuditEntry
+
+        rows = [{name: fields.get(name) for name in sorted(AUDIT_FIELDS)} for fields in batch]
+        with self._store.engine.begin() as conn:
+            conn.execute(insert(AuditEntry), rows)
 
     def flush(self, timeout: float = 10.0) -> bool:
         done = threading.Event()

@@ -101,10 +101,12 @@ def test_audit_table_records_facts_and_code_only_when_enabled(service_factory) -
     assert row["code_hash"].startswith("sha256:")
 
     full: Service = service_factory(audit_code=True)
-    full.a.post("/v1/sandbox/bash", json={"command": "echo AUDIT-ME", "session_id": "au"})
+    for i in range(3):  # written in batches: every record lands, in order
+        full.a.post("/v1/sandbox/bash", json={"command": f"echo AUDIT-ME-{i}", "session_id": "au"})
     full.app.state.audit.flush()
-    [row] = full.store.audit.list(tenant_id="tenant-a")
-    assert row["code"] == "echo AUDIT-ME"
+    rows = full.store.audit.list(tenant_id="tenant-a")
+    assert [r["code"] for r in rows] == ["echo AUDIT-ME-2", "echo AUDIT-ME-1", "echo AUDIT-ME-0"]
+    assert rows[0]["created_at"] > rows[2]["created_at"]
 
 
 def test_settings_from_env_are_strict() -> None:
