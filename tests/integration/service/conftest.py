@@ -98,7 +98,8 @@ def start_service(provider: Any, settings: ServiceSettings | None = None) -> Ser
     _, ta = store.tokens.create("tenant-a")
     _, tb = store.tokens.create("tenant-b")
     settings = (settings or ServiceSettings()).with_(workspaces_dir=workspaces)
-    providers = provider if hasattr(provider, "current") else Holder(provider)
+    # None: production wiring (ProviderConfig over the store, hot-reloaded from the admin API)
+    providers = None if provider is None else provider if hasattr(provider, "current") else Holder(provider)
     app = create_app(store=store, providers=providers, settings=settings)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
@@ -136,8 +137,8 @@ def service(jail_provider: SandboxProvider) -> Iterator[Service]:
 def service_factory(jail_provider: SandboxProvider) -> Iterator[Any]:
     started: list[Service] = []
 
-    def make(provider: Any = None, **settings: Any) -> Service:
-        svc = start_service(provider or jail_provider, ServiceSettings(**settings))
+    def make(provider: Any = jail_provider, **settings: Any) -> Service:
+        svc = start_service(provider, ServiceSettings(**settings))
         started.append(svc)
         return svc
 
