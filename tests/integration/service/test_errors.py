@@ -169,3 +169,13 @@ def test_connection_refused_client_error() -> None:
 
     with pytest.raises(ConnectionFailedError):
         RemoteSandbox("http://127.0.0.1:9", "t").run_code("1")
+
+
+def test_out_of_memory_is_422_with_the_partial_result(service: Service) -> None:
+    r = service.a.post("/v1/sandbox/execute", json={
+        "code": "print('filling', flush=True)\nx = bytearray(1024 * 1024 * 1024)", "session_id": "oom"})
+    assert r.status_code == 422, r.text
+    err = error_of(r)
+    assert err["code"] == "SB006" and err["details"]["result"]["stdout"] == "filling\n"
+    again = service.a.post("/v1/sandbox/execute", json={"code": "print('fine')", "session_id": "oom"})
+    assert again.status_code == 200 and again.json()["stdout"] == "fine\n"  # the session lives on
