@@ -123,3 +123,21 @@ def test_box_dying_mid_run_is_sb009_once(service: Service) -> None:
     assert r.status_code == 503 and error_of(r)["code"] == "SB009"
     r = c.post("/v1/sandbox/execute", json={"code": "print(open('keep.txt').read())", "session_id": "crash"})
     assert r.status_code == 200 and r.json()["stdout"] == "still here\n"
+
+
+def test_shutdown_leaves_no_instances_or_workspaces(jail_provider) -> None:
+    from .conftest import start_service
+
+    before = {i.instance_id for i in jail_provider.list_instances()}  # other modules' services
+    svc = start_service(jail_provider)
+    threads = [threading.Thread(target=lambda i=i: svc.a.post("/v1/sandbox/execute", json={
+        "code": "import time; time.sleep(0.2)", **({"session_id": f"s{i}"} if i % 2 else {})}))
+        for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert svc.app.state.sessions.count() == 3
+    svc.stop()
+    assert {i.instance_id for i in jail_provider.list_instances()} - before == set()
+    assert _wait(lambda: os.listdir(os.path.join(svc.workspaces, "tenant-a")) == [], 10)
