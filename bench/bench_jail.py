@@ -11,6 +11,7 @@ idle box memory. Prints tables only, asserts nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -147,6 +148,24 @@ def idle_memory(provider: JailProvider) -> tuple[float, float, float]:
         provider.destroy_instance(inst.instance_id)
 
 
+FLOOR = (
+    "import sys, time, json\n"
+    "import pandas as pd, matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+    "code = sys.stdin.read()\nn = int(sys.argv[1])\nout = []\nt0 = time.perf_counter()\n"
+    "for _ in range(n + 2):\n"
+    "    t = time.perf_counter(); exec(code, {}); out.append((time.perf_counter() - t) * 1000)\n"
+    "print(json.dumps([out[2:], time.perf_counter() - t0]))\n"
+)
+
+
+def in_process_floor(sci_py: str, env: dict[str, str], n: int) -> Row:
+    """The same plot run repeatedly inside one warm interpreter: no fork, no box, no protocol."""
+    proc = subprocess.run([sci_py, "-I", "-c", FLOOR, str(n)], input=PLOT, capture_output=True, text=True,
+                          env=env, cwd="/tmp", check=True)
+    samples, wall = json.loads(proc.stdout)
+    return Row("floor: same warm interpreter, plot only", samples, wall, 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=200)
@@ -196,6 +215,7 @@ def main() -> None:
         plot_rows.append(measure("cold: fresh sci python, import+plot",
                                  lambda: subprocess.run([sci_py, "-I", "-c", PLOT], check=True, capture_output=True,
                                                         env=env, cwd="/tmp"), n=cold_n, warmup=1))
+        plot_rows.append(in_process_floor(sci_py, env, max(10, n // 10)))
         for preload, label in (("none", "cold: jail session, no preload"), ("auto", "warm: jail session, preloaded")):
             q = JailProvider()
             q.initialize({**CONFIG, "runtime": "sci", "preload": preload, "pool_size": 0})
