@@ -23,6 +23,9 @@ class ServiceSettings:
     """SANDBOX_TENANT_MAX_SESSIONS: sessions one tenant may hold (SB008/429 beyond)."""
     tenant_max_executions: int = 10
     """SANDBOX_TENANT_MAX_EXECUTIONS: concurrent executions per tenant (SB008/429 beyond)."""
+    tenant_max_requests: int = 40
+    """SANDBOX_TENANT_MAX_REQUESTS: session requests per tenant in flight, queued ones included
+    (each holds a worker thread; SB008/429 beyond)."""
     default_timeout: float = 30.0
     """SANDBOX_TIMEOUT_SEC: timeout of an execution that names none."""
     max_code_bytes: int = 1024 * 1024
@@ -73,6 +76,7 @@ class ServiceSettings:
             "SANDBOX_MAX_SESSIONS": ("max_sessions", 1),
             "SANDBOX_TENANT_MAX_SESSIONS": ("tenant_max_sessions", 1),
             "SANDBOX_TENANT_MAX_EXECUTIONS": ("tenant_max_executions", 1),
+            "SANDBOX_TENANT_MAX_REQUESTS": ("tenant_max_requests", 1),
             "SANDBOX_MAX_CODE_BYTES": ("max_code_bytes", 1),
             "SANDBOX_MAX_FILE_BYTES": ("max_file_bytes", 1),
             "SANDBOX_MAX_REQUEST_BYTES": ("max_request_bytes", 1024),

@@ -127,7 +127,8 @@ class SessionManager:
         self.workspaces_root = workspaces_root
         self.metrics = metrics
         self._sessions: dict[tuple[str, str], Session] = {}
-        self._running: dict[str, int] = {}
+        self._running: dict[str, int] = {}  # tenant -> executions running
+        self._inflight: dict[str, int] = {}  # tenant -> session requests in flight (incl. queued)
         self._oneshots: dict[str, SandboxProvider] = {}
         self._deleting: dict[str, threading.Event] = {}  # workspace path -> removal finished
         self._lock = threading.Lock()
@@ -138,24 +139,29 @@ class SessionManager:
     @contextmanager
     def execution_slot(self, tenant_id: str) -> Iterator[None]:
         """Count one running execution against the tenant's concurrency limit (SB008 beyond)."""
-        limit = self.settings.tenant_max_executions
+        with self._slot(self._running, tenant_id, self.settings.tenant_max_executions,
+                        "tenant_max_executions", "executions", "executions running"):
+            yield
+
+    @contextmanager
+    def _slot(self, counter: dict[str, int], tenant_id: str, limit: int, reason: str, label: str,
+              what: str) -> Iterator[None]:
         with self._lock:
-            running = self._running.get(tenant_id, 0)
-            if running >= limit:
-                self._rejected("executions")
-                raise RateLimitError(
-                    f"tenant {tenant_id!r} already has {running} executions running (limit {limit})",
-                    details={"reason": "tenant_max_executions", "limit": limit, "tenant_id": tenant_id})
-            self._running[tenant_id] = running + 1
+            current = counter.get(tenant_id, 0)
+            if current >= limit:
+                self._rejected(label)
+                raise RateLimitError(f"tenant {tenant_id!r} already has {current} {what} (limit {limit})",
+                                     details={"reason": reason, "limit": limit, "tenant_id": tenant_id})
+            counter[tenant_id] = current + 1
         try:
             yield
         finally:
             with self._lock:
-                left = self._running.get(tenant_id, 1) - 1
+                left = counter.get(tenant_id, 1) - 1
                 if left:
-                    self._running[tenant_id] = left
+                    counter[tenant_id] = left
                 else:
-                    self._running.pop(tenant_id, None)
+                    counter.pop(tenant_id, None)
 
     def _rejected(self, limit: str) -> None:
         if self.metrics is not None:
@@ -188,9 +194,21 @@ class SessionManager:
     # -- using a session --------------------------------------------------------------------
     @contextmanager
     def session(self, tenant_id: str, session_id: str, template: str = "python") -> Iterator[Session]:
-        """The session with a live instance, held exclusively for the duration of the block."""
+        """The session with a live instance, held exclusively for the duration of the block.
+
+        Requests queued on a busy session hold a worker thread each, so a tenant may only have
+        ``tenant_max_requests`` session requests in flight (SB008 beyond): one tenant cannot
+        starve the others of threads.
+        """
         check_name(tenant_id, "tenant_id")
         check_name(session_id, "session_id")
+        with self._slot(self._inflight, tenant_id, self.settings.tenant_max_requests,
+                        "tenant_max_requests", "requests", "session requests in flight"):
+            with self._held(tenant_id, session_id, template) as s:
+                yield s
+
+    @contextmanager
+    def _held(self, tenant_id: str, session_id: str, template: str) -> Iterator[Session]:
         while True:
             with self._lock:
                 s = self._register(tenant_id, session_id)

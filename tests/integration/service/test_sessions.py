@@ -141,3 +141,21 @@ def test_shutdown_leaves_no_instances_or_workspaces(jail_provider) -> None:
     svc.stop()
     assert {i.instance_id for i in jail_provider.list_instances()} - before == set()
     assert _wait(lambda: os.listdir(os.path.join(svc.workspaces, "tenant-a")) == [], 10)
+
+
+def test_requests_queued_on_a_busy_session_are_bounded_per_tenant(service_factory) -> None:
+    svc: Service = service_factory(tenant_max_requests=2)
+    svc.a.post("/v1/sandbox/write", json={"session_id": "q", "path": "f", "content": "1"})
+    slow = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/execute", json={
+        "code": "import time; time.sleep(1.5)", "session_id": "q"}))
+    slow.start()
+    assert _wait(lambda: svc.app.state.sessions._inflight.get("tenant-a") == 1, 5)
+    queued = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"}))
+    queued.start()
+    assert _wait(lambda: svc.app.state.sessions._inflight.get("tenant-a") == 2, 5)
+    r = svc.a.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"})
+    assert r.status_code == 429 and error_of(r)["details"]["reason"] == "tenant_max_requests"
+    assert svc.b.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"}).status_code == 404  # B unaffected
+    slow.join()
+    queued.join()
+    assert svc.a.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"}).json()["content"] == "1"
