@@ -213,5 +213,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         501: "The active provider does not support this operation",
         502: "Provider connection failed (SB003)",
         503: "No capacity (SB004) or provider unavailable (SB001/SB009)",
+        507: "Workspace quota exceeded while writing (SB002)",
     }.items()
 }

@@ -179,3 +179,22 @@ def test_out_of_memory_is_422_with_the_partial_result(service: Service) -> None:
     assert err["code"] == "SB006" and err["details"]["result"]["stdout"] == "filling\n"
     again = service.a.post("/v1/sandbox/execute", json={"code": "print('fine')", "session_id": "oom"})
     assert again.status_code == 200 and again.json()["stdout"] == "fine\n"  # the session lives on
+
+
+def test_workspace_quota_full_is_507(service_factory, jail_provider) -> None:
+    from execbox.providers.jail import JailProvider
+
+    from .conftest import require
+
+    small = JailProvider()
+    small.initialize({"pool_size": 0, "preload": "none", "disk_quota_mb": 8})
+    try:
+        svc = service_factory(provider=small)
+        blob = "x" * (1024 * 1024)
+        statuses = [svc.a.post("/v1/sandbox/write", json={"session_id": "full", "path": f"f{i}", "content": blob}
+                               ).status_code for i in range(12)]
+        require(507 in statuses, "loop-mounted workspace quota")
+        r = svc.a.post("/v1/sandbox/write", json={"session_id": "full", "path": "more", "content": blob})
+        assert r.status_code == 507 and error_of(r)["code"] == "SB002"
+    finally:
+        small.shutdown()
