@@ -27,6 +27,7 @@ from . import bwrap, cgroups, quota, seccomp
 from .box import READY_TIMEOUT, ProcessBox
 from .quota import Workspace
 from .runtime import Runtime, jail_dir
+from .stderr_sink import Tail, sink
 
 log = logging.getLogger("execbox.jail")
 
@@ -85,6 +86,7 @@ class JailBox(ProcessBox):
         self.keep_workspace = ws.caller_dir is not None
         self.started_at = time.time()
         self.survivors: list[int] = []
+        self.stderr: Tail | None = None  # last KB of bwrap's and the agent's own stderr
 
     def oom_events(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
@@ -210,15 +212,19 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
         )
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
-        errlog = os.open(os.path.join(box_dir, "bwrap.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
         try:
             proc = _spawner.submit(
-                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog,
+                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_w,
                 env={"PATH": "/usr/bin:/bin"}, cwd="/", close_fds=True, pass_fds=(seccomp_fd,),
                 preexec_fn=_preexec(cg, uid),
             ).result()
+        except BaseException:
+            os.close(err_r)
+            raise
         finally:
-            os.close(errlog)
+            os.close(err_w)
+        stderr_tail = sink.watch(err_r)
     except BaseException:
         if seccomp_fd is not None:
             os.close(seccomp_fd)
@@ -230,12 +236,14 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
         raise
     os.close(seccomp_fd)
     box = JailBox(name, proc, ws, limits, cg, box_dir)
+    box.stderr = stderr_tail
     try:
         box.client.wait_ready(READY_TIMEOUT)
     except Exception as e:
-        detail = _tail(os.path.join(box_dir, "bwrap.log"))
         box.destroyed = True
         box.kill()
+        stderr_tail.closed.wait(2.0)  # the box is dead: its stderr reaches EOF
+        detail = stderr_tail.text()
         box.cleanup()
         if detail:
             raise RuntimeError(f"{e}; bwrap said: {detail}") from e
@@ -317,9 +325,3 @@ def remove_box_dir(box_dir: str) -> None:
         log.error("cannot remove box dir %s: %s", box_dir, e)
 
 
-def _tail(path: str, limit: int = 400) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()[-limit:].strip()
-    except OSError:
-        return ""

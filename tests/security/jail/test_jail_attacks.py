@@ -264,6 +264,29 @@ print(json.dumps(out))
     assert_healthy(jail, box)
 
 
+def test_writing_to_the_agents_own_stderr_cannot_fill_the_host(jail, box):
+    """Same-uid code can reopen the agent's fd 2 through /proc; it must lead nowhere on disk."""
+    b = jail._instances[box].box
+    code = """
+import os
+n = 0
+for pid in ("1", "2"):
+    try:
+        with open(f"/proc/{pid}/fd/2", "wb", buffering=0) as f:
+            for _ in range(64):
+                n += f.write(b"x" * (1 << 20))
+    except OSError as e:
+        print(pid, e.strerror)
+print("wrote", n >> 20)
+"""
+    run(jail, box, code, timeout=60)
+    sizes = [os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(b.box_dir) for f in fs
+             if not f.endswith(".img")]
+    assert all(size < (1 << 20) for size in sizes), sizes
+    assert b.stderr is not None and b.stderr.size <= 4096 + 65536  # bounded tail in host memory
+    assert_healthy(jail, box)
+
+
 # -- kernel attack surface (seccomp) -------------------------------------------------------------
 
 SYSCALLS_X86_64 = {"ptrace": 101, "mount": 165, "umount2": 166, "unshare": 272, "setns": 308, "keyctl": 250,
