@@ -70,6 +70,12 @@ class Service:
     def root(self) -> httpx.Client:
         return self.client(self.admin)
 
+    def jail_instances(self, *instance_ids: str) -> list[str]:
+        """Which of these instances the provider still holds (a one-shot's must be gone)."""
+        provider = self.app.state.providers.current()
+        live = {i.instance_id for i in provider.list_instances()}
+        return [i for i in instance_ids if i in live]
+
     def stop(self) -> None:
         for c in self.clients:
             c.close()
