@@ -101,3 +101,15 @@ def test_cgroup_oom_kill_is_sb006(provider, instance):
     except Exception as e:  # under gVisor the OOM killer may take the whole sandbox
         code_seen = getattr(e, "code", repr(e))
     assert code_seen == "SB006"
+
+
+def test_first_pooled_run_is_warm_and_runs_stay_fresh(provider):
+    inst = provider.create_instance(tenant_id="t", session_id=None).instance_id
+    try:
+        r = provider.execute_code(inst, "x = 41\ndef main(y):\n    return x + y\n", "python", arguments={"y": 1})
+        assert r.result == 42 and r.metadata.get("warm_start") is True
+        assert "context_id" not in r.metadata
+        r = provider.execute_code(inst, "print('x' in globals())", "python")
+        assert r.stdout == "False\n" and "warm_start" not in r.metadata
+    finally:
+        provider.destroy_instance(inst)
