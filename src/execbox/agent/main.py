@@ -65,6 +65,7 @@ class Agent:
         self.frames = protocol.FrameBuffer()
         self.pending: collections.deque[dict[str, Any]] = collections.deque()
         self.subreaper = procs.become_subreaper()
+        procs.set_dumpable(False)  # user code (same uid) must not reach our fds through /proc
         self.preloaded = self._preload(preload)
         self.seq = 0
         # Everything imported so far is shared with every fork: keep the collector from touching
@@ -155,6 +156,7 @@ class Agent:
     # -- children ---------------------------------------------------------------------------
     def child_prepare(self) -> None:
         """First thing in every forked child: forget the protocol and the agent's signals."""
+        procs.set_dumpable(True)  # an ordinary process again (its own /proc entries readable)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)

@@ -26,6 +26,18 @@ def become_subreaper() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+PR_SET_DUMPABLE = 4
+
+
+def set_dumpable(flag: bool) -> bool:
+    """Non-dumpable: processes of the same uid can neither ptrace us nor open /proc/<pid>/fd/*.
+
+    The agent holds the protocol pipes to the host; user code runs as the same uid, so without
+    this it could reopen them through /proc and write forged frames to the host.
+    """
+    return _prctl(PR_SET_DUMPABLE, 1 if flag else 0)
+
+
 def die_with_parent() -> bool:
     return _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
