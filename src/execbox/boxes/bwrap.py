@@ -69,6 +69,9 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
         "--disable-userns",  # no nested user namespaces (seccomp also denies unshare/clone flags)
         "--uid", str(BOX_UID), "--gid", str(BOX_GID), "--hostname", HOSTNAME,
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        # The agent is pid 1: no bwrap init inside the box holding the protocol pipes (code could
+        # reopen them through /proc/1/fd); the agent reaps orphans as it does as a subreaper.
+        "--as-pid-1",
         *system_mounts(),
     ]
     for name in ("passwd", "group", "hosts", "nsswitch.conf"):

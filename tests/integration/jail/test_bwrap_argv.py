@@ -15,7 +15,7 @@ def _argv(**kw):
 def test_isolation_flags_and_seccomp_fd_are_present():
     argv = _argv(workspace_host="/j/boxes/b1/workspace")
     for flag in ("--unshare-all", "--unshare-user", "--unshare-cgroup", "--disable-userns", "--die-with-parent",
-                 "--new-session", "--clearenv"):
+                 "--new-session", "--clearenv", "--as-pid-1"):
         assert flag in argv
     assert argv[argv.index("--cap-drop") + 1] == "ALL"
     assert argv[argv.index("--seccomp") + 1] == "7"

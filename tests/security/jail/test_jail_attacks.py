@@ -287,6 +287,32 @@ print("wrote", n >> 20)
     assert_healthy(jail, box)
 
 
+def test_code_cannot_reach_the_agents_protocol_pipes(jail, box):
+    """Forged frames written into the host stream could fake results or make the host buffer
+    hundreds of MB; the agent is pid 1 and non-dumpable, so /proc/1/fd is closed to user code."""
+    code = """
+import os, json
+out = {}
+try:
+    out["fds"] = os.listdir("/proc/1/fd")
+except OSError as e:
+    out["fds"] = e.strerror
+for fd in range(0, 12):
+    try:
+        with open(f"/proc/1/fd/{fd}", "wb", buffering=0) as f:
+            f.write(b"\\x7f\\xff\\xff\\xff" + b"{}")
+        out[fd] = "WROTE"
+    except OSError as e:
+        out[fd] = e.strerror
+print(json.dumps(out))
+"""
+    out = json.loads(run(jail, box, code).stdout)
+    assert out.pop("fds") == "Permission denied"
+    assert set(out.values()) <= {"Permission denied", "No such file or directory"}, out
+    assert run(jail, box, "print('intact')").stdout == "intact\n"  # the host's stream is untouched
+    assert_healthy(jail, box)
+
+
 # -- kernel attack surface (seccomp) -------------------------------------------------------------
 
 SYSCALLS_X86_64 = {"ptrace": 101, "mount": 165, "umount2": 166, "unshare": 272, "setns": 308, "keyctl": 250,
