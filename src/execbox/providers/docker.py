@@ -320,7 +320,7 @@ class DockerProvider(AgentBackedProvider):
                 is_python = False
             if is_python:
                 warm, inst.box.warm_context = inst.box.warm_context, None
-        result = super().execute_code(instance_id, code, language, timeout, arguments, context_id=warm,
+        result = super().execute_code(instance_id, code, language, timeout, arguments, context_id=warm or context_id,
                                       on_output=on_output, inline_artifacts=inline_artifacts)
         if warm is not None:
             for key in CONTEXT_KEYS:

@@ -113,3 +113,10 @@ def test_first_pooled_run_is_warm_and_runs_stay_fresh(provider):
         assert r.stdout == "False\n" and "warm_start" not in r.metadata
     finally:
         provider.destroy_instance(inst)
+
+
+def test_named_context_keeps_globals(provider, instance):
+    provider.execute_code(instance, "x = 5", "python", context_id="nb")
+    r = provider.execute_code(instance, "print(x)", "python", context_id="nb")
+    assert r.stdout == "5\n" and r.metadata["context_id"] == "nb"
+    assert r.metadata["context_executions"] == 2
