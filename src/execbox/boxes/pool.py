@@ -24,7 +24,7 @@ class PooledBox(Protocol):
 
 class BoxPool:
     def __init__(self, start: Callable[[], PooledBox], size: int, name: str = "pool",
-                 max_backoff: float = 30.0) -> None:
+                 max_backoff: float = 30.0, workers: int = 2) -> None:
         self._start = start
         self.size = max(0, int(size))
         self.name = name
@@ -39,9 +39,13 @@ class BoxPool:
         self.last_error_at: float | None = None
         self.started_total = 0
         self.handed_out = 0
-        self._thread = threading.Thread(target=self._run, name=f"execbox-{name}", daemon=True)
+        # Box start-up is mostly waiting (exec, mounts, imports): a second starter keeps sustained
+        # one-shot traffic from being limited by one start at a time.
+        self._threads = [threading.Thread(target=self._run, name=f"execbox-{name}-{i}", daemon=True)
+                         for i in range(max(1, min(workers, self.size)))]
         if self.size:
-            self._thread.start()
+            for t in self._threads:
+                t.start()
 
     def _run(self) -> None:
         backoff = 0.5
@@ -108,6 +112,17 @@ class BoxPool:
                 "last_error": self.last_error,
                 "last_error_at": self.last_error_at,
             }
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the starter threads to end (after close); True if all did."""
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout)
+        return not any(t.is_alive() for t in self._threads)
+
+    @property
+    def _thread(self) -> threading.Thread:  # compatibility: the first starter thread
+        return self._threads[0]
 
     def close(self) -> None:
         with self._cond:
