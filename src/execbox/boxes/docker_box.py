@@ -4,7 +4,8 @@ The container is created with every limit up front (network none, memory/CPU/pid
 root, tmpfs /tmp, per-box workspace volume, non-root, no capabilities, no-new-privileges), the
 attach stream is opened *before* start so the agent's ready frame cannot be missed, and the
 stream is demultiplexed here (no TTY: Docker prefixes each chunk with an 8-byte header).
-Never ``docker exec``: one long-lived stream per box.
+Never ``docker exec``: one long-lived stream per box. Also here: the owner labels that let a
+restarted service find and remove what a dead execbox process left on the engine.
 """
 
 from __future__ import annotations
@@ -172,7 +173,8 @@ class DockerBox(Box):
         self._oom_file = _oom_file(container_id)
         self._oom_seen = 0
         self.claimed_by: dict[str, str] = {}
-        self.warm_context: str | None = None  # an unused pre-forked Python context (pool boxes)
+        self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
+        self.rearming = False
 
     @property
     def volume(self) -> str | None:
@@ -304,6 +306,63 @@ def _read_oom_kills(path: str) -> int | None:
         return None
     m = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
     return int(m.group(1)) if m else None
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner_id(pid: int | None = None) -> str:
+    """``host:pid:start-time``: identifies this process, robust against pid reuse."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_proc_start_time(pid)}"
+
+
+def owner_is_gone(owner: str) -> bool:
+    """True when ``owner`` names a process on this host that no longer exists."""
+    try:
+        host, pid, start = owner.rsplit(":", 2)
+    except ValueError:
+        return False
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    return _proc_start_time(int(pid)) != start
+
+
+def labelled_resources(client: Any, label_filter: str) -> tuple[list[Any], list[Any]]:
+    """(containers incl. stopped, volumes) matching a Docker label filter."""
+    return (client.containers.list(all=True, filters={"label": label_filter}),
+            client.volumes.list(filters={"label": label_filter}))
+
+
+def remove_all(objects: list[Any]) -> int:
+    removed = 0
+    for obj in objects:
+        try:
+            obj.remove(force=True)
+            removed += 1
+        except Exception as e:  # noqa: BLE001 - gone already, or in use for a moment
+            log.warning("removing %s failed: %s", getattr(obj, "name", obj), e)
+    return removed
+
+
+def remove_stale(client: Any, me: str) -> int:
+    """Remove containers, then volumes, labelled by an execbox process that no longer exists."""
+    containers, volumes = labelled_resources(client, OWNER_LABEL)
+
+    def stale(labels: dict[str, str] | None) -> bool:
+        owner = (labels or {}).get(OWNER_LABEL, "")
+        return bool(owner) and owner != me and owner_is_gone(owner)
+
+    removed = remove_all([c for c in containers if stale(c.labels)])
+    removed += remove_all([v for v in volumes if stale(v.attrs.get("Labels"))])
+    if removed:
+        log.info("docker: removed %d stale containers/volumes of dead execbox processes", removed)
+    return removed
 
 
 def safe_name(*parts: str) -> str:

@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..boxes.docker_box import OWNER_LABEL, ContainerSpec, DockerBox, safe_name, start_container
+from ..boxes.docker_box import (
+    OWNER_LABEL,
+    ContainerSpec,
+    DockerBox,
+    labelled_resources,
+    owner_id,
+    owner_is_gone,
+    remove_all,
+    remove_stale,
+    safe_name,
+    start_container,
+)
 from ..boxes.images import DEFAULT_IMAGE
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
@@ -39,36 +49,14 @@ def runsc_host_pids(pids: int) -> int:
     host threads (a stub plus its tracer) on top of ~75 sentry/gofer threads; the user-facing
     limit is enforced inside gVisor instead (RLIMIT_NPROC), this one only stops a runaway sentry."""
     return RUNSC_PIDS_HEADROOM + 4 * pids
+
+
 WARM_CONTEXT = "__execbox_warm__"
 CONTEXT_KEYS = ("context_id", "context_new", "context_restarted", "context_reset", "context_note",
                 "context_executions")
 PROVIDER_LABEL = "execbox.provider_uid"  # one provider object: its shutdown sweeps only its own
+__all__ = ["DockerProvider", "docker_client", "owner_id", "owner_is_gone", "runsc_host_pids"]
 _availability_cache: dict[str, tuple[float, tuple[bool, str]]] = {}
-
-
-def _proc_start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def owner_id(pid: int | None = None) -> str:
-    """``host:pid:start-time``: identifies this process, robust against pid reuse."""
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}:{pid}:{_proc_start_time(pid)}"
-
-
-def owner_is_gone(owner: str) -> bool:
-    """True when ``owner`` names a process on this host that no longer exists."""
-    try:
-        host, pid, start = owner.rsplit(":", 2)
-    except ValueError:
-        return False
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    return _proc_start_time(int(pid)) != start
 
 
 def docker_client(base_url: str = "", timeout: float = 30.0) -> Any:
@@ -96,6 +84,9 @@ class DockerProvider(AgentBackedProvider):
         self.uid = uuid.uuid4().hex
         self._notes: list[str] = []
         self._reaper: ThreadPoolExecutor | None = None
+        self._warmer: ThreadPoolExecutor | None = None
+        self._warm_lock = threading.Lock()
+        self._warm_seq = 0
         self._pending = 0
         self._pending_lock = threading.Condition()
 
@@ -230,6 +221,7 @@ class DockerProvider(AgentBackedProvider):
                 "`execbox image build python`", details={"provider": self.name, "image": cfg["image"]},
             ) from None
         self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-reaper")
+        self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-warmer")
         self.remove_stale()
 
     @property
@@ -296,32 +288,68 @@ class DockerProvider(AgentBackedProvider):
         return box
 
     def _prewarm(self, box: DockerBox) -> None:
-        """Spawn a fresh, unused Python context in a pooled box for its first Python run.
+        """Spawn a fresh, unused Python context (a spare child) for the box's next stateless run.
 
         Forking the preloaded agent is the slow part of a run under gVisor's ptrace platform
-        (~150 ms); a context child forked ahead of time serves the first run in a few ms. It is
-        created empty inside this box, so it holds no state but the preloaded modules.
+        (~150 ms); a child forked ahead of time serves the run in a few ms. It is created empty
+        inside this box, so it holds nothing but the preloaded modules, and serves one run only.
         """
-        box.client.call("exec", {"language": "python", "code": "", "context_id": WARM_CONTEXT,
+        with self._warm_lock:
+            self._warm_seq += 1
+            cid = f"{WARM_CONTEXT}{self._warm_seq}"
+        box.client.call("exec", {"language": "python", "code": "", "context_id": cid,
                                  "timeout": 60.0, "output_cap": 4096, "stream": False,
                                  "inline_artifacts": False}, timeout=90.0)
-        box.warm_context = WARM_CONTEXT
+        box.warm_context = cid
+
+    def _rearm_later(self, box: DockerBox, used: str | None) -> None:
+        """Session boxes: drop the used spare and fork the next one while the caller thinks."""
+        if box.rearming or box.destroyed:
+            return
+        box.rearming = True
+
+        def rearm() -> None:
+            try:
+                if used is not None and not box.destroyed:
+                    box.client.call("context.reset", {"context_id": used}, timeout=30.0)
+                if not box.destroyed and box.warm_context is None:
+                    self._prewarm(box)
+            except Exception as e:  # noqa: BLE001 - the next run simply forks
+                log.debug("re-arming %s failed: %s", box.name, e)
+            finally:
+                box.rearming = False
+
+        warmer = self._warmer
+        try:
+            if warmer is None:
+                raise RuntimeError("no warmer")
+            warmer.submit(rearm)
+        except RuntimeError:  # shutting down
+            box.rearming = False
 
     def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
                      arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
                      on_output: OutputCallback | None = None, inline_artifacts: bool = False) -> ExecutionResult:
-        """The first Python run of a pooled box uses its pre-forked context; every other run forks."""
+        """A stateless Python run uses the box's spare pre-forked child when one is ready (else it
+        forks as usual); session boxes get their next spare in the background."""
         inst = self._instances.get(instance_id)
-        warm = None
-        if context_id is None and inst is not None and isinstance(inst.box, DockerBox) and inst.box.warm_context:
+        box = inst.box if inst is not None and isinstance(inst.box, DockerBox) else None
+        stateless_python = False
+        if context_id is None and box is not None:
             try:
-                is_python = Language.parse(language) is Language.PYTHON
+                stateless_python = Language.parse(language) is Language.PYTHON
             except SandboxError:
-                is_python = False
-            if is_python:
-                warm, inst.box.warm_context = inst.box.warm_context, None
-        result = super().execute_code(instance_id, code, language, timeout, arguments, context_id=warm or context_id,
-                                      on_output=on_output, inline_artifacts=inline_artifacts)
+                pass
+        warm = None
+        if stateless_python and box is not None and box.warm_context:
+            warm, box.warm_context = box.warm_context, None
+        try:
+            result = super().execute_code(instance_id, code, language, timeout, arguments,
+                                          context_id=warm or context_id, on_output=on_output,
+                                          inline_artifacts=inline_artifacts)
+        finally:
+            if stateless_python and box is not None and inst is not None and inst.session_id is not None:
+                self._rearm_later(box, warm)
         if warm is not None:
             for key in CONTEXT_KEYS:
                 result.metadata.pop(key, None)
@@ -408,30 +436,17 @@ class DockerProvider(AgentBackedProvider):
     # -- hygiene ----------------------------------------------------------------------------
     def owned_resources(self, mine: bool = False) -> tuple[list[Any], list[Any]]:
         """(containers, volumes) labelled by execbox; only this provider object's when ``mine``."""
-        flt = f"{PROVIDER_LABEL}={self.uid}" if mine else OWNER_LABEL
-        containers = self.docker.containers.list(all=True, filters={"label": flt})
-        volumes = self.docker.volumes.list(filters={"label": flt})
-        return containers, volumes
+        return labelled_resources(self.docker, f"{PROVIDER_LABEL}={self.uid}" if mine else OWNER_LABEL)
 
     def remove_stale(self) -> int:
         """Remove containers and volumes whose owning execbox process no longer exists."""
-        removed = 0
-        containers, volumes = self.owned_resources()
-        for obj in [*containers, *volumes]:
-            labels = obj.labels if hasattr(obj, "labels") else obj.attrs.get("Labels")
-            owner = (labels or {}).get(OWNER_LABEL, "")
-            if owner and owner != self.owner and owner_is_gone(owner):
-                try:
-                    obj.remove(force=True)
-                    removed += 1
-                except Exception as e:  # noqa: BLE001
-                    log.warning("removing stale %s failed: %s", getattr(obj, "name", obj), e)
-        if removed:
-            log.info("docker: removed %d stale containers/volumes of dead execbox processes", removed)
-        return removed
+        return remove_stale(self.docker, self.owner)
 
     def shutdown(self) -> None:
         pool = self._pool
+        if self._warmer is not None:
+            self._warmer.shutdown(wait=False, cancel_futures=True)
+            self._warmer = None
         super().shutdown()
         if pool is not None and pool._thread.is_alive():  # a start in flight ends in destroy()
             pool._thread.join(timeout=90)
@@ -443,11 +458,7 @@ class DockerProvider(AgentBackedProvider):
         if self.docker is not None:
             try:
                 containers, volumes = self.owned_resources(mine=True)
-                for obj in [*containers, *volumes]:
-                    try:
-                        obj.remove(force=True)
-                    except Exception:  # noqa: BLE001
-                        pass
+                remove_all([*containers, *volumes])
             except Exception as e:  # noqa: BLE001
                 log.warning("docker: final cleanup failed: %s", e)
             self.docker.close()

@@ -120,3 +120,24 @@ def test_named_context_keeps_globals(provider, instance):
     r = provider.execute_code(instance, "print(x)", "python", context_id="nb")
     assert r.stdout == "5\n" and r.metadata["context_id"] == "nb"
     assert r.metadata["context_executions"] == 2
+
+
+def test_session_runs_get_a_fresh_spare_child_each_time(provider):
+    import time
+
+    inst = provider.create_instance(tenant_id="t", session_id="spare").instance_id
+    box = provider._instances[inst].box
+    try:
+        seen = []
+        for i in range(3):
+            deadline = time.monotonic() + 60
+            while box.warm_context is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # the spare is forked in the background between runs
+            r = provider.execute_code(inst, f"print('y' in globals()); y = {i}", "python")
+            assert r.stdout == "False\n", r.stderr
+            seen.append(r.metadata.get("warm_start"))
+        assert seen == [True, True, True]
+        contexts = box.client.call("ping")["contexts"]
+        assert len(contexts) <= 1  # used spares are dropped, not piled up
+    finally:
+        provider.destroy_instance(inst)
