@@ -224,8 +224,8 @@ def looks_oom(stderr: str, exit_info: dict[str, Any]) -> bool:
     return any(m in tail for m in OOM_MARKERS) and exit_info.get("exit_code", 0) != 0
 
 
-def kill_quietly(pid: int) -> None:
+def kill_quietly(pid: int, keep: set[int] | None = None) -> None:
     try:
-        procs.kill_tree(pid)
+        procs.kill_tree(pid, keep=keep)
     except Exception:  # noqa: BLE001
         pass

@@ -372,7 +372,7 @@ class Agent:
     def _drop_context(self, context_id: str) -> None:
         ctx = self.contexts.pop(context_id, None)
         if ctx is not None:
-            executor.kill_quietly(ctx.pid)
+            executor.kill_quietly(ctx.pid, keep=self._context_pids())  # other contexts live on
             ctx.sock.close()
             self.reset_contexts.add(context_id)
 
@@ -414,7 +414,7 @@ class Agent:
             return None
 
         def kill() -> None:
-            executor.kill_quietly(ctx.pid)
+            executor.kill_quietly(ctx.pid, keep=self._context_pids() - {ctx.pid})
 
         return executor.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note
 
