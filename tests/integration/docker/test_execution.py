@@ -141,3 +141,21 @@ def test_session_runs_get_a_fresh_spare_child_each_time(provider):
         assert len(contexts) <= 1  # used spares are dropped, not piled up
     finally:
         provider.destroy_instance(inst)
+
+
+def test_named_context_survives_spare_turnover(provider):
+    import time
+
+    inst = provider.create_instance(tenant_id="t", session_id="mix").instance_id
+    box = provider._instances[inst].box
+    try:
+        provider.execute_code(inst, "x = 7", "python", context_id="nb")
+        for _ in range(3):  # each stateless run consumes a spare; the used one is reset
+            provider.execute_code(inst, "print(0)", "python")
+            deadline = time.monotonic() + 60
+            while (box.rearming or box.warm_context is None) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        r = provider.execute_code(inst, "print(x)", "python", context_id="nb")
+        assert r.stdout == "7\n", r.stderr
+    finally:
+        provider.destroy_instance(inst)
