@@ -3,7 +3,9 @@ a `docker exec`-per-run baseline measured in the same run against the same conta
 
     .venv/bin/python bench/bench_docker.py [--n 100] [--oneshot-n 20] [--runtimes runc,runsc]
 
-One-shot samples are taken with a ready container in the pool (the refill wait is not timed): the
+Session runs back to back pay the agent's fork (or wait for the spare child being forked in the
+background); with think time between runs (agents calling a tool) they use the spare. One-shot
+samples are taken with a ready container in the pool (the refill wait is not timed): the
 number is what a caller sees when the pool is sized for its load. Prints a table; asserts nothing.
 """
 
@@ -78,6 +80,8 @@ def bench_runtime(runtime: str, n: int, oneshot_n: int, pool: int, preload: str)
         rows.append(Row(base, s, w, 1, None, e))
         s, w, e = timed(session, n)
         rows.append(Row(f"{runtime}: session execute, fork per run", s, w, 1, base, e))
+        s, w, e = timed(session, max(10, n // 3), before=lambda: time.sleep(0.3))
+        rows.append(Row(f"{runtime}: session execute, 300 ms think time", s, w, 1, base, e))
         s, w, e = timed(session_context, n)
         rows.append(Row(f"{runtime}: session execute in a context", s, w, 1, base, e))
         p.destroy_instance(inst.instance_id)
