@@ -174,7 +174,6 @@ class DockerBox(Box):
         self._oom_seen = 0
         self.claimed_by: dict[str, str] = {}
         self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
-        self.rearming = False
 
     @property
     def volume(self) -> str | None:

@@ -302,36 +302,31 @@ class DockerProvider(AgentBackedProvider):
                                  "inline_artifacts": False}, timeout=90.0)
         box.warm_context = cid
 
-    def _rearm_later(self, box: DockerBox, used: str | None) -> None:
-        """Session boxes: drop the used spare and fork the next one while the caller thinks."""
-        if box.rearming or box.destroyed:
-            return
-        box.rearming = True
+    def _release_spare_later(self, box: DockerBox, used: str) -> None:
+        """A session box keeps running after its first run: end the used spare in the background.
 
-        def rearm() -> None:
+        Spares are not re-forked between session runs: measured under runsc, turning spares
+        over on every run leaked sandbox memory until the box hit its cgroup limit."""
+        def release() -> None:
+            if box.destroyed or box.client.dead:
+                return
             try:
-                if used is not None and not box.destroyed:
-                    box.client.call("context.reset", {"context_id": used}, timeout=30.0)
-                if not box.destroyed and box.warm_context is None:
-                    self._prewarm(box)
-            except Exception as e:  # noqa: BLE001 - the next run simply forks
-                log.debug("re-arming %s failed: %s", box.name, e)
-            finally:
-                box.rearming = False
+                box.client.call("context.reset", {"context_id": used}, timeout=30.0)
+            except Exception as e:  # noqa: BLE001 - the box is going away anyway
+                log.debug("releasing the spare of %s failed: %s", box.name, e)
 
         warmer = self._warmer
-        try:
-            if warmer is None:
-                raise RuntimeError("no warmer")
-            warmer.submit(rearm)
-        except RuntimeError:  # shutting down
-            box.rearming = False
+        if warmer is not None:
+            try:
+                warmer.submit(release)
+            except RuntimeError:  # shutting down
+                pass
 
     def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
                      arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
                      on_output: OutputCallback | None = None, inline_artifacts: bool = False) -> ExecutionResult:
-        """A stateless Python run uses the box's spare pre-forked child when one is ready (else it
-        forks as usual); session boxes get their next spare in the background."""
+        """The first stateless Python run of a pooled box uses its spare pre-forked child; every
+        other run forks the agent as usual."""
         inst = self._instances.get(instance_id)
         box = inst.box if inst is not None and isinstance(inst.box, DockerBox) else None
         stateless_python = False
@@ -348,8 +343,8 @@ class DockerProvider(AgentBackedProvider):
                                           context_id=warm or context_id, on_output=on_output,
                                           inline_artifacts=inline_artifacts)
         finally:
-            if stateless_python and box is not None and inst is not None and inst.session_id is not None:
-                self._rearm_later(box, warm)
+            if warm is not None and box is not None and inst is not None and inst.session_id is not None:
+                self._release_spare_later(box, warm)
         if warm is not None:
             for key in CONTEXT_KEYS:
                 result.metadata.pop(key, None)
