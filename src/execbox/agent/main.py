@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 from . import contexts, executor, fileops, paths, procs, protocol, runners
@@ -30,6 +31,17 @@ LANGS = ("python", "javascript", "bash")
 ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "python3": "python",
            "py": "python", "sh": "bash", "shell": "bash"}
 AUTO_PRELOAD = ("numpy", "pandas", "matplotlib.pyplot")
+
+
+@dataclass
+class Spare:
+    """A forked child waiting for its one-shot job on ``ctl_w``."""
+
+    pid: int
+    out_r: int
+    err_r: int
+    res_r: int
+    ctl_w: int
 
 
 class RequestError(Exception):
@@ -68,6 +80,7 @@ class Agent:
         procs.set_dumpable(False)  # user code (same uid) must not reach our fds through /proc
         self.preloaded = self._preload(preload)
         self.seq = 0
+        self.spare: Spare | None = None
         # Everything imported so far is shared with every fork: keep the collector from touching
         # (and so copying) those pages in each child.
         gc.collect()
@@ -114,12 +127,15 @@ class Agent:
             "languages": self.languages(), "preloaded": self.preloaded, "workspace": self.ws,
             "subreaper": self.subreaper, "startup_ms": round((time.monotonic() - self.t0) * 1000, 1),
         })
+        self.make_spare()
         while True:
             req = self.next_request()
             if req is None:
                 break
             if not self.handle(req):
                 break
+            if not self.pending:
+                self.make_spare()
         self.shutdown()
 
     def handle(self, req: dict[str, Any]) -> bool:
@@ -148,6 +164,7 @@ class Agent:
             self.exited[pid] = (status, ru)
 
     def shutdown(self) -> None:
+        self._discard_spare()
         for ctx in list(self.contexts.values()):
             executor.kill_quietly(ctx.pid)
         procs.kill_tree(os.getpid(), include_root=False)
@@ -167,6 +184,12 @@ class Agent:
                 pass
         for ctx in self.contexts.values():
             ctx.sock.close()
+        if self.spare is not None:  # another child must not feed or read the waiting spare
+            for fd in (self.spare.ctl_w, self.spare.out_r, self.spare.err_r, self.spare.res_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         os.setsid()
 
     def _exec_request(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -213,26 +236,31 @@ class Agent:
         if context_id is not None and spec["language"] != "python":
             raise RequestError("context_id is supported for python only", field="context_id")
         before = executor.snapshot(self.artifacts)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
-        streams = [executor.Stream("stdout", out_r, cap, emit), executor.Stream("stderr", err_r, cap, emit)]
         start = time.monotonic()
         ctx_note: dict[str, Any] = {}
+        read_fds: tuple[int, ...] = ()
         try:
             if context_id is not None:
-                watch, kill, ctx_note = self._start_in_context(str(context_id), spec, req, prefix,
-                                                               (out_w, err_w, res_w))
+                out_r, out_w = os.pipe()
+                err_r, err_w = os.pipe()
+                res_r, res_w = os.pipe()
+                read_fds = (out_r, err_r, res_r)
+                try:
+                    watch, kill, ctx_note = self._start_in_context(str(context_id), spec, req, prefix,
+                                                                   (out_w, err_w, res_w))
+                finally:
+                    for fd in (out_w, err_w, res_w):
+                        os.close(fd)
             else:
-                watch, kill = self._fork_oneshot(spec, req, prefix, (out_r, out_w, err_r, err_w, res_r, res_w))
-            for fd in (out_w, err_w, res_w):
-                os.close(fd)
+                watch, kill, read_fds = self._start_oneshot(spec, req, prefix)
+            out_r, err_r, res_r = read_fds
+            streams = [executor.Stream("stdout", out_r, cap, emit), executor.Stream("stderr", err_r, cap, emit)]
             out = executor.pump(
                 watch, streams, res_r, start + spec["timeout"], self.wake_r, self.proto_in,
                 lambda data: self._on_control(rid, data), self.on_wake, kill,
             )
         finally:
-            for fd in (out_r, err_r, res_r):
+            for fd in read_fds:
                 try:
                     os.close(fd)
                 except OSError:
@@ -280,8 +308,81 @@ class Agent:
             except OSError:
                 pass
 
-    def _fork_oneshot(self, spec: dict[str, Any], req: dict[str, Any], prefix: str, fds: tuple[int, ...]):
-        out_r, out_w, err_r, err_w, res_r, res_w = fds
+    def make_spare(self) -> None:
+        """Fork the child for the next one-shot run ahead of time, off the request's hot path.
+
+        The spare has its pipes wired and waits on a control pipe for its job; fork cost and
+        copy-on-write set-up are paid while the host is busy with the previous reply.
+        """
+        if self.spare is not None:
+            return
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        res_r, res_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the spare child
+            try:
+                self.child_prepare()
+                for fd in (out_r, err_r, res_r, ctl_w):
+                    os.close(fd)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.close(out_w)
+                os.close(err_w)
+                try:
+                    job = protocol.read_frame(ctl_r)
+                except (EOFError, OSError, ValueError):
+                    os._exit(0)  # discarded unused
+                os.close(ctl_r)
+                self._child_run(job, res_w)
+            except BaseException:  # noqa: BLE001
+                try:
+                    os.write(2, traceback.format_exc().encode())
+                finally:
+                    os._exit(127)
+            os._exit(1)
+        for fd in (out_w, err_w, res_w, ctl_r):
+            os.close(fd)
+        self.spare = Spare(pid, out_r, err_r, res_r, ctl_w)
+
+    def _discard_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        for fd in (spare.ctl_w, spare.out_r, spare.err_r, spare.res_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        executor.kill_quietly(spare.pid, keep=self._keep_pids())
+
+    def _child_run(self, job: dict[str, Any], res_w: int) -> None:
+        """Body of a one-shot child once its job arrived; never returns."""
+        spec = job["spec"]
+        lang = spec["language"]
+        os.chdir(spec["cwd"])
+        env = dict(os.environ)
+        env.update(spec["env"])
+        if job["args_path"]:
+            env["EXECBOX_ARGUMENTS_FILE"] = job["args_path"]
+        limits = job["limits"]
+        procs.apply_rlimits(limits, allow_address_space=lang != "javascript")
+        if lang == "python":
+            os.environ.update(spec["env"])
+            runners.setup_stdio(bool(job["stream"]))
+            rc = runners.run_python(spec["code"], spec["arguments"], {}, res_w, self.artifacts, job["prefix"])
+            runners.flush_stdio()
+            os._exit(rc & 0xFF if rc >= 0 else 1)
+        if lang == "javascript":
+            os.dup2(res_w, 3)
+            os.set_inheritable(3, True)
+            heap = limits.get("memory_bytes")
+            runners.exec_node(self.node or "node", job["code_path"], job["args_path"], env,
+                              int(heap // (1024 * 1024) * 3 // 4) if heap else None)
+        runners.exec_bash(self.bash, job["code_path"], env)
+
+    def _start_oneshot(self, spec: dict[str, Any], req: dict[str, Any], prefix: str):
         lang = spec["language"]
         code_path = args_path = ""
         if lang != "python":
@@ -294,39 +395,22 @@ class Agent:
                     json.dump(spec["arguments"], f)
         limits = dict(self.limits)
         limits.update({k: v for k, v in (req.get("limits") or {}).items() if v})
-        pid = os.fork()
-        if pid == 0:  # child
+        job = {"spec": spec, "stream": bool(req.get("stream")), "prefix": prefix, "code_path": code_path,
+               "args_path": args_path, "limits": limits}
+        for _attempt in range(2):
+            self.make_spare()
+            spare, self.spare = self.spare, None
+            assert spare is not None
             try:
-                self.child_prepare()
-                for fd in (out_r, err_r, res_r):
-                    os.close(fd)
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                os.chdir(spec["cwd"])
-                env = dict(os.environ)
-                env.update(spec["env"])
-                if args_path:
-                    env["EXECBOX_ARGUMENTS_FILE"] = args_path
-                procs.apply_rlimits(limits, allow_address_space=lang != "javascript")
-                if lang == "python":
-                    os.environ.update(spec["env"])
-                    runners.setup_stdio(bool(req.get("stream")))
-                    rc = runners.run_python(spec["code"], spec["arguments"], {}, res_w, self.artifacts, prefix)
-                    runners.flush_stdio()
-                    os._exit(rc & 0xFF if rc >= 0 else 1)
-                if lang == "javascript":
-                    os.dup2(res_w, 3)
-                    os.set_inheritable(3, True)
-                    heap = limits.get("memory_bytes")
-                    runners.exec_node(self.node or "node", code_path, args_path, env,
-                                      int(heap // (1024 * 1024) * 3 // 4) if heap else None)
-                runners.exec_bash(self.bash, code_path, env)
-            except BaseException:  # noqa: BLE001
-                try:
-                    os.write(2, traceback.format_exc().encode())
-                finally:
-                    os._exit(127)
-            os._exit(1)
+                protocol.write_frame(spare.ctl_w, job)
+                os.close(spare.ctl_w)
+                break
+            except OSError:  # the spare died while waiting (killed from inside the box): fork anew
+                self.spare = spare
+                self._discard_spare()
+        else:
+            raise RequestError("could not start a child process for the run", status=503, code="SB009")
+        pid = spare.pid
 
         def done() -> dict[str, Any] | None:
             if pid not in self.exited:
@@ -336,19 +420,26 @@ class Agent:
             return {"exit_code": code, "signal": sig, "peak_memory_kb": ru.ru_maxrss}
 
         def kill() -> None:
-            procs.kill_tree(pid, keep=self._context_pids())
+            procs.kill_tree(pid, keep=self._keep_pids())
 
         def reap_and_clean() -> dict[str, Any] | None:
             info = done()
             if info is not None:
                 # The main process ended: whatever it left running in the background ends too.
-                procs.kill_tree(pid, keep=self._context_pids())
+                procs.kill_tree(pid, keep=self._keep_pids())
             return info
 
-        return executor.Watch(pid=pid, is_done=reap_and_clean), kill
+        return executor.Watch(pid=pid, is_done=reap_and_clean), kill, (spare.out_r, spare.err_r, spare.res_r)
 
     def _context_pids(self) -> set[int]:
         return {c.pid for c in self.contexts.values()}
+
+    def _keep_pids(self) -> set[int]:
+        """Children that outlive a run: contexts and the waiting spare."""
+        keep = self._context_pids()
+        if self.spare is not None:
+            keep.add(self.spare.pid)
+        return keep
 
     def _spawn_context(self, context_id: str) -> contexts.Context:
         if len(self.contexts) >= contexts.MAX_CONTEXTS:
@@ -372,7 +463,7 @@ class Agent:
     def _drop_context(self, context_id: str) -> None:
         ctx = self.contexts.pop(context_id, None)
         if ctx is not None:
-            executor.kill_quietly(ctx.pid, keep=self._context_pids())  # other contexts live on
+            executor.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on
             ctx.sock.close()
             self.reset_contexts.add(context_id)
 
@@ -414,7 +505,7 @@ class Agent:
             return None
 
         def kill() -> None:
-            executor.kill_quietly(ctx.pid, keep=self._context_pids() - {ctx.pid})
+            executor.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
 
         return executor.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note
 

@@ -266,3 +266,28 @@ def _sleepers(tag: str = "300") -> list[str]:
         if cmd and cmd[0].endswith(b"sleep") and tag.encode() in cmd:
             out.append(pid)
     return out
+
+
+def test_spare_child_is_ready_between_runs_and_replaced_when_killed(sb):
+    """The agent forks the next run's child ahead of time; a spare that dies while waiting (OOM
+    killer, a signal) only costs that speed-up, never a run."""
+    import signal
+
+    agent_pid = sb.provider._instances[sb.instance_id].box.proc.pid
+
+    def agent_children() -> list[int]:
+        with open(f"/proc/{agent_pid}/task/{agent_pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+
+    sb.run_code("print('warm up')")
+    time.sleep(0.05)
+    [spare] = agent_children()
+    r = sb.run_code("import os\nprint(os.getpid())")
+    assert r.stdout == f"{spare}\n"  # the run used the child forked ahead of time
+    time.sleep(0.05)
+    [spare] = agent_children()
+    os.kill(spare, signal.SIGKILL)
+    time.sleep(0.05)
+    for _ in range(3):
+        r = sb.run_code("import os\nprint(os.getppid())")
+        assert r.exit_code == 0 and r.stdout == f"{agent_pid}\n"
