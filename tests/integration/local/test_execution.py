@@ -268,11 +268,12 @@ def _sleepers(tag: str = "300") -> list[str]:
     return out
 
 
-def test_spare_child_is_ready_between_runs_and_replaced_when_killed(sb):
+def test_spare_child_is_ready_between_runs_and_replaced_when_killed(local_sandbox):
     """The agent forks the next run's child ahead of time; a spare that dies while waiting (OOM
     killer, a signal) only costs that speed-up, never a run."""
     import signal
 
+    sb = local_sandbox
     agent_pid = sb.provider._instances[sb.instance_id].box.proc.pid
 
     def agent_children() -> list[int]:
