@@ -6,20 +6,9 @@ a provider without isolation (``local``) on a non-loopback address unless told t
 
 from __future__ import annotations
 
-import ipaddress
-
 import typer
 
 from ..errors import SandboxError
-
-
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def serve(
@@ -28,6 +17,10 @@ def serve(
     allow_no_isolation: bool = typer.Option(
         False, "--allow-no-isolation",
         help="Serve the 'local' provider (no isolation) on a non-loopback address anyway."),
+    open_run: bool = typer.Option(
+        False, "--open-run",
+        help="Answer the RAGFlow executor API (/run) without a token, as RAGFlow's own executor does. "
+             "Only on a loopback bind."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Start the sandbox service (uvicorn). Tokens: `execbox token create --tenant T [--admin]`."""
@@ -36,8 +29,13 @@ def serve(
     from ..service.app import create_app
     from ..service.config import ServiceSettings
     from ..service.logs import configure_json_logging
+    from ..service.routes.executor_compat import ExecutorAuth, is_loopback
     from ..service.store import open_store
     from ._store_cli import fail
+
+    if open_run and not is_loopback(host):
+        fail(SandboxError(f"--open-run serves /run without a token and is only allowed on a loopback bind, "
+                          f"not {host}", details={"host": host}))
 
     try:
         settings = ServiceSettings.from_env()
@@ -51,11 +49,13 @@ def serve(
         provider = app.state.providers.current()
     except SandboxError as e:
         fail(e)
-    if provider.isolation.value == "none" and not _is_loopback(host) and not allow_no_isolation:
+    if provider.isolation.value == "none" and not is_loopback(host) and not allow_no_isolation:
         fail(SandboxError(
             f"provider {provider.name!r} has no isolation; refusing to serve it on {host}. Bind 127.0.0.1, "
             "configure an isolating provider (SANDBOX_TYPE=jail), or pass --allow-no-isolation",
             details={"provider": provider.name, "host": host}))
+    if open_run:
+        app.state.executor_auth = ExecutorAuth.for_bind(host)
     configure_json_logging()
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(f"execbox {app.version}: provider {provider.name} (isolation {provider.isolation.value}), "

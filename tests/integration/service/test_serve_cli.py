@@ -74,3 +74,29 @@ def test_serve_refuses_the_unisolated_provider_off_loopback() -> None:
     proc = subprocess.run([EXECBOX, "serve", "--host", "0.0.0.0", "--port", str(free_port())], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "--allow-no-isolation" in proc.stderr
+
+
+def test_open_run_serves_ragflow_run_without_a_token_on_loopback_only() -> None:
+    import base64
+
+    base = traversable_tmpdir("execbox-serve-")
+    env = {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, "data"), "SANDBOX_TYPE": "local"}
+    body = {"code_b64": base64.b64encode(b"def main():\n    return 6 * 7\n").decode(), "language": "python",
+            "arguments": {}}
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        assert httpx.post(f"{url}/run", json=body, timeout=60).status_code == 401  # token by default
+    finally:
+        _stop(proc)
+    proc, url = _serve(env, "--open-run")
+    try:
+        _wait_ready(proc, url)
+        r = httpx.post(f"{url}/run", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["result"]["value"] == 42
+        assert httpx.get(f"{url}/v1/sandbox/sessions", timeout=10).status_code == 401  # only /run is open
+    finally:
+        _stop(proc)
+    refused = subprocess.run([EXECBOX, "serve", "--open-run", "--host", "0.0.0.0", "--port", str(free_port())],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "loopback" in refused.stderr
