@@ -45,6 +45,13 @@ AGENT_GRACE = 10.0  # seconds past an execution's own timeout before the host gi
 FILE_OP_TIMEOUT = 60.0
 DEFAULT_OUTPUT_CAP = 1024 * 1024
 
+TIMEOUT_SCHEMA: dict[str, dict[str, Any]] = {
+    "timeout": {"type": "integer", "default": 30, "min": 1, "max": 3600, "label": "Default timeout (s)",
+                "description": "Default execution timeout in seconds."},
+    "max_timeout": {"type": "integer", "default": 3600, "min": 1, "max": 86400, "label": "Max timeout (s)",
+                    "description": "Largest timeout a caller may ask for."},
+}
+
 POLICY_SCHEMA: dict[str, dict[str, Any]] = {
     "enable_ast_analysis": {
         "type": "boolean", "default": False, "label": "AST policy",

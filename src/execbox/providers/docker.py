@@ -33,7 +33,7 @@ from ..boxes.images import DEFAULT_IMAGE
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import Isolation, SandboxInstance, make_instance_id
 from ..settings import parse_bool
-from .agent_backed import POLICY_SCHEMA, AgentBackedProvider, Instance
+from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, Instance
 from .schema import parse_size
 
 log = logging.getLogger("execbox.provider.docker")
@@ -102,12 +102,7 @@ class DockerProvider(AgentBackedProvider):
                      "description": "CPU quota per container."},
             "pids_limit": {"type": "integer", "default": 128, "min": 16, "max": 4096, "label": "Pids limit",
                            "description": "Most processes and threads a container may hold."},
-            "timeout": {"type": "integer", "default": 30, "min": 1, "max": 3600,
-                        "label": "Default timeout (s)",
-                        "description": "Default execution timeout in seconds."},
-            "max_timeout": {"type": "integer", "default": 3600, "min": 1, "max": 86400,
-                            "label": "Max timeout (s)",
-                            "description": "Largest timeout a caller may ask for."},
+            **TIMEOUT_SCHEMA,
             "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                                  "label": "Output cap (bytes)",
                                  "description": "Cap on stdout and stderr each."},

@@ -21,7 +21,7 @@ from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
 from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
 from ..models import Isolation
-from .agent_backed import POLICY_SCHEMA, AgentBackedProvider
+from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
 from .schema import parse_size
 
 log = logging.getLogger("execbox.jail")
@@ -49,10 +49,7 @@ class JailProvider(AgentBackedProvider):
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
         return {
-            "timeout": {"type": "integer", "default": 30, "min": 1, "max": 3600, "label": "Default timeout (s)",
-                        "description": "Default execution timeout in seconds."},
-            "max_timeout": {"type": "integer", "default": 3600, "min": 1, "max": 86400, "label": "Max timeout (s)",
-                            "description": "Largest timeout a caller may ask for."},
+            **TIMEOUT_SCHEMA,
             "max_memory": {"type": "string", "default": "512m", "format": "size", "label": "Memory per box",
                            "description": "cgroup memory limit of each box (e.g. 256m, 1g); exceeding it is SB006."},
             "cpus": {"type": "number", "default": 1.0, "min": 0.05, "max": 64, "label": "CPUs per box",

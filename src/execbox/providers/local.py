@@ -16,7 +16,7 @@ from typing import Any
 
 from ..boxes.box import AGENT_BOOT, READY_TIMEOUT, ProcessBox
 from ..models import Isolation
-from .agent_backed import POLICY_SCHEMA, AgentBackedProvider
+from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
 from .schema import parse_size
 
 WARNING = ("local provider: no isolation (tier 'none'); code runs as the service user and can read "
@@ -54,10 +54,7 @@ class LocalProvider(AgentBackedProvider):
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
         return {
-            "timeout": {"type": "integer", "default": 30, "min": 1, "max": 3600, "label": "Default timeout (s)",
-                        "description": "Default execution timeout in seconds."},
-            "max_timeout": {"type": "integer", "default": 3600, "min": 1, "max": 86400, "label": "Max timeout (s)",
-                            "description": "Largest timeout a caller may ask for."},
+            **TIMEOUT_SCHEMA,
             "max_memory": {"type": "string", "default": "1g", "format": "size", "label": "Memory limit",
                            "description": "Data-segment rlimit per execution (e.g. 512m, 1g)."},
             "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
