@@ -178,7 +178,11 @@ def test_async_client(service: Service) -> None:
             cmd = await sb.run_command("echo ok")
             return r.stdout, cmd.stdout, seen
 
-    out, cmd, seen = asyncio.run(go())
+    # A fresh thread: another suite's sync Playwright may own this thread's running event loop.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        out, cmd, seen = pool.submit(asyncio.run, go()).result()
     assert out == "async\n" and cmd == "ok\n" and "".join(seen) == "async\n"
 
 
