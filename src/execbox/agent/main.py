@@ -330,6 +330,7 @@ class Agent:
                 os.dup2(err_w, 2)
                 os.close(out_w)
                 os.close(err_w)
+                runners.warm_up()
                 try:
                     job = protocol.read_frame(ctl_r)
                 except (EOFError, OSError, ValueError):

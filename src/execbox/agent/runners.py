@@ -114,6 +114,18 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
     return exit_code
 
 
+def warm_up() -> None:
+    """Run an empty program once in a freshly forked child, before its job arrives.
+
+    After a fork, the first writes to the interpreter's pages copy them (copy-on-write); with
+    numpy/pandas/matplotlib preloaded that is the bulk of a first run's time, and under gVisor
+    page faults are expensive. Paying it while the child waits keeps it off the request.
+    """
+    setup_stdio(False)
+    run_python("pass\n", None, {}, -1, None, "warm-up")
+    flush_stdio()
+
+
 def save_figures(artifacts_dir: str | None, prefix: str) -> None:
     """Save open matplotlib figures as PNG artifacts, if the code used pyplot."""
     plt = sys.modules.get("matplotlib.pyplot")
