@@ -3,8 +3,8 @@ a `docker exec`-per-run baseline measured in the same run against the same conta
 
     .venv/bin/python bench/bench_docker.py [--n 100] [--oneshot-n 20] [--runtimes runc,runsc]
 
-Stateless session runs use the child the agent forked ahead of time (with and without think time
-between runs, which decides whether that fork is hidden); context runs reuse one long-lived child. One-shot
+Stateless session runs fork the agent (with and without think time between runs); context runs
+reuse one long-lived child; a one-shot's single run uses the pooled box's spare child. One-shot
 samples are taken with a ready container in the pool (the refill wait is not timed): the
 number is what a caller sees when the pool is sized for its load. Prints a table; asserts nothing.
 """

@@ -173,6 +173,7 @@ class DockerBox(Box):
         self._oom_file = _oom_file(container_id)
         self._oom_seen = 0
         self.claimed_by: dict[str, str] = {}
+        self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
 
     @property
     def volume(self) -> str | None:
