@@ -36,7 +36,7 @@ from ..models import (
     make_instance_id,
 )
 from ..policy import AstPolicy
-from .base import OutputCallback, SandboxProvider
+from .base import OutputCallback, SandboxProvider, check_code_and_arguments, check_timeout
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider")
@@ -233,10 +233,7 @@ class AgentBackedProvider(SandboxProvider):
                      arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
                      on_output: OutputCallback | None = None, inline_artifacts: bool = False) -> ExecutionResult:
         lang = Language.parse(language)
-        if not isinstance(code, str):
-            raise InvalidConfigError("code must be a string", details={"field": "code"})
-        if arguments is not None and not isinstance(arguments, dict):
-            raise InvalidConfigError("arguments must be a JSON object (dict)", details={"field": "arguments"})
+        check_code_and_arguments(code, arguments)
         if lang is Language.PYTHON and self._policy is not None:
             self._policy.check(code)
         return self._exec(instance_id, {
@@ -251,14 +248,12 @@ class AgentBackedProvider(SandboxProvider):
                           timeout, on_output, False)
 
     def _check_timeout(self, timeout: Any) -> float:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise InvalidConfigError("timeout must be a positive number of seconds",
-                                     details={"field": "timeout", "value": str(timeout)})
+        seconds = check_timeout(timeout)
         limit = self.config.get("max_timeout")
         if limit and timeout > limit:
             raise InvalidConfigError(f"timeout {timeout}s exceeds this provider's maximum of {limit}s",
                                      details={"field": "timeout", "max": limit})
-        return float(timeout)
+        return seconds
 
     def _exec(self, instance_id: str, params: dict[str, Any], timeout: Any, on_output: OutputCallback | None,
               inline_artifacts: bool) -> ExecutionResult:

@@ -26,6 +26,28 @@ SCHEMA_KEYS = frozenset(
 SCHEMA_TYPES = frozenset({"string", "integer", "number", "boolean", "json", "list"})
 
 
+def check_code_and_arguments(code: Any, arguments: Any) -> None:
+    """SB002 unless ``code`` is a string and ``arguments`` a JSON object or None."""
+    if not isinstance(code, str):
+        raise InvalidConfigError("code must be a string", details={"field": "code"})
+    if arguments is not None and not isinstance(arguments, dict):
+        raise InvalidConfigError("arguments must be a JSON object (dict)", details={"field": "arguments"})
+
+
+def check_timeout(timeout: Any) -> float:
+    """SB002 unless ``timeout`` is a positive number of seconds (a bool is not a number here)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise InvalidConfigError("timeout must be a positive number of seconds",
+                                 details={"field": "timeout", "value": str(timeout)})
+    return float(timeout)
+
+
+def check_run_inputs(code: Any, arguments: Any, timeout: Any) -> None:
+    """The input checks every provider makes before anything is sent to a box or a cloud."""
+    check_code_and_arguments(code, arguments)
+    check_timeout(timeout)
+
+
 class SandboxProvider(ABC):
     """Base interface for all sandbox providers."""
 

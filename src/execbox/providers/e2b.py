@@ -38,10 +38,9 @@ from ..models import (
     TextPage,
     make_instance_id,
 )
-from .base import OutputCallback, SandboxProvider
+from .base import OutputCallback, SandboxProvider, check_run_inputs
 from .remote_code import (
     ARTIFACTS_DIR,
-    check_run_inputs,
     extract_result,
     is_connect_error,
     make_artifact,

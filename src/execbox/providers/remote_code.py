@@ -16,7 +16,6 @@ import mimetypes
 import secrets
 from typing import Any
 
-from ..errors import InvalidConfigError
 from ..models import Artifact, TextPage
 
 MARK_PREFIX = "__EXECBOX_RESULT_"
@@ -142,17 +141,6 @@ def make_artifact(name: str, data: bytes, mime_type: str | None = None) -> Artif
     return Artifact(name=name, mime_type=mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream",
                     size=len(data), sha256=hashlib.sha256(data).hexdigest(), path=f"{ARTIFACTS_DIR}/{name}",
                     _data=data)
-
-
-def check_run_inputs(code: Any, arguments: Any, timeout: Any) -> None:
-    """The same SB002 checks the agent-backed providers make, before anything is sent."""
-    if not isinstance(code, str):
-        raise InvalidConfigError("code must be a string", details={"field": "code"})
-    if arguments is not None and not isinstance(arguments, dict):
-        raise InvalidConfigError("arguments must be a JSON object (dict)", details={"field": "arguments"})
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise InvalidConfigError("timeout must be a positive number of seconds",
-                                 details={"field": "timeout", "value": str(timeout)})
 
 
 def text_page(path: str, data: bytes, offset: int, limit: int) -> TextPage:

@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..models import Artifact, ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..policy import AstPolicy
-from .base import OutputCallback, SandboxProvider
+from .base import OutputCallback, SandboxProvider, check_run_inputs
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.self_managed")
@@ -248,13 +248,7 @@ class SelfManagedProvider(SandboxProvider):
                                      details={"field": "language", "value": lang.value}, http_status=501)
         if context_id is not None:
             raise self._unsupported("stateful contexts (context_id)")
-        if not isinstance(code, str):
-            raise InvalidConfigError("code must be a string", details={"field": "code"})
-        if arguments is not None and not isinstance(arguments, dict):
-            raise InvalidConfigError("arguments must be a JSON object (dict)", details={"field": "arguments"})
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise InvalidConfigError("timeout must be a positive number of seconds",
-                                     details={"field": "timeout", "value": str(timeout)})
+        check_run_inputs(code, arguments, timeout)
         if lang is Language.PYTHON and self._policy is not None:
             self._policy.check(code)
         payload = {"code_b64": base64.b64encode(code.encode("utf-8")).decode("ascii"),
