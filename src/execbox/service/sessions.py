@@ -368,13 +368,17 @@ class SessionManager:
             raise SessionNotFoundError(f"no session {tenant_id}/{session_id}",
                                        details={"tenant_id": tenant_id, "session_id": session_id})
         info = s.to_dict()
+        self._stop_and_teardown(s)
+        return info
+
+    def _stop_and_teardown(self, s: Session) -> None:
+        """Cancel whatever the session is running, then tear its box and workspace down."""
         if s.provider is not None and s.instance_id is not None:
             try:
                 s.provider.cancel(s.instance_id)
             except SandboxError:
                 pass
         self._teardown(s)
-        return info
 
     def _teardown(self, s: Session) -> None:
         done = threading.Event()
@@ -439,11 +443,6 @@ class SessionManager:
             for s in sessions:
                 s.closed = True
         for s in sessions:
-            if s.provider is not None and s.instance_id is not None:
-                try:
-                    s.provider.cancel(s.instance_id)
-                except SandboxError:
-                    pass
-            self._teardown(s)
+            self._stop_and_teardown(s)
         for instance_id, prov in oneshots:
             self._destroy_instance(prov, instance_id)
