@@ -16,8 +16,8 @@ apt_install() {
     echo "setup: installing Debian packages: ${missing[*]}"
     local stamp=/tmp/.execbox-apt-updated
     if [ ! -e "$stamp" ]; then
-        _as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        _as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
         touch "$stamp"
     fi
-    _as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    _as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
