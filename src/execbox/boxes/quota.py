@@ -71,11 +71,43 @@ def _template(size_bytes: int) -> str:
     return path
 
 
+def sparse_copy(src: str, dst: str) -> None:
+    """Copy ``src`` to a new ``dst`` keeping its holes: only the data extents are written.
+
+    Done in-process with SEEK_DATA/SEEK_HOLE (the template's few hundred KB of ext4 metadata),
+    which saves a fork+exec of cp(1) on every box start; falls back to cp where the filesystem
+    cannot report holes.
+    """
+    try:
+        with open(src, "rb") as fin, open(dst, "xb") as fout:
+            size = os.fstat(fin.fileno()).st_size
+            fi, fo = fin.fileno(), fout.fileno()
+            pos = 0
+            while pos < size:
+                try:
+                    start = os.lseek(fi, pos, os.SEEK_DATA)
+                except OSError:  # ENXIO: only a hole is left
+                    break
+                end = os.lseek(fi, start, os.SEEK_HOLE)
+                while start < end:
+                    chunk = os.pread(fi, min(1 << 20, end - start), start)
+                    if not chunk:
+                        break
+                    os.pwrite(fo, chunk, start)
+                    start += len(chunk)
+                pos = end
+            os.ftruncate(fo, size)
+    except OSError:
+        if os.path.exists(dst):
+            os.unlink(dst)
+        _run([CP, "--sparse=always", "--", src, dst])
+
+
 def create(image: str, mountpoint: str, size_bytes: int, owner: int) -> None:
     """Make a ``size_bytes`` ext4 image, mount it on ``mountpoint``, give its root to ``owner``."""
     os.makedirs(mountpoint, exist_ok=True)
     try:
-        _run([CP, "--sparse=always", "--", _template(size_bytes), image])
+        sparse_copy(_template(size_bytes), image)
         _run([MOUNT, "-o", "loop,nosuid,nodev,noatime", "-t", "ext4", "--", image, mountpoint])
     except BaseException:
         if os.path.exists(image):

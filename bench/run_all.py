@@ -1,0 +1,105 @@
+"""`make bench`: run every bench script within a time budget, then print each issue target beside the
+figure measured for it, marking misses. Figures are read back from the scripts' own tables, so a
+script's output stays the single source; a target whose row is missing is shown as "not measured".
+
+    .venv/bin/python bench/run_all.py [--budget 900] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROW = re.compile(r"^(?P<name>\S.*?)\s+(?P<conc>\d+)\s+(?P<n>\d+)\s+(?P<p50>[\d.]+)\s+(?P<p95>[\d.]+)"
+                 r"\s+(?P<ops>[\d.]+)\s+(?P<err>\d+)\b")
+FIGURE = re.compile(r"^figure: (?P<name>.+): (?P<value>[\d.]+)$")
+MEM = re.compile(r"^(?P<name>runtime .+?)\s+(?P<rss>[\d.]+)\s+(?P<pss>[\d.]+)\s+(?P<cg>[\d.]+)$")
+
+# (script, arguments, share of the budget)
+SCRIPTS = [
+    ("bench_jail.py", ["-n", "100"], 0.15),
+    ("bench_scaling.py", ["--n", "100", "--oneshot-n", "24"], 0.2),
+    ("bench_http.py", [], 0.15),
+    ("bench_docker.py", ["--n", "30", "--oneshot-n", "8"], 0.2),
+    ("peers/bench_peers.py", ["--n", "30", "--oneshot-n", "6"], 0.2),
+    ("bench_local.py", ["-n", "100"], 0.05),
+]
+
+# (target label, figure key, kind, threshold); kind "max" = figure <= threshold, "min" = figure >= threshold
+TARGETS = [
+    ("sustained one-shot c=4 (runs/s)", "fig:jail sustained one-shot c=4 runs/s", "min", 60.0),
+    ("sustained one-shot c=16 (runs/s)", "fig:jail sustained one-shot c=16 runs/s", "min", 60.0),
+    ("jail one-shot from warm pool p50 (ms)", "p50:jail one-shot print(1), warm pool@1", "max", 6.0),
+    ("jail session run p50 (ms)", "p50:jail session print(1)@1", "max", 3.0),
+    ("HTTP session run p50 (ms)", "p50:http session execute c=1@1", "max", 6.0),
+    ("runsc session run p50 (ms)", "p50:runsc: session execute, fork per run@1", "max", 30.0),
+    ("runsc one-shot from pool p50 (ms)", "p50:runsc: one-shot from warm pool@1", "max", 20.0),
+    ("runc pool refill per box p50 (ms)", "p50:runc: cold start (pool refill)@1", "max", 400.0),
+    ("runsc pool refill per box p50 (ms)", "p50:runsc: cold start (pool refill)@1", "max", 1000.0),
+    ("warm plot / warm-interpreter floor", "ratio:plot", "max", 1.2),
+    ("idle jail box PSS (MB)", "pss:runtime system, preload none", "max", 12.0),
+]
+
+
+def collect(out: str, figures: dict[str, float]) -> None:
+    for line in out.splitlines():
+        if m := FIGURE.match(line):
+            figures[f"fig:{m['name']}"] = float(m["value"])
+        elif m := MEM.match(line):
+            figures[f"pss:{m['name']}"] = float(m["pss"])
+        elif m := ROW.match(line):
+            key = f"p50:{m['name']}@{m['conc']}"
+            figures.setdefault(key, float(m["p50"]))
+    warm = figures.get("p50:warm: jail session, preloaded, import+plot@1")
+    floor = figures.get("p50:floor: same warm interpreter, plot only@1")
+    if warm and floor:
+        figures["ratio:plot"] = warm / floor
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=900.0, help="seconds for all scripts together")
+    args = ap.parse_args()
+    py = sys.executable
+    figures: dict[str, float] = {}
+    start = time.monotonic()
+    load0 = os.getloadavg()
+    for script, argv, share in SCRIPTS:
+        left = args.budget - (time.monotonic() - start)
+        limit = max(10.0, min(left, args.budget * share * 1.5))
+        print(f"\n== {script} {' '.join(argv)} (limit {limit:.0f} s)", flush=True)
+        try:
+            proc = subprocess.run([py, os.path.join(HERE, script), *argv], capture_output=True, text=True,
+                                  timeout=limit)
+            out = proc.stdout
+            sys.stdout.write(out)
+            if proc.returncode != 0:
+                print(f"!! {script} exited {proc.returncode}: {proc.stderr[-800:]}")
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            sys.stdout.write(out)
+            print(f"!! {script} stopped at its {limit:.0f} s limit")
+        collect(out, figures)
+    print("\nissue #21 targets (measured above, same run)")
+    print(f"{'target':<40} {'figure':>10} {'target':>10}  result")
+    misses = 0
+    for label, key, kind, limit in TARGETS:
+        value = figures.get(key)
+        want = f"{'>=' if kind == 'min' else '<='} {limit:g}"
+        if value is None:
+            print(f"{label:<40} {'-':>10} {want:>10}  not measured")
+            continue
+        ok = value >= limit if kind == "min" else value <= limit
+        misses += not ok
+        print(f"{label:<40} {value:>10.2f} {want:>10}  {'ok' if ok else 'MISS'}")
+    print(f"\n{misses} target(s) missed; {os.cpu_count()} cpus; load at start {load0[0]:.2f}, "
+          f"at end {os.getloadavg()[0]:.2f}; {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
