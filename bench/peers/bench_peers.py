@@ -51,6 +51,23 @@ def skipped(name: str, why: str) -> list[Row]:
     return [Row(f"{name} (session)", [], 0.0, 1), Row(f"{name} (one-shot)", [], 0.0, 1)]
 
 
+PEER_TAG = "execbox-bench-peer:latest"
+
+
+def peer_image(base: str) -> str:
+    """The peers' image: ``base`` plus a ``python`` name (llm-sandbox execs ``python``; the suite's
+    image only has ``python3``). Built locally from ``base``; nothing is pulled."""
+    import io
+
+    import docker
+
+    client = docker.from_env()
+    dockerfile = (f"FROM {base}\nUSER root\n"
+                  "RUN ln -sf \"$(command -v python3)\" /usr/local/bin/python\n")
+    client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=PEER_TAG, pull=False, rm=True)
+    return PEER_TAG
+
+
 # ---- raw docker-py baseline ---------------------------------------------------------------------
 def docker_py_rows(image: str, n: int, oneshot_n: int) -> list[Row]:
     import docker
@@ -194,8 +211,14 @@ def main() -> None:
     rows += provider_rows("jail", make_jail, args.n, args.oneshot_n)
     for rt in [r for r in args.runtimes.split(",") if r]:
         rows += provider_rows(f"docker {rt}", make_docker(rt), args.n, args.oneshot_n)
-    rows += llm_sandbox_rows(args.image, args.n, args.oneshot_n)
-    rows += docker_py_rows(args.image, args.n, args.oneshot_n)
+    try:
+        image = peer_image(args.image)
+    except Exception as e:  # noqa: BLE001 - no Docker or no base image: the peers say why
+        rows += skipped("llm-sandbox docker", f"peer image not built: {e}")
+        rows += skipped("docker-py exec_run", f"peer image not built: {e}")
+    else:
+        rows += llm_sandbox_rows(image, args.n, args.oneshot_n)
+        rows += docker_py_rows(image, args.n, args.oneshot_n)
     table("session run print(1): execbox vs peers", [r for r in rows if "(session)" in r.name])
     table("sustained one-shot create+run+destroy: execbox vs peers", [r for r in rows if "(one-shot)" in r.name])
     print(f"\nhost: {os.cpu_count()} cpus, load {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
