@@ -136,6 +136,9 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     tokens = _optional_router("execbox.web.tokens_api")  # the console's Tokens page
     if tokens is not None:
         app.include_router(tokens)
+    from .e2b_compat import install as install_e2b
+
+    install_e2b(app)  # E2B-compatible control plane + sandbox URL (docs/e2b-compat.md)
     if WEB_STATIC.is_dir():
         app.mount("/admin", StaticFiles(directory=WEB_STATIC, html=True), name="admin-console")
     return app
