@@ -24,7 +24,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import contexts, executor, fileops, paths, procs, protocol, runners
+from . import contexts, executor, fileops, fsextra, paths, procs, protocol, runners
 
 AGENT_VERSION = "1"
 LANGS = ("python", "javascript", "bash")
@@ -559,6 +559,7 @@ OPS = {
     **{name: Agent.op_files for name in (
         "files.read", "files.read_bytes", "files.write", "files.write_many", "files.list",
         "files.glob", "files.grep", "files.delete")},
+    **{name: (lambda agent, rid, req: fsextra.handle(agent.ws, req)) for name in fsextra.OPS},
 }
 
 

@@ -339,6 +339,18 @@ class AgentBackedProvider(SandboxProvider):
         v = self._call(self._get(instance_id), "files.list", {"path": path, "recursive": recursive})
         return [FileInfo(**f) for f in v["files"]]
 
+    def delete_path(self, instance_id: str, path: str) -> None:
+        """Remove a file or a directory tree (the E2B facade's files.remove)."""
+        self._call(self._get(instance_id), "files.delete", {"path": path})
+
+    def make_dir(self, instance_id: str, path: str) -> bool:
+        """Create a directory and its parents; False when it already existed."""
+        return bool(self._call(self._get(instance_id), "files.mkdir", {"path": path})["created"])
+
+    def move_path(self, instance_id: str, source: str, destination: str) -> str:
+        return self._call(self._get(instance_id), "files.move",
+                          {"source": source, "destination": destination})["path"]
+
     def glob(self, instance_id: str, pattern: str) -> list[str]:
         return self._call(self._get(instance_id), "files.glob", {"pattern": pattern})["paths"]
 

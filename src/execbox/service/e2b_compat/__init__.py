@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.requests import Request
 
+from .codecs import strict_codecs
 from .control import router
 from .envd_files import EnvdFiles
 from .envd_fs import FilesystemService
@@ -38,8 +39,8 @@ def install(app: FastAPI) -> None:
     """Mount the E2B control plane and the sandbox router on execbox's app."""
     state = app.state
     state.e2b = Registry(state.sessions)
-    process_app = ProcessASGIApplication(ProcessService(state))
-    fs_app = FilesystemASGIApplication(FilesystemService(state))
+    process_app = ProcessASGIApplication(ProcessService(state), codecs=strict_codecs())
+    fs_app = FilesystemASGIApplication(FilesystemService(state), codecs=strict_codecs())
     files = EnvdFiles(state)
     interpreter = Interpreter(state)
 

@@ -2,14 +2,17 @@
 
 Stat and ListDir use ``list_files``; MakeDir, Move and Remove use the agent's file operations
 (``make_dir``, ``move_path``, ``delete_path`` on agent-backed providers; others answer
-UNIMPLEMENTED). WatchDir polls ``list_files`` and reports create/write/remove differences: it
-sees changes made through any path (code, commands, uploads), at a 200 ms granularity.
+UNIMPLEMENTED). WatchDir (streamed, polling every 200 ms) and the polling watchers the sync SDK uses
+(CreateWatcher / GetWatcherEvents / RemoveWatcher) diff ``list_files`` snapshots into
+create/write/remove events: they see changes made through any path (code, commands, uploads).
 """
 
 from __future__ import annotations
 
 import asyncio
 import posixpath
+import secrets
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -26,6 +29,7 @@ from .registry import E2BSandbox, Registry
 from .workspace import PathRefused, to_e2b, to_workspace
 
 WATCH_POLL_SECONDS = 0.2
+MAX_WATCHERS = 64
 
 
 def _entry(info: FileInfo) -> pb.EntryInfo:
@@ -110,12 +114,28 @@ class FilesystemService:
     async def _snapshot(self, sb: E2BSandbox, rel: str, recursive: bool) -> dict[str, tuple[int, float]]:
         return {i.path: (i.size, i.modified) for i in await self._call(sb, "list_files", rel, recursive)}
 
+    @staticmethod
+    def _diff(before: dict[str, tuple[int, float]], now: dict[str, tuple[int, float]],
+              rel: str) -> list[pb.FilesystemEvent]:
+        events = []
+        for path in sorted(now.keys() | before.keys()):
+            kind = (pb.EventType.CREATE if path not in before else
+                    pb.EventType.REMOVE if path not in now else
+                    pb.EventType.WRITE if now[path] != before[path] else None)
+            if kind is not None:
+                name = path if rel == "." else posixpath.relpath(path, rel)
+                events.append(pb.FilesystemEvent(name=name, type=kind))
+        return events
+
+    async def _watched(self, sb: E2BSandbox, path: str) -> str:
+        rel = _rel(path)
+        if not (await self._stat(sb, rel)).is_dir:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"{path} is not a directory")
+        return rel
+
     async def watch_dir(self, request: pb.WatchDirRequest, ctx: Any):  # noqa: ANN201
         sb = sandbox_for(self.reg, ctx)
-        rel = _rel(request.path)
-        info = await self._stat(sb, rel)
-        if not info.is_dir:
-            raise ConnectError(Code.INVALID_ARGUMENT, f"{request.path} is not a directory")
+        rel = await self._watched(sb, request.path)
         before = await self._snapshot(sb, rel, request.recursive)
         yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
         while self.reg.get(sb.sandbox_id) is sb:
@@ -124,21 +144,49 @@ class FilesystemService:
                 now = await self._snapshot(sb, rel, request.recursive)
             except ConnectError:
                 return
-            for path in sorted(now.keys() | before.keys()):
-                kind = (pb.EventType.CREATE if path not in before else
-                        pb.EventType.REMOVE if path not in now else
-                        pb.EventType.WRITE if now[path] != before[path] else None)
-                if kind is None:
-                    continue
-                name = path if rel == "." else posixpath.relpath(path, rel)
-                yield pb.WatchDirResponse(event=Oneof("filesystem", pb.FilesystemEvent(name=name, type=kind)))
+            for event in self._diff(before, now, rel):
+                yield pb.WatchDirResponse(event=Oneof("filesystem", event))
             before = now
 
-    async def create_watcher(self, request: Any, ctx: Any) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "polling watchers are not supported by execbox yet; use WatchDir")
+    # -- polling watchers (what the sync SDK's watch_dir uses) -------------------------------
+    @staticmethod
+    def _watchers(sb: E2BSandbox) -> dict[str, Watcher]:
+        found = getattr(sb, "_watchers", None)
+        if found is None:
+            found = {}
+            sb._watchers = found  # type: ignore[attr-defined]
+        return found
 
-    async def get_watcher_events(self, request: Any, ctx: Any) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "polling watchers are not supported by execbox yet; use WatchDir")
+    async def create_watcher(self, request: pb.CreateWatcherRequest, ctx: Any) -> pb.CreateWatcherResponse:
+        sb = sandbox_for(self.reg, ctx)
+        watchers = self._watchers(sb)
+        if len(watchers) >= MAX_WATCHERS:
+            raise ConnectError(Code.RESOURCE_EXHAUSTED, f"a sandbox may hold {MAX_WATCHERS} watchers")
+        rel = await self._watched(sb, request.path)
+        w = Watcher(rel, request.recursive, await self._snapshot(sb, rel, request.recursive))
+        wid = secrets.token_hex(8)
+        watchers[wid] = w
+        return pb.CreateWatcherResponse(watcher_id=wid)
 
-    async def remove_watcher(self, request: Any, ctx: Any) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "polling watchers are not supported by execbox yet; use WatchDir")
+    async def get_watcher_events(self, request: pb.GetWatcherEventsRequest,
+                                 ctx: Any) -> pb.GetWatcherEventsResponse:
+        sb = sandbox_for(self.reg, ctx)
+        w = self._watchers(sb).get(request.watcher_id)
+        if w is None:
+            raise ConnectError(Code.NOT_FOUND, f"watcher {request.watcher_id!r} not found")
+        now = await self._snapshot(sb, w.rel, w.recursive)
+        events, w.snapshot = self._diff(w.snapshot, now, w.rel), now
+        return pb.GetWatcherEventsResponse(events=events)
+
+    async def remove_watcher(self, request: pb.RemoveWatcherRequest, ctx: Any) -> pb.RemoveWatcherResponse:
+        sb = sandbox_for(self.reg, ctx)
+        if self._watchers(sb).pop(request.watcher_id, None) is None:
+            raise ConnectError(Code.NOT_FOUND, f"watcher {request.watcher_id!r} not found")
+        return pb.RemoveWatcherResponse()
+
+
+@dataclass
+class Watcher:
+    rel: str
+    recursive: bool
+    snapshot: dict[str, tuple[int, float]]

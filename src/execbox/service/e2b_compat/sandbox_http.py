@@ -72,8 +72,9 @@ class SandboxRouter:
             return
         sid, port = target
         sb = self.registry().get(sid)
-        if sb is None:
-            await _send_response(envd_error(404, f"sandbox {sid} not found"), scope, receive, send)
+        if sb is None:  # E2B's edge answers 502 for a sandbox that is gone; the SDK reads it so
+            await _send_response(envd_error(502, f"sandbox {sid} not found (killed or timed out)"),
+                                 scope, receive, send)
             return
         token = _header(scope, b"x-access-token") or _header(scope, b"e2b-traffic-access-token")
         if not sb.token_ok(token):
