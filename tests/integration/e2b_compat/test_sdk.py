@@ -38,6 +38,15 @@ def test_run_code_python_stdout_value_and_state(sbx) -> None:
     assert sbx.run_code("y = 1").results == []  # no trailing expression, no result
 
 
+def test_cells_never_call_main_implicitly(sbx) -> None:
+    ctx = sbx.create_code_context()
+    assert sbx.run_code("def main():\n    print('called')\n    return 7", context=ctx).logs.stdout == []
+    assert sbx.run_code("n = 5", context=ctx).logs.stdout == []  # the user's main stays uncalled
+    ex = sbx.run_code("main() + n", context=ctx)
+    assert ex.logs.stdout == ["called\n"] and ex.text == "12"
+    sbx.remove_code_context(ctx)
+
+
 def test_run_code_errors_and_execution_count(sbx) -> None:
     ex = sbx.run_code("def f():\n    return 1 / 0\nf()")
     assert ex.error is not None

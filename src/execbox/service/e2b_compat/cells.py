@@ -1,10 +1,13 @@
 """Jupyter cell semantics over execbox's run contract, and E2B's error/result shapes.
 
-A code-interpreter cell shows the value of its last expression. execbox's agent returns a value
-from ``main()``; so a cell ending in an expression is sent with that expression moved into a
-one-use ``main`` that removes itself from the context's globals before returning, which keeps
-later cells in the same context unaffected. Everything before it runs as written (same line
-numbers in tracebacks).
+A code-interpreter cell shows the value of its last expression and never calls ``main()`` by
+itself; execbox's agent returns a value from ``main()`` and calls a defined ``main`` (its run
+contract). So a cell ending in an expression is sent with that expression moved into a one-use
+``main`` that first puts back whatever ``main`` the context had (the user's own function is
+kept, and called only if the expression calls it), and any other cell gets an empty
+``if __name__ == "__main__"`` guard appended, which tells the agent the program runs as a script
+(no implicit ``main()`` call). Everything the user wrote runs as written (same line numbers in
+tracebacks).
 """
 
 from __future__ import annotations
@@ -16,9 +19,14 @@ from typing import Any
 DISPLAY_KEY = "__e2b_display__"
 
 _MAIN = """
+__e2b_saved_main = globals().get("main")
 def main():
-    global main
-    del main
+    global main, __e2b_saved_main
+    if __e2b_saved_main is None:
+        del main
+    else:
+        main = __e2b_saved_main
+    del __e2b_saved_main
     __e2b_value = ({expr})
     if __e2b_value is None:
         return None
@@ -37,25 +45,24 @@ def main():
 """
 
 
+_GUARD = "\n\nif __name__ == \"__main__\":\n    pass\n"
+
+
 def python_cell(code: str) -> str:
-    """The program that runs ``code`` as a cell (unchanged when it does not end in an expression)."""
+    """The program that runs ``code`` as a cell (see the module docstring)."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return code  # the agent reports the syntax error with the user's line numbers
     if not tree.body or not isinstance(tree.body[-1], ast.Expr):
-        return code
-    if any(isinstance(n, ast.Name) and n.id == "main" for n in ast.walk(tree)):
-        return code  # the user's own main() keeps execbox's contract
+        return code + _GUARD
     last = tree.body[-1]
     expr = ast.get_source_segment(code, last.value)
-    if expr is None or last.end_lineno is None:
-        return code
     lines = code.splitlines(keepends=True)
-    head = "".join(lines[: last.lineno - 1]) + lines[last.lineno - 1][: last.col_offset]
-    tail = "".join(lines[last.end_lineno:])
-    if tail.strip() or lines[last.lineno - 1][: last.col_offset].strip():
-        return code  # `a; b` on one line or trailing text: keep it simple and exact
+    if expr is None or last.end_lineno is None or "".join(lines[last.end_lineno:]).strip() \
+            or lines[last.lineno - 1][: last.col_offset].strip():
+        return code + _GUARD  # `a; b` on one line or trailing text: no displayed value
+    head = "".join(lines[: last.lineno - 1])
     return head + _MAIN.format(expr="\n".join(expr.splitlines()), key=DISPLAY_KEY)
 
 
