@@ -107,6 +107,8 @@ def test_commands_foreground_background_kill(sbx) -> None:
     listener.start()
     assert got_two.wait(30), lines
     assert handle.pid in [p.pid for p in sbx.commands.list()]
+    attached = sbx.commands.connect(handle.pid)  # a second listener on the same process
+    assert attached.pid == handle.pid
     assert sbx.commands.kill(handle.pid) is True
     listener.join(30)
     assert not listener.is_alive()
@@ -132,6 +134,11 @@ def test_files_roundtrip_binary_list_remove(sbx) -> None:
     names = {e.name: e.type for e in sbx.files.list("/home/user")}
     assert names["notes.txt"] == e2b.FileType.FILE and names["data"] == e2b.FileType.DIR
     assert sbx.files.exists("notes.txt") and sbx.files.get_info("data/blob.bin").size == len(blob)
+    written = sbx.files.write_files([{"path": "many/a.txt", "data": "A"}, {"path": "many/b.bin", "data": b"\x00B"}])
+    assert sorted(w.path for w in written) == ["/home/user/many/a.txt", "/home/user/many/b.bin"]
+    assert bytes(sbx.files.read("many/b.bin", format="bytes")) == b"\x00B"
+    sbx.files.write("zipped.txt", "z" * 10000, gzip=True)
+    assert sbx.files.read("zipped.txt") == "z" * 10000
     assert sbx.files.make_dir("sub/dir") is True and sbx.files.make_dir("sub/dir") is False
     moved = sbx.files.rename("notes.txt", "sub/dir/notes.txt")
     assert moved.path == "/home/user/sub/dir/notes.txt"
@@ -244,6 +251,17 @@ def test_bad_input_keeps_server_healthy(e2b_env: Server, sbx) -> None:
     r = httpx.post(f"{e2b_env.url}/v2/sandboxes", content=b"[1,2]",
                    headers={"X-API-KEY": e2b_env.token_a, "Content-Type": "application/json"})
     assert r.status_code == 400 and "message" in r.json()
+    import gzip
+
+    bomb = gzip.compress(b"\0" * (80 * 1024 * 1024))  # ~80 KiB that inflates past max_file_bytes
+    r = httpx.post(f"{e2b_env.url}/files", params={"path": "bomb.bin"}, content=bomb,
+                   headers={**base, "E2b-Sandbox-Port": "49983", "Content-Type": "application/octet-stream",
+                            "Content-Encoding": "gzip"})
+    assert r.status_code == 413
+    # per-sandbox host names ({port}-{id}.{domain}) route like the headers do
+    r = httpx.get(f"{e2b_env.url}/health", headers={"Host": f"49983-{sbx.sandbox_id}.sandboxes.example",
+                                                     "X-Access-Token": sbx._envd_access_token})
+    assert r.status_code == 204
     with pytest.raises(e2b.SandboxException):  # over the service's max_file_bytes (413)
         sbx.files.write("huge.bin", b"\0" * (65 * 1024 * 1024))
     assert sbx.run_code("'still ok'").text == "'still ok'"

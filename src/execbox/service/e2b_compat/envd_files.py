@@ -7,6 +7,7 @@ Both go through the session's provider (read_bytes / write_file / write_files), 
 from __future__ import annotations
 
 import posixpath
+import zlib
 from typing import Any
 
 import anyio.to_thread
@@ -16,15 +17,23 @@ from starlette.responses import JSONResponse, Response
 
 from ...errors import SandboxError
 from .registry import E2BSandbox
-from .sandbox_http import envd_error
+from .sandbox_http import TooLarge, envd_error, read_capped
 from .workspace import PathRefused, to_e2b, to_workspace
 
-_STATUS = {"SB002": 400, "SB005": 502, "SB009": 502}
 
 
 def sandbox_error(e: SandboxError) -> Response:
     status = e.http_status if 400 <= e.http_status < 600 else 500
     return envd_error(status, f"{e.code}: {e.message}")
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """Inflate at most ``limit`` bytes: a small bomb never becomes a large allocation."""
+    d = zlib.decompressobj(wbits=31)
+    out = d.decompress(data, limit + 1)
+    if len(out) > limit or d.unconsumed_tail:
+        raise TooLarge("inflated body over the limit")
+    return out + d.flush()
 
 
 class EnvdFiles:
@@ -77,13 +86,14 @@ class EnvdFiles:
         else:
             if not target:
                 return envd_error(400, "path is required for an octet-stream upload")
-            data = await request.body()
-            if request.headers.get("content-encoding") == "gzip":
-                import gzip
-
-                data = gzip.decompress(data)
-            if len(data) > limit:
+            try:
+                data = await read_capped(request, limit)
+                if request.headers.get("content-encoding") == "gzip":
+                    data = _gunzip(data, limit)
+            except TooLarge:
                 return envd_error(413, f"file is larger than the limit of {limit} bytes")
+            except zlib.error as e:
+                return envd_error(400, f"gzip body is corrupt: {e}")
             files[to_workspace(target)] = data
 
         def write() -> None:

@@ -26,7 +26,7 @@ from ...providers.base import OutputCallback, SandboxProvider
 from ..executions import RunSpec
 from .cells import display_result, error_from_stderr, python_cell
 from .registry import E2BSandbox
-from .sandbox_http import envd_error, read_json
+from .sandbox_http import TooLarge, envd_error, read_json
 from .workspace import HOME
 
 LANGUAGES = {"python": "python", "py": "python", "javascript": "javascript", "js": "javascript",
@@ -84,17 +84,20 @@ class Interpreter:
 
     async def __call__(self, sb: E2BSandbox, request: Request) -> Response:
         path, method = request.url.path.rstrip("/") or "/", request.method
+        limit = self.state.settings.max_request_bytes
         try:
             if path == "/execute" and method == "POST":
-                return await self.execute(sb, await read_json(request))
+                return await self.execute(sb, await read_json(request, limit))
             if path == "/contexts" and method == "POST":
-                return self.create_context(sb, await read_json(request))
+                return self.create_context(sb, await read_json(request, limit))
             if path == "/contexts" and method == "GET":
                 return JSONResponse([c.to_json() for c in contexts_of(sb).by_id.values()])
             if path.startswith("/contexts/"):
                 return self.context_op(sb, path.split("/")[2:], method)
             if path == "/health":
                 return Response(status_code=200)
+        except TooLarge as e:
+            return envd_error(413, str(e))
         except ValueError as e:
             return envd_error(400, str(e))
         return envd_error(404, f"no route {method} {path} on the code interpreter")

@@ -90,9 +90,24 @@ class SandboxRouter:
         await app(scope, receive, send)
 
 
-async def read_json(request: Request) -> dict[str, Any]:
+class TooLarge(ValueError):
+    """A request body over the service's limit (413)."""
+
+
+async def read_capped(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it passes ``limit`` bytes (this router sits outside BodyLimit)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"request body is larger than the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
     try:
-        body = json.loads(await request.body() or b"{}")
+        body = json.loads(await read_capped(request, limit) or b"{}")
     except ValueError:
         raise ValueError("request body is not valid JSON") from None
     if not isinstance(body, dict):
