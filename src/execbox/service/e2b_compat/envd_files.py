@@ -21,7 +21,6 @@ from .sandbox_http import TooLarge, envd_error, read_capped
 from .workspace import PathRefused, to_e2b, to_workspace
 
 
-
 def sandbox_error(e: SandboxError) -> Response:
     status = e.http_status if 400 <= e.http_status < 600 else 500
     return envd_error(status, f"{e.code}: {e.message}")
