@@ -265,3 +265,4 @@ def test_bad_input_keeps_server_healthy(e2b_env: Server, sbx) -> None:
     with pytest.raises(e2b.SandboxException):  # over the service's max_file_bytes (413)
         sbx.files.write("huge.bin", b"\0" * (65 * 1024 * 1024))
     assert sbx.run_code("'still ok'").text == "'still ok'"
+

@@ -3,7 +3,9 @@
 An E2B sandbox *is* an execbox session named ``e2b-<id>`` in the owning tenant; this registry
 only keeps what E2B adds on top (template name, metadata, env vars, the kill deadline and the
 per-sandbox access token the SDK sends to the sandbox URL). Expired sandboxes are destroyed by
-a sweeper thread, the same way ``set_timeout`` moves the deadline.
+a sweeper thread, the same way ``set_timeout`` moves the deadline; until then the sweeper keeps
+the session in use often enough (every third of SANDBOX_IDLE_TIMEOUT) that the service's idle
+reaper does not take the sandbox's box and workspace first.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class E2BSandbox:
     end_at: float
     access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     started_at: float = field(default_factory=time.time)
+    kept_alive: float = field(default_factory=time.time)
 
     @property
     def session_id(self) -> str:
@@ -120,11 +123,26 @@ class Registry:
             self._thread.join(timeout=5)
             self._thread = None
 
+    def _keepalive(self, sb: E2BSandbox) -> None:
+        """Use the session (public API) so the idle reaper leaves a sandbox alone until its deadline."""
+        try:
+            with self.sessions.session(sb.tenant_id, sb.session_id):
+                pass
+        except Exception:  # noqa: BLE001 - a dead box is reported on the sandbox's next real use
+            log.debug("keepalive of e2b sandbox %s failed", sb.sandbox_id, exc_info=True)
+
     def _loop(self) -> None:
+        keepalive_every = max(1.0, self.sessions.settings.idle_timeout / 3)
         while not self._stop.wait(self._sweep_every):
             now = time.time()
             with self._lock:
                 due = [s for s in self._boxes.values() if s.end_at <= now]
+                stale = [s for s in self._boxes.values()
+                         if s.end_at > now and now - s.kept_alive >= keepalive_every]
+            for sb in stale:
+                sb.kept_alive = now
+                threading.Thread(target=self._keepalive, args=(sb,), daemon=True,
+                                 name="execbox-e2b-keepalive").start()
             for sb in due:
                 try:
                     self.kill(sb)
