@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import require
 
+SANDBOX_DOMAIN = "sandboxes.example"  # {port}-{id}.sandboxes.example routes to a sandbox
 RUNTIME = "sci"  # jail runtime with numpy, pandas, matplotlib (scripts/setup/test/20-jail-runtime.sh)
 
 
@@ -68,6 +69,7 @@ def e2b_server() -> Iterator[Server]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SANDBOX_", "E2B_")) and k != "EXECBOX_DATABASE_URL"}
     env["EXECBOX_DATA_DIR"] = data_dir
+    env["EXECBOX_E2B_DOMAIN"] = SANDBOX_DOMAIN
     log = Path(data_dir) / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "execbox", "serve", "--host", "127.0.0.1",

@@ -262,6 +262,8 @@ def test_bad_input_keeps_server_healthy(e2b_env: Server, sbx) -> None:
     r = httpx.get(f"{e2b_env.url}/health", headers={"Host": f"49983-{sbx.sandbox_id}.sandboxes.example",
                                                      "X-Access-Token": sbx._envd_access_token})
     assert r.status_code == 204
+    r = httpx.get(f"{e2b_env.url}/healthz", headers={"Host": f"49983-{sbx.sandbox_id}.elsewhere.example"})
+    assert r.status_code == 200 and r.json() == {"status": "ok"}  # other domains: execbox's own API
     with pytest.raises(e2b.SandboxException):  # over the service's max_file_bytes (413)
         sbx.files.write("huge.bin", b"\0" * (65 * 1024 * 1024))
     assert sbx.run_code("'still ok'").text == "'still ok'"

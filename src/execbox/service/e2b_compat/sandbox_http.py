@@ -10,6 +10,7 @@ own API untouched.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,16 +34,19 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return None
 
 
-def sandbox_of(scope: dict[str, Any]) -> tuple[str, int] | None:
-    """(sandbox id, port) from E2B's routing headers, or from a `{port}-{id}.{domain}` host name."""
+def sandbox_of(scope: dict[str, Any], domain: str | None) -> tuple[str, int] | None:
+    """(sandbox id, port) from E2B's routing headers, or from a `{port}-{id}.{domain}` host name
+    when a sandbox domain is configured (EXECBOX_E2B_DOMAIN; off by default, so no other host name
+    is ever taken for a sandbox)."""
     sid = _header(scope, b"e2b-sandbox-id")
     if sid:
         port = _header(scope, b"e2b-sandbox-port") or str(ENVD_PORT)
         return sid, int(port) if port.isdigit() else -1
-    host = _header(scope, b"host") or ""
-    m = _HOST.match(host)
-    if m:
-        return m.group(2), int(m.group(1))
+    if domain:
+        host = (_header(scope, b"host") or "").split(":")[0].lower()
+        m = _HOST.match(host)
+        if m and host[m.end():] == domain:
+            return m.group(2), int(m.group(1))
     return None
 
 
@@ -61,12 +65,13 @@ class SandboxRouter:
                  envd: Callable[[E2BSandbox, dict[str, Any]], ASGIApp | None],
                  jupyter: Callable[[E2BSandbox, dict[str, Any]], ASGIApp | None]) -> None:
         self.app = app
+        self.domain = (os.environ.get("EXECBOX_E2B_DOMAIN") or "").strip().lower().strip(".") or None
         self.registry = registry
         self.envd = envd
         self.jupyter = jupyter
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        target = sandbox_of(scope) if scope["type"] == "http" else None
+        target = sandbox_of(scope, self.domain) if scope["type"] == "http" else None
         if target is None:
             await self.app(scope, receive, send)
             return
