@@ -190,6 +190,8 @@ def test_lifecycle_info_list_timeout_kill(e2b_env: Server) -> None:
         assert again.commands.run("echo connected").stdout == "connected\n"
         with pytest.raises(e2b.SandboxException):
             sb.pause()
+        with pytest.raises(e2b.SandboxException, match="not supported"):
+            sb.get_metrics()
     finally:
         assert sb.kill() is True
     assert not sb.is_running()

@@ -108,7 +108,7 @@ async def create(request: Request) -> Response:
             raise E2BError(400, "templateID is required")
         sb = E2BSandbox(new_sandbox_id(), who.tenant_id, template,
                         _str_map(body.get("metadata"), "metadata"), _str_map(body.get("envVars"), "envVars"),
-                        time.time() + _timeout(body.get("timeout")))
+                        time.time() + _timeout(body.get("timeout")), token_id=who.token_id)
         sessions = request.app.state.sessions
 
         def start_box() -> None:
@@ -186,6 +186,18 @@ async def connect(request: Request, sandbox_id: str) -> Response:
         if body.get("timeout") is not None:  # connect only ever extends the deadline
             sb.end_at = max(sb.end_at, time.time() + _timeout(body.get("timeout")))
         return JSONResponse(sb.created(), status_code=200)
+
+    return await _guard(request, go)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+@router.get("/sandboxes/{sandbox_id}/logs")
+@router.get("/v2/sandboxes/{sandbox_id}/logs")
+async def not_yet(request: Request, sandbox_id: str) -> Response:
+    async def go(who: Principal) -> Response:
+        _owned(request, sandbox_id, who)
+        raise E2BError(501, "sandbox metrics and logs are not supported by execbox's E2B endpoint yet "
+                            "(see /metrics and the audit log)")
 
     return await _guard(request, go)
 

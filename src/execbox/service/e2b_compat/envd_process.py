@@ -169,7 +169,7 @@ class ProcessService:
         def work() -> None:
             result, error = None, None
             try:
-                spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, None, call)
+                spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, call)
                 result = self.state.executor.run(spec, on_output)
             except SandboxError as e:
                 error = f"{e.code}: {e.message}"

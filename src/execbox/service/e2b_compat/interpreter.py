@@ -187,7 +187,7 @@ class Interpreter:
             return provider.execute_code(instance_id, program, Language.parse(language).value, EXEC_TIMEOUT,
                                          None, **kwargs)
 
-        spec = RunSpec(sb.tenant_id, sb.session_id, "execute_code", language, code, None, call)
+        spec = RunSpec(sb.tenant_id, sb.session_id, "execute_code", language, code, sb.token_id, call)
         result = self.state.executor.run(spec, on_output)
         ctx.executions += 1
         lines: list[bytes] = []

@@ -48,6 +48,7 @@ class E2BSandbox:
     metadata: dict[str, str]
     env_vars: dict[str, str]
     end_at: float
+    token_id: str | None = None  # the execbox token that created it: runs are audited under it
     access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     started_at: float = field(default_factory=time.time)
     kept_alive: float = field(default_factory=time.time)
