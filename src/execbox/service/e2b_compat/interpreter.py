@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -216,12 +215,3 @@ class Interpreter:
                 out.append(_line("result", **{key: value}, text=f"<Figure {art.name}>", is_main_result=False))
         return out
 
-
-async def run_interpreter(interp: Interpreter, sb: E2BSandbox, scope: dict[str, Any], receive: Any,
-                          send: Any) -> None:
-    response = await interp(sb, Request(scope, receive))
-    await response(scope, receive, send)
-
-
-def run_sync(fn: Any, *args: Any) -> Any:
-    return anyio.to_thread.run_sync(fn, *args)
