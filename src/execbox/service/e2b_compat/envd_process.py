@@ -128,11 +128,11 @@ class ProcessService:
 
     async def list(self, request: pb.ListRequest, ctx: Any) -> pb.ListResponse:
         sb = sandbox_for(self.reg, ctx)
-        return pb.ListResponse(processes=[p.info() for p in procs_of(sb).values() if not p.done])
+        return pb.ListResponse(processes=[p.info() for p in list(procs_of(sb).values()) if not p.done])
 
     def _find(self, sb: E2BSandbox, selector: pb.ProcessSelector | None) -> Proc:
         sel = selector.selector if selector is not None else None
-        for p in procs_of(sb).values():
+        for p in list(procs_of(sb).values()):
             if p.done:
                 continue
             if (sel is not None and sel.field == "pid" and p.pid == sel.value) or \

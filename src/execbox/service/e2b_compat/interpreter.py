@@ -90,7 +90,7 @@ class Interpreter:
             if path == "/contexts" and method == "POST":
                 return self.create_context(sb, await read_json(request, limit))
             if path == "/contexts" and method == "GET":
-                return JSONResponse([c.to_json() for c in contexts_of(sb).by_id.values()])
+                return JSONResponse([c.to_json() for c in list(contexts_of(sb).by_id.values())])
             if path.startswith("/contexts/"):
                 return self.context_op(sb, path.split("/")[2:], method)
             if path == "/health":
