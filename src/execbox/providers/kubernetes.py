@@ -1,0 +1,431 @@
+"""Provider ``kubernetes``: each box is a hardened pod running the same agent image as ``docker``.
+
+Execution semantics are AgentBackedProvider's: this module only creates, finds and deletes pods
+(boxes/k8s_box.py, boxes/k8s_spec.py). All state lives on the pods (labels for selection,
+annotations for the full ids and the expiry), so gateway replicas are stateless: a replica that
+does not know an instance finds its pod by label and reconnects (the agent's relay lets a newly
+authenticated connection take over); the per-pod agent secret is derived from one shared
+``agent_secret`` and the pod name. A sweeper lists the template's pods and deletes ended and
+expired ones, whoever created them. See docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..boxes import k8s_spec as ks
+from ..boxes.agent_client import BoxDied
+from ..boxes.images import DEFAULT_IMAGE
+from ..boxes.k8s_box import PodApi, PodBox, connect_agent, pod_failure, pod_ready, start_pod
+from ..errors import (
+    InstanceCreationError,
+    InvalidConfigError,
+    OutOfMemoryError,
+    ProviderUnavailableError,
+    SandboxError,
+)
+from ..models import Isolation, SandboxInstance, make_instance_id
+from .agent_backed import AGENT_GRACE, POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, Instance
+
+log = logging.getLogger("execbox.provider.kubernetes")
+
+SECRET_ENV = "EXECBOX_K8S_AGENT_SECRET"
+QUANTITY_FIELDS = ("cpu_request", "cpu_limit", "memory", "workspace_size", "tmp_size")
+
+
+def _schema() -> dict[str, dict[str, Any]]:
+    def s(default: str, label: str, desc: str, **kw: Any) -> dict[str, Any]:
+        return {"type": "string", "default": default, "label": label, "description": desc, **kw}
+
+    def n(kind: str, default: Any, lo: Any, hi: Any, label: str, desc: str) -> dict[str, Any]:
+        return {"type": kind, "default": default, "min": lo, "max": hi, "label": label, "description": desc}
+
+    return {
+        "namespace": s("execbox-sandboxes", "Sandbox namespace", "Namespace the box pods run in (not the "
+                       "gateway's)."),
+        "template": s("default", "Template name", "Pod template name; one warm pool per template (label "
+                      "execbox.dev/template).", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"),
+        "image": s(DEFAULT_IMAGE, "Worker image", "The Docker provider's worker image, pushed to a registry "
+                   "the cluster pulls from."),
+        "image_pull_policy": s("IfNotPresent", "Image pull policy", "Always, IfNotPresent or Never.",
+                               options=["Always", "IfNotPresent", "Never"]),
+        "runtime_class": s("", "RuntimeClass", "runtimeClassName for box pods, e.g. gvisor; empty = the "
+                           "cluster default (runc: tier 'container')."),
+        "cpu_request": s("250m", "CPU request", "Kubernetes quantity."),
+        "cpu_limit": s("1", "CPU limit", "Kubernetes quantity."),
+        "memory": s("512Mi", "Memory", "Request and limit (Kubernetes quantity)."),
+        "workspace_size": s("1Gi", "Workspace size", "sizeLimit of the emptyDir /workspace."),
+        "tmp_size": s("64Mi", "/tmp size", "sizeLimit of the memory-backed /tmp."),
+        "node_selector": {"type": "json", "default": {}, "label": "Node selector",
+                          "description": "nodeSelector for box pods (object of strings)."},
+        "tolerations": {"type": "json", "default": [], "label": "Tolerations",
+                        "description": "tolerations for box pods (list of Toleration objects)."},
+        "pool_size": n("integer", 2, 0, 200, "Warm pool size", "Ready pods kept per template by this replica."),
+        "pool_wait": n("number", 30, 0, 600, "Pool wait (s)", "How long create_instance waits for a pooled pod "
+                       "before starting one itself."),
+        "ready_timeout": n("number", 120, 5, 1800, "Ready timeout (s)", "A pod not Ready by then is deleted "
+                           "(SB004 with its status)."),
+        "api_timeout": n("number", 10, 1, 120, "API timeout (s)", "Per-request timeout on the API server (SB009 "
+                         "past it)."),
+        "max_lifetime": n("integer", 86400, 60, 604800, "Max pod lifetime (s)", "activeDeadlineSeconds of every "
+                          "box pod; sessions cannot outlive it."),
+        "warm_ttl": n("integer", 3600, 60, 86400, "Warm pod TTL (s)", "An unclaimed pod older than this is "
+                      "recycled; pods of a crashed replica are swept after it."),
+        "sweep_interval": n("number", 30, 0.2, 3600, "Sweep interval (s)", "How often ended, expired and orphaned "
+                            "pods are deleted."),
+        "agent_port": n("integer", ks.AGENT_PORT, 1024, 65535, "Agent port", "Pod port of the agent relay."),
+        "agent_secret": s("", "Agent secret", f"Shared by all gateway replicas (or env {SECRET_ENV}); per-pod "
+                          "secrets derive from it. Empty = random per process (no takeover across replicas)."),
+        "kubeconfig": s("", "Kubeconfig", "Path; empty = in-cluster config when running in a pod, else "
+                        "KUBECONFIG / ~/.kube/config."),
+        "context": s("", "Context", "kubeconfig context; empty = current."),
+        "preload": s("auto", "Preload modules", "'auto', 'none', or a comma-separated list."),
+        **TIMEOUT_SCHEMA,
+        "max_output_bytes": n("integer", 1048576, 1024, 64 * 1048576, "Output cap (bytes)",
+                              "Cap on stdout and stderr each."),
+        **POLICY_SCHEMA,
+    }
+
+
+class KubernetesProvider(AgentBackedProvider):
+    name = "kubernetes"
+    display_name = "Kubernetes pods"
+    description = "Hardened pods on a cluster (gVisor with runtime_class=gvisor), warm pool per template."
+    tags = ["self-hosted", "kubernetes", "container", "gvisor"]
+    isolation = Isolation.CONTAINER  # an initialized provider with a gvisor RuntimeClass reports gvisor
+    zero_config = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.api: PodApi | None = None
+        self.template: ks.PodTemplate | None = None
+        self.configmap = ""
+        self.owner = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self._secret = b""
+        self._notes: list[str] = []
+        self._reaper: ThreadPoolExecutor | None = None
+        self._sweeper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @staticmethod
+    def get_config_schema() -> dict[str, dict[str, Any]]:
+        return _schema()
+
+    def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
+        for key in QUANTITY_FIELDS:
+            if not ks.QUANTITY.match(str(config.get(key, ""))):
+                return False, f"{key}: {config.get(key)!r} is not a Kubernetes quantity (e.g. 500m, 1, 512Mi)"
+        sel = config.get("node_selector") or {}
+        if not isinstance(sel, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sel.items()):
+            return False, "node_selector: must be an object of strings"
+        tol = config.get("tolerations") or []
+        if not isinstance(tol, list) or not all(isinstance(t, dict) for t in tol):
+            return False, "tolerations: must be a list of objects"
+        import re
+
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", str(config.get("template", ""))):
+            return False, "template: must be a DNS label (lower-case letters, digits, '-')"
+        return True, None
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("KUBECONFIG") or \
+                os.path.exists(os.path.expanduser("~/.kube/config")):
+            return True, "a kubeconfig or in-cluster service account is present"
+        return False, "no kubeconfig and not running in a pod"
+
+    def health_check(self) -> bool:
+        if not self.initialized or self.api is None:
+            return False
+        try:
+            self.api.list_pods(f"{ks.L_TEMPLATE}={self.config['template']},{ks.L_STATE}=none")
+            return True
+        except SandboxError:
+            return False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def _core(self) -> Any:
+        try:
+            from kubernetes import client as k8s
+            from kubernetes import config as kconfig
+        except ImportError:
+            raise ProviderUnavailableError("the kubernetes provider needs the `kubernetes` package "
+                                           "(pip install 'execbox[kubernetes]')",
+                                           details={"provider": self.name}) from None
+        c = self.config
+        try:
+            if not c["kubeconfig"] and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                conf = k8s.Configuration()
+                kconfig.load_incluster_config(client_configuration=conf)
+                api_client = k8s.ApiClient(conf)
+            else:
+                api_client = kconfig.new_client_from_config(config_file=c["kubeconfig"] or None,
+                                                            context=c["context"] or None)
+        except Exception as e:  # noqa: BLE001 - missing file, bad context, no service account
+            raise ProviderUnavailableError(f"kubernetes: cannot load the cluster configuration: {e}",
+                                           details={"provider": self.name}) from None
+        return k8s.CoreV1Api(api_client)
+
+    def prepare(self) -> None:
+        c = self.config
+        secret = c["agent_secret"] or os.environ.get(SECRET_ENV, "")
+        self._notes = []
+        if not secret:
+            secret = secrets.token_hex(32)
+            self._notes.append(f"no agent_secret/{SECRET_ENV}: other gateway replicas cannot take over this "
+                               "replica's sessions")
+        self._secret = secret.encode()
+        self.api = PodApi(self._core(), c["namespace"], float(c["api_timeout"]))
+        cm = ks.agent_configmap(c["namespace"])
+        self.api.ensure_configmap(cm)  # first API call: RBAC and reachability fail here, at initialize
+        self.configmap = cm["metadata"]["name"]
+        if c["runtime_class"] == "gvisor":
+            self.isolation = Isolation.GVISOR
+        from kubernetes.utils import parse_quantity
+
+        # As in the docker provider: the agent's per-run data limit sits below the pod's memory limit,
+        # so most bombs end in a clean MemoryError (SB006) and the OOM killer stays the backstop.
+        memory_bytes = int(parse_quantity(c["memory"]) * 8 // 10)
+        self.template = ks.PodTemplate(
+            namespace=c["namespace"], image=c["image"], name=c["template"], image_pull_policy=c["image_pull_policy"],
+            runtime_class=c["runtime_class"], cpu_request=c["cpu_request"], cpu_limit=c["cpu_limit"],
+            memory=c["memory"], workspace_size=c["workspace_size"], tmp_size=c["tmp_size"],
+            node_selector=dict(c.get("node_selector") or {}), tolerations=list(c.get("tolerations") or []),
+            preload=c["preload"] or "auto", agent_limits={"memory_bytes": memory_bytes, "fsize_bytes": 256 * 1024**2,
+                                            "nofile": 1024},
+            max_lifetime=int(c["max_lifetime"]), port=int(c["agent_port"]))
+        self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-k8s-reaper")
+        self._stop.clear()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="execbox-k8s-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def warnings(self) -> list[str]:
+        return list(self._notes)
+
+    def applied_limits(self) -> dict[str, Any]:
+        c = self.config
+        return {**super().applied_limits(), "memory": c.get("memory"), "cpu_limit": c.get("cpu_limit"),
+                "workspace_size": c.get("workspace_size"), "runtime_class": c.get("runtime_class") or None,
+                "network": False, "enforced_by": "kubernetes"}
+
+    def pool_status(self) -> dict[str, Any] | None:
+        status = super().pool_status()
+        if status is not None:
+            status.update({"template": self.config.get("template"), "namespace": self.config.get("namespace")})
+        return status
+
+    # -- pods -------------------------------------------------------------------------------
+    def pod_manifest(self, name: str, labels: dict[str, str] | None = None,
+                     annotations: dict[str, str] | None = None, deadline: int | None = None) -> dict[str, Any]:
+        assert self.template is not None
+        now = int(time.time())
+        ann = {ks.A_OWNER: self.owner, ks.A_EXPIRES: str(now + int(self.config["warm_ttl"])), **(annotations or {})}
+        return ks.pod_manifest(self.template, name=name, token=ks.pod_token(self._secret, name),
+                               configmap=self.configmap, labels={ks.L_STATE: ks.WARM, **(labels or {})},
+                               annotations=ann, deadline=deadline)
+
+    def start_box(self, workspace: str | None = None, **claim: Any) -> PodBox:
+        if workspace is not None:
+            raise InvalidConfigError("the kubernetes provider has no host workspaces: a box's workspace is the "
+                                     "pod's emptyDir", details={"provider": self.name, "field": "workspace"})
+        assert self.api is not None
+        name = f"execbox-{self.config['template']}-{uuid.uuid4().hex[:12]}"
+        body = self.pod_manifest(name, **claim)
+        box = start_pod(self.api, body, ks.pod_token(self._secret, name), int(self.config["agent_port"]),
+                        float(self.config["ready_timeout"]))
+        box.remover = self._remove_later
+        return box
+
+    def _claim(self, inst: Instance, *, background: bool) -> None:
+        """Record the owner on the pod (labels + annotations); a one-shot also gets a short deadline."""
+        assert isinstance(inst.box, PodBox)
+        box = inst.box
+        now = int(time.time())
+        one_shot = inst.session_id is None
+        ttl = int(self.config["max_timeout"]) + 2 * int(AGENT_GRACE) if one_shot else int(self.config["max_lifetime"])
+        box.claimed = {"tenant": inst.tenant_id, "session": inst.session_id or "", "instance": inst.instance_id}
+        patch: dict[str, Any] = {"metadata": {
+            "labels": {ks.L_STATE: ks.CLAIMED, ks.L_TENANT: ks.label_value(inst.tenant_id),
+                       ks.L_SESSION: ks.label_value(inst.session_id or ""),
+                       ks.L_INSTANCE: ks.label_value(inst.instance_id)},
+            "annotations": {ks.A_TENANT: inst.tenant_id, ks.A_SESSION: inst.session_id or "",
+                            ks.A_INSTANCE: inst.instance_id, ks.A_EXPIRES: str(now + ttl)}}}
+        if one_shot:  # activeDeadlineSeconds may only shrink on a running pod: age + the run's bound
+            age = now - int(box.created_at)
+            patch["spec"] = {"activeDeadlineSeconds": max(1, age + ttl)}
+
+        def run() -> None:
+            if box.destroyed:
+                return
+            try:
+                assert self.api is not None
+                self.api.patch_pod(box.name, patch)
+            except SandboxError as e:
+                log.warning("claiming pod %s failed: %s", box.name, e.message)
+
+        if background:
+            self._remove_later(run)
+        else:
+            run()
+
+    def create_instance(self, template: str = "python", *, tenant_id: str = "default",
+                        session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
+        """A pooled pod (claimed in the background), else a cold start that carries its claim."""
+        self._require_initialized()
+        if workspace is not None:
+            self.start_box(workspace)  # raises the clear SB002
+        instance_id = make_instance_id(tenant_id, session_id)
+        box = self._pool.take(float(self.config["pool_wait"])) if self._pool is not None else None
+        inst = Instance(instance_id, box, tenant_id, session_id, from_pool=True) if box is not None else None
+        if inst is None:
+            try:
+                box = self.start_box()
+            except SandboxError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise InstanceCreationError(f"kubernetes: could not start a pod: {e}",
+                                            details={"provider": self.name}) from e
+            inst = Instance(instance_id, box, tenant_id, session_id)
+        self._claim(inst, background=inst.from_pool)
+        with self._lock:
+            self._instances[instance_id] = inst
+        return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
+
+    def _find_pod(self, instance_id: str) -> Any | None:
+        if self.api is None:
+            return None
+        pods = self.api.list_pods(f"{ks.L_INSTANCE}={ks.label_value(instance_id)}")
+        pods = [p for p in pods if (p.metadata.annotations or {}).get(ks.A_INSTANCE) == instance_id]
+        return pods[0] if pods else None
+
+    def _get(self, instance_id: str) -> Instance:
+        """Local instance, or adopt it from its pod (another replica created it): stateless gateways."""
+        self._require_initialized()
+        if instance_id not in self._instances:
+            pod = self._find_pod(instance_id)
+            if pod is not None and pod_ready(pod) and not pod_failure(pod):
+                ann = pod.metadata.annotations or {}
+                token = ks.pod_token(self._secret, pod.metadata.name)
+                client = connect_agent(pod.status.pod_ip, int(self.config["agent_port"]), token, pod.metadata.name)
+                assert self.api is not None
+                box = PodBox(pod.metadata.name, client, self.api, pod.status.pod_ip)
+                box.remover = self._remove_later
+                box.claimed = {"tenant": ann.get(ks.A_TENANT, ""), "session": ann.get(ks.A_SESSION, ""),
+                               "instance": instance_id}
+                inst = Instance(instance_id, box, ann.get(ks.A_TENANT, ""), ann.get(ks.A_SESSION) or None)
+                with self._lock:
+                    inst = self._instances.setdefault(instance_id, inst)
+                if inst.box is not box:
+                    box.destroyed = True
+                    client.close()
+                log.info("kubernetes: adopted %s from pod %s", instance_id, pod.metadata.name)
+        return super()._get(instance_id)
+
+    def destroy_instance(self, instance_id: str) -> bool:
+        if super().destroy_instance(instance_id):
+            return True
+        pod = self._find_pod(instance_id) if self.initialized else None
+        return bool(pod is not None and self.api is not None and self.api.delete_pod(pod.metadata.name))
+
+    def instance_alive(self, instance_id: str) -> bool:
+        try:
+            return self._get(instance_id).box.alive()
+        except SandboxError:
+            return False
+
+    def _box_died(self, inst: Instance, err: BoxDied) -> None:
+        """Say why the pod went (OOMKilled, Evicted, DeadlineExceeded, deleted) and delete what is left."""
+        assert isinstance(inst.box, PodBox)
+        reason = None
+        for _ in range(10):  # the kubelet reports the end a moment after the connection drops
+            reason = inst.box.status_reason()
+            if reason:
+                break
+            inst.box.pod_status = None
+            time.sleep(0.3)
+        inst.box.destroy()
+        details = {"instance_id": inst.instance_id, "provider": self.name, "box_died": True,
+                   "pod": inst.box.name, "pod_status": reason}
+        if reason and "OOMKilled" in reason:
+            raise OutOfMemoryError(f"the pod of {inst.instance_id} was OOM-killed ({reason})", details=details)
+        raise ProviderUnavailableError(f"the pod of instance {inst.instance_id} ended: {reason or err.message}",
+                                       details=details)
+
+    def _remove_later(self, job: Any) -> None:
+        reaper = self._reaper
+        if reaper is None:
+            job()
+            return
+        try:
+            reaper.submit(job)
+        except RuntimeError:  # shutting down
+            job()
+
+    # -- hygiene ----------------------------------------------------------------------------
+    def sweep(self) -> int:
+        """Delete this template's ended, expired and stuck pods (any replica's); mark lost local boxes dead."""
+        if self.api is None:
+            return 0
+        pods = self.api.list_pods(f"app.kubernetes.io/managed-by=execbox,{ks.L_TEMPLATE}={self.config['template']}")
+        now = time.time()
+        seen: dict[str, Any] = {p.metadata.name: p for p in pods}
+        removed = 0
+        for pod in pods:
+            ann = pod.metadata.annotations or {}
+            failure = pod_failure(pod)
+            expires = float(ann.get(ks.A_EXPIRES) or 0)
+            created = pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else now
+            stuck = not pod_ready(pod) and now - created > 2 * float(self.config["ready_timeout"])
+            if failure or (expires and now > expires) or stuck:
+                if self.api.delete_pod(pod.metadata.name):
+                    removed += 1
+                    log.info("kubernetes: swept pod %s (%s)", pod.metadata.name,
+                             failure or ("stuck before ready" if stuck else "expired"))
+        with self._lock:
+            boxes = [i.box for i in self._instances.values()]
+        # Pooled boxes too (the pool discards dead ones at take and starts replacements).
+        boxes += list(getattr(self._pool, "_ready", ()))
+        for box in boxes:
+            if isinstance(box, PodBox) and not box.client.dead:
+                pod = seen.get(box.name)
+                if pod is None or pod_failure(pod):
+                    box.pod_status = "pod deleted" if pod is None else pod_failure(pod)
+                    box.client.dead = box.pod_status  # a pooled box is then discarded and replaced
+        return removed
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(float(self.config["sweep_interval"])):
+            try:
+                self.sweep()
+            except SandboxError as e:
+                log.warning("kubernetes: sweep failed: %s", e.message)
+            except Exception:  # noqa: BLE001 - the sweeper must survive anything
+                log.exception("kubernetes: sweep failed")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        pool = self._pool
+        super().shutdown()  # closes the pool (deleting its ready pods) and destroys local instances
+        if pool is not None:
+            pool.join(timeout=float(self.config.get("ready_timeout") or 60) + 10)
+        if self._reaper is not None:
+            self._reaper.shutdown(wait=True)
+            self._reaper = None
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=5)
+            self._sweeper = None
+        if self.api is not None:
+            try:  # pods this replica started that are still warm (a start racing shutdown)
+                for pod in self.api.list_pods(f"{ks.L_TEMPLATE}={self.config['template']},{ks.L_STATE}={ks.WARM}"):
+                    if (pod.metadata.annotations or {}).get(ks.A_OWNER) == self.owner:
+                        self.api.delete_pod(pod.metadata.name)
+            except SandboxError as e:
+                log.warning("kubernetes: final cleanup failed: %s", e.message)
