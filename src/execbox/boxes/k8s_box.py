@@ -250,13 +250,18 @@ class PodBox(Box):
         return not self.client.dead
 
     def status_reason(self) -> str | None:
-        """The pod's end reason (OOMKilled, Evicted, DeadlineExceeded, deleted) from the API."""
-        if self.pod_status is None:
-            try:
-                pod = self.api.get_pod(self.name)
-            except SandboxError:
-                return None
-            self.pod_status = "pod deleted" if pod is None else pod_failure(pod)
+        """The pod's end reason (OOMKilled, Evicted, DeadlineExceeded, deleted) from the API.
+
+        A reason the sweeper already recorded wins over "pod deleted" (it deletes ended pods)."""
+        if self.pod_status and self.pod_status != "pod deleted":
+            return self.pod_status
+        try:
+            pod = self.api.get_pod(self.name)
+        except SandboxError:
+            return self.pod_status
+        reason = "pod deleted" if pod is None else pod_failure(pod)
+        if reason and not (self.pod_status and reason == "pod deleted"):
+            self.pod_status = reason
         return self.pod_status
 
     def oom_events(self) -> int:

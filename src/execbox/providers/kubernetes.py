@@ -349,7 +349,6 @@ class KubernetesProvider(AgentBackedProvider):
             reason = inst.box.status_reason()
             if reason:
                 break
-            inst.box.pod_status = None
             time.sleep(0.3)
         inst.box.destroy()
         details = {"instance_id": inst.instance_id, "provider": self.name, "box_died": True,
@@ -374,9 +373,19 @@ class KubernetesProvider(AgentBackedProvider):
         """Delete this template's ended, expired and stuck pods (any replica's); mark lost local boxes dead."""
         if self.api is None:
             return 0
+        # Boxes first, pods second: a box registered after the listing must not look deleted.
+        with self._lock:
+            boxes = [i.box for i in self._instances.values()]
+        boxes += list(getattr(self._pool, "_ready", ()))  # pooled ones: discarded at take, then replaced
         pods = self.api.list_pods(f"app.kubernetes.io/managed-by=execbox,{ks.L_TEMPLATE}={self.config['template']}")
         now = time.time()
         seen: dict[str, Any] = {p.metadata.name: p for p in pods}
+        for box in boxes:
+            if isinstance(box, PodBox) and not box.client.dead:
+                pod = seen.get(box.name)
+                if pod is None or pod_failure(pod):
+                    box.pod_status = "pod deleted" if pod is None else pod_failure(pod)
+                    box.client.dead = box.pod_status
         removed = 0
         for pod in pods:
             ann = pod.metadata.annotations or {}
@@ -389,16 +398,6 @@ class KubernetesProvider(AgentBackedProvider):
                     removed += 1
                     log.info("kubernetes: swept pod %s (%s)", pod.metadata.name,
                              failure or ("stuck before ready" if stuck else "expired"))
-        with self._lock:
-            boxes = [i.box for i in self._instances.values()]
-        # Pooled boxes too (the pool discards dead ones at take and starts replacements).
-        boxes += list(getattr(self._pool, "_ready", ()))
-        for box in boxes:
-            if isinstance(box, PodBox) and not box.client.dead:
-                pod = seen.get(box.name)
-                if pod is None or pod_failure(pod):
-                    box.pod_status = "pod deleted" if pod is None else pod_failure(pod)
-                    box.client.dead = box.pod_status  # a pooled box is then discarded and replaced
         return removed
 
     def _sweep_loop(self) -> None:

@@ -1,0 +1,77 @@
+"""Fixtures for the kubernetes provider: an in-test API server whose pods are real containers.
+
+``fake_apiserver`` (session) runs pods as Docker containers of the cached worker image (runc),
+``k8s_provider_factory`` initialises providers against it and shuts them down, and
+``kubernetes_provider`` is the one initialised provider other suites (tests/conformance/) can
+use: import it into their conftest with ``from tests.integration.kubernetes.conftest import *``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.conftest import require
+from tests.integration.docker.conftest import docker_engine  # noqa: F401 - re-exported fixture
+
+SECRET = "k8s-test-secret-0123456789abcdef"
+
+
+@pytest.fixture(scope="session")
+def fake_apiserver(docker_engine, tmp_path_factory):  # noqa: F811
+    pytest.importorskip("kubernetes", reason="the kubernetes client (pip install 'execbox[kubernetes]')")
+    from tests.integration.kubernetes.fake_apiserver import FakeApiServer
+
+    require("runc" in (docker_engine.info().get("Runtimes") or {}), "docker runtime runc")
+    fake = FakeApiServer(docker_engine)
+    fake.kubeconfig_path = fake.kubeconfig(str(tmp_path_factory.mktemp("kube") / "config"))
+    yield fake
+    fake.close()
+
+
+def _reset(fake) -> None:
+    fake.forbidden.clear()
+    fake.delay = 0.0
+    fake.hold_pending = False
+
+
+@pytest.fixture
+def k8s_provider_factory(fake_apiserver):
+    """Build initialised providers against the fake; everything they started must be gone after."""
+    from execbox.providers.kubernetes import KubernetesProvider
+
+    made = []
+
+    def make(**config):
+        p = KubernetesProvider()
+        cfg = {"kubeconfig": fake_apiserver.kubeconfig_path, "agent_secret": SECRET, "pool_size": 0,
+               "pool_wait": 60, "ready_timeout": 60, "api_timeout": 5, "sweep_interval": 0.5,
+               "preload": "none", "memory": "256Mi", **config}
+        p.initialize(cfg)
+        made.append(p)
+        return p
+
+    _reset(fake_apiserver)
+    yield make
+    _reset(fake_apiserver)
+    for p in made:
+        p.shutdown()
+    deadline = time.monotonic() + 20
+    while (fake_apiserver.pod_names() or fake_apiserver.containers()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = fake_apiserver.pod_names()
+    for name in left:  # keep the next test clean even when this one failed
+        fake_apiserver.delete_pod("execbox-sandboxes", name)
+    assert not left, f"pods left behind: {left}"
+
+
+@pytest.fixture
+def kubernetes_provider(k8s_provider_factory):
+    """An initialised kubernetes provider (warm pool of 1) whose pods really run: for shared suites."""
+    return k8s_provider_factory(pool_size=1)
+
+
+def kubeconfig_is_set() -> bool:
+    return bool(os.environ.get("KUBECONFIG"))
