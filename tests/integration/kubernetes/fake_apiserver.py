@@ -104,7 +104,11 @@ class FakeApiServer:
             return sorted(n for (pns, n) in self.pods if pns == ns)
 
     def containers(self) -> list[Any]:
-        return self.docker.containers.list(all=True, filters={"label": f"{LABEL}={self.id}"})
+        """This fake's containers (id, name, status) from one list call: no per-container inspect races."""
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(id=c["Id"], name=c["Names"][0].lstrip("/"), status=c["State"])
+                for c in self.docker.api.containers(all=True, filters={"label": f"{LABEL}={self.id}"})]
 
     def end_pod(self, name: str, *, reason: str, ns: str = "execbox-sandboxes") -> None:
         """Kill a pod's container and record why: 'Evicted' (pod-level) or 'OOMKilled' (container)."""
@@ -125,7 +129,7 @@ class FakeApiServer:
         self.httpd.server_close()
         for c in self.containers():
             try:
-                c.remove(force=True)
+                self.docker.api.remove_container(c.id, force=True)
             except Exception:  # noqa: BLE001
                 pass
         shutil.rmtree(self.tmp, ignore_errors=True)
