@@ -316,12 +316,15 @@ def start_pod(api: PodApi, manifest: dict[str, Any], token: str, port: int, read
               connect: Callable[[Any], tuple[str, int]] | None = None) -> PodBox:
     """Create the pod, wait for it, open its channel; delete it on any failure (nothing leaks)."""
     name = manifest["metadata"]["name"]
+    created = time.time()  # activeDeadlineSeconds counts from about here, not from Ready
     api.create_pod(manifest)
     try:
         pod = wait_pod_ready(api, name, ready_timeout)
         host, p = connect(pod) if connect else (pod.status.pod_ip, port)
         client = connect_agent(host, p, token, name)
-        return PodBox(name, client, api, pod.status.pod_ip)
+        box = PodBox(name, client, api, pod.status.pod_ip)
+        box.created_at = created
+        return box
     except BaseException:
         try:
             api.delete_pod(name)

@@ -283,7 +283,7 @@ class KubernetesProvider(AgentBackedProvider):
         if workspace is not None:
             self.start_box(workspace)  # raises the clear SB002
         instance_id = make_instance_id(tenant_id, session_id)
-        box = self._pool.take(float(self.config["pool_wait"])) if self._pool is not None else None
+        box = self._take_pooled()
         inst = Instance(instance_id, box, tenant_id, session_id, from_pool=True) if box is not None else None
         if inst is None:
             try:
@@ -298,6 +298,18 @@ class KubernetesProvider(AgentBackedProvider):
         with self._lock:
             self._instances[instance_id] = inst
         return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
+
+    def _take_pooled(self) -> PodBox | None:
+        """A pooled pod, waiting up to ``pool_wait`` s while the pool is healthy; once it is failing
+        (bad image, RBAC, API down) stop waiting: the cold start then fails with the precise reason."""
+        pool = self._pool
+        if pool is None:
+            return None
+        deadline = time.monotonic() + float(self.config["pool_wait"])
+        while True:
+            box = pool.take(max(0.0, min(0.5, deadline - time.monotonic())))
+            if box is not None or not pool.status()["healthy"] or time.monotonic() >= deadline:
+                return box  # type: ignore[return-value]
 
     def _find_pod(self, instance_id: str) -> Any | None:
         if self.api is None:

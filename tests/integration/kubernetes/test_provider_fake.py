@@ -52,7 +52,8 @@ def test_runs_files_pool_claim_and_delete(kubernetes_provider, fake_apiserver):
     assert len(warm) == 1 and warm[0] != pod["metadata"]["name"]
     assert p.destroy_instance(inst)
     _wait(lambda: _pod_of(fake, inst) is None, 10, "the session's pod deletion")
-    assert not any(c.name.endswith(pod["metadata"]["name"]) for c in fake.containers() if c.status == "running")
+    _wait(lambda: not any(c.name.endswith(pod["metadata"]["name"]) for c in fake.containers()), 20,
+          "the pod's container removal")
     # Only lifecycle calls reach the API server: never exec/attach (the channel is the pod port).
     assert not [r for r in fake.requests if r[1].endswith(("/exec", "/attach", "/portforward"))]
 
@@ -132,12 +133,18 @@ def test_wrong_secret_cannot_take_over(k8s_provider_factory, fake_apiserver):
     assert a.execute_code(inst, "print('mine')", "python").stdout == "mine\n"
 
 
-def test_image_pull_failure_is_sb004_and_the_pod_is_deleted(k8s_provider_factory, fake_apiserver):
-    p = k8s_provider_factory(image="execbox/does-not-exist:1")
+@pytest.mark.parametrize("pool_size", [0, 1])
+def test_image_pull_failure_is_sb004_and_the_pod_is_deleted(k8s_provider_factory, fake_apiserver, pool_size):
+    p = k8s_provider_factory(image="execbox/does-not-exist:1", pool_size=pool_size, pool_wait=60)
+    started = time.monotonic()
     with pytest.raises(InstanceCreationError) as e:
         p.create_instance(tenant_id="t1")
     assert e.value.code == "SB004" and "ErrImagePull" in e.value.message
-    assert fake_apiserver.pod_names() == []
+    assert time.monotonic() - started < 30  # a failing pool is not waited on for pool_wait
+    if pool_size:
+        assert not p.pool_status()["healthy"] and "ErrImagePull" in p.pool_status()["last_error"]
+    p.shutdown()
+    _wait(lambda: fake_apiserver.pod_names() == [], 10, "no pods left")
 
 
 def test_pod_that_never_becomes_ready_is_sb004_and_deleted(k8s_provider_factory, fake_apiserver):
