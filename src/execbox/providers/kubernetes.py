@@ -102,6 +102,7 @@ class KubernetesProvider(AgentBackedProvider):
     tags = ["self-hosted", "kubernetes", "container", "gvisor"]
     isolation = Isolation.CONTAINER  # an initialized provider with a gvisor RuntimeClass reports gvisor
     zero_config = False
+    failed_grace = 10.0  # seconds an ended pod is left for its owner to read its status before sweeping
 
     def __init__(self) -> None:
         super().__init__()
@@ -114,6 +115,7 @@ class KubernetesProvider(AgentBackedProvider):
         self._reaper: ThreadPoolExecutor | None = None
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
+        self._failed_since: dict[str, float] = {}
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
@@ -393,15 +395,20 @@ class KubernetesProvider(AgentBackedProvider):
         now = time.time()
         seen: dict[str, Any] = {p.metadata.name: p for p in pods}
         for box in boxes:
-            if isinstance(box, PodBox) and not box.client.dead:
+            if isinstance(box, PodBox) and not box.destroyed:
                 pod = seen.get(box.name)
-                if pod is None or pod_failure(pod):
-                    box.pod_status = "pod deleted" if pod is None else pod_failure(pod)
-                    box.client.dead = box.pod_status
+                reason = "pod deleted" if pod is None else pod_failure(pod)
+                if reason and box.pod_status in (None, "pod deleted"):
+                    box.pod_status = reason  # kept for the error the box's caller gets
+                    box.client.dead = box.client.dead or reason
         removed = 0
+        failed_since = {}
         for pod in pods:
             ann = pod.metadata.annotations or {}
             failure = pod_failure(pod)
+            if failure:  # ended pods stay a moment, so whoever waits on one can still read why it ended
+                failed_since[pod.metadata.name] = self._failed_since.get(pod.metadata.name, now)
+                failure = failure if now - failed_since[pod.metadata.name] >= self.failed_grace else None
             expires = float(ann.get(ks.A_EXPIRES) or 0)
             created = pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else now
             stuck = not pod_ready(pod) and now - created > 2 * float(self.config["ready_timeout"])
@@ -410,6 +417,7 @@ class KubernetesProvider(AgentBackedProvider):
                     removed += 1
                     log.info("kubernetes: swept pod %s (%s)", pod.metadata.name,
                              failure or ("stuck before ready" if stuck else "expired"))
+        self._failed_since = failed_since
         return removed
 
     def _sweep_loop(self) -> None:

@@ -181,6 +181,7 @@ def test_api_timeout_is_sb009_and_pool_recovers(k8s_provider_factory, fake_apise
 
 def test_sweeper_removes_ended_and_expired_pods_of_any_replica(k8s_provider_factory, fake_apiserver):
     p = k8s_provider_factory(sweep_interval=3600)
+    p.failed_grace = 0.0
     orphan = p.pod_manifest("execbox-default-orphan0001", annotations={ks.A_EXPIRES: str(int(time.time()) - 1)})
     fake_apiserver.create_pod(NS, orphan)
     ended = p.pod_manifest("execbox-default-ended00001")
