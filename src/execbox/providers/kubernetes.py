@@ -278,12 +278,13 @@ class KubernetesProvider(AgentBackedProvider):
         else:
             run()
 
-    def create_instance(self, template: str = "python", *, tenant_id: str = "default",
-                        session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
-        """A pooled pod (claimed in the background), else a cold start that carries its claim."""
+    def create_instance(self, template: str = "python", *, tenant_id: str = "default",  # type: ignore[override]
+                        session_id: str | None = None) -> SandboxInstance:
+        """A pooled pod (claimed in the background), else a cold start that carries its claim.
+
+        No ``workspace`` parameter (unlike jail/docker): a pod cannot mount a gateway directory, and
+        the session manager only passes host workspaces to providers whose signature takes one."""
         self._require_initialized()
-        if workspace is not None:
-            self.start_box(workspace)  # raises the clear SB002
         instance_id = make_instance_id(tenant_id, session_id)
         box = self._take_pooled()
         inst = Instance(instance_id, box, tenant_id, session_id, from_pool=True) if box is not None else None
