@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -23,7 +24,6 @@ from typing import Any
 
 from ..boxes import k8s_spec as ks
 from ..boxes.agent_client import BoxDied
-from ..boxes.images import DEFAULT_IMAGE
 from ..boxes.k8s_box import PodApi, PodBox, connect_agent, pod_failure, pod_ready, start_pod
 from ..errors import (
     InstanceCreationError,
@@ -33,67 +33,10 @@ from ..errors import (
     SandboxError,
 )
 from ..models import Isolation, SandboxInstance, make_instance_id
-from .agent_backed import AGENT_GRACE, POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, Instance
+from .agent_backed import AGENT_GRACE, AgentBackedProvider, Instance
+from .kubernetes_schema import QUANTITY_FIELDS, SECRET_ENV, config_schema
 
 log = logging.getLogger("execbox.provider.kubernetes")
-
-SECRET_ENV = "EXECBOX_K8S_AGENT_SECRET"
-QUANTITY_FIELDS = ("cpu_request", "cpu_limit", "memory", "workspace_size", "tmp_size")
-
-
-def _schema() -> dict[str, dict[str, Any]]:
-    def s(default: str, label: str, desc: str, **kw: Any) -> dict[str, Any]:
-        return {"type": "string", "default": default, "label": label, "description": desc, **kw}
-
-    def n(kind: str, default: Any, lo: Any, hi: Any, label: str, desc: str) -> dict[str, Any]:
-        return {"type": kind, "default": default, "min": lo, "max": hi, "label": label, "description": desc}
-
-    return {
-        "namespace": s("execbox-sandboxes", "Sandbox namespace", "Namespace the box pods run in (not the "
-                       "gateway's)."),
-        "template": s("default", "Template name", "Pod template name; one warm pool per template (label "
-                      "execbox.dev/template).", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"),
-        "image": s(DEFAULT_IMAGE, "Worker image", "The Docker provider's worker image, pushed to a registry "
-                   "the cluster pulls from."),
-        "image_pull_policy": s("IfNotPresent", "Image pull policy", "Always, IfNotPresent or Never.",
-                               options=["Always", "IfNotPresent", "Never"]),
-        "runtime_class": s("", "RuntimeClass", "runtimeClassName for box pods, e.g. gvisor; empty = the "
-                           "cluster default (runc: tier 'container')."),
-        "cpu_request": s("250m", "CPU request", "Kubernetes quantity."),
-        "cpu_limit": s("1", "CPU limit", "Kubernetes quantity."),
-        "memory": s("512Mi", "Memory", "Request and limit (Kubernetes quantity)."),
-        "workspace_size": s("1Gi", "Workspace size", "sizeLimit of the emptyDir /workspace."),
-        "tmp_size": s("64Mi", "/tmp size", "sizeLimit of the memory-backed /tmp."),
-        "node_selector": {"type": "json", "default": {}, "label": "Node selector",
-                          "description": "nodeSelector for box pods (object of strings)."},
-        "tolerations": {"type": "json", "default": [], "label": "Tolerations",
-                        "description": "tolerations for box pods (list of Toleration objects)."},
-        "pool_size": n("integer", 2, 0, 200, "Warm pool size", "Ready pods kept per template by this replica."),
-        "pool_wait": n("number", 30, 0, 600, "Pool wait (s)", "How long create_instance waits for a pooled pod "
-                       "before starting one itself."),
-        "ready_timeout": n("number", 120, 5, 1800, "Ready timeout (s)", "A pod not Ready by then is deleted "
-                           "(SB004 with its status)."),
-        "api_timeout": n("number", 10, 1, 120, "API timeout (s)", "Per-request timeout on the API server (SB009 "
-                         "past it)."),
-        "max_lifetime": n("integer", 86400, 60, 604800, "Max pod lifetime (s)", "activeDeadlineSeconds of every "
-                          "box pod; sessions cannot outlive it."),
-        "warm_ttl": n("integer", 3600, 60, 86400, "Warm pod TTL (s)", "An unclaimed pod older than this is "
-                      "recycled; pods of a crashed replica are swept after it."),
-        "sweep_interval": n("number", 30, 0.2, 3600, "Sweep interval (s)", "How often ended, expired and orphaned "
-                            "pods are deleted."),
-        "agent_port": n("integer", ks.AGENT_PORT, 1024, 65535, "Agent port", "Pod port of the agent relay."),
-        "agent_secret": s("", "Agent secret", f"Shared by all gateway replicas (or env {SECRET_ENV}); per-pod "
-                          "secrets derive from it. Empty = random per process (no takeover across replicas)."),
-        "kubeconfig": s("", "Kubeconfig", "Path; empty = in-cluster config when running in a pod, else "
-                        "KUBECONFIG / ~/.kube/config."),
-        "context": s("", "Context", "kubeconfig context; empty = current."),
-        "preload": s("auto", "Preload modules", "'auto', 'none', or a comma-separated list."),
-        **TIMEOUT_SCHEMA,
-        "max_output_bytes": n("integer", 1048576, 1024, 64 * 1048576, "Output cap (bytes)",
-                              "Cap on stdout and stderr each."),
-        **POLICY_SCHEMA,
-    }
-
 
 class KubernetesProvider(AgentBackedProvider):
     name = "kubernetes"
@@ -119,7 +62,7 @@ class KubernetesProvider(AgentBackedProvider):
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
-        return _schema()
+        return config_schema()
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
         for key in QUANTITY_FIELDS:
@@ -131,8 +74,6 @@ class KubernetesProvider(AgentBackedProvider):
         tol = config.get("tolerations") or []
         if not isinstance(tol, list) or not all(isinstance(t, dict) for t in tol):
             return False, "tolerations: must be a list of objects"
-        import re
-
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", str(config.get("template", ""))):
             return False, "template: must be a DNS label (lower-case letters, digits, '-')"
         return True, None
