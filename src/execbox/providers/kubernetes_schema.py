@@ -54,7 +54,8 @@ def config_schema() -> dict[str, dict[str, Any]]:
                             "pods are deleted."),
         "agent_port": n("integer", ks.AGENT_PORT, 1024, 65535, "Agent port", "Pod port of the agent relay."),
         "agent_secret": s("", "Agent secret", f"Shared by all gateway replicas (or env {SECRET_ENV}); per-pod "
-                          "secrets derive from it. Empty = random per process (no takeover across replicas).", secret=True),
+                          "secrets derive from it. Empty = random per process (no takeover across replicas).",
+                          secret=True),
         "kubeconfig": s("", "Kubeconfig", "Path; empty = in-cluster config when running in a pod, else "
                         "KUBECONFIG / ~/.kube/config."),
         "context": s("", "Context", "kubeconfig context; empty = current."),
