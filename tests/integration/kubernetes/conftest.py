@@ -8,6 +8,7 @@ use: import it into their conftest with ``from tests.integration.kubernetes.conf
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
@@ -21,7 +22,8 @@ SECRET = "k8s-test-secret-0123456789abcdef"
 
 @pytest.fixture(scope="session")
 def fake_apiserver(docker_engine, tmp_path_factory):  # noqa: F811
-    pytest.importorskip("kubernetes", reason="the kubernetes client (pip install 'execbox[kubernetes]')")
+    require(importlib.util.find_spec("kubernetes") is not None,
+            "the kubernetes client (pip install 'execbox[kubernetes]')")
     from tests.integration.kubernetes.fake_apiserver import FakeApiServer
 
     require("runc" in (docker_engine.info().get("Runtimes") or {}), "docker runtime runc")

@@ -10,17 +10,26 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
 from execbox.boxes import k8s_spec as ks
+from tests.conftest import require
 from tests.integration.kubernetes.kustomize_lite import render
 
-kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (pip install 'execbox[kubernetes]')")
-yaml = pytest.importorskip("yaml")
+try:
+    import kubernetes_validate as kv
+except ImportError:  # pragma: no cover - a dev dependency
+    kv = None
 
 K8S_VERSION = "1.31.0"  # pinned: the oldest minor still in upstream support when this was written
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "deploy", "kubernetes")
 TARGETS = ["base", "overlays/gvisor", "overlays/external-postgres"]
 GATEWAY_NS, SANDBOX_NS = "execbox", "execbox-sandboxes"
+
+
+@pytest.fixture(autouse=True)
+def _validator():
+    require(kv is not None, "kubernetes-validate (pip install -e '.[dev]')")
 
 
 def validate(doc):
