@@ -9,6 +9,7 @@ import pytest
 
 from execbox.boxes import k8s_spec as ks
 from execbox.errors import InstanceCreationError, OutOfMemoryError, ProviderUnavailableError
+from tests.conftest import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 NS = "execbox-sandboxes"
@@ -193,3 +194,19 @@ def test_sweeper_removes_ended_and_expired_pods_of_any_replica(k8s_provider_fact
     live = p.create_instance(tenant_id="t1", session_id="s").instance_id
     assert p.sweep() == 2
     assert fake_apiserver.pod_names() == [_pod_of(fake_apiserver, live)["metadata"]["name"]]
+
+
+def test_every_pod_the_provider_created_is_schema_valid_and_hardened(k8s_provider_factory, fake_apiserver):
+    """What reached the API server (not just the builder's output) passes the offline checks."""
+    from tests.integration.kubernetes.test_manifests import assert_hardened_pod_spec, kv, validate
+
+    p = k8s_provider_factory(runtime_class="", node_selector={"kubernetes.io/os": "linux"},
+                             tolerations=[{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}])
+    inst = p.create_instance(tenant_id="t1").instance_id
+    assert p.execute_code(inst, "print(1)", "python").stdout == "1\n"
+    name = _pod_of(fake_apiserver, inst)["metadata"]["name"]
+    (body,) = [b for b in fake_apiserver.created if b["metadata"]["name"] == name]
+    require(kv is not None, "kubernetes-validate (pip install -e '.[dev]')")
+    validate(body)
+    assert_hardened_pod_spec(body["spec"], box=True)
+    assert body["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
