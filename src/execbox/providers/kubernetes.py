@@ -145,6 +145,8 @@ class KubernetesProvider(AgentBackedProvider):
             preload=c["preload"] or "auto", agent_limits={"memory_bytes": memory_bytes, "fsize_bytes": 256 * 1024**2,
                                             "nofile": 1024},
             max_lifetime=int(c["max_lifetime"]), port=int(c["agent_port"]))
+        if c["runtime_class"] == "gvisor":  # per-sandbox there; under runc it would count the uid node-wide
+            self.template.agent_limits["nproc"] = int(c["pids_limit"])
         self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-k8s-reaper")
         self._stop.clear()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="execbox-k8s-sweeper", daemon=True)

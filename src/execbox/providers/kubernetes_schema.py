@@ -39,6 +39,8 @@ def config_schema() -> dict[str, dict[str, Any]]:
                           "description": "nodeSelector for box pods (object of strings)."},
         "tolerations": {"type": "json", "default": [], "label": "Tolerations",
                         "description": "tolerations for box pods (list of Toleration objects)."},
+        "pids_limit": n("integer", 128, 16, 4096, "Pids limit (gVisor)", "With runtime_class=gvisor: the agent's "
+                        "RLIMIT_NPROC inside the sandbox. Under runc pods rely on the kubelet's podPidsLimit."),
         "pool_size": n("integer", 2, 0, 200, "Warm pool size", "Ready pods kept per template by this replica."),
         "pool_wait": n("number", 30, 0, 600, "Pool wait (s)", "How long create_instance waits for a pooled pod "
                        "before starting one itself."),

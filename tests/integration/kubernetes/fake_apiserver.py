@@ -75,6 +75,7 @@ class FakeApiServer:
         self.forbidden: set[tuple[str, str]] = set()
         self.delay = 0.0
         self.hold_pending = False
+        self.pod_pids_limit = 128
         self.requests: list[tuple[str, str]] = []
         self.created: list[dict[str, Any]] = []
         self.tmp = tempfile.mkdtemp(prefix="execbox-fk8s-")
@@ -295,6 +296,9 @@ class FakeApiServer:
             "runtime": "runsc" if spec.get("runtimeClassName") == "gvisor" else "runc",
             "mem_limit": int(_quantity(limits["memory"])) if "memory" in limits else None,
             "nano_cpus": int(_quantity(limits["cpu"]) * 1e9) if "cpu" in limits else None,
+            # Kubernetes has no per-pod pids field: the kubelet's podPidsLimit (a node setting that
+            # docs/kubernetes.md asks for) bounds every pod. This fake's node sets it like that.
+            "pids_limit": self.pod_pids_limit,
             "tmpfs": tmpfs, "mounts": mounts, "network_mode": "bridge", "detach": True,
         }
 

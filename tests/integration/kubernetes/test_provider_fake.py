@@ -98,6 +98,14 @@ def test_memory_bomb_inside_the_pod_is_sb006_and_the_pod_survives(k8s_provider_f
     assert p.execute_code(inst, "print('still here')", "python").stdout == "still here\n"
 
 
+def test_fork_bomb_is_contained_by_the_node_pids_limit(k8s_provider_factory):
+    p = k8s_provider_factory()
+    inst = p.create_instance(tenant_id="t1", session_id="s").instance_id
+    r = p.execute_code(inst, "for i in $(seq 1 200); do sleep 3 & done 2>&1; wait; echo done", "bash", timeout=20)
+    assert "Resource temporarily unavailable" in r.stdout + r.stderr
+    assert p.execute_code(inst, "print(1)", "python").stdout == "1\n"
+
+
 def test_pool_self_heals_when_a_warm_pod_dies(k8s_provider_factory, fake_apiserver):
     p = k8s_provider_factory(pool_size=1, pool_wait=60)
     _wait(lambda: p.pool_status()["ready"] == 1, 60, "the warm pod")
