@@ -9,11 +9,11 @@ use: import it into their conftest with ``from tests.integration.kubernetes.conf
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 
 import pytest
 
+from execbox.boxes import k8s_spec as ks
 from tests.conftest import require
 from tests.integration.docker.conftest import docker_engine  # noqa: F401 - re-exported fixture
 
@@ -39,41 +39,56 @@ def _reset(fake) -> None:
     fake.hold_pending = False
 
 
+def _config(fake, **config):
+    return {"kubeconfig": fake.kubeconfig_path, "agent_secret": SECRET, "pool_size": 0, "pool_wait": 60,
+            "ready_timeout": 60, "api_timeout": 5, "sweep_interval": 0.5, "preload": "none", "memory": "256Mi",
+            **config}
+
+
+def _pods_of(fake, providers) -> list[str]:
+    owners = {p.owner for p in providers}
+    return [n for n in fake.pod_names()
+            if ((fake.pod(n) or {}).get("metadata", {}).get("annotations") or {}).get(ks.A_OWNER) in owners]
+
+
+def _shutdown_and_check(fake, providers) -> None:
+    for p in providers:
+        p.shutdown()
+    deadline = time.monotonic() + 20
+    while _pods_of(fake, providers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _pods_of(fake, providers)
+    for name in left:  # keep the next test clean even when this one failed
+        fake.delete_pod("execbox-sandboxes", name)
+    assert not left, f"pods left behind: {left}"
+
+
 @pytest.fixture
 def k8s_provider_factory(fake_apiserver):
-    """Build initialised providers against the fake; everything they started must be gone after."""
+    """Build initialised providers against the fake; every pod they started must be gone after."""
     from execbox.providers.kubernetes import KubernetesProvider
 
     made = []
 
     def make(**config):
         p = KubernetesProvider()
-        cfg = {"kubeconfig": fake_apiserver.kubeconfig_path, "agent_secret": SECRET, "pool_size": 0,
-               "pool_wait": 60, "ready_timeout": 60, "api_timeout": 5, "sweep_interval": 0.5,
-               "preload": "none", "memory": "256Mi", **config}
-        p.initialize(cfg)
+        p.initialize(_config(fake_apiserver, **config))
         made.append(p)
         return p
 
     _reset(fake_apiserver)
     yield make
     _reset(fake_apiserver)
-    for p in made:
-        p.shutdown()
-    deadline = time.monotonic() + 20
-    while (fake_apiserver.pod_names() or fake_apiserver.containers()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = fake_apiserver.pod_names()
-    for name in left:  # keep the next test clean even when this one failed
-        fake_apiserver.delete_pod("execbox-sandboxes", name)
-    assert not left, f"pods left behind: {left}"
+    _shutdown_and_check(fake_apiserver, made)
 
 
-@pytest.fixture
-def kubernetes_provider(k8s_provider_factory):
-    """An initialised kubernetes provider (warm pool of 1) whose pods really run: for shared suites."""
-    return k8s_provider_factory(pool_size=1)
+@pytest.fixture(scope="session")
+def kubernetes_provider(fake_apiserver):
+    """One initialised kubernetes provider (warm pool of 2) whose pods really run, shared by a session:
+    for shared suites such as tests/conformance/ (pod start-up is the slow part)."""
+    from execbox.providers.kubernetes import KubernetesProvider
 
-
-def kubeconfig_is_set() -> bool:
-    return bool(os.environ.get("KUBECONFIG"))
+    p = KubernetesProvider()
+    p.initialize(_config(fake_apiserver, pool_size=2, pool_wait=120, sweep_interval=5))
+    yield p
+    _shutdown_and_check(fake_apiserver, [p])

@@ -22,6 +22,12 @@ def _wait(cond, timeout=30.0, what="condition"):
         time.sleep(0.1)
 
 
+def _mine(fake, provider):
+    """Pod names this provider started (a session-shared provider may have pods in the fake too)."""
+    return [n for n in fake.pod_names()
+            if ((fake.pod(n) or {}).get("metadata", {}).get("annotations") or {}).get(ks.A_OWNER) == provider.owner]
+
+
 def _pod_of(fake, instance_id):
     for name in fake.pod_names():
         pod = fake.pod(name)
@@ -30,8 +36,8 @@ def _pod_of(fake, instance_id):
     return None
 
 
-def test_runs_files_pool_claim_and_delete(kubernetes_provider, fake_apiserver):
-    p, fake = kubernetes_provider, fake_apiserver
+def test_runs_files_pool_claim_and_delete(k8s_provider_factory, fake_apiserver):
+    p, fake = k8s_provider_factory(pool_size=1), fake_apiserver
     _wait(lambda: p.pool_status()["ready"] == 1, 60, "the warm pod")
     inst = p.create_instance(tenant_id="t1", session_id="s1").instance_id
     r = p.execute_code(inst, "import os\ndef main(a):\n    print('uid', os.getuid())\n    return a * 2\n",
@@ -49,7 +55,7 @@ def test_runs_files_pool_claim_and_delete(kubernetes_provider, fake_apiserver):
     assert pod["metadata"]["labels"][ks.L_SESSION] == ks.label_value("s1")
     # The pool refilled in the background: a new warm pod besides the claimed one.
     _wait(lambda: p.pool_status()["ready"] == 1, 60, "the pool refill")
-    warm = [n for n in fake.pod_names() if fake.pod(n)["metadata"]["labels"][ks.L_STATE] == ks.WARM]
+    warm = [n for n in _mine(fake, p) if fake.pod(n)["metadata"]["labels"][ks.L_STATE] == ks.WARM]
     assert len(warm) == 1 and warm[0] != pod["metadata"]["name"]
     assert p.destroy_instance(inst)
     _wait(lambda: _pod_of(fake, inst) is None, 10, "the session's pod deletion")
@@ -109,7 +115,7 @@ def test_fork_bomb_is_contained_by_the_node_pids_limit(k8s_provider_factory):
 def test_pool_self_heals_when_a_warm_pod_dies(k8s_provider_factory, fake_apiserver):
     p = k8s_provider_factory(pool_size=1, pool_wait=60)
     _wait(lambda: p.pool_status()["ready"] == 1, 60, "the warm pod")
-    (first,) = fake_apiserver.pod_names()
+    (first,) = _mine(fake_apiserver, p)
     fake_apiserver.end_pod(first, reason="Evicted")
     inst = p.create_instance(tenant_id="t1", session_id="s").instance_id
     assert p.execute_code(inst, "print('ok')", "python").stdout == "ok\n"
@@ -153,7 +159,7 @@ def test_image_pull_failure_is_sb004_and_the_pod_is_deleted(k8s_provider_factory
     if pool_size:
         assert not p.pool_status()["healthy"] and "ErrImagePull" in p.pool_status()["last_error"]
     p.shutdown()
-    _wait(lambda: fake_apiserver.pod_names() == [], 10, "no pods left")
+    _wait(lambda: _mine(fake_apiserver, p) == [], 10, "no pods left")
 
 
 def test_pod_that_never_becomes_ready_is_sb004_and_deleted(k8s_provider_factory, fake_apiserver):
@@ -162,7 +168,7 @@ def test_pod_that_never_becomes_ready_is_sb004_and_deleted(k8s_provider_factory,
     with pytest.raises(InstanceCreationError) as e:
         p.create_instance(tenant_id="t1")
     assert "did not become ready within 5s" in e.value.message and "Unschedulable" in e.value.message
-    assert fake_apiserver.pod_names() == []
+    assert _mine(fake_apiserver, p) == []
 
 
 def test_rbac_refusal_is_sb009_naming_the_role(k8s_provider_factory, fake_apiserver):
@@ -201,7 +207,7 @@ def test_sweeper_removes_ended_and_expired_pods_of_any_replica(k8s_provider_fact
     _wait(lambda: fake_apiserver.pod("execbox-default-ended00001")["status"]["phase"] == "Failed", 10, "the end")
     live = p.create_instance(tenant_id="t1", session_id="s").instance_id
     assert p.sweep() == 2
-    assert fake_apiserver.pod_names() == [_pod_of(fake_apiserver, live)["metadata"]["name"]]
+    assert _mine(fake_apiserver, p) == [_pod_of(fake_apiserver, live)["metadata"]["name"]]
 
 
 def test_every_pod_the_provider_created_is_schema_valid_and_hardened(k8s_provider_factory, fake_apiserver):
@@ -218,3 +224,12 @@ def test_every_pod_the_provider_created_is_schema_valid_and_hardened(k8s_provide
     validate(body)
     assert_hardened_pod_spec(body["spec"], box=True)
     assert body["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+
+
+def test_shared_fixture_provider_runs(kubernetes_provider):
+    """The session-wide fixture other suites use (tests/conformance/) is a working provider."""
+    inst = kubernetes_provider.create_instance(tenant_id="t1", session_id="shared").instance_id
+    try:
+        assert kubernetes_provider.execute_code(inst, "print(6 * 7)", "python").stdout == "42\n"
+    finally:
+        kubernetes_provider.destroy_instance(inst)
