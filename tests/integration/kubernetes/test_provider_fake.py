@@ -206,7 +206,7 @@ def test_sweeper_removes_ended_and_expired_pods_of_any_replica(k8s_provider_fact
     fake_apiserver.end_pod("execbox-default-ended00001", reason="OOMKilled")
     _wait(lambda: fake_apiserver.pod("execbox-default-ended00001")["status"]["phase"] == "Failed", 10, "the end")
     live = p.create_instance(tenant_id="t1", session_id="s").instance_id
-    assert p.sweep() == 2
+    p.sweep()  # another replica's sweeper (a session-shared provider) may take the expired one first
     assert _mine(fake_apiserver, p) == [_pod_of(fake_apiserver, live)["metadata"]["name"]]
 
 
