@@ -11,9 +11,9 @@ expired ones, whoever created them. See docs/kubernetes.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import re
 import secrets
 import socket
 import threading
@@ -25,6 +25,7 @@ from typing import Any
 from ..boxes import k8s_spec as ks
 from ..boxes.agent_client import BoxDied
 from ..boxes.k8s_box import PodApi, PodBox, connect_agent, pod_failure, pod_ready, start_pod
+from ..boxes.pool import BoxPool
 from ..errors import (
     InstanceCreationError,
     InvalidConfigError,
@@ -34,7 +35,7 @@ from ..errors import (
 )
 from ..models import Isolation, SandboxInstance, make_instance_id
 from .agent_backed import AGENT_GRACE, AgentBackedProvider, Instance
-from .kubernetes_schema import QUANTITY_FIELDS, SECRET_ENV, config_schema
+from .kubernetes_schema import SECRET_ENV, config_problem, config_schema
 
 log = logging.getLogger("execbox.provider.kubernetes")
 
@@ -51,6 +52,8 @@ class KubernetesProvider(AgentBackedProvider):
         super().__init__()
         self.api: PodApi | None = None
         self.template: ks.PodTemplate | None = None
+        self.templates: dict[str, ks.PodTemplate] = {}
+        self._named_pools: dict[str, BoxPool] = {}
         self.configmap = ""
         self.owner = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self._secret = b""
@@ -65,18 +68,8 @@ class KubernetesProvider(AgentBackedProvider):
         return config_schema()
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
-        for key in QUANTITY_FIELDS:
-            if not ks.QUANTITY.match(str(config.get(key, ""))):
-                return False, f"{key}: {config.get(key)!r} is not a Kubernetes quantity (e.g. 500m, 1, 512Mi)"
-        sel = config.get("node_selector") or {}
-        if not isinstance(sel, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sel.items()):
-            return False, "node_selector: must be an object of strings"
-        tol = config.get("tolerations") or []
-        if not isinstance(tol, list) or not all(isinstance(t, dict) for t in tol):
-            return False, "tolerations: must be a list of objects"
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", str(config.get("template", ""))):
-            return False, "template: must be a DNS label (lower-case letters, digits, '-')"
-        return True, None
+        problem = config_problem(config)
+        return (problem is None), problem
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -130,27 +123,43 @@ class KubernetesProvider(AgentBackedProvider):
         cm = ks.agent_configmap(c["namespace"])
         self.api.ensure_configmap(cm)  # first API call: RBAC and reachability fail here, at initialize
         self.configmap = cm["metadata"]["name"]
-        if c["runtime_class"] == "gvisor":
+        # One PodTemplate per template: the top-level keys ("default") plus each entry of `templates`
+        # (its keys override the top level); each gets its own warm pool and template label.
+        self.templates = {"default": self._pod_template(c["template"], c)}
+        for tname, overrides in (c.get("templates") or {}).items():
+            self.templates[tname] = self._pod_template(f"{c['template']}-{tname}", {**c, **overrides})
+        self.template = self.templates["default"]
+        # The tier is claimed only when every template runs under gVisor (never over-claimed).
+        if all(t.runtime_class == "gvisor" for t in self.templates.values()):
             self.isolation = Isolation.GVISOR
+        self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-k8s-reaper")
+        self._stop.clear()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="execbox-k8s-sweeper", daemon=True)
+        self._sweeper.start()
+        self._named_pools = {}
+        for tname, overrides in (c.get("templates") or {}).items():
+            size = int(overrides.get("pool_size", c["pool_size"]) or 0)
+            if size:
+                self._named_pools[tname] = BoxPool(functools.partial(self.start_box, template=tname), size,
+                                                   name=f"{self.name}-{tname}")
+
+    def _pod_template(self, label: str, c: dict[str, Any]) -> ks.PodTemplate:
         from kubernetes.utils import parse_quantity
 
         # As in the docker provider: the agent's per-run data limit sits below the pod's memory limit,
         # so most bombs end in a clean MemoryError (SB006) and the OOM killer stays the backstop.
         memory_bytes = int(parse_quantity(c["memory"]) * 8 // 10)
-        self.template = ks.PodTemplate(
-            namespace=c["namespace"], image=c["image"], name=c["template"], image_pull_policy=c["image_pull_policy"],
+        t = ks.PodTemplate(
+            namespace=c["namespace"], image=c["image"], name=label, image_pull_policy=c["image_pull_policy"],
             runtime_class=c["runtime_class"], cpu_request=c["cpu_request"], cpu_limit=c["cpu_limit"],
             memory=c["memory"], workspace_size=c["workspace_size"], tmp_size=c["tmp_size"],
             node_selector=dict(c.get("node_selector") or {}), tolerations=list(c.get("tolerations") or []),
             preload=c["preload"] or "auto", agent_limits={"memory_bytes": memory_bytes, "fsize_bytes": 256 * 1024**2,
-                                            "nofile": 1024},
+                                                          "nofile": 1024},
             max_lifetime=int(c["max_lifetime"]), port=int(c["agent_port"]))
         if c["runtime_class"] == "gvisor":  # per-sandbox there; under runc it would count the uid node-wide
-            self.template.agent_limits["nproc"] = int(c["pids_limit"])
-        self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-k8s-reaper")
-        self._stop.clear()
-        self._sweeper = threading.Thread(target=self._sweep_loop, name="execbox-k8s-sweeper", daemon=True)
-        self._sweeper.start()
+            t.agent_limits["nproc"] = int(c["pids_limit"])
+        return t
 
     def warnings(self) -> list[str]:
         return list(self._notes)
@@ -165,25 +174,28 @@ class KubernetesProvider(AgentBackedProvider):
         status = super().pool_status()
         if status is not None:
             status.update({"template": self.config.get("template"), "namespace": self.config.get("namespace")})
+        if self._named_pools:
+            status = status or {}
+            status["templates"] = {n: p.status() for n, p in self._named_pools.items()}
         return status
 
     # -- pods -------------------------------------------------------------------------------
     def pod_manifest(self, name: str, labels: dict[str, str] | None = None,
-                     annotations: dict[str, str] | None = None, deadline: int | None = None) -> dict[str, Any]:
-        assert self.template is not None
+                     annotations: dict[str, str] | None = None, deadline: int | None = None,
+                     template: str = "default") -> dict[str, Any]:
         now = int(time.time())
         ann = {ks.A_OWNER: self.owner, ks.A_EXPIRES: str(now + int(self.config["warm_ttl"])), **(annotations or {})}
-        return ks.pod_manifest(self.template, name=name, token=ks.pod_token(self._secret, name),
+        return ks.pod_manifest(self.templates[template], name=name, token=ks.pod_token(self._secret, name),
                                configmap=self.configmap, labels={ks.L_STATE: ks.WARM, **(labels or {})},
                                annotations=ann, deadline=deadline)
 
-    def start_box(self, workspace: str | None = None, **claim: Any) -> PodBox:
+    def start_box(self, workspace: str | None = None, template: str = "default", **claim: Any) -> PodBox:
         if workspace is not None:
             raise InvalidConfigError("the kubernetes provider has no host workspaces: a box's workspace is the "
                                      "pod's emptyDir", details={"provider": self.name, "field": "workspace"})
         assert self.api is not None
-        name = f"execbox-{self.config['template']}-{uuid.uuid4().hex[:12]}"
-        body = self.pod_manifest(name, **claim)
+        name = f"execbox-{self.templates[template].name}-{uuid.uuid4().hex[:12]}"[:63]
+        body = self.pod_manifest(name, template=template, **claim)
         box = start_pod(self.api, body, ks.pod_token(self._secret, name), int(self.config["agent_port"]),
                         float(self.config["ready_timeout"]))
         box.remover = self._remove_later
@@ -229,11 +241,12 @@ class KubernetesProvider(AgentBackedProvider):
         the session manager only passes host workspaces to providers whose signature takes one."""
         self._require_initialized()
         instance_id = make_instance_id(tenant_id, session_id)
-        box = self._take_pooled()
+        key = template if template in self.templates else "default"  # e.g. "python", "javascript"
+        box = self._take_pooled(self._named_pools.get(key) if key != "default" else self._pool)
         inst = Instance(instance_id, box, tenant_id, session_id, from_pool=True) if box is not None else None
         if inst is None:
             try:
-                box = self.start_box()
+                box = self.start_box(template=key)
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -245,10 +258,9 @@ class KubernetesProvider(AgentBackedProvider):
             self._instances[instance_id] = inst
         return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
 
-    def _take_pooled(self) -> PodBox | None:
+    def _take_pooled(self, pool: BoxPool | None) -> PodBox | None:
         """A pooled pod, waiting up to ``pool_wait`` s while the pool is healthy; once it is failing
         (bad image, RBAC, API down) stop waiting: the cold start then fails with the precise reason."""
-        pool = self._pool
         if pool is None:
             return None
         deadline = time.monotonic() + float(self.config["pool_wait"])
@@ -334,8 +346,11 @@ class KubernetesProvider(AgentBackedProvider):
         # Boxes first, pods second: a box registered after the listing must not look deleted.
         with self._lock:
             boxes = [i.box for i in self._instances.values()]
-        boxes += list(getattr(self._pool, "_ready", ()))  # pooled ones: discarded at take, then replaced
-        pods = self.api.list_pods(f"app.kubernetes.io/managed-by=execbox,{ks.L_TEMPLATE}={self.config['template']}")
+        for pool in (self._pool, *self._named_pools.values()):  # pooled ones: discarded at take, then replaced
+            boxes += list(getattr(pool, "_ready", ()))
+        labels = {t.name for t in self.templates.values()}
+        pods = [p for p in self.api.list_pods("app.kubernetes.io/managed-by=execbox")
+                if (p.metadata.labels or {}).get(ks.L_TEMPLATE) in labels]
         now = time.time()
         seen: dict[str, Any] = {p.metadata.name: p for p in pods}
         for box in boxes:
@@ -375,9 +390,12 @@ class KubernetesProvider(AgentBackedProvider):
 
     def shutdown(self) -> None:
         self._stop.set()
-        pool = self._pool
-        super().shutdown()  # closes the pool (deleting its ready pods) and destroys local instances
-        if pool is not None:
+        pools = [p for p in (self._pool, *self._named_pools.values()) if p is not None]
+        for pool in self._named_pools.values():
+            pool.close()
+        self._named_pools = {}
+        super().shutdown()  # closes the default pool (deleting its ready pods) and destroys local instances
+        for pool in pools:
             pool.join(timeout=float(self.config.get("ready_timeout") or 60) + 10)
         if self._reaper is not None:
             self._reaper.shutdown(wait=True)
@@ -387,7 +405,7 @@ class KubernetesProvider(AgentBackedProvider):
             self._sweeper = None
         if self.api is not None:
             try:  # pods this replica started that are still warm (a start racing shutdown)
-                for pod in self.api.list_pods(f"{ks.L_TEMPLATE}={self.config['template']},{ks.L_STATE}={ks.WARM}"):
+                for pod in self.api.list_pods(f"app.kubernetes.io/managed-by=execbox,{ks.L_STATE}={ks.WARM}"):
                     if (pod.metadata.annotations or {}).get(ks.A_OWNER) == self.owner:
                         self.api.delete_pod(pod.metadata.name)
             except SandboxError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..boxes import k8s_spec as ks
@@ -39,6 +40,12 @@ def config_schema() -> dict[str, dict[str, Any]]:
                           "description": "nodeSelector for box pods (object of strings)."},
         "tolerations": {"type": "json", "default": [], "label": "Tolerations",
                         "description": "tolerations for box pods (list of Toleration objects)."},
+        "templates": {"type": "json", "default": {}, "label": "Named templates",
+                      "description": "More pod templates, each with its own warm pool: {name: {key: value}} "
+                                     "overriding image, runtime_class, cpu_request, cpu_limit, memory, "
+                                     "workspace_size, tmp_size, node_selector, tolerations, pool_size, preload, "
+                                     "pids_limit. create_instance(template=name) uses one; other names use the "
+                                     "top-level template."},
         "pids_limit": n("integer", 128, 16, 4096, "Pids limit (gVisor)", "With runtime_class=gvisor: the agent's "
                         "RLIMIT_NPROC inside the sandbox. Under runc pods rely on the kubelet's podPidsLimit."),
         "pool_size": n("integer", 2, 0, 200, "Warm pool size", "Ready pods kept per template by this replica."),
@@ -67,3 +74,44 @@ def config_schema() -> dict[str, dict[str, Any]]:
                               "Cap on stdout and stderr each."),
         **POLICY_SCHEMA,
     }
+
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+TEMPLATE_KEYS = {"image", "runtime_class", "cpu_request", "cpu_limit", "memory", "workspace_size", "tmp_size",
+                 "node_selector", "tolerations", "pool_size", "preload", "pids_limit"}
+
+
+def _template_problem(c: dict[str, Any], where: str) -> str | None:
+    """What is wrong with one template's keys (quantities, selectors, tolerations, name), or None."""
+    for key in QUANTITY_FIELDS:
+        if not ks.QUANTITY.match(str(c.get(key, ""))):
+            return f"{where}{key}: {c.get(key)!r} is not a Kubernetes quantity (e.g. 500m, 1, 512Mi)"
+    sel = c.get("node_selector") or {}
+    if not isinstance(sel, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sel.items()):
+        return f"{where}node_selector: must be an object of strings"
+    tol = c.get("tolerations") or []
+    if not isinstance(tol, list) or not all(isinstance(t, dict) for t in tol):
+        return f"{where}tolerations: must be a list of objects"
+    if not DNS_LABEL.fullmatch(str(c.get("template", ""))):
+        return "template: must be a DNS label (lower-case letters, digits, '-')"
+    return None
+
+
+def config_problem(config: dict[str, Any]) -> str | None:
+    """What is wrong with a checked config (top level and every named template), or None."""
+    problem = _template_problem(config, "")
+    if problem:
+        return problem
+    templates = config.get("templates") or {}
+    if not isinstance(templates, dict):
+        return "templates: must be an object of {name: {key: value}}"
+    for name, overrides in templates.items():
+        if not isinstance(overrides, dict) or not DNS_LABEL.fullmatch(f"{config.get('template')}-{name}"):
+            return f"templates.{name}: needs a DNS-label name and an object of overrides"
+        unknown = set(overrides) - TEMPLATE_KEYS
+        if unknown:
+            return f"templates.{name}: unknown keys {sorted(unknown)} (allowed: {sorted(TEMPLATE_KEYS)})"
+        problem = _template_problem({**config, **overrides}, f"templates.{name}.")
+        if problem:
+            return problem
+    return None

@@ -233,3 +233,26 @@ def test_shared_fixture_provider_runs(kubernetes_provider):
         assert kubernetes_provider.execute_code(inst, "print(6 * 7)", "python").stdout == "42\n"
     finally:
         kubernetes_provider.destroy_instance(inst)
+
+
+def test_named_templates_have_their_own_pod_spec_and_warm_pool(k8s_provider_factory, fake_apiserver):
+    p = k8s_provider_factory(templates={"small": {"memory": "128Mi", "pool_size": 1}})
+    _wait(lambda: p.pool_status()["templates"]["small"]["ready"] == 1, 60, "the small template's warm pod")
+    small = p.create_instance("small", tenant_id="t1", session_id="a").instance_id
+    other = p.create_instance("python", tenant_id="t1", session_id="b").instance_id  # unknown: the top level
+    pod_small, pod_other = _pod_of(fake_apiserver, small), _pod_of(fake_apiserver, other)
+    assert pod_small["metadata"]["labels"][ks.L_TEMPLATE] == "default-small"
+    assert pod_small["spec"]["containers"][0]["resources"]["limits"]["memory"] == "128Mi"
+    assert pod_other["metadata"]["labels"][ks.L_TEMPLATE] == "default"
+    assert pod_other["spec"]["containers"][0]["resources"]["limits"]["memory"] == "256Mi"
+    assert p.execute_code(small, "print('s')", "python").stdout == "s\n"
+    _wait(lambda: p.pool_status()["templates"]["small"]["ready"] == 1, 60, "the small pool's refill")
+
+
+def test_bad_template_config_is_sb002(k8s_provider_factory):
+    from execbox.errors import InvalidConfigError
+
+    with pytest.raises(InvalidConfigError, match="templates.x: unknown keys"):
+        k8s_provider_factory(templates={"x": {"hostNetwork": True}})
+    with pytest.raises(InvalidConfigError, match="not a Kubernetes quantity"):
+        k8s_provider_factory(templates={"x": {"memory": "lots"}})
