@@ -317,7 +317,15 @@ def start_pod(api: PodApi, manifest: dict[str, Any], token: str, port: int, read
     """Create the pod, wait for it, open its channel; delete it on any failure (nothing leaks)."""
     name = manifest["metadata"]["name"]
     created = time.time()  # activeDeadlineSeconds counts from about here, not from Ready
-    api.create_pod(manifest)
+    try:
+        api.create_pod(manifest)
+    except ProviderUnavailableError as e:
+        if "status" not in e.details:  # a timeout: the pod may exist all the same; best effort
+            try:
+                api.delete_pod(name)
+            except SandboxError:
+                pass  # the sweeper (warm_ttl, stuck rule) and shutdown remove it later
+        raise
     try:
         pod = wait_pod_ready(api, name, ready_timeout)
         host, p = connect(pod) if connect else (pod.status.pod_ip, port)
