@@ -144,8 +144,11 @@ class Relay:
             self._drop(self.current)
         self.sel.modify(conn, selectors.EVENT_READ, "client")
         self.current = conn
+        (size,) = protocol.HEADER.unpack_from(buf)
         assert self.ready_frame is not None
-        self._send(conn, self.ready_frame)
+        if self._send(conn, self.ready_frame):
+            self.cur_buf += buf[protocol.HEADER.size + size:]  # a request sent right behind the auth frame
+            self._forward()
 
     def _from_client(self) -> None:
         conn = self.current
@@ -158,10 +161,15 @@ class Relay:
             self._drop(conn)
             return
         self.cur_buf += data
+        self._forward()
+
+    def _forward(self) -> None:
+        """Write every complete frame from the current client to the agent."""
         try:
             frames = split_frames(self.cur_buf)
         except protocol.ProtocolError:
-            self._drop(conn)
+            if self.current is not None:
+                self._drop(self.current)
             return
         for frame in frames:
             view = memoryview(frame)

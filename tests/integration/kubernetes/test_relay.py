@@ -78,3 +78,18 @@ def test_a_new_connection_takes_over(relay):
     assert _run(b, "print(2)")["stdout"] == "2\n"
     with pytest.raises(Exception):  # noqa: B017 - the replaced connection is closed: BoxDied
         _run(a, "print(3)")
+
+
+def test_a_request_right_behind_the_auth_frame_is_served(relay):
+    from execbox.agent.tcp_relay import auth_mac
+
+    s = socket.create_connection(("127.0.0.1", relay))
+    buf = protocol.FrameBuffer()
+    (challenge,) = buf.feed(s.recv(4096))
+    s.sendall(protocol.encode_frame({"op": "auth", "mac": auth_mac(TOKEN.encode(), challenge["nonce"])})
+              + protocol.encode_frame({"id": 1, "op": "files.list", "path": "."}))
+    got = []
+    while len(got) < 2:
+        got += buf.feed(s.recv(65536))
+    s.close()
+    assert got[0]["event"] == "ready" and got[1]["id"] == 1 and got[1]["ok"], got
