@@ -315,11 +315,11 @@ class KubernetesProvider(AgentBackedProvider):
         """Say why the pod went (OOMKilled, Evicted, DeadlineExceeded, deleted) and delete what is left."""
         assert isinstance(inst.box, PodBox)
         reason = None
-        for _ in range(10):  # the kubelet reports the end a moment after the connection drops
+        deadline = time.monotonic() + 3.0  # the kubelet reports the end a moment after the connection drops
+        while not reason and time.monotonic() < deadline:
             reason = inst.box.status_reason()
-            if reason:
-                break
-            time.sleep(0.3)
+            if not reason:
+                time.sleep(0.3)
         inst.box.destroy()
         details = {"instance_id": inst.instance_id, "provider": self.name, "box_died": True,
                    "pod": inst.box.name, "pod_status": reason}
