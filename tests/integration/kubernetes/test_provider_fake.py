@@ -73,14 +73,19 @@ def test_one_shot_gets_a_short_deadline(k8s_provider_factory, fake_apiserver):
     assert p.execute_code(inst, "print('once')", "python").stdout == "once\n"
 
 
-def test_pod_dying_mid_run_is_a_clear_error_and_nothing_leaks(k8s_provider_factory, fake_apiserver):
+@pytest.mark.parametrize("how", ["Evicted", "deleted"])
+def test_pod_dying_mid_run_is_a_clear_error_and_nothing_leaks(k8s_provider_factory, fake_apiserver, how):
     p = k8s_provider_factory()
     inst = p.create_instance(tenant_id="t1", session_id="s").instance_id
     name = _pod_of(fake_apiserver, inst)["metadata"]["name"]
-    threading.Timer(1.0, fake_apiserver.end_pod, args=(name,), kwargs={"reason": "Evicted"}).start()
+    if how == "Evicted":
+        threading.Timer(1.0, fake_apiserver.end_pod, args=(name,), kwargs={"reason": "Evicted"}).start()
+    else:  # someone (an operator, a node drain) deletes the pod
+        threading.Timer(1.0, fake_apiserver.delete_pod, args=(NS, name)).start()
     with pytest.raises(ProviderUnavailableError) as e:
         p.execute_code(inst, "import time\ntime.sleep(30)", "python", timeout=40)
-    assert e.value.code == "SB009" and "Evicted" in e.value.message, e.value.message
+    expected = "Evicted" if how == "Evicted" else "pod deleted"
+    assert e.value.code == "SB009" and expected in e.value.message, e.value.message
     _wait(lambda: name not in fake_apiserver.pod_names(), 10, "the evicted pod's deletion")
     with pytest.raises(ProviderUnavailableError):
         p.execute_code(inst, "print(1)", "python")
