@@ -89,10 +89,13 @@ class ServiceCore:
             self._implicit[key] = (caller.tenant_id, sid)
         return sid
 
-    def end_implicit(self, key: str) -> None:
-        """The MCP session ended: close the execbox session it created."""
+    def end_implicit(self, key: str, tenant_id: str | None = None) -> None:
+        """The MCP session ended: close the execbox session it created (only the owner may end it)."""
         with self._lock:
-            found = self._implicit.pop(key, None)
+            found = self._implicit.get(key)
+            if found is None or (tenant_id is not None and found[0] != tenant_id):
+                return
+            del self._implicit[key]
         if found is not None and self.sessions.get(*found) is not None:
             try:
                 self.sessions.destroy(*found)

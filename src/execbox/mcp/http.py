@@ -59,7 +59,7 @@ class McpHttpApp:
         if principal is None:
             raise AuthError("missing bearer token")
         session = request.headers.get("mcp-session-id")
-        key = f"mcp:{session}" if session else f"token:{principal.token_id}"
+        key = f"mcp:{principal.tenant_id}:{session}" if session else f"token:{principal.token_id}"
         return self.core, Caller(principal.tenant_id, principal.token_id), key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -72,11 +72,12 @@ class McpHttpApp:
                         [(b"www-authenticate", b'Bearer realm="execbox"')] if e.http_status == 401 else [])
             return
         scope[PRINCIPAL] = principal
-        await self.manager.handle_request(scope, receive, send)
-        if scope["method"] == "DELETE":
+        if scope["method"] == "DELETE":  # the client ends its MCP session: close the execbox session first
             session = dict(scope.get("headers") or []).get(SESSION_HEADER)
             if session:
-                await anyio.to_thread.run_sync(self.core.end_implicit, f"mcp:{session.decode()}")
+                await anyio.to_thread.run_sync(self.core.end_implicit, f"mcp:{principal.tenant_id}:{session.decode()}",
+                                               principal.tenant_id)
+        await self.manager.handle_request(scope, receive, send)
 
 
 async def _json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> None:
