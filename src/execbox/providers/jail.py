@@ -16,10 +16,10 @@ import threading
 import time
 from typing import Any
 
-from ..boxes import bwrap, cgroups, quota, runtime, seccomp
+from ..boxes import bwrap, cgroups, quota, runtime, seccomp, uids
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
-from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
+from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError, SandboxError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
 from .schema import parse_size
@@ -196,8 +196,7 @@ class JailProvider(AgentBackedProvider):
         except (OSError, ValueError) as e:
             out["runtimes"] = {"ok": False, "detail": f"cannot list runtimes: {e}"}
         try:
-            out["host_uid"] = {"ok": True, "detail": (f"boxes run as host uid {host_uid()}" if os.geteuid() == 0
-                                                      else f"boxes run as the service uid {os.geteuid()}")}
+            out["host_uid"] = _uid_range_check()
         except InvalidConfigError as e:
             out["host_uid"] = {"ok": False, "detail": e.message}
         out["trial_box"] = _trial_box(path) if path and out["user_namespaces"]["ok"] else {
@@ -218,6 +217,18 @@ def _reap_once() -> None:
     names = reap_stale()
     if names:
         log.warning("jail: removed %d boxes left by dead execbox processes", len(names))
+
+
+def _uid_range_check() -> dict[str, Any]:
+    """Boxes run as one host uid each from the configured range (root only); no real user in it."""
+    if os.geteuid() != 0:
+        return {"ok": True, "detail": f"boxes run as the service uid {os.geteuid()} (per-box uids need root)"}
+    rng = uids.configured_range()
+    users = uids.users_in_range(rng)
+    if users:
+        return {"ok": False, "detail": f"EXECBOX_JAIL_UID_RANGE {rng.describe()} holds real users: "
+                                       f"{', '.join(users)}; pick a range no account uses"}
+    return {"ok": True, "detail": f"one host uid per box from {rng.describe()}"}
 
 
 def _userns_check() -> dict[str, Any]:
@@ -245,9 +256,10 @@ def _trial_box(path: str) -> dict[str, Any]:
             *bwrap.system_mounts(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv",
             "--", "/usr/bin/true"]
     try:
-        uid = host_uid() if os.geteuid() == 0 else None
-    except InvalidConfigError as e:
+        lease = uids.acquire() if os.geteuid() == 0 else None  # a uid no live box holds
+    except SandboxError as e:
         return {"ok": False, "detail": e.message}
+    uid = lease.uid if lease is not None else None
 
     def drop() -> None:
         if uid is not None:
@@ -261,6 +273,9 @@ def _trial_box(path: str) -> dict[str, Any]:
                               preexec_fn=drop, env={"PATH": "/usr/bin:/bin"}, cwd="/", text=True)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"ok": False, "detail": f"bwrap could not start: {e}"}
+    finally:
+        if lease is not None:
+            lease.release()
     if proc.returncode != 0:
         return {"ok": False, "detail": f"bwrap failed (exit {proc.returncode}): {proc.stdout.strip()[-300:]}"}
     return {"ok": True, "detail": f"a trivial box ran in {(time.monotonic() - t) * 1000:.0f} ms"}
