@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import bwrap, cgroups, quota, seccomp, uids
@@ -62,6 +62,7 @@ class JailSettings:
     drop_uid: bool = True
     agent_root: str = ""
     etc_dir: str = ""
+    device_args: list[str] = field(default_factory=list)  # GPU binds (boxes/gpu.py), empty by default
 
 
 def boxes_dir() -> str:
@@ -219,6 +220,7 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=settings.etc_dir,
             env=bwrap.box_env(), agent_limits=limits, seccomp_fd=seccomp_fd, workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
+            device_args=list(settings.device_args),
         )
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
         err_r, err_w = os.pipe2(os.O_CLOEXEC)

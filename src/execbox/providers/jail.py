@@ -16,12 +16,13 @@ import threading
 import time
 from typing import Any
 
-from ..boxes import bwrap, cgroups, quota, runtime, seccomp, uids
+from ..boxes import bwrap, cgroups, gpu, quota, runtime, seccomp, uids
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
 from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError, SandboxError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
+from .gpu_config import GPU_SCHEMA, gpu_config_error
 from .schema import parse_size
 
 log = logging.getLogger("execbox.jail")
@@ -44,6 +45,7 @@ class JailProvider(AgentBackedProvider):
     def __init__(self) -> None:
         super().__init__()
         self._settings: JailSettings | None = None
+        self._gpu: gpu.GpuPlan | None = None
         self._warnings: list[str] = []
 
     @staticmethod
@@ -71,6 +73,7 @@ class JailProvider(AgentBackedProvider):
             "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                                  "label": "Output cap (bytes)", "description": "Cap on stdout and stderr each."},
             **POLICY_SCHEMA,
+            **GPU_SCHEMA,
         }
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
@@ -84,7 +87,7 @@ class JailProvider(AgentBackedProvider):
             runtime.resolve(config.get("runtime"))
         except runtime.RuntimeNotUsable as e:
             return False, f"runtime: {e}"
-        return True, None
+        return gpu_config_error(config)
 
     # -- lifecycle --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -109,12 +112,31 @@ class JailProvider(AgentBackedProvider):
         if not quota.loop_quota_possible()[0]:
             self._warnings.append("jail: workspace quota is a tmpfs inside the box; its contents count "
                                   "against max_memory")
+        self._gpu = self._gpu_plan()
         self._settings = JailSettings(
+            device_args=self._gpu_device_args(),
             runtime=rt, memory_bytes=parse_size(cfg.get("max_memory") or "512m"), cpus=float(cfg.get("cpus") or 1),
             pids=int(cfg.get("pids_limit") or 128), disk_bytes=disk, tmp_bytes=min(TMP_MAX, disk),
             preload=str(cfg.get("preload") or "auto"), use_cgroups=use_cgroups,
             agent_root=runtime.staged_agent(), etc_dir=bwrap.staged_etc(),
         )
+
+    # -- GPU opt-in (boxes/gpu.py) ----------------------------------------------------------------
+    def _gpu_plan(self) -> gpu.GpuPlan:
+        plan = gpu.GpuPlan(self.config, os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
+        if plan.error is not None:
+            self._warnings.append(f"jail: {plan.error}; sessions fail with SB002 until this is fixed")
+        return plan
+
+    def _gpu_device_args(self) -> list[str]:
+        plan = self._gpu
+        if plan is None or not plan.indices:
+            return []
+        return gpu.jail_args(plan.indices, plan.inventory, gpu.driver_files())
+
+    def admit(self, tenant_id: str) -> None:
+        if self._gpu is not None:
+            self._gpu.admit(tenant_id, self.tenant_boxes(tenant_id))
 
     def start_box(self, workspace: str | None = None) -> JailBox:
         if self._settings is None:
@@ -138,6 +160,7 @@ class JailProvider(AgentBackedProvider):
         return {**base, "max_memory": self.config.get("max_memory"), "cpus": s.cpus, "pids_limit": s.pids,
                 "disk_quota_mb": s.disk_bytes // (1024 * 1024), "tmp_mb": s.tmp_bytes // (1024 * 1024),
                 "runtime": s.runtime.name, "network": "none",
+                "gpu": self._gpu.describe() if self._gpu else "off",
                 "enforced_by": "cgroup+rlimit" if s.use_cgroups else "rlimit"}
 
     def _instance_metadata(self, inst) -> dict[str, Any]:  # type: ignore[no-untyped-def]
