@@ -157,7 +157,7 @@ class ContainerSpec:
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size},mode=1777"},
             "mounts": mounts,
             "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges", oci_seccomp.security_opt()],
+            "security_opt": ["no-new-privileges", oci_seccomp.security_opt(self.runtime)],
             "ulimits": [],
         }
         if self.gpu:

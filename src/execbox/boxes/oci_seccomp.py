@@ -30,14 +30,21 @@ DOCKER_EXTRA_DENIED: tuple[str, ...] = (
 _ARCHES = {"x86_64": ["SCMP_ARCH_X86_64"], "aarch64": ["SCMP_ARCH_AARCH64"]}
 
 
-def profile() -> dict[str, Any]:
+def is_gvisor(runtime: str) -> bool:
+    return runtime.startswith("runsc") or "gvisor" in runtime
+
+
+def profile(runtime: str = "runc") -> dict[str, Any]:
     """The profile as a dict (Docker's JSON schema, which runc and runsc both read)."""
     eperm = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
-    rules: list[dict[str, Any]] = [
-        {"names": sorted(set(DENIED_SYSCALLS) | set(DOCKER_EXTRA_DENIED)), **eperm},
+    rules: list[dict[str, Any]] = [{"names": sorted(set(DENIED_SYSCALLS) | set(DOCKER_EXTRA_DENIED)), **eperm}]
+    if not is_gvisor(runtime):
         # clone3 hides its flags in memory a filter cannot read: ENOSYS makes libc fall back to
-        # clone(2), whose namespace flags the rules below refuse.
-        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+        # clone(2), whose namespace flags the rules below refuse. Not for gVisor: it has no
+        # clone3 (answers ENOSYS itself) and its OCI seccomp ignores errnoRet, so the rule
+        # would turn into EPERM and break every thread start (glibc falls back on ENOSYS only).
+        rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
+    rules += [
         {"names": ["ioctl"], **eperm,
          "args": [{"index": 1, "value": 0xFFFFFFFF, "valueTwo": TIOCSTI, "op": "SCMP_CMP_MASKED_EQ"}]},
     ]
@@ -51,9 +58,9 @@ def profile() -> dict[str, Any]:
     return out
 
 
-def security_opt() -> str:
+def security_opt(runtime: str = "runc") -> str:
     """The ``seccomp=...`` entry for a container's ``security_opt``."""
-    return "seccomp=" + json.dumps(profile(), separators=(",", ":"), sort_keys=True)
+    return "seccomp=" + json.dumps(profile(runtime), separators=(",", ":"), sort_keys=True)
 
 
 def runsc_applies_seccomp(docker_info: dict[str, Any], runtime: str) -> bool:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.docker.conftest import docker_engine, instance, provider  # noqa: F401
 from tests.security.battery import assert_agent_unharmed, assert_contained, run_battery
 
 pytestmark = pytest.mark.docker
 
 
-def test_user_code_cannot_reach_the_agent_or_the_kernel_surface(provider, instance):  # noqa: F811
+def test_user_code_cannot_reach_the_agent_or_the_kernel_surface(provider, instance):
     box = provider._instances[instance].box
     assert box.hello["privsep"] == "uid"
     out = run_battery(provider, instance)
@@ -23,7 +22,7 @@ def test_user_code_cannot_reach_the_agent_or_the_kernel_surface(provider, instan
     assert_agent_unharmed(provider, instance, out["agent_pid"])
 
 
-def test_files_the_agent_writes_belong_to_the_sandbox_user(provider, instance):  # noqa: F811
+def test_files_the_agent_writes_belong_to_the_sandbox_user(provider, instance):
     provider.write_file(instance, "from-host.txt", "hi")
     r = provider.execute_code(instance, "import os; s = os.stat('from-host.txt'); print(s.st_uid, s.st_gid);"
                               "open('from-host.txt', 'a').write(' there'); print(open('from-host.txt').read())",
