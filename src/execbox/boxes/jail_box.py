@@ -197,10 +197,10 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     """Start one box with its agent ready (raises on any failure, leaving nothing behind)."""
     name = f"jail-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
     box_dir = os.path.join(boxes_dir(), name)
-    os.makedirs(box_dir, mode=0o755)
     root = os.geteuid() == 0
-    lease = uids.acquire() if (root and settings.drop_uid) else None
+    lease = uids.acquire() if (root and settings.drop_uid) else None  # SB008 when all are in use
     uid = lease.uid if lease is not None else None
+    os.makedirs(box_dir, mode=0o755)
     cg: cgroups.BoxCgroup | None = None
     ws = Workspace(box_dir, workspace)
     if workspace is not None:
