@@ -218,8 +218,9 @@ class DockerProvider(AgentBackedProvider):
         host = cfg.get("docker_host") or os.environ.get("DOCKER_HOST", "")
         self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=not host or host.startswith("unix:"),
                                     dev_root=os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
-        if self._gpu.error is not None:
+        if self._gpu.error is not None:  # no warm pool: its GPU containers could not start anyway
             self._notes.append(f"{self._gpu.error}; sessions fail with SB002 until this is fixed")
+            cfg["pool_size"] = 0
         try:
             self.docker.images.get(cfg["image"])
         except Exception:  # noqa: BLE001

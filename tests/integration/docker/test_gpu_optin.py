@@ -52,9 +52,10 @@ def test_selected_indices_become_device_ids(docker_engine, fake_dev):
 
 def test_gpu_where_the_host_has_none_is_sb002_at_session_creation(docker_engine, tmp_path, monkeypatch):
     monkeypatch.setenv("EXECBOX_GPU_DEV_ROOT", str(tmp_path))
-    p = _provider(gpu="all")
+    p = _provider(gpu="all", pool_size=2)
     try:
         assert any("no NVIDIA GPU" in w for w in p.warnings())
+        assert p._pool is None  # no warm pool of containers that could not get their GPUs
         with pytest.raises(InvalidConfigError) as e:
             p.create_instance(tenant_id="acme")
         assert e.value.code == "SB002" and e.value.details["missing"] == "NVIDIA device"
