@@ -223,8 +223,8 @@ class JailProvider(AgentBackedProvider):
         except InvalidConfigError as e:
             out["host_uid"] = {"ok": False, "detail": e.message}
         inv = gpu.inventory(os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
-        out["gpu"] = {"ok": True, "detail": (f"NVIDIA devices {inv.indices} (opt-in: provider config gpu)" if inv.indices
-                                             else "no NVIDIA device (gpu opt-in would fail with SB002)")}
+        out["gpu"] = {"ok": True, "detail": (f"NVIDIA devices {inv.indices} (opt-in: provider config gpu)"
+                                             if inv.indices else "no NVIDIA device (gpu opt-in: SB002)")}
         out["trial_box"] = _trial_box(path) if path and out["user_namespaces"]["ok"] else {
             "ok": False, "detail": "skipped: bwrap or user namespaces missing"}
         return out
