@@ -117,6 +117,14 @@ def test_commands_foreground_background_kill(sbx) -> None:
     assert sbx.commands.run("echo after").stdout == "after\n"  # the session is usable again
 
 
+def test_command_timeout_ends_the_run(sbx) -> None:
+    started = time.monotonic()
+    with pytest.raises((e2b.TimeoutException, e2b.CommandExitException)):
+        sbx.commands.run("sleep 30", timeout=1)
+    assert time.monotonic() - started < 15
+    assert sbx.commands.run("echo free").stdout == "free\n"  # the box was not left busy
+
+
 def _wait_quietly(handle, on_stdout) -> None:
     try:
         handle.wait(on_stdout=on_stdout)

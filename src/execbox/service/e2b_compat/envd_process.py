@@ -106,12 +106,12 @@ def _data(stream: str, text: str) -> pb.ProcessEvent:
 def _end(result: ExecutionResult | None, error: str | None) -> pb.ProcessEvent:
     if result is None:
         end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status="error", error=error)
-    elif result.metadata.get("cancelled") or result.exit_code < 0:
-        end = pb.ProcessEvent.EndEvent(exit_code=result.exit_code if result.exit_code else -9, exited=False,
-                                       status="signal: killed", error="killed")
     elif result.timed_out:
         end = pb.ProcessEvent.EndEvent(exit_code=result.exit_code or -1, exited=False, status="timeout",
                                        error="command timed out")
+    elif result.metadata.get("cancelled") or result.exit_code < 0:
+        end = pb.ProcessEvent.EndEvent(exit_code=result.exit_code if result.exit_code else -9, exited=False,
+                                       status="signal: killed", error="killed")
     else:
         end = pb.ProcessEvent.EndEvent(exit_code=result.exit_code, exited=True,
                                        status=f"exit status {result.exit_code}")
