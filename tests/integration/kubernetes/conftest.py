@@ -39,7 +39,7 @@ def _reset(fake) -> None:
     fake.hold_pending = False
 
 
-def _config(fake, **config):
+def provider_config(fake, **config):
     return {"kubeconfig": fake.kubeconfig_path, "agent_secret": SECRET, "pool_size": 0, "pool_wait": 60,
             "ready_timeout": 60, "api_timeout": 5, "sweep_interval": 0.5, "preload": "none", "memory": "256Mi",
             **config}
@@ -72,7 +72,7 @@ def k8s_provider_factory(fake_apiserver):
 
     def make(**config):
         p = KubernetesProvider()
-        p.initialize(_config(fake_apiserver, **config))
+        p.initialize(provider_config(fake_apiserver, **config))
         made.append(p)
         return p
 
@@ -89,6 +89,6 @@ def kubernetes_provider(fake_apiserver):
     from execbox.providers.kubernetes import KubernetesProvider
 
     p = KubernetesProvider()
-    p.initialize(_config(fake_apiserver, pool_size=2, pool_wait=120, sweep_interval=5))
+    p.initialize(provider_config(fake_apiserver, pool_size=2, pool_wait=120, sweep_interval=5))
     yield p
     _shutdown_and_check(fake_apiserver, [p])
