@@ -1,9 +1,10 @@
 """Fixtures for the kubernetes provider: an in-test API server whose pods are real containers.
 
-``fake_apiserver`` (session) runs pods as Docker containers of the cached worker image (runc),
-``k8s_provider_factory`` initialises providers against it and shuts them down, and
-``kubernetes_provider`` is the one initialised provider other suites (tests/conformance/) can
-use: import it into their conftest with ``from tests.integration.kubernetes.conftest import *``.
+``fake_apiserver`` (session) runs pods as Docker containers of the cached worker image (runc);
+``provider_config(fake, **overrides)`` is a provider config pointing at it (tests/conformance/
+builds its provider with it); ``k8s_provider_factory`` initialises providers per test and checks
+that every pod they started is gone afterwards; ``kubernetes_provider`` is one session-wide
+provider (warm pool of 2) for other suites.
 """
 
 from __future__ import annotations
