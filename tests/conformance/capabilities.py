@@ -7,7 +7,7 @@ here must pass the case exactly like the jail does.
 
 from __future__ import annotations
 
-PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "self_managed", "e2b", "aliyun"]
+PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "kubernetes", "self_managed", "e2b", "aliyun"]
 """Conformance ids: registry names, with docker split by OCI runtime."""
 
 CASES: dict[str, str] = {
@@ -63,6 +63,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "daemon_ends_with_timeout": ("open defect found by this suite: under runsc (ptrace) a double-forked, setsid "
                                      "daemon keeps running after its run times out; runc and the jail kill it"),
     },
+    "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
     "self_managed": {
         "python_dunder_main_script": RAGFLOW_MAIN,
         "bash_script": RAGFLOW_LANGS,
