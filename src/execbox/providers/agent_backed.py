@@ -18,6 +18,7 @@ from typing import Any
 from ..boxes.agent_client import BoxDied
 from ..boxes.box import Box
 from ..boxes.pool import BoxPool
+from ..egress.policy import EgressPolicy, parse_policy
 from ..errors import (
     InstanceCreationError,
     InvalidConfigError,
@@ -78,10 +79,12 @@ class Instance:
     created_at: float = field(default_factory=time.time)
     executions: int = 0
     from_pool: bool = False
+    egress: EgressPolicy | None = None  # effective network policy (None: the provider's cap)
 
 
 class AgentBackedProvider(SandboxProvider):
     warm_pool_wait = 0.0  # seconds create_instance waits for a pooled box before starting one
+    egress_cap: EgressPolicy = EgressPolicy()  # the provider's network policy; sessions only narrow it
 
     def __init__(self) -> None:
         super().__init__()
@@ -148,6 +151,10 @@ class AgentBackedProvider(SandboxProvider):
         if workspace is not None or session_id is not None:
             box.keep_workspace = workspace is not None
         inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool)
+        link = _egress_link(box)
+        if link is not None:
+            link.tenant_id, link.session_id = tenant_id, session_id
+            link.set_policy(self.egress_cap)
         with self._lock:
             self._instances[instance_id] = inst
         return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
@@ -156,7 +163,33 @@ class AgentBackedProvider(SandboxProvider):
         return {
             "isolation": self.isolation.value, "tenant_id": inst.tenant_id, "session_id": inst.session_id,
             "from_pool": inst.from_pool, "workspace": inst.box.workspace, **inst.box.info(),
+            "network": self.effective_network(inst.instance_id, inst),
         }
+
+    # -- network egress ---------------------------------------------------------------------
+    def effective_network(self, instance_id: str, inst: Instance | None = None) -> dict[str, Any]:
+        inst = inst or self._get(instance_id)
+        return (inst.egress or self.egress_cap).to_dict()
+
+    def set_network_policy(self, instance_id: str, network: Any, allow: Any = None,
+                           tenant_cap: EgressPolicy | None = None) -> dict[str, Any]:
+        """Narrow a live instance's network policy (never widen); takes effect for new connections.
+
+        The request is validated (SB002 naming a bad entry), then checked against the provider's
+        policy and the tenant's cap (403 naming what is wider); nothing changes on any error.
+        """
+        inst = self._get(instance_id)
+        requested = parse_policy(network, allow)
+        effective = self.egress_cap.narrow(requested)
+        if tenant_cap is not None:
+            tenant_cap.narrow(requested)
+        current = inst.egress or self.egress_cap
+        effective = current.narrow(effective)
+        link = _egress_link(inst.box)
+        if link is not None:
+            link.set_policy(effective)
+        inst.egress = effective
+        return effective.to_dict()
 
     def destroy_instance(self, instance_id: str) -> bool:
         with self._lock:
@@ -283,6 +316,7 @@ class AgentBackedProvider(SandboxProvider):
             "result_present": bool(res and res.get("present")),
             "result_type": res.get("type") if res else None,
             "host_overhead_ms": round((wall - float(v.get("execution_time", 0.0))) * 1000, 3),
+            "network": (inst.egress or self.egress_cap).to_dict(),
         }
         if v.get("signal"):
             metadata["signal"] = v["signal"]
@@ -347,6 +381,12 @@ class AgentBackedProvider(SandboxProvider):
         v = self._call(self._get(instance_id), "files.grep",
                        {"pattern": pattern, "path": path, "glob": glob, "max_results": max_results})
         return [GrepMatch(**m) for m in v["matches"]]
+
+
+def _egress_link(box: Box) -> Any:
+    """The box's gateway attachment (egress/gateway.BoxLink) when it has network, else None."""
+    net = getattr(box, "net", None)
+    return getattr(net, "link", None)
 
 
 def _content(content: str | bytes) -> dict[str, str]:

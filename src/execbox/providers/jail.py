@@ -16,9 +16,11 @@ import threading
 import time
 from typing import Any
 
-from ..boxes import bwrap, cgroups, quota, runtime, seccomp
+from ..boxes import bwrap, cgroups, netns, quota, runtime, seccomp
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
+from ..egress.policy import parse_policy
+from ..egress.schema import NETWORK_SCHEMA
 from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
@@ -35,7 +37,8 @@ class JailProvider(AgentBackedProvider):
     name = "jail"
     display_name = "Local jail (bubblewrap)"
     description = ("Each instance runs in a bubblewrap box on this host: namespaces, seccomp, cgroup limits, "
-                   "no network, a quota-limited workspace. No daemon needed.")
+                   "network only through the egress gateway when a policy allows it, a quota-limited "
+                   "workspace. No daemon needed.")
     tags = ["self-hosted", "default", "no-daemon"]
     isolation = Isolation.JAIL
     zero_config = True
@@ -71,6 +74,7 @@ class JailProvider(AgentBackedProvider):
             "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                                  "label": "Output cap (bytes)", "description": "Cap on stdout and stderr each."},
             **POLICY_SCHEMA,
+            **NETWORK_SCHEMA,
         }
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
@@ -84,6 +88,11 @@ class JailProvider(AgentBackedProvider):
             runtime.resolve(config.get("runtime"))
         except runtime.RuntimeNotUsable as e:
             return False, f"runtime: {e}"
+        policy = parse_policy(config.get("network"), config.get("network_allow"))  # SB002 naming the entry
+        if policy.mode != "none":
+            ok, why = netns.available()
+            if not ok:
+                return False, f"network: {why}"
         return True, None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -114,7 +123,9 @@ class JailProvider(AgentBackedProvider):
             pids=int(cfg.get("pids_limit") or 128), disk_bytes=disk, tmp_bytes=min(TMP_MAX, disk),
             preload=str(cfg.get("preload") or "auto"), use_cgroups=use_cgroups,
             agent_root=runtime.staged_agent(), etc_dir=bwrap.staged_etc(),
+            egress=parse_policy(cfg.get("network"), cfg.get("network_allow")),
         )
+        self.egress_cap = self._settings.egress
 
     def start_box(self, workspace: str | None = None) -> JailBox:
         if self._settings is None:
@@ -137,7 +148,7 @@ class JailProvider(AgentBackedProvider):
             return base
         return {**base, "max_memory": self.config.get("max_memory"), "cpus": s.cpus, "pids_limit": s.pids,
                 "disk_quota_mb": s.disk_bytes // (1024 * 1024), "tmp_mb": s.tmp_bytes // (1024 * 1024),
-                "runtime": s.runtime.name, "network": "none",
+                "runtime": s.runtime.name, "network": s.egress.mode,
                 "enforced_by": "cgroup+rlimit" if s.use_cgroups else "rlimit"}
 
     def _instance_metadata(self, inst) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -216,6 +227,8 @@ def _reap_once() -> None:
             return
         _reaped = True
     names = reap_stale()
+    if os.geteuid() == 0:
+        names += netns.reap_stale()
     if names:
         log.warning("jail: removed %d boxes left by dead execbox processes", len(names))
 
