@@ -7,7 +7,8 @@ Layout (all inside the box's own namespace, nothing added to the host's):
 - iptables nat OUTPUT: every TCP connection to a non-loopback address is REDIRECTed to the
   gateway's listener (127.0.0.1:15001, a socket the gateway created inside this namespace);
   UDP port 53 to the gateway's DNS socket (127.0.0.1:15053);
-- filter OUTPUT: only loopback destinations (i.e. the gateway sockets, after REDIRECT) are accepted, and the box's own address (the gateway's replies go there); all else
+- filter OUTPUT: only loopback destinations (the gateway sockets, after REDIRECT) and the box's
+  own address (the gateway's replies) are accepted; all else
   (other UDP, ICMP, anything) is REJECTed with "administratively prohibited";
 - IPv6 disabled in the namespace (no address, no route: connect() fails with ENETUNREACH).
 
