@@ -115,6 +115,7 @@ class ContainerSpec:
     host_workspace: str | None = None
     preload: str = "auto"
     agent_limits: dict[str, Any] = field(default_factory=dict)
+    egress: Any = None  # EgressPolicy; not "none": network "none" + the gateway (boxes/docker_net.py)
 
     def command(self) -> list[str]:
         return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
@@ -153,6 +154,10 @@ class ContainerSpec:
             "security_opt": ["no-new-privileges"],
             "ulimits": [],
         }
+        if self.egress is not None and self.egress.mode != "none":
+            from .docker_net import DNS_OPTS
+
+            kwargs.update(network_mode="none", **DNS_OPTS)
         if self.gpu:
             kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
         return kwargs
@@ -174,6 +179,7 @@ class DockerBox(Box):
         self._oom_seen = 0
         self.claimed_by: dict[str, str] = {}
         self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
+        self.net: Any = None  # boxes/jail_net.JailNet when the box has egress
 
     @property
     def volume(self) -> str | None:
@@ -199,6 +205,9 @@ class DockerBox(Box):
 
     def remove(self) -> None:
         """Remove the container and, unless kept, its workspace volume (idempotent)."""
+        net, self.net = self.net, None
+        if net is not None:
+            net.detach()
         try:
             self.docker.api.remove_container(self.container_id, force=True, v=True)
         except Exception as e:  # noqa: BLE001
@@ -242,6 +251,7 @@ def start_container(docker_client: Any, spec: ContainerSpec,
         api.create_volume(spec.volume, labels=spec.labels)
     container_id: str | None = None
     transport: AttachTransport | None = None
+    box: DockerBox | None = None
     try:
         container = docker_client.containers.create(**spec.create_kwargs())
         container_id = container.id
@@ -250,6 +260,10 @@ def start_container(docker_client: Any, spec: ContainerSpec,
         api.start(container_id)
         client = AgentClient(transport, spec.name)
         box = DockerBox(spec.name, client, docker_client, container_id, spec, transport)
+        if spec.egress is not None and spec.egress.mode != "none":
+            from .docker_net import attach as attach_net
+
+            box.net = attach_net(api, container_id, spec.name, spec.egress)
         try:
             client.wait_ready(ready_timeout)
         except InstanceCreationError as e:
@@ -259,6 +273,8 @@ def start_container(docker_client: Any, spec: ContainerSpec,
                                         details={"container": spec.name, "runtime": spec.runtime}) from None
         return box
     except BaseException:
+        if box is not None and box.net is not None:
+            box.net.detach()
         if transport is not None:
             transport.close()
         if container_id is not None:

@@ -146,6 +146,21 @@ def create() -> BoxNet:
     """A fresh, fully configured namespace with the gateway's two sockets inside it."""
     name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
     _run(["ip", "netns", "add", name])
+    return _configure(name)
+
+
+def adopt(pid: int) -> BoxNet:
+    """Configure the (network-less) namespace of a running process, e.g. a runc container's init.
+
+    ``ip netns attach`` gives it a name (for the rules and for ``reap_stale``); the namespace
+    itself lives as long as the container does.
+    """
+    name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
+    _run(["ip", "netns", "attach", name, str(int(pid))])
+    return _configure(name)
+
+
+def _configure(name: str) -> BoxNet:
     fd = -1
     try:
         _run(["ip", "-n", name, "-batch", "-"], IP_BATCH)
