@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from execbox.egress.policy import EgressDenied, parse_entry, parse_policy
+from execbox.egress.policy import EgressDenied, parse_policy
 from execbox.errors import InvalidConfigError
 
 

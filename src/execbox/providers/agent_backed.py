@@ -151,10 +151,7 @@ class AgentBackedProvider(SandboxProvider):
         if workspace is not None or session_id is not None:
             box.keep_workspace = workspace is not None
         inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool)
-        link = _egress_link(box)
-        if link is not None:
-            link.tenant_id, link.session_id = tenant_id, session_id
-            link.set_policy(self.egress_cap)
+        self._bind_egress(inst)
         with self._lock:
             self._instances[instance_id] = inst
         return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
@@ -167,6 +164,13 @@ class AgentBackedProvider(SandboxProvider):
         }
 
     # -- network egress ---------------------------------------------------------------------
+    def _bind_egress(self, inst: Instance) -> None:
+        """A box handed to an instance: its audit records name the tenant/session; provider policy."""
+        link = _egress_link(inst.box)
+        if link is not None:
+            link.tenant_id, link.session_id = inst.tenant_id, inst.session_id
+            link.set_policy(inst.egress or self.egress_cap)
+
     def effective_network(self, instance_id: str, inst: Instance | None = None) -> dict[str, Any]:
         inst = inst or self._get(instance_id)
         return (inst.egress or self.egress_cap).to_dict()

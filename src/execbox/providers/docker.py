@@ -30,6 +30,8 @@ from ..boxes.docker_box import (
     start_container,
 )
 from ..boxes.images import DEFAULT_IMAGE
+from ..egress.policy import EgressPolicy, parse_policy
+from ..egress.schema import NETWORK_SCHEMA
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..settings import parse_bool
@@ -37,6 +39,7 @@ from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, In
 from .base import OutputCallback
 from .schema import parse_size
 
+NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
 log = logging.getLogger("execbox.provider.docker")
 
 MEMORY_OPTIONS = ["128m", "256m", "512m", "1g"]
@@ -113,13 +116,11 @@ class DockerProvider(AgentBackedProvider):
             "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                                  "label": "Output cap (bytes)",
                                  "description": "Cap on stdout and stderr each."},
-            "network": {"type": "boolean", "default": False, "label": "Network",
-                        "description": "Give containers a bridge network (runc only; runsc runs with "
-                                       "--network=none)."},
+            **NETWORK_SCHEMA,
             "gpu": {"type": "boolean", "default": False, "label": "GPU",
                     "description": "Request all GPUs for containers (also SANDBOX_GPU_ENABLED=true)."},
             "gpu_network": {"type": "boolean", "default": False, "label": "GPU network",
-                            "description": "Allow network in GPU containers (also "
+                            "description": "Allow the configured network (open if none) in GPU containers (also "
                                            "SANDBOX_GPU_NETWORK_ENABLED=true)."},
             "preload": {"type": "string", "default": "auto", "label": "Preload modules",
                         "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a list."},
@@ -206,8 +207,12 @@ class DockerProvider(AgentBackedProvider):
         self.runtime = wanted
         # Instance attribute shadows the class tier: the real tier of this configuration.
         self.isolation = Isolation.GVISOR if wanted == "runsc" else Isolation.CONTAINER
-        if self.network_enabled and wanted == "runsc":
-            self._notes.append("network requested but the runsc runtime runs with --network=none")
+        self.egress_cap = self._egress_policy()
+        if self.egress_cap.mode != "none" and wanted == "runsc":
+            if NET_RUNTIME not in runtimes:
+                raise ProviderUnavailableError(
+                    f"network {self.egress_cap.mode!r} under runsc needs the {NET_RUNTIME!r} Docker runtime "
+                    "(scripts/setup/test/40-docker.sh registers it)", details={"provider": self.name})
         try:
             self.docker.images.get(cfg["image"])
         except Exception:  # noqa: BLE001
@@ -221,9 +226,24 @@ class DockerProvider(AgentBackedProvider):
 
     @property
     def network_enabled(self) -> bool:
-        if self.config.get("gpu"):
-            return bool(self.config.get("gpu_network"))
-        return bool(self.config.get("network"))
+        return self.egress_cap.mode != "none"
+
+    def _egress_policy(self) -> EgressPolicy:
+        """The provider's network policy; GPU containers stay offline unless gpu_network is set."""
+        c = self.config
+        policy = parse_policy(c.get("network"), c.get("network_allow"))
+        if c.get("gpu"):
+            if not c.get("gpu_network"):
+                return EgressPolicy()
+            if policy.mode == "none":
+                return parse_policy("open")
+        return policy
+
+    def initialize(self, config: dict[str, Any]) -> bool:
+        config = dict(config or {})
+        if isinstance(config.get("network"), bool):  # before issue 14: a bool (true = a bridge)
+            config["network"] = "open" if config["network"] else "none"
+        return super().initialize(config)
 
     def warnings(self) -> list[str]:
         return list(self._notes)
@@ -231,7 +251,7 @@ class DockerProvider(AgentBackedProvider):
     def applied_limits(self) -> dict[str, Any]:
         c = self.config
         return {**super().applied_limits(), "max_memory": c.get("max_memory"), "cpus": c.get("cpus"),
-                "pids_limit": c.get("pids_limit"), "network": self.network_enabled, "runtime": self.runtime,
+                "pids_limit": c.get("pids_limit"), "network": self.egress_cap.mode, "runtime": self.runtime,
                 "gpu": bool(c.get("gpu")), "enforced_by": f"docker/{self.runtime}"}
 
     def pool_status(self) -> dict[str, Any] | None:
@@ -261,9 +281,10 @@ class DockerProvider(AgentBackedProvider):
             agent_limits["nproc"] = pids
             pids = runsc_host_pids(pids)
         return ContainerSpec(
-            image=c["image"], runtime=self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
+            image=c["image"], runtime=NET_RUNTIME if self.runtime == "runsc" and self.network_enabled
+            else self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
             labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=pids,
-            network=self.network_enabled, gpu=bool(c.get("gpu")),
+            egress=self.egress_cap, gpu=bool(c.get("gpu")),
             volume=None if workspace else safe_name("execbox-ws", short), host_workspace=workspace,
             preload=c.get("preload") or "auto", agent_limits=agent_limits,
         )
@@ -398,6 +419,7 @@ class DockerProvider(AgentBackedProvider):
 
     def _register(self, inst: Instance, keep_workspace: bool) -> SandboxInstance:
         inst.box.keep_workspace = keep_workspace
+        self._bind_egress(inst)
         with self._lock:
             self._instances[inst.instance_id] = inst
         return SandboxInstance(inst.instance_id, self.name, "running", self._instance_metadata(inst))
