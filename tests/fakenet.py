@@ -96,6 +96,7 @@ class FakeNet:
     _proc: subprocess.Popen | None = None
     _dns: object = None
     _tmp: str = ""
+    ca_file: str = ""
     rebind_hits: dict[str, int] = field(default_factory=dict)
 
     def name(self, label: str) -> str:
@@ -113,6 +114,10 @@ class FakeNet:
             self._proc.wait(5)
         _run("ip", "link", "del", f"fih{self.prefix[5:]}", check=False)
         _run("ip", "netns", "del", self.prefix, check=False)
+        if self._tmp:
+            import shutil
+
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def start() -> FakeNet:
@@ -135,6 +140,7 @@ def start() -> FakeNet:
         _run("ip", "-n", prefix, "link", "set", f"fin{hexid}", "up")
         _run("ip", "-n", prefix, "link", "set", "lo", "up")
         ca, cert, key = make_ca_and_cert([f"*.{domain}", domain], server_ip, tmp)
+        fn.ca_file = ca
         with open(ca, encoding="ascii") as f:
             fn.ca_pem = f.read()
         fn._proc = subprocess.Popen(["ip", "netns", "exec", prefix, sys.executable, "-c", SERVER, server_ip,

@@ -116,6 +116,7 @@ class ContainerSpec:
     preload: str = "auto"
     agent_limits: dict[str, Any] = field(default_factory=dict)
     egress: Any = None  # EgressPolicy; not "none": network "none" + the gateway (boxes/docker_net.py)
+    egress_ca: Any = None  # egress.inject.BoxCA when the policy injects credentials
 
     def command(self) -> list[str]:
         return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
@@ -158,6 +159,12 @@ class ContainerSpec:
             from .docker_net import DNS_OPTS
 
             kwargs.update(network_mode="none", **DNS_OPTS)
+            if self.egress_ca is not None:
+                from .docker_net import ca_kwargs
+
+                extra = ca_kwargs(self.egress_ca)
+                kwargs["mounts"] = kwargs["mounts"] + extra["mounts"]
+                kwargs["environment"] = {**kwargs.get("environment", {}), **extra["environment"]}
         if self.gpu:
             kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
         return kwargs
@@ -247,6 +254,10 @@ def start_container(docker_client: Any, spec: ContainerSpec,
                     ready_timeout: float = READY_TIMEOUT) -> DockerBox:
     """Create, attach, start and wait for the agent's ready frame; clean up on any failure."""
     api = docker_client.api
+    if spec.egress is not None and spec.egress.mode != "none" and spec.egress_ca is None:
+        from .jail_net import new_ca
+
+        spec.egress_ca = new_ca(spec.name, spec.egress)
     if spec.volume and not spec.host_workspace:
         api.create_volume(spec.volume, labels=spec.labels)
     container_id: str | None = None
@@ -263,7 +274,7 @@ def start_container(docker_client: Any, spec: ContainerSpec,
         if spec.egress is not None and spec.egress.mode != "none":
             from .docker_net import attach as attach_net
 
-            box.net = attach_net(api, container_id, spec.name, spec.egress)
+            box.net = attach_net(api, container_id, spec.name, spec.egress, spec.egress_ca)
         try:
             client.wait_ready(ready_timeout)
         except InstanceCreationError as e:
@@ -274,7 +285,9 @@ def start_container(docker_client: Any, spec: ContainerSpec,
         return box
     except BaseException:
         if box is not None and box.net is not None:
-            box.net.detach()
+            box.net.detach()  # closes the CA too
+        elif spec.egress_ca is not None:
+            spec.egress_ca.close()
         if transport is not None:
             transport.close()
         if container_id is not None:

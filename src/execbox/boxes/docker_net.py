@@ -15,24 +15,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..egress.gateway import gateway
+from ..egress.inject import BOX_BUNDLE, BOX_ENV, BoxCA
 from ..egress.policy import EgressPolicy
 from . import netns
 from .jail_net import JailNet
+from .jail_net import attach as jail_attach
 
 
-def attach(api: Any, container_id: str, box_name: str, policy: EgressPolicy) -> JailNet:
+def attach(api: Any, container_id: str, box_name: str, policy: EgressPolicy, ca: BoxCA | None) -> JailNet:
     """Give a started container (network "none") its gateway-only network."""
     pid = int(api.inspect_container(container_id)["State"]["Pid"])
     if pid <= 0:
         raise netns.NetnsError(f"container {box_name} is not running (no pid)")
-    net = netns.adopt(pid)
-    try:
-        link = gateway().attach(box_name, policy, net.tcp, net.udp)
-    except BaseException:
-        net.close()
-        raise
-    return JailNet(net, link)
+    return jail_attach(box_name, policy, pid=pid, ca=ca)
+
+
+def ca_kwargs(ca: BoxCA) -> dict[str, Any]:
+    """Create kwargs of a container whose policy injects credentials: it trusts the box's CA."""
+    from docker.types import Mount
+
+    return {"environment": dict(BOX_ENV),
+            "mounts": [Mount(target=BOX_BUNDLE, source=ca.bundle, type="bind", read_only=True)]}
 
 
 DNS_OPTS: dict[str, Any] = {"dns": [netns.GW_ADDR], "dns_search": [], "dns_opt": ["timeout:2", "attempts:2"]}

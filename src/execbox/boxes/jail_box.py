@@ -204,7 +204,7 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     jn: jail_net.JailNet | None = None
     try:
         if jail_net.wanted(settings.egress):
-            jn = jail_net.attach(name, settings.egress)
+            jn = jail_net.attach(name, settings.egress, ca=jail_net.new_ca(name, settings.egress))
         if settings.use_cgroups:
             cg = cgroups.BoxCgroup.create(name, cgroups.Limits(settings.memory_bytes, settings.pids,
                                                                settings.cpus))
@@ -222,7 +222,8 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
         if jn is not None:
             spec.share_net = True
             spec.etc_dir = jail_net.staged_etc_net()
-            spec.extra_ro = jail_net.extra_mounts(spec.etc_dir)
+            spec.extra_ro = jail_net.extra_mounts(spec.etc_dir, jn)
+            spec.env.update(jn.box_env())
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         try:

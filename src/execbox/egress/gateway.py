@@ -180,6 +180,9 @@ class Gateway:
     # -- connection path --------------------------------------------------------------------
     async def _handle(self, link: BoxLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         started = time.monotonic()
+        # Nothing is read from the box until the decision: an intercepted TLS connection must reach
+        # the TLS layer with its ClientHello still in the socket (start_tls resumes reading).
+        writer.transport.pause_reading()
         sock = writer.get_extra_info("socket")
         try:
             raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
@@ -212,6 +215,7 @@ class Gateway:
                 rec.injected = True
                 await injector.serve(link, name, port, reader, writer, up_r, up_w, rec)
             else:
+                writer.transport.resume_reading()
                 await _splice(link, reader, writer, up_r, up_w, rec)
         finally:
             link.active -= 1
@@ -248,6 +252,7 @@ class Gateway:
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:
     """Plain HTTP gets a 403 naming the reason; anything else (TLS...) a reset."""
+    writer.transport.resume_reading()
     try:
         first = await asyncio.wait_for(reader.read(2048), 1.0)
     except (TimeoutError, OSError):

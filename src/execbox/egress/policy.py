@@ -257,3 +257,38 @@ def host_addresses() -> frozenset[ipaddress.IPv4Address]:
             pass
     _host_addrs = (time.monotonic(), frozenset(found))
     return _host_addrs[1]
+
+
+def with_credentials(policy: EgressPolicy, raw: Any) -> EgressPolicy:
+    """Attach injected headers (provider secret ``network_credentials``) to exact-host allow entries.
+
+    ``raw`` is JSON text or a dict ``{host: {header: value}}``; every host must be an exact hostname
+    already in the allow list. Errors name the host, never the value.
+    """
+    import json
+
+    if raw in (None, "", {}):
+        return policy
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise InvalidConfigError("network_credentials must be a JSON object {host: {header: value}}",
+                                     details={"field": "network_credentials"}) from None
+    if not isinstance(raw, dict):
+        raise InvalidConfigError("network_credentials must be a JSON object {host: {header: value}}",
+                                 details={"field": "network_credentials"})
+    entries = list(policy.allow)
+    for host, headers in raw.items():
+        parsed = parse_entry({"host": host, "headers": headers}) if isinstance(host, str) else None
+        idx = next((i for i, e in enumerate(entries) if parsed and not e.is_ip and e.host == parsed.host), None)
+        if parsed is None or idx is None:
+            raise InvalidConfigError(f"network_credentials: host {str(host)[:100]!r} is not an exact host in "
+                                     "network_allow", details={"field": "network_credentials", "host": str(host)[:100]})
+        e = entries[idx]
+        entries[idx] = AllowEntry(e.host, None, e.ports, parsed.headers)
+    return EgressPolicy(policy.mode, tuple(entries))
+
+
+def has_credentials(policy: EgressPolicy | None) -> bool:
+    return policy is not None and any(e.headers for e in policy.allow)

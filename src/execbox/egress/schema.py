@@ -16,4 +16,18 @@ NETWORK_SCHEMA: dict[str, dict[str, Any]] = {
         "description": "HOST[:PORTS] entries (comma-separated): api.example.com, *.pypi.org:443, "
                        "203.0.113.0/24:80|443. Default ports 80 and 443.",
     },
+    "network_credentials": {
+        "type": "string", "secret": True, "label": "Injected credentials",
+        "placeholder": "{\"api.example.com\": {\"Authorization\": \"Bearer ...\"}}",
+        "description": "JSON {host: {header: value}}: headers the gateway adds to HTTPS requests to that exact, "
+                       "allowed host. Stored encrypted; boxes never see them (they trust a per-box CA).",
+    },
 }
+
+
+def policy_from_config(config: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The provider's EgressPolicy from its config (SB002 naming a bad entry or credential host)."""
+    from .policy import parse_policy, with_credentials
+
+    return with_credentials(parse_policy(config.get("network"), config.get("network_allow")),
+                            config.get("network_credentials"))

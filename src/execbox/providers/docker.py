@@ -31,7 +31,7 @@ from ..boxes.docker_box import (
 )
 from ..boxes.images import DEFAULT_IMAGE
 from ..egress.policy import EgressPolicy, parse_policy
-from ..egress.schema import NETWORK_SCHEMA
+from ..egress.schema import NETWORK_SCHEMA, policy_from_config
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..settings import parse_bool
@@ -231,7 +231,7 @@ class DockerProvider(AgentBackedProvider):
     def _egress_policy(self) -> EgressPolicy:
         """The provider's network policy; GPU containers stay offline unless gpu_network is set."""
         c = self.config
-        policy = parse_policy(c.get("network"), c.get("network_allow"))
+        policy = policy_from_config(c)
         if c.get("gpu"):
             if not c.get("gpu_network"):
                 return EgressPolicy()

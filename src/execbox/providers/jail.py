@@ -19,8 +19,7 @@ from typing import Any
 from ..boxes import bwrap, cgroups, netns, quota, runtime, seccomp
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
-from ..egress.policy import parse_policy
-from ..egress.schema import NETWORK_SCHEMA
+from ..egress.schema import NETWORK_SCHEMA, policy_from_config
 from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
@@ -88,7 +87,7 @@ class JailProvider(AgentBackedProvider):
             runtime.resolve(config.get("runtime"))
         except runtime.RuntimeNotUsable as e:
             return False, f"runtime: {e}"
-        policy = parse_policy(config.get("network"), config.get("network_allow"))  # SB002 naming the entry
+        policy = policy_from_config(config)  # SB002 naming the bad entry
         if policy.mode != "none":
             ok, why = netns.available()
             if not ok:
@@ -123,7 +122,7 @@ class JailProvider(AgentBackedProvider):
             pids=int(cfg.get("pids_limit") or 128), disk_bytes=disk, tmp_bytes=min(TMP_MAX, disk),
             preload=str(cfg.get("preload") or "auto"), use_cgroups=use_cgroups,
             agent_root=runtime.staged_agent(), etc_dir=bwrap.staged_etc(),
-            egress=parse_policy(cfg.get("network"), cfg.get("network_allow")),
+            egress=policy_from_config(cfg),
         )
         self.egress_cap = self._settings.egress
 
