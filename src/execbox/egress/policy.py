@@ -127,6 +127,20 @@ class EgressPolicy:
             return EgressPolicy("allowlist", tuple(out))
         return requested
 
+    def intersect(self, other: EgressPolicy) -> EgressPolicy:
+        """What both allow (a provider policy and a tenant cap); this policy's credentials are kept."""
+        rank = {m: i for i, m in enumerate(MODES)}
+        if "none" in (self.mode, other.mode):
+            return EgressPolicy()
+        if self.mode == "open":
+            return EgressPolicy(other.mode, tuple(AllowEntry(e.host, e.network, e.ports) for e in other.allow))
+        if other.mode == "open" or rank[other.mode] > rank[self.mode]:
+            return self
+        mine = [e for e in self.allow if any(o.covers(e) for o in other.allow)]
+        theirs = [AllowEntry(o.host, o.network, o.ports) for o in other.allow
+                  if any(e.covers(o) for e in self.allow) and not any(m.covers(o) for m in mine)]
+        return EgressPolicy("allowlist", tuple(mine + theirs)) if mine or theirs else EgressPolicy()
+
     def credentials_for(self, name: str, port: int) -> tuple[tuple[str, str], ...]:
         for e in self.allow:
             if e.headers and e.matches_name(name, port):

@@ -182,6 +182,7 @@ class SessionOut(BaseModel):
     busy: bool
     operations: int
     boxes_started: int
+    network: dict[str, Any] | None = None  # issue 14: the effective egress policy
 
 
 class SessionsOut(BaseModel):

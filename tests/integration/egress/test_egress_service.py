@@ -1,0 +1,73 @@
+"""The service side of egress: session policy GET/PUT, tenant caps, audit API, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.service.conftest import error_of, start_service
+
+from .conftest import jail_with
+from .test_jail_egress import PY_FETCH
+
+
+@pytest.fixture(scope="module")
+def svc(fakenet):
+    p = jail_with("allowlist", [fakenet.name("www"), fakenet.name("api")])
+    s = start_service(p)
+    yield s
+    s.stop()
+    p.shutdown()
+
+
+def fetch(client, session, url):
+    r = client.post("/v1/sandbox/execute", json={"code": PY_FETCH, "session_id": session, "timeout": 30,
+                                                 "arguments": {"url": url}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_session_policy_narrowing_and_audit(svc, fakenet):
+    www = fakenet.name("www")
+    out = fetch(svc.a, "net1", f"http://{www}/")
+    assert out["result"]["status"] == 200 and out["metadata"]["network"]["network"] == "allowlist"
+    r = svc.a.get("/v1/sandbox/sessions/tenant-a/net1/network")
+    assert r.status_code == 200 and r.json()["network"]["network"] == "allowlist", r.text
+    r = svc.b.get("/v1/sandbox/sessions/tenant-a/net1/network")
+    assert r.status_code == 403
+    r = svc.a.put("/v1/sandbox/sessions/tenant-a/net1/network", json={"network": "open"})
+    assert r.status_code == 403 and "wider" in error_of(r)["message"]
+    r = svc.a.put("/v1/sandbox/sessions/tenant-a/net1/network",
+                  json={"network": "allowlist", "allow": ["https://evil.example/x"]})
+    err = error_of(r)
+    assert r.status_code == 400 and err["code"] == "SB002" and err["details"]["entry"] == "https://evil.example/x"
+    assert svc.a.get("/v1/sandbox/sessions/tenant-a/net1/network").json()["network"]["network"] == "allowlist"
+    r = svc.a.put("/v1/sandbox/sessions/tenant-a/net1/network", json={"network": "allowlist", "allow": [f"{www}:443"]})
+    assert r.status_code == 200 and r.json()["network"]["allow"] == [f"{www}:443"]
+    assert fetch(svc.a, "net1", f"http://{www}/")["result"]["status"] == 403  # same box, narrower now
+    sessions = svc.root.get("/v1/sandbox/sessions").json()["sessions"]
+    assert any(s["session_id"] == "net1" and s["network"]["allow"] == [f"{www}:443"] for s in sessions)
+
+    r = svc.a.get("/api/admin/egress/audit")
+    assert r.status_code == 403
+    r = svc.root.get("/api/admin/egress/audit", params={"tenant_id": "tenant-a", "session_id": "net1"})
+    rows = r.json()["data"]
+    assert any(x["decision"] == "allowed" and x["host"] == www and x["bytes_down"] > 0 for x in rows), rows
+    assert any(x["decision"] == "denied" and x["port"] == 80 for x in rows), rows
+    assert svc.root.get("/api/admin/egress/audit", params={"decision": "maybe"}).status_code == 400
+    metrics = svc.client().get("/metrics").text
+    assert 'execbox_egress_connections_total{decision="allowed",kind="tcp"}' in metrics
+
+
+def test_tenant_cap(svc, fakenet):
+    r = svc.root.put("/api/admin/egress/caps/tenant-b", json={"network": "allowlist", "allow": ["*.nowhere.test"]})
+    assert r.status_code == 200, r.text
+    bad = svc.root.put("/api/admin/egress/caps/tenant-b", json={"network": "allowlist", "allow": ["10.0.0.0/33"]})
+    assert bad.status_code == 400 and error_of(bad)["details"]["entry"] == "10.0.0.0/33"
+    assert svc.root.get("/api/admin/egress/caps").json()["caps"]["tenant-b"]["allow"] == ["*.nowhere.test:80|443"]
+    out = fetch(svc.b, "capped", f"http://{fakenet.name('www')}/")
+    assert not out["result"]["ok"], out  # provider allows www, the tenant's cap does not
+    assert svc.b.get("/v1/sandbox/sessions/tenant-b/capped/network").json()["network"]["network"] == "none"
+    r = svc.b.put("/v1/sandbox/sessions/tenant-b/capped/network",
+                  json={"network": "allowlist", "allow": [fakenet.name("www")]})
+    assert r.status_code == 403
+    assert svc.root.delete("/api/admin/egress/caps/tenant-b").json()["deleted"] is True
