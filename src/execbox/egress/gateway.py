@@ -160,7 +160,7 @@ class Gateway:
 
     async def _attach(self, link: BoxLink) -> None:
         link._server = await asyncio.start_server(lambda r, w: self._handle(link, r, w), sock=link._tcp,
-                                                  limit=1 << 16)
+                                                  limit=1 << 18)
         link._transport, _ = await self.loop.create_datagram_endpoint(lambda: _Dns(self, link), sock=link._udp)
 
     def detach(self, link: BoxLink) -> None:
@@ -203,7 +203,7 @@ class Gateway:
                 return
             rec.ip = str(target)
             try:
-                up_r, up_w = await asyncio.wait_for(asyncio.open_connection(str(target), port, limit=1 << 16),
+                up_r, up_w = await asyncio.wait_for(asyncio.open_connection(str(target), port, limit=1 << 18),
                                                     CONNECT_TIMEOUT)
             except (OSError, TimeoutError) as e:
                 rec.decision, rec.reason = "allowed", f"upstream connect failed: {e}"
@@ -279,7 +279,7 @@ async def _pipe(link: BoxLink, src: asyncio.StreamReader, dst: asyncio.StreamWri
                 rec: audit.AuditRecord, up: bool) -> None:
     try:
         while True:
-            data = await src.read(1 << 16)
+            data = await src.read(1 << 18)
             if not data:
                 break
             n = len(data)
