@@ -161,3 +161,54 @@ def test_none_has_no_network_at_all(fakenet):
         assert not r["ok"] and "unreachable" in r["error"].lower(), r
     finally:
         p.shutdown()
+
+
+def test_box_to_box_denied(allow_jail, fakenet):
+    a = allow_jail.create_instance().instance_id
+    b = allow_jail.create_instance().instance_id
+    try:
+        server = """
+import socket, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 8000)); s.listen()
+print("listening")
+"""
+        assert allow_jail.execute_code(b, server, "python", 10, context_id="srv").stdout == "listening\n"
+        for ip in ("198.18.255.2", "198.18.255.1", "198.19.0.1"):
+            r = py(allow_jail, a, f"http://{ip}:8000/")
+            assert r.get("status") == 403 or not r["ok"], (ip, r)
+            assert r.get("status") != 200
+    finally:
+        allow_jail.destroy_instance(a)
+        allow_jail.destroy_instance(b)
+
+
+def test_per_box_caps(fakenet, monkeypatch):
+    monkeypatch.setenv("EXECBOX_EGRESS_MAX_BYTES", str(2 * 1024 * 1024))
+    monkeypatch.setenv("EXECBOX_EGRESS_MAX_CONNECTIONS", "2")
+    p = jail_with("allowlist", [fakenet.name("www")])
+    try:
+        iid = p.create_instance(session_id="caps").instance_id
+        www = fakenet.name("www")
+        r = p.execute_code(iid, f"""
+import socket, urllib.request
+held = []
+for _ in range(2):
+    s = socket.create_connection(("{www}", 80), timeout=5); held.append(s)
+try:
+    urllib.request.urlopen("http://{www}/third", timeout=5); print("third ok")
+except Exception as e:
+    print("third refused", e)
+for s in held: s.close()
+try:
+    n = len(urllib.request.urlopen("http://{www}/bytes/{8 * 1024 * 1024}", timeout=20).read())
+    print("downloaded", n)
+except Exception as e:
+    print("cut", type(e).__name__)
+""", "python", 60)
+        assert "third refused" in r.stdout and "403" in r.stdout, r
+        assert "downloaded 8388608" not in r.stdout, r
+        recs = audit.recent(session_id="caps")
+        assert any("too many concurrent connections" in x.reason for x in recs)
+        assert any(x.decision == "limited" for x in recs)
+    finally:
+        p.shutdown()
