@@ -34,6 +34,7 @@ from typing import Any
 
 from . import audit
 from .policy import EgressPolicy
+from .relay import splice
 from .resolver import resolve
 
 log = logging.getLogger("execbox.egress")
@@ -202,21 +203,17 @@ class Gateway:
                 await _refuse(reader, writer, reason)
                 return
             rec.ip = str(target)
-            try:
-                up_r, up_w = await asyncio.wait_for(asyncio.open_connection(str(target), port, limit=1 << 18),
-                                                    CONNECT_TIMEOUT)
-            except (OSError, TimeoutError) as e:
-                rec.decision, rec.reason = "allowed", f"upstream connect failed: {e}"
-                writer.transport.abort()
-                return
             rec.decision, rec.reason = "allowed", reason
             injector = link.intercept
-            if injector is not None and name is not None and link.policy.credentials_for(name, port):
-                rec.injected = True
-                await injector.serve(link, name, port, reader, writer, up_r, up_w, rec)
-            else:
-                writer.transport.resume_reading()
-                await _splice(link, reader, writer, up_r, up_w, rec)
+            try:
+                if injector is not None and name is not None and link.policy.credentials_for(name, port):
+                    rec.injected = True
+                    await injector.serve(link, name, str(target), port, reader, writer, rec)
+                else:
+                    await splice(link, writer.transport, str(target), port, rec, CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as e:
+                rec.reason = f"upstream connect failed: {e}"[:300]
+                writer.transport.abort()
         finally:
             link.active -= 1
             link._writers.discard(writer)

@@ -122,12 +122,10 @@ class Injector:
     def __init__(self, ca: BoxCA) -> None:
         self.ca = ca
 
-    async def serve(self, link: Any, name: str, port: int, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter, up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter,
-                    rec: audit.AuditRecord) -> None:
+    async def serve(self, link: Any, name: str, ip: str, port: int, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter, rec: audit.AuditRecord) -> None:
         from .gateway import _splice
 
-        up_w.close()  # the plain upstream connection is replaced by a verified TLS one
         if port != 443:
             rec.injected = False
             rec.reason = "credentials are injected over TLS (port 443) only"
@@ -135,9 +133,8 @@ class Injector:
             return
         try:
             await writer.start_tls(self.ca.server_context(name))
-            peer = up_w.get_extra_info("peername")
             up_r, up_w = await asyncio.wait_for(asyncio.open_connection(
-                peer[0], port, ssl=upstream_context(), server_hostname=name, limit=1 << 16), 10)
+                ip, port, ssl=upstream_context(), server_hostname=name, limit=1 << 16), 10)
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         except (OSError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as e:
             rec.reason = f"credential injection failed: {type(e).__name__}: {e}"[:300]
