@@ -31,3 +31,19 @@ def policy_from_config(config: dict[str, Any]):  # type: ignore[no-untyped-def]
 
     return with_credentials(parse_policy(config.get("network"), config.get("network_allow")),
                             config.get("network_credentials"))
+
+
+def check_network_config(config: dict[str, Any]) -> tuple[bool, str | None]:
+    """validate_config's network part: ``(False, "field: why")`` naming the bad entry, or host gaps."""
+    from ..boxes import netns
+    from ..errors import InvalidConfigError
+
+    try:
+        policy = policy_from_config(config)
+    except InvalidConfigError as e:
+        return False, f"{e.details.get('field', 'network_allow')}: {e.message}"
+    if policy.mode != "none":
+        ok, why = netns.available()
+        if not ok:
+            return False, f"network: {why}"
+    return True, None

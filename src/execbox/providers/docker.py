@@ -31,7 +31,7 @@ from ..boxes.docker_box import (
 )
 from ..boxes.images import DEFAULT_IMAGE
 from ..egress.policy import EgressPolicy, parse_policy
-from ..egress.schema import NETWORK_SCHEMA, policy_from_config
+from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..settings import parse_bool
@@ -135,7 +135,7 @@ class DockerProvider(AgentBackedProvider):
             parse_size(config.get("max_memory") or "512m")
         except ValueError as e:
             return False, f"max_memory: {e}"
-        return True, None
+        return check_network_config(config)
 
     # -- host facts -------------------------------------------------------------------------
     @classmethod

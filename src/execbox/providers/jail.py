@@ -19,7 +19,7 @@ from typing import Any
 from ..boxes import bwrap, cgroups, netns, quota, runtime, seccomp
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
-from ..egress.schema import NETWORK_SCHEMA, policy_from_config
+from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
 from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
@@ -87,12 +87,7 @@ class JailProvider(AgentBackedProvider):
             runtime.resolve(config.get("runtime"))
         except runtime.RuntimeNotUsable as e:
             return False, f"runtime: {e}"
-        policy = policy_from_config(config)  # SB002 naming the bad entry
-        if policy.mode != "none":
-            ok, why = netns.available()
-            if not ok:
-                return False, f"network: {why}"
-        return True, None
+        return check_network_config(config)
 
     # -- lifecycle --------------------------------------------------------------------------
     def prepare(self) -> None:

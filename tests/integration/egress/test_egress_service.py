@@ -71,3 +71,26 @@ def test_tenant_cap(svc, fakenet):
                   json={"network": "allowlist", "allow": [fakenet.name("www")]})
     assert r.status_code == 403
     assert svc.root.delete("/api/admin/egress/caps/tenant-b").json()["deleted"] is True
+
+
+@pytest.mark.parametrize("entry", ["10.0.0.0/33", "*", "example.com:70000", "https://example.com/api"])
+def test_admin_config_refuses_bad_entries_and_keeps_secrets(svc, entry):
+    r = svc.root.post("/api/admin/sandbox/config", json={"provider_type": "jail", "config": {
+        "pool_size": 0, "network": "allowlist", "network_allow": [entry]}})
+    err = error_of(r)
+    assert r.status_code == 400 and err["code"] == "SB002", r.text
+    assert entry in err["details"]["fields"]["network_allow"]
+    assert svc.root.get("/api/admin/sandbox/config").status_code == 200
+
+
+def test_admin_config_stores_credentials_encrypted(svc, fakenet):
+    secret = "sk-admin-9c1e55aa77-STORED"
+    api = fakenet.name("api")
+    r = svc.root.post("/api/admin/sandbox/config", json={"provider_type": "jail", "config": {
+        "pool_size": 0, "network": "allowlist", "network_allow": [api],
+        "network_credentials": f'{{"{api}": {{"X-Api-Key": "{secret}"}}}}'}})
+    assert r.status_code == 200, r.text
+    shown = svc.root.get("/api/admin/sandbox/config").text
+    assert secret not in shown and "****" in shown
+    raw = svc.store.settings.get("sandbox.jail") or ""
+    assert secret not in raw
