@@ -12,6 +12,8 @@ import logging
 import threading
 import time
 from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +196,21 @@ class AgentBackedProvider(SandboxProvider):
             link.set_policy(effective)
         inst.egress = effective
         return effective.to_dict()
+
+    @contextmanager
+    def network_for_run(self, instance_id: str, network: Any, allow: Any = None,
+                        tenant_cap: EgressPolicy | None = None) -> Iterator[dict[str, Any]]:
+        """Narrow the instance's policy for one run, then put the previous one back."""
+        inst = self._get(instance_id)
+        before = inst.egress
+        effective = self.set_network_policy(instance_id, network, allow, tenant_cap)
+        try:
+            yield effective
+        finally:
+            inst.egress = before
+            link = _egress_link(inst.box)
+            if link is not None:
+                link.set_policy(before or self.egress_cap)
 
     def destroy_instance(self, instance_id: str) -> bool:
         with self._lock:

@@ -51,3 +51,24 @@ def describe(session: Any) -> dict[str, Any]:
         return {"network": prov.effective_network(session.instance_id)}
     except Exception:  # noqa: BLE001 - a gone instance has no policy to show
         return {"network": None}
+
+
+def for_run(provider: Any, instance_id: str, tenant_id: str, spec: dict[str, Any] | None,
+            fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` with the instance's policy narrowed by the request's ``network`` (this run only)."""
+    if spec is None:
+        return fn()
+    if not isinstance(spec, dict) or set(spec) - {"network", "allow"}:
+        from ..errors import InvalidConfigError
+
+        raise InvalidConfigError("network must be an object {network, allow}", details={"field": "network"})
+    parse_policy(spec.get("network"), spec.get("allow"))  # SB002 naming a bad entry
+    if not hasattr(provider, "network_for_run"):
+        if spec.get("network") in (None, "none"):
+            return fn()  # remote providers: nothing to narrow to beyond none
+        from ..egress.policy import EgressDenied
+
+        raise EgressDenied(f"provider {provider.name!r} does not police egress; only network=none is possible",
+                           details={"provider": provider.name})
+    with provider.network_for_run(instance_id, spec.get("network"), spec.get("allow"), tenant_cap(tenant_id)):
+        return fn()

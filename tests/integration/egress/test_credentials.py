@@ -76,13 +76,15 @@ def test_jail_credential_injection(fakenet, upstream_ca):
         p.shutdown()
 
 
-def test_docker_runc_credential_injection(fakenet, upstream_ca, docker_engine):  # noqa: F811
-    from execbox.providers.docker import DockerProvider
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_docker_credential_injection(fakenet, upstream_ca, docker_engine, runtime):  # noqa: F811
+    from execbox.providers.docker import NET_RUNTIME, DockerProvider
 
-    require(docker_engine is not None, "dockerd")
+    if runtime == "runsc":
+        require(NET_RUNTIME in (docker_engine.info().get("Runtimes") or {}), "the runsc-net Docker runtime")
     api, cfg = _config(fakenet)
     p = DockerProvider()
-    p.initialize({"runtime": "runc", "pool_size": 0, "preload": "none", **cfg})
+    p.initialize({"runtime": runtime, "pool_size": 0, "preload": "none", **cfg})
     try:
         iid = p.create_instance().instance_id
         _check(p, iid, fakenet, api)

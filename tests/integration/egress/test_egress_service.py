@@ -94,3 +94,21 @@ def test_admin_config_stores_credentials_encrypted(svc, fakenet):
     assert secret not in shown and "****" in shown
     raw = svc.store.settings.get("sandbox.jail") or ""
     assert secret not in raw
+
+
+def test_per_run_narrowing(svc, fakenet):
+    www = fakenet.name("www")
+    body = {"code": PY_FETCH, "session_id": "perrun", "timeout": 30, "arguments": {"url": f"http://{www}/"}}
+    assert svc.a.post("/v1/sandbox/execute", json=body).json()["result"]["status"] == 200
+    r = svc.a.post("/v1/sandbox/execute", json={**body, "network": {"network": "none"}})
+    out = r.json()
+    assert r.status_code == 200 and not out["result"]["ok"] and out["metadata"]["network"]["network"] == "none"
+    r = svc.a.post("/v1/sandbox/execute", json={**body, "network": {"network": "open"}})
+    assert r.status_code == 403, r.text
+    r = svc.a.post("/v1/sandbox/execute", json={**body, "network": {"network": "allowlist", "allow": ["*"]}})
+    assert r.status_code == 400 and error_of(r)["details"]["entry"] == "*"
+    # the session's own policy is back after the narrowed run
+    assert svc.a.post("/v1/sandbox/execute", json=body).json()["result"]["status"] == 200
+    r = svc.a.post("/v1/sandbox/bash", json={"command": f"curl -sS -m 5 http://{www}/ >/dev/null; echo rc=$?",
+                                             "network": {"network": "none"}})
+    assert r.status_code == 200 and "rc=0" not in r.json()["stdout"], r.text
