@@ -108,12 +108,17 @@ class _Dns(asyncio.DatagramProtocol):
         self.gw = gw
         self.link = link
         self.transport: asyncio.DatagramTransport | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        asyncio.get_running_loop().create_task(self._answer(data, addr))
+        if len(self._tasks) >= 256:  # a box flooding its resolver: drop, it retries
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(data, addr))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
         from dnslib import QTYPE, RCODE, RR, A, DNSRecord

@@ -191,6 +191,9 @@ class JailProvider(AgentBackedProvider):
             out["cgroups"] = {"ok": False, "detail": str(e)}
         ok, detail = quota.loop_quota_possible()
         out["workspace_quota"] = {"ok": ok, "detail": detail}
+        ok, detail = netns.available()
+        out["box_network"] = {"ok": ok, "detail": detail if not ok else
+                              "network namespaces + iptables: network=allowlist|open possible (docs/network.md)"}
         try:
             out["runtime_system"] = {"ok": True, "detail": runtime.system_runtime().python}
         except runtime.RuntimeNotUsable as e:
