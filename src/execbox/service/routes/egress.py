@@ -8,19 +8,23 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...egress import audit as egress_audit
 from ...errors import InvalidConfigError, SessionNotFoundError
 from .. import egress_hook
 from ..auth import Principal, require_admin, require_token
+from ..schemas import ERROR_RESPONSES
 from .sandbox import NAME_PATTERN, tenant_for
 
-router = APIRouter(tags=["egress"])
+router = APIRouter(tags=["egress"], responses=ERROR_RESPONSES)
+
+
+def _name() -> Any:
+    return Path(pattern=NAME_PATTERN, max_length=64)
 DECISIONS = ("allowed", "denied", "limited")
 
 
@@ -58,14 +62,13 @@ def caps(request: Request, _: Principal = Depends(require_admin)) -> dict[str, A
 
 
 @router.put("/api/admin/egress/caps/{tenant_id}", summary="Set a tenant's network cap (admin)")
-def set_cap(body: NetworkIn, request: Request, tenant_id: str, _: Principal = Depends(require_admin)) -> Any:
-    if not re.fullmatch(NAME_PATTERN, tenant_id):
-        raise InvalidConfigError("tenant_id is not a valid name", details={"field": "tenant_id"})
+def set_cap(body: NetworkIn, request: Request, tenant_id: str = _name(),
+            _: Principal = Depends(require_admin)) -> Any:
     return {"tenant_id": tenant_id, "cap": _service(request).caps.set(tenant_id, body.network, body.allow)}
 
 
 @router.delete("/api/admin/egress/caps/{tenant_id}", summary="Remove a tenant's network cap (admin)")
-def delete_cap(request: Request, tenant_id: str, _: Principal = Depends(require_admin)) -> Any:
+def delete_cap(request: Request, tenant_id: str = _name(), _: Principal = Depends(require_admin)) -> Any:
     return {"tenant_id": tenant_id, "deleted": _service(request).caps.delete(tenant_id)}
 
 
@@ -79,7 +82,7 @@ def _live(request: Request, principal: Principal, tenant_id: str, session_id: st
 
 
 @router.get("/v1/sandbox/sessions/{tenant_id}/{session_id}/network", summary="A session's effective network policy")
-def get_network(request: Request, tenant_id: str, session_id: str,
+def get_network(request: Request, tenant_id: str = _name(), session_id: str = _name(),
                 principal: Principal = Depends(require_token)) -> Any:
     s = _live(request, principal, tenant_id, session_id)
     return {"tenant_id": s.tenant_id, "session_id": s.session_id, **egress_hook.describe(s)}
@@ -87,7 +90,7 @@ def get_network(request: Request, tenant_id: str, session_id: str,
 
 @router.put("/v1/sandbox/sessions/{tenant_id}/{session_id}/network",
             summary="Narrow a live session's network policy (takes effect without a restart)")
-def put_network(body: NetworkIn, request: Request, tenant_id: str, session_id: str,
+def put_network(body: NetworkIn, request: Request, tenant_id: str = _name(), session_id: str = _name(),
                 principal: Principal = Depends(require_token)) -> Any:
     s = _live(request, principal, tenant_id, session_id)
     # no session lock: a running execution sees the narrower policy on its next connection
