@@ -112,3 +112,14 @@ def test_per_run_narrowing(svc, fakenet):
     r = svc.a.post("/v1/sandbox/bash", json={"command": f"curl -sS -m 5 http://{www}/ >/dev/null; echo rc=$?",
                                              "network": {"network": "none"}})
     assert r.status_code == 200 and "rc=0" not in r.json()["stdout"], r.text
+
+
+def test_box_cannot_reach_the_execbox_api(svc):
+    from execbox.egress.policy import host_addresses
+
+    port = int(svc.url.rsplit(":", 1)[1])
+    targets = [f"http://127.0.0.1:{port}/healthz"] + [
+        f"http://{ip}:{port}/healthz" for ip in sorted(host_addresses(), key=str) if not ip.is_loopback][:3]
+    for url in targets:
+        out = fetch(svc.a, "api-probe", url)
+        assert out["result"].get("status") != 200, (url, out["result"])
