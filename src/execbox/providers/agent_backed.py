@@ -11,6 +11,7 @@ import base64
 import logging
 import threading
 import time
+import uuid
 from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -317,10 +318,21 @@ class AgentBackedProvider(SandboxProvider):
         request = {**params, "timeout": seconds, "output_cap": self.output_cap, "stream": on_output is not None,
                    "inline_artifacts": inline_artifacts}
         started = time.monotonic()
-        value = self._call(inst, "exec", request, timeout=seconds + AGENT_GRACE, on_output=on_output)
+        link = _egress_link(inst.box)
+        run_id = uuid.uuid4().hex[:16] if link is not None else None
+        if link is not None:
+            link.run_id = run_id  # egress audit rows of this run carry it
+        try:
+            value = self._call(inst, "exec", request, timeout=seconds + AGENT_GRACE, on_output=on_output)
+        finally:
+            if link is not None:
+                link.run_id = None
         inst.executions += 1
         oom = bool(value.get("oom")) or inst.box.oom_events() > oom_before
-        return self._to_result(inst, value, time.monotonic() - started, oom)
+        result = self._to_result(inst, value, time.monotonic() - started, oom)
+        if run_id is not None:
+            result.metadata["egress_run_id"] = run_id
+        return result
 
     def _to_result(self, inst: Instance, v: dict[str, Any], wall: float, oom: bool) -> ExecutionResult:
         import json

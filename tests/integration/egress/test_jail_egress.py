@@ -67,6 +67,7 @@ def test_allowed_host_from_python_node_and_curl(allow_jail, abox, fakenet):
     assert r.metadata["network"]["network"] == "allowlist"
     recs = audit.recent(session_id="egress-t", decision="allowed")
     assert any(x.host == www and x.port == 443 and x.bytes_down > 0 for x in recs)
+    assert any(x.run_id == r.metadata["egress_run_id"] for x in recs)  # audit rows name the run
 
 
 def test_unlisted_host_and_direct_ip_denied(allow_jail, abox, fakenet):
