@@ -21,17 +21,22 @@ def tenant_cap(tenant_id: str) -> EgressPolicy | None:
 
 def apply(provider: Any, session: Any) -> None:
     """Give the session's box: (provider policy ∩ tenant cap), narrowed to the session's request."""
-    if not hasattr(provider, "set_network_policy") or session.instance_id is None:
+    if session.instance_id is not None:
+        apply_to(provider, session.tenant_id, session.instance_id, getattr(session, "network", None))
+
+
+def apply_to(provider: Any, tenant_id: str, instance_id: str, requested: dict[str, Any] | None = None) -> None:
+    """Same for any instance (one-shot runs too: a tenant's cap must not be bypassed by them)."""
+    if not hasattr(provider, "set_network_policy"):
         return
-    cap = tenant_cap(session.tenant_id)
-    requested = getattr(session, "network", None)
+    cap = tenant_cap(tenant_id)
     if requested is None:
         if cap is None:
             return
         base = provider.egress_cap.intersect(cap)
-        provider.set_network_policy(session.instance_id, base.mode, [e.text() for e in base.allow])
+        provider.set_network_policy(instance_id, base.mode, [e.text() for e in base.allow])
         return
-    provider.set_network_policy(session.instance_id, requested["network"], requested.get("allow"), tenant_cap=cap)
+    provider.set_network_policy(instance_id, requested["network"], requested.get("allow"), tenant_cap=cap)
 
 
 def narrow_session(provider: Any, session: Any, network: Any, allow: Any) -> dict[str, Any]:

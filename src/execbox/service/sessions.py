@@ -342,6 +342,7 @@ class SessionManager:
             with self._lock:
                 self._oneshots[inst.instance_id] = prov
             try:
+                egress_hook.apply_to(prov, tenant_id, inst.instance_id)  # issue 14: the tenant's cap
                 yield prov, inst.instance_id
             finally:
                 with self._lock:

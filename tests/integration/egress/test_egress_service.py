@@ -67,6 +67,10 @@ def test_tenant_cap(svc, fakenet):
     out = fetch(svc.b, "capped", f"http://{fakenet.name('www')}/")
     assert not out["result"]["ok"], out  # provider allows www, the tenant's cap does not
     assert svc.b.get("/v1/sandbox/sessions/tenant-b/capped/network").json()["network"]["network"] == "none"
+    r = svc.b.post("/v1/sandbox/execute", json={"code": PY_FETCH, "timeout": 30,  # one-shot: capped too
+                                                "arguments": {"url": f"http://{fakenet.name('www')}/"}})
+    assert r.status_code == 200 and not r.json()["result"]["ok"], r.text
+    assert r.json()["metadata"]["network"]["network"] == "none"
     r = svc.b.put("/v1/sandbox/sessions/tenant-b/capped/network",
                   json={"network": "allowlist", "allow": [fakenet.name("www")]})
     assert r.status_code == 403
