@@ -36,3 +36,18 @@ def jail_with(network: str, allow: list[str] | None = None):
     from tests.integration.jail.conftest import make_provider
 
     return make_provider(network=network, network_allow=allow or [])
+
+
+def audited(pred, timeout: float = 5.0, **filters):  # type: ignore[no-untyped-def]
+    """Audit records matching ``filters`` once one satisfies ``pred`` (a record is written when its
+    connection has closed, which can be a moment after the client in the box returned)."""
+    import time
+
+    from execbox.egress import audit
+
+    deadline = time.monotonic() + timeout
+    while True:
+        recs = audit.recent(**filters)
+        if any(pred(r) for r in recs) or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.05)

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from execbox.egress import audit
 from tests.conftest import require
 from tests.integration.docker.conftest import docker_engine  # noqa: F401 - fixture
+
+from .conftest import audited
 
 SECRET = "sk-live-4f1d0c9e7b2a-SECRET"
 
@@ -59,7 +60,8 @@ def _check(p, iid, fakenet, api):
     r = p.execute_code(iid, LEAK.replace("{s}", SECRET[:20]), "python", 60)
     assert r.stdout.strip() == "[]", r
     assert SECRET not in json.dumps(p.effective_network(iid))
-    assert any(x.injected and x.host == api for x in audit.recent(decision="allowed"))
+    recs = audited(lambda x: x.injected and x.host == api, decision="allowed")
+    assert any(x.injected and x.host == api for x in recs)
 
 
 def test_jail_credential_injection(fakenet, upstream_ca):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.integration.service.conftest import error_of, start_service
@@ -49,8 +51,13 @@ def test_session_policy_narrowing_and_audit(svc, fakenet):
 
     r = svc.a.get("/api/admin/egress/audit")
     assert r.status_code == 403
-    r = svc.root.get("/api/admin/egress/audit", params={"tenant_id": "tenant-a", "session_id": "net1"})
-    rows = r.json()["data"]
+    deadline = time.monotonic() + 5  # a row is written once its connection has closed
+    while True:
+        q = {"tenant_id": "tenant-a", "session_id": "net1"}
+        rows = svc.root.get("/api/admin/egress/audit", params=q).json()["data"]
+        if any(x["decision"] == "denied" and x["port"] == 80 for x in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert any(x["decision"] == "allowed" and x["host"] == www and x["bytes_down"] > 0 for x in rows), rows
     assert any(x["decision"] == "denied" and x["port"] == 80 for x in rows), rows
     assert svc.root.get("/api/admin/egress/audit", params={"decision": "maybe"}).status_code == 400

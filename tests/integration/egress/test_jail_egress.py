@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from execbox.egress import audit
 from execbox.egress.policy import EgressDenied
 
-from .conftest import jail_with
+from .conftest import audited, jail_with
 
 PY_FETCH = """
 import json, ssl, sys, urllib.request
@@ -65,9 +64,10 @@ def test_allowed_host_from_python_node_and_curl(allow_jail, abox, fakenet):
     r = allow_jail.run_command(abox, f"curl -sS -m 8 --cacert /workspace/ca.pem https://{www}/curl", 30)
     assert r.exit_code == 0 and json.loads(r.stdout)["path"] == "/curl", r
     assert r.metadata["network"]["network"] == "allowlist"
-    recs = audit.recent(session_id="egress-t", decision="allowed")
+    run_id = r.metadata["egress_run_id"]
+    recs = audited(lambda x: x.run_id == run_id, session_id="egress-t", decision="allowed")
     assert any(x.host == www and x.port == 443 and x.bytes_down > 0 for x in recs)
-    assert any(x.run_id == r.metadata["egress_run_id"] for x in recs)  # audit rows name the run
+    assert any(x.run_id == run_id for x in recs)  # audit rows name the run
 
 
 def test_unlisted_host_and_direct_ip_denied(allow_jail, abox, fakenet):
@@ -81,7 +81,8 @@ def test_unlisted_host_and_direct_ip_denied(allow_jail, abox, fakenet):
     assert "rc=6" in r.stdout and "Could not resolve host" in r.stderr, r
     r = allow_jail.execute_code(abox, NODE_FETCH, "javascript", 30, {"url": f"http://{fakenet.server_ip}/"})
     assert r.result["status"] == 403, r
-    assert any(x.ip == fakenet.server_ip and x.decision == "denied" for x in audit.recent(session_id="egress-t"))
+    recs = audited(lambda x: x.ip == fakenet.server_ip and x.decision == "denied", session_id="egress-t")
+    assert any(x.ip == fakenet.server_ip and x.decision == "denied" for x in recs)
 
 
 def test_rebinding_metadata_and_host_addresses_denied(allow_jail, abox, fakenet):
@@ -208,7 +209,7 @@ except Exception as e:
 """, "python", 60)
         assert "third refused" in r.stdout and "403" in r.stdout, r
         assert "downloaded 8388608" not in r.stdout, r
-        recs = audit.recent(session_id="caps")
+        recs = audited(lambda x: x.decision == "limited", session_id="caps")
         assert any("too many concurrent connections" in x.reason for x in recs)
         assert any(x.decision == "limited" for x in recs)
     finally:
