@@ -19,16 +19,11 @@ if os.path.exists(path):
         text = fh.read().strip()
     cfg = json.loads(text) if text else {}
 want = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none"]}
-# runsc-net: for boxes with egress (issue 14). gVisor uses the host network stack *inside the
-# container's own namespace*, which execbox configures so that the egress gateway is its only way out
-# (docs/network.md). It is added beside the runsc entry.
-want_net = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=host"]}
 runtimes = cfg.setdefault("runtimes", {})
-if runtimes.get("runsc") == want and runtimes.get("runsc-net") == want_net:
+if runtimes.get("runsc") == want:
     print("no")
 else:
     runtimes["runsc"] = want
-    runtimes["runsc-net"] = want_net
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as fh:
         json.dump(cfg, fh, indent=2)

@@ -212,7 +212,7 @@ class DockerProvider(AgentBackedProvider):
             if NET_RUNTIME not in runtimes:
                 raise ProviderUnavailableError(
                     f"network {self.egress_cap.mode!r} under runsc needs the {NET_RUNTIME!r} Docker runtime "
-                    "(scripts/setup/test/40-docker.sh registers it)", details={"provider": self.name})
+                    "(scripts/setup/test/45-runsc-net.sh registers it)", details={"provider": self.name})
         try:
             self.docker.images.get(cfg["image"])
         except Exception:  # noqa: BLE001

@@ -18,7 +18,7 @@ def dprov(request, fakenet, docker_engine):  # noqa: F811
 
     runtimes = docker_engine.info().get("Runtimes") or {}
     if request.param == "runsc":
-        require("runsc-net" in runtimes, "the runsc-net Docker runtime (scripts/setup/test/40-docker.sh)")
+        require("runsc-net" in runtimes, "the runsc-net Docker runtime (scripts/setup/test/45-runsc-net.sh)")
     p = DockerProvider()
     p.initialize({"runtime": request.param, "pool_size": 0, "preload": "none", "network": "allowlist",
                   "network_allow": [fakenet.name("www"), fakenet.name("rebind")]})
