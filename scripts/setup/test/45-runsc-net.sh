@@ -2,7 +2,8 @@
 # runsc-net: the Docker runtime for runsc boxes with network egress (issue 14, docs/network.md).
 # gVisor uses the host network stack *inside the container's own namespace*, which execbox
 # configures so that the egress gateway is the box's only way out; boxes without network keep
-# the plain `runsc` runtime (--network=none). Merges only this entry into daemon.json; a running
+# the plain `runsc` runtime (--network=none). --oci-seccomp as for runsc (gVisor applies the boxes'
+# seccomp profile). Merges only this entry into daemon.json; a running
 # daemon rereads runtimes on SIGHUP. Idempotent.
 source "$(dirname "$0")/../lib.sh"
 
@@ -16,7 +17,7 @@ if os.path.exists(path):
     with open(path) as fh:
         text = fh.read().strip()
     cfg = json.loads(text) if text else {}
-want = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=host"]}
+want = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=host", "--oci-seccomp"]}
 runtimes = cfg.setdefault("runtimes", {})
 if runtimes.get("runsc-net") == want:
     print("no")

@@ -255,10 +255,18 @@ class Gateway:
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:
     """Plain HTTP gets a 403 naming the reason; anything else (TLS...) a reset."""
     writer.transport.resume_reading()
-    try:
-        first = await asyncio.wait_for(reader.read(2048), 1.0)
+    first = b""
+    deadline = time.monotonic() + 1.0
+    try:  # the whole request head (so the client is done writing before we answer and close)
+        while len(first) < 8192 and b"\r\n\r\n" not in first:
+            chunk = await asyncio.wait_for(reader.read(2048), max(0.01, deadline - time.monotonic()))
+            if not chunk:
+                break
+            first += chunk
+            if not _HTTP_REQ.match(first) and len(first) >= 16:
+                break  # not plain HTTP: no need to wait for more
     except (TimeoutError, OSError):
-        first = b""
+        pass
     if _HTTP_REQ.match(first):
         body = f"execbox egress denied: {reason}\n".encode()
         writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nX-Execbox-Egress: denied\r\n"

@@ -17,6 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..boxes import oci_seccomp
 from ..boxes.docker_box import (
     OWNER_LABEL,
     ContainerSpec,
@@ -29,6 +30,7 @@ from ..boxes.docker_box import (
     safe_name,
     start_container,
 )
+from ..boxes.gpu import GpuPlan, parse_gpu
 from ..boxes.images import DEFAULT_IMAGE
 from ..egress.policy import EgressPolicy, parse_policy
 from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
@@ -37,6 +39,7 @@ from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make
 from ..settings import parse_bool
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, Instance
 from .base import OutputCallback
+from .gpu_config import GPU_SCHEMA, docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
 NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
@@ -86,6 +89,7 @@ class DockerProvider(AgentBackedProvider):
         self.owner = owner_id()
         self.uid = uuid.uuid4().hex
         self._notes: list[str] = []
+        self._gpu: GpuPlan | None = None
         self._reaper: ThreadPoolExecutor | None = None
         self._warmer: ThreadPoolExecutor | None = None
         self._warm_lock = threading.Lock()
@@ -117,8 +121,7 @@ class DockerProvider(AgentBackedProvider):
                                  "label": "Output cap (bytes)",
                                  "description": "Cap on stdout and stderr each."},
             **NETWORK_SCHEMA,
-            "gpu": {"type": "boolean", "default": False, "label": "GPU",
-                    "description": "Request all GPUs for containers (also SANDBOX_GPU_ENABLED=true)."},
+            **GPU_SCHEMA,  # gpu (off | all | indices; SANDBOX_GPU_ENABLED=true = all), gpu_tenant_cap
             "gpu_network": {"type": "boolean", "default": False, "label": "GPU network",
                             "description": "Allow the configured network (open if none) in GPU containers (also "
                                            "SANDBOX_GPU_NETWORK_ENABLED=true)."},
@@ -135,7 +138,16 @@ class DockerProvider(AgentBackedProvider):
             parse_size(config.get("max_memory") or "512m")
         except ValueError as e:
             return False, f"max_memory: {e}"
+        ok, message = gpu_config_error(config)
+        if not ok:
+            return ok, message
         return check_network_config(config)
+
+    def initialize(self, config: dict[str, Any]) -> bool:
+        config = legacy_gpu(config)  # a stored boolean gpu keeps working
+        if isinstance(config.get("network"), bool):  # before issue 14: a bool (true = a bridge)
+            config["network"] = "open" if config["network"] else "none"
+        return super().initialize(config)
 
     # -- host facts -------------------------------------------------------------------------
     @classmethod
@@ -183,7 +195,7 @@ class DockerProvider(AgentBackedProvider):
     def prepare(self) -> None:
         cfg = self.config
         if parse_bool(os.environ.get("SANDBOX_GPU_ENABLED", ""), "SANDBOX_GPU_ENABLED"):
-            cfg["gpu"] = True
+            cfg["gpu"] = "all"
         if parse_bool(os.environ.get("SANDBOX_GPU_NETWORK_ENABLED", ""), "SANDBOX_GPU_NETWORK_ENABLED"):
             cfg["gpu_network"] = True
         try:
@@ -213,6 +225,13 @@ class DockerProvider(AgentBackedProvider):
                 raise ProviderUnavailableError(
                     f"network {self.egress_cap.mode!r} under runsc needs the {NET_RUNTIME!r} Docker runtime "
                     "(scripts/setup/test/45-runsc-net.sh registers it)", details={"provider": self.name})
+        self._check_box_seccomp(info)
+        host = cfg.get("docker_host") or os.environ.get("DOCKER_HOST", "")
+        self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=not host or host.startswith("unix:"),
+                                    dev_root=os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
+        if self._gpu.error is not None:  # no warm pool: its GPU containers could not start anyway
+            self._notes.append(f"{self._gpu.error}; sessions fail with SB002 until this is fixed")
+            cfg["pool_size"] = 0
         try:
             self.docker.images.get(cfg["image"])
         except Exception:  # noqa: BLE001
@@ -224,6 +243,23 @@ class DockerProvider(AgentBackedProvider):
         self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-warmer")
         self.remove_stale()
 
+    def _check_box_seccomp(self, info: dict[str, Any]) -> None:
+        """gVisor silently ignores the boxes' seccomp profile unless started with --oci-seccomp."""
+        runtimes = [self.runtime]
+        if self.runtime == "runsc" and self.network_enabled:
+            runtimes.append(NET_RUNTIME)  # the runtime egress boxes actually run under
+        for rt in runtimes:
+            if oci_seccomp.is_gvisor(rt) and not oci_seccomp.runsc_applies_seccomp(info, rt):
+                raise ProviderUnavailableError(
+                    f"runtime {rt!r} is registered without --oci-seccomp, so gVisor would ignore the boxes' "
+                    "seccomp profile; add it to the runtime's runtimeArgs in /etc/docker/daemon.json and send "
+                    "dockerd SIGHUP (scripts/setup/test/40-docker.sh and 45-runsc-net.sh do both)",
+                    details={"provider": self.name, "runtime": rt, "missing": "--oci-seccomp"})
+
+    def admit(self, tenant_id: str) -> None:
+        if self._gpu is not None:
+            self._gpu.admit(tenant_id, self.tenant_boxes(tenant_id))
+
     @property
     def network_enabled(self) -> bool:
         return self.egress_cap.mode != "none"
@@ -232,18 +268,12 @@ class DockerProvider(AgentBackedProvider):
         """The provider's network policy; GPU containers stay offline unless gpu_network is set."""
         c = self.config
         policy = policy_from_config(c)
-        if c.get("gpu"):
+        if parse_gpu(c.get("gpu")) is not None:
             if not c.get("gpu_network"):
                 return EgressPolicy()
             if policy.mode == "none":
                 return parse_policy("open")
         return policy
-
-    def initialize(self, config: dict[str, Any]) -> bool:
-        config = dict(config or {})
-        if isinstance(config.get("network"), bool):  # before issue 14: a bool (true = a bridge)
-            config["network"] = "open" if config["network"] else "none"
-        return super().initialize(config)
 
     def warnings(self) -> list[str]:
         return list(self._notes)
@@ -252,7 +282,7 @@ class DockerProvider(AgentBackedProvider):
         c = self.config
         return {**super().applied_limits(), "max_memory": c.get("max_memory"), "cpus": c.get("cpus"),
                 "pids_limit": c.get("pids_limit"), "network": self.egress_cap.mode, "runtime": self.runtime,
-                "gpu": bool(c.get("gpu")), "enforced_by": f"docker/{self.runtime}"}
+                "gpu": self._gpu.describe() if self._gpu else "off", "enforced_by": f"docker/{self.runtime}"}
 
     def pool_status(self) -> dict[str, Any] | None:
         status = super().pool_status()
@@ -284,7 +314,8 @@ class DockerProvider(AgentBackedProvider):
             image=c["image"], runtime=NET_RUNTIME if self.runtime == "runsc" and self.network_enabled
             else self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
             labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=pids,
-            egress=self.egress_cap, gpu=bool(c.get("gpu")),
+            egress=self.egress_cap, gpu=bool(self._gpu and self._gpu.enabled),
+            gpu_ids=docker_device_ids(self._gpu) if self._gpu else None,
             volume=None if workspace else safe_name("execbox-ws", short), host_workspace=workspace,
             preload=c.get("preload") or "auto", agent_limits=agent_limits,
         )
@@ -392,6 +423,7 @@ class DockerProvider(AgentBackedProvider):
                         session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
         """A pooled container (waiting up to ``pool_wait`` s); a cold start only without a pool."""
         self._require_initialized()
+        self.admit(tenant_id)
         if self._pool is None or workspace is not None:
             instance_id = make_instance_id(tenant_id, session_id)
             try:
