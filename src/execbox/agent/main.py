@@ -219,7 +219,7 @@ class Agent:
         try:
             cwd = paths.resolve(self.ws, req.get("cwd") or ".")
         except paths.PathViolation as e:
-            raise RequestError(str(e), field="cwd") from None
+            raise RequestError(str(e), field="cwd", violation=e.reason) from None
         if not os.path.isdir(cwd):
             raise RequestError(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
         return {"language": lang, "code": code, "arguments": args, "timeout": float(timeout),
