@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .. import __version__
 from .config import ServiceSettings
+from .egress_service import install as install_egress
 from .errors import BodyLimit, install_error_handlers
 from .executions import Executor
 from .logs import AuditWriter, OperationLog
@@ -118,6 +119,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
         finally:
             await anyio.to_thread.run_sync(sessions.shutdown)
             audit.close()
+            egress_svc.close()
             if owns_providers and hasattr(providers, "shutdown"):
                 await anyio.to_thread.run_sync(providers.shutdown)
 
@@ -132,6 +134,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     app.state.audit = audit
     app.state.executor = executor
     install_error_handlers(app)
+    egress_svc = install_egress(app, store, metrics)  # issue 14: egress audit, tenant caps, routes
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     from .routes import health, sandbox
