@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InstanceCreationError
+from . import oci_seccomp
 from .agent_client import AgentClient
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
@@ -111,17 +112,21 @@ class ContainerSpec:
     tmpfs_size: str = "64m"
     network: bool = False
     gpu: bool = False
+    gpu_ids: list[str] | None = None  # None with gpu: every GPU; else these indices
     volume: str | None = None
     host_workspace: str | None = None
     preload: str = "auto"
     agent_limits: dict[str, Any] = field(default_factory=dict)
+    egress: Any = None  # EgressPolicy; not "none": network "none" + the gateway (boxes/docker_net.py)
+    egress_ca: Any = None  # egress.inject.BoxCA when the policy injects credentials
 
     def command(self) -> list[str]:
         return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
-                "--preload", self.preload, "--limits", json.dumps(self.agent_limits, sort_keys=True)]
+                "--preload", self.preload, "--limits", json.dumps(self.agent_limits, sort_keys=True),
+                "--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
 
     def create_kwargs(self) -> dict[str, Any]:
-        from docker.types import DeviceRequest, Mount
+        from docker.types import Mount
 
         mounts = [Mount(target=f"{AGENT_ROOT}/execbox_agent", source=agent_source_dir(), type="bind",
                         read_only=True)]
@@ -135,7 +140,11 @@ class ContainerSpec:
             "name": self.name,
             "labels": dict(self.labels),
             "runtime": self.runtime,
-            "user": f"{SANDBOX_UID}:{SANDBOX_UID}",
+            # uid 0 with only the capabilities the agent's privilege separation needs: it forks
+            # user code as SANDBOX_UID with none (agent/privsep.py), so code cannot signal,
+            # trace or read the agent.
+            "user": "0:0",
+            "cap_add": list(PRIVSEP_CAPS),
             "working_dir": WORKSPACE,
             "stdin_open": True,
             "tty": False,
@@ -150,12 +159,36 @@ class ContainerSpec:
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size},mode=1777"},
             "mounts": mounts,
             "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
+            "security_opt": ["no-new-privileges", oci_seccomp.security_opt(self.runtime)],
             "ulimits": [],
         }
+        if self.egress is not None and self.egress.mode != "none":
+            from .docker_net import DNS_OPTS
+
+            kwargs.update(network_mode="none", **DNS_OPTS)
+            if self.egress_ca is not None:
+                from .docker_net import ca_kwargs
+
+                extra = ca_kwargs(self.egress_ca)
+                kwargs["mounts"] = kwargs["mounts"] + extra["mounts"]
+                kwargs["environment"] = {**kwargs.get("environment", {}), **extra["environment"]}
         if self.gpu:
-            kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+            kwargs["device_requests"] = [gpu_device_request(self.gpu_ids)]
         return kwargs
+
+
+PRIVSEP_CAPS = ("SETUID", "SETGID", "SETPCAP")
+"""The only capabilities a box container keeps; the agent drops them all for user code."""
+
+
+def gpu_device_request(ids: list[str] | None) -> Any:
+    """Docker's ``--gpus`` as a device request: all GPUs, or the given indices (runc via the
+    NVIDIA Container Toolkit; runsc via the same request when registered with ``--nvproxy``)."""
+    from docker.types import DeviceRequest
+
+    if ids:
+        return DeviceRequest(device_ids=list(ids), capabilities=[["gpu"]])
+    return DeviceRequest(count=-1, capabilities=[["gpu"]])
 
 
 class DockerBox(Box):
@@ -174,6 +207,7 @@ class DockerBox(Box):
         self._oom_seen = 0
         self.claimed_by: dict[str, str] = {}
         self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
+        self.net: Any = None  # boxes/jail_net.JailNet when the box has egress
 
     @property
     def volume(self) -> str | None:
@@ -182,7 +216,18 @@ class DockerBox(Box):
     def oom_events(self) -> int:
         """OOM kills in the container's memory cgroup; from container state once it has exited."""
         count = _read_oom_kills(self._oom_file) if self._oom_file else None
+        if self.client.dead and not count and self._oom_file and _at_memory_limit(self._oom_file):
+            # gVisor's sentry can kill the sandbox at its memory limit without a host OOM kill: a box
+            # that died with its peak at the limit ran out of memory.
+            count = 1
         if count is None or self.client.dead:
+            try:
+                if self.client.dead and not count:
+                    # The agent's stream can close before the engine records the OOM kill (seen under
+                    # runsc): wait for the container to stop so State.OOMKilled is final.
+                    self.docker.api.wait(self.container_id, timeout=OOM_SETTLE_SECONDS)
+            except Exception:  # noqa: BLE001 - still running after the wait, or already removed
+                pass
             try:
                 state = self.docker.api.inspect_container(self.container_id)["State"]
                 count = max(count or 0, 1 if state.get("OOMKilled") else 0)
@@ -199,6 +244,9 @@ class DockerBox(Box):
 
     def remove(self) -> None:
         """Remove the container and, unless kept, its workspace volume (idempotent)."""
+        net, self.net = self.net, None
+        if net is not None:
+            net.detach()
         try:
             self.docker.api.remove_container(self.container_id, force=True, v=True)
         except Exception as e:  # noqa: BLE001
@@ -238,10 +286,15 @@ def start_container(docker_client: Any, spec: ContainerSpec,
                     ready_timeout: float = READY_TIMEOUT) -> DockerBox:
     """Create, attach, start and wait for the agent's ready frame; clean up on any failure."""
     api = docker_client.api
+    if spec.egress is not None and spec.egress.mode != "none" and spec.egress_ca is None:
+        from .jail_net import new_ca
+
+        spec.egress_ca = new_ca(spec.name, spec.egress)
     if spec.volume and not spec.host_workspace:
         api.create_volume(spec.volume, labels=spec.labels)
     container_id: str | None = None
     transport: AttachTransport | None = None
+    box: DockerBox | None = None
     try:
         container = docker_client.containers.create(**spec.create_kwargs())
         container_id = container.id
@@ -250,6 +303,10 @@ def start_container(docker_client: Any, spec: ContainerSpec,
         api.start(container_id)
         client = AgentClient(transport, spec.name)
         box = DockerBox(spec.name, client, docker_client, container_id, spec, transport)
+        if spec.egress is not None and spec.egress.mode != "none":
+            from .docker_net import attach as attach_net
+
+            box.net = attach_net(api, container_id, spec.name, spec.egress, spec.egress_ca)
         try:
             client.wait_ready(ready_timeout)
         except InstanceCreationError as e:
@@ -259,6 +316,10 @@ def start_container(docker_client: Any, spec: ContainerSpec,
                                         details={"container": spec.name, "runtime": spec.runtime}) from None
         return box
     except BaseException:
+        if box is not None and box.net is not None:
+            box.net.detach()  # closes the CA too
+        elif spec.egress_ca is not None:
+            spec.egress_ca.close()
         if transport is not None:
             transport.close()
         if container_id is not None:
@@ -307,6 +368,28 @@ def _read_oom_kills(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+MEMORY_LIMIT_FRACTION = 0.95
+"""A dead box whose peak memory reached this share of its limit is counted as out of memory."""
+
+
+def _at_memory_limit(oom_file: str) -> bool:
+    """Whether the container's memory cgroup peaked at its limit (v1 and v2 file names)."""
+    d = os.path.dirname(oom_file)
+    for peak_name, limit_name in (("memory.max_usage_in_bytes", "memory.limit_in_bytes"),
+                                  ("memory.peak", "memory.max")):
+        try:
+            with open(os.path.join(d, peak_name), encoding="ascii") as fh:
+                peak = int(fh.read().strip())
+            with open(os.path.join(d, limit_name), encoding="ascii") as fh:
+                raw = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+        if not raw.isdigit():
+            return False  # "max": no limit to reach
+        return peak >= int(raw) * MEMORY_LIMIT_FRACTION
+    return False
+
+
 def _proc_start_time(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
@@ -334,8 +417,12 @@ def owner_is_gone(owner: str) -> bool:
 
 def labelled_resources(client: Any, label_filter: str) -> tuple[list[Any], list[Any]]:
     """(containers incl. stopped, volumes) matching a Docker label filter."""
-    return (client.containers.list(all=True, filters={"label": label_filter}),
+    return (client.containers.list(all=True, filters={"label": label_filter}, ignore_removed=True),
             client.volumes.list(filters={"label": label_filter}))
+
+
+OOM_SETTLE_SECONDS = 5
+"""How long a dead box's container may take to stop before its OOM state is read."""
 
 
 def remove_all(objects: list[Any]) -> int:

@@ -17,6 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..boxes import oci_seccomp
 from ..boxes.docker_box import (
     OWNER_LABEL,
     ContainerSpec,
@@ -29,14 +30,19 @@ from ..boxes.docker_box import (
     safe_name,
     start_container,
 )
+from ..boxes.gpu import GpuPlan, parse_gpu
 from ..boxes.images import DEFAULT_IMAGE
+from ..egress.policy import EgressPolicy, parse_policy
+from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..settings import parse_bool
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, Instance
 from .base import OutputCallback
+from .gpu_config import GPU_SCHEMA, docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
+NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
 log = logging.getLogger("execbox.provider.docker")
 
 MEMORY_OPTIONS = ["128m", "256m", "512m", "1g"]
@@ -83,6 +89,7 @@ class DockerProvider(AgentBackedProvider):
         self.owner = owner_id()
         self.uid = uuid.uuid4().hex
         self._notes: list[str] = []
+        self._gpu: GpuPlan | None = None
         self._reaper: ThreadPoolExecutor | None = None
         self._warmer: ThreadPoolExecutor | None = None
         self._warm_lock = threading.Lock()
@@ -113,13 +120,10 @@ class DockerProvider(AgentBackedProvider):
             "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                                  "label": "Output cap (bytes)",
                                  "description": "Cap on stdout and stderr each."},
-            "network": {"type": "boolean", "default": False, "label": "Network",
-                        "description": "Give containers a bridge network (runc only; runsc runs with "
-                                       "--network=none)."},
-            "gpu": {"type": "boolean", "default": False, "label": "GPU",
-                    "description": "Request all GPUs for containers (also SANDBOX_GPU_ENABLED=true)."},
+            **NETWORK_SCHEMA,
+            **GPU_SCHEMA,  # gpu (off | all | indices; SANDBOX_GPU_ENABLED=true = all), gpu_tenant_cap
             "gpu_network": {"type": "boolean", "default": False, "label": "GPU network",
-                            "description": "Allow network in GPU containers (also "
+                            "description": "Allow the configured network (open if none) in GPU containers (also "
                                            "SANDBOX_GPU_NETWORK_ENABLED=true)."},
             "preload": {"type": "string", "default": "auto", "label": "Preload modules",
                         "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a list."},
@@ -134,7 +138,16 @@ class DockerProvider(AgentBackedProvider):
             parse_size(config.get("max_memory") or "512m")
         except ValueError as e:
             return False, f"max_memory: {e}"
-        return True, None
+        ok, message = gpu_config_error(config)
+        if not ok:
+            return ok, message
+        return check_network_config(config)
+
+    def initialize(self, config: dict[str, Any]) -> bool:
+        config = legacy_gpu(config)  # a stored boolean gpu keeps working
+        if isinstance(config.get("network"), bool):  # before issue 14: a bool (true = a bridge)
+            config["network"] = "open" if config["network"] else "none"
+        return super().initialize(config)
 
     # -- host facts -------------------------------------------------------------------------
     @classmethod
@@ -182,7 +195,7 @@ class DockerProvider(AgentBackedProvider):
     def prepare(self) -> None:
         cfg = self.config
         if parse_bool(os.environ.get("SANDBOX_GPU_ENABLED", ""), "SANDBOX_GPU_ENABLED"):
-            cfg["gpu"] = True
+            cfg["gpu"] = "all"
         if parse_bool(os.environ.get("SANDBOX_GPU_NETWORK_ENABLED", ""), "SANDBOX_GPU_NETWORK_ENABLED"):
             cfg["gpu_network"] = True
         try:
@@ -206,8 +219,19 @@ class DockerProvider(AgentBackedProvider):
         self.runtime = wanted
         # Instance attribute shadows the class tier: the real tier of this configuration.
         self.isolation = Isolation.GVISOR if wanted == "runsc" else Isolation.CONTAINER
-        if self.network_enabled and wanted == "runsc":
-            self._notes.append("network requested but the runsc runtime runs with --network=none")
+        self.egress_cap = self._egress_policy()
+        if self.egress_cap.mode != "none" and wanted == "runsc":
+            if NET_RUNTIME not in runtimes:
+                raise ProviderUnavailableError(
+                    f"network {self.egress_cap.mode!r} under runsc needs the {NET_RUNTIME!r} Docker runtime "
+                    "(scripts/setup/test/45-runsc-net.sh registers it)", details={"provider": self.name})
+        self._check_box_seccomp(info)
+        host = cfg.get("docker_host") or os.environ.get("DOCKER_HOST", "")
+        self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=not host or host.startswith("unix:"),
+                                    dev_root=os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
+        if self._gpu.error is not None:  # no warm pool: its GPU containers could not start anyway
+            self._notes.append(f"{self._gpu.error}; sessions fail with SB002 until this is fixed")
+            cfg["pool_size"] = 0
         try:
             self.docker.images.get(cfg["image"])
         except Exception:  # noqa: BLE001
@@ -219,11 +243,37 @@ class DockerProvider(AgentBackedProvider):
         self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-warmer")
         self.remove_stale()
 
+    def _check_box_seccomp(self, info: dict[str, Any]) -> None:
+        """gVisor silently ignores the boxes' seccomp profile unless started with --oci-seccomp."""
+        runtimes = [self.runtime]
+        if self.runtime == "runsc" and self.network_enabled:
+            runtimes.append(NET_RUNTIME)  # the runtime egress boxes actually run under
+        for rt in runtimes:
+            if oci_seccomp.is_gvisor(rt) and not oci_seccomp.runsc_applies_seccomp(info, rt):
+                raise ProviderUnavailableError(
+                    f"runtime {rt!r} is registered without --oci-seccomp, so gVisor would ignore the boxes' "
+                    "seccomp profile; add it to the runtime's runtimeArgs in /etc/docker/daemon.json and send "
+                    "dockerd SIGHUP (scripts/setup/test/40-docker.sh and 45-runsc-net.sh do both)",
+                    details={"provider": self.name, "runtime": rt, "missing": "--oci-seccomp"})
+
+    def admit(self, tenant_id: str) -> None:
+        if self._gpu is not None:
+            self._gpu.admit(tenant_id, self.tenant_boxes(tenant_id))
+
     @property
     def network_enabled(self) -> bool:
-        if self.config.get("gpu"):
-            return bool(self.config.get("gpu_network"))
-        return bool(self.config.get("network"))
+        return self.egress_cap.mode != "none"
+
+    def _egress_policy(self) -> EgressPolicy:
+        """The provider's network policy; GPU containers stay offline unless gpu_network is set."""
+        c = self.config
+        policy = policy_from_config(c)
+        if parse_gpu(c.get("gpu")) is not None:
+            if not c.get("gpu_network"):
+                return EgressPolicy()
+            if policy.mode == "none":
+                return parse_policy("open")
+        return policy
 
     def warnings(self) -> list[str]:
         return list(self._notes)
@@ -231,8 +281,8 @@ class DockerProvider(AgentBackedProvider):
     def applied_limits(self) -> dict[str, Any]:
         c = self.config
         return {**super().applied_limits(), "max_memory": c.get("max_memory"), "cpus": c.get("cpus"),
-                "pids_limit": c.get("pids_limit"), "network": self.network_enabled, "runtime": self.runtime,
-                "gpu": bool(c.get("gpu")), "enforced_by": f"docker/{self.runtime}"}
+                "pids_limit": c.get("pids_limit"), "network": self.egress_cap.mode, "runtime": self.runtime,
+                "gpu": self._gpu.describe() if self._gpu else "off", "enforced_by": f"docker/{self.runtime}"}
 
     def pool_status(self) -> dict[str, Any] | None:
         status = super().pool_status()
@@ -261,9 +311,11 @@ class DockerProvider(AgentBackedProvider):
             agent_limits["nproc"] = pids
             pids = runsc_host_pids(pids)
         return ContainerSpec(
-            image=c["image"], runtime=self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
+            image=c["image"], runtime=NET_RUNTIME if self.runtime == "runsc" and self.network_enabled
+            else self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
             labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=pids,
-            network=self.network_enabled, gpu=bool(c.get("gpu")),
+            egress=self.egress_cap, gpu=bool(self._gpu and self._gpu.enabled),
+            gpu_ids=docker_device_ids(self._gpu) if self._gpu else None,
             volume=None if workspace else safe_name("execbox-ws", short), host_workspace=workspace,
             preload=c.get("preload") or "auto", agent_limits=agent_limits,
         )
@@ -371,6 +423,7 @@ class DockerProvider(AgentBackedProvider):
                         session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
         """A pooled container (waiting up to ``pool_wait`` s); a cold start only without a pool."""
         self._require_initialized()
+        self.admit(tenant_id)
         if self._pool is None or workspace is not None:
             instance_id = make_instance_id(tenant_id, session_id)
             try:
@@ -398,6 +451,7 @@ class DockerProvider(AgentBackedProvider):
 
     def _register(self, inst: Instance, keep_workspace: bool) -> SandboxInstance:
         inst.box.keep_workspace = keep_workspace
+        self._bind_egress(inst)
         with self._lock:
             self._instances[inst.instance_id] = inst
         return SandboxInstance(inst.instance_id, self.name, "running", self._instance_metadata(inst))
