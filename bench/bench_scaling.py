@@ -109,6 +109,8 @@ def table(title: str, results: list[tuple[int, int, float, float, int]], figures
         eff = speed / min(conc, cores)
         print(f"{conc:>4} {n:>5} {rate:>9.1f} {speed:>8.2f}x {eff:>8.0%} {cpu / n * 1000:>11.1f} {err:>4}")
         figures.append(f"figure: {title.split(':')[0]} c={conc} runs/s: {rate:.1f}")
+        print(figures[-1])
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -125,15 +127,15 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     p = JailProvider()
     p.initialize({**CONFIG, "pool_size": args.pool})
-    try:
+    figures: list[str] = []
+    try:  # each table is printed as soon as it is measured, so a run cut short still reports
         sess = [(c, args.n, *session_runs(p, args.n, c)) for c in concs]
+        table("jail session print(1): scaling", sess, figures)
         shots = [(c, args.oneshot_n, *oneshots(p, args.oneshot_n, c)) for c in concs]
+        table("jail sustained one-shot: create+run+destroy, pool drained: scaling", shots, figures)
     finally:
         p.shutdown()
-    figures: list[str] = []
-    table("jail session print(1): scaling", sess, figures)
-    table("jail sustained one-shot: create+run+destroy, pool drained: scaling", shots, figures)
-    print("\n" + "\n".join(figures))
+    print(flush=True)
     cores = os.cpu_count() or 1
     print(f"\nhost: {cores} cpus, load {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
     if cores < 16:

@@ -69,9 +69,16 @@ def main() -> None:
     figures: dict[str, float] = {}
     start = time.monotonic()
     load0 = os.getloadavg()
-    for script, argv, share in SCRIPTS:
+    listed = {s for s, _, _ in SCRIPTS}
+    others = sorted(f for f in os.listdir(HERE) if f.startswith("bench_") and f.endswith(".py") and f not in listed)
+    # the other benches (local, remote, http extras, other providers) share what is left, 60 s each at most
+    plan = SCRIPTS + [(f, [], 60.0 / args.budget) for f in others]
+    for script, argv, share in plan:
         left = args.budget - (time.monotonic() - start)
-        limit = max(10.0, min(left, args.budget * share * 1.5))
+        if left < 10.0:
+            print(f"\n== {script}: skipped, the {args.budget:.0f} s budget is spent")
+            continue
+        limit = min(left, args.budget * share * 1.5)
         print(f"\n== {script} {' '.join(argv)} (limit {limit:.0f} s)", flush=True)
         try:
             proc = subprocess.run([py, os.path.join(HERE, script), *argv], capture_output=True, text=True,
