@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -61,6 +62,28 @@ def collect(out: str, figures: dict[str, float]) -> None:
         figures["ratio:plot"] = warm / floor
 
 
+def run_script(argv: list[str], limit: float) -> str:
+    """Run one bench, echo and return its stdout. At its limit it gets SIGINT first, so its
+    ``finally`` blocks shut providers down (no boxes or containers left), then SIGKILL."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        sys.stdout.write(out)
+        print(f"!! {os.path.basename(argv[1])} stopped at its {limit:.0f} s limit")
+        return out
+    sys.stdout.write(out)
+    if proc.returncode != 0:
+        print(f"!! {os.path.basename(argv[1])} exited {proc.returncode}: {err[-800:]}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=900.0, help="seconds for all scripts together")
@@ -80,17 +103,7 @@ def main() -> None:
             continue
         limit = min(left, args.budget * share * 1.5)
         print(f"\n== {script} {' '.join(argv)} (limit {limit:.0f} s)", flush=True)
-        try:
-            proc = subprocess.run([py, os.path.join(HERE, script), *argv], capture_output=True, text=True,
-                                  timeout=limit)
-            out = proc.stdout
-            sys.stdout.write(out)
-            if proc.returncode != 0:
-                print(f"!! {script} exited {proc.returncode}: {proc.stderr[-800:]}")
-        except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            sys.stdout.write(out)
-            print(f"!! {script} stopped at its {limit:.0f} s limit")
+        out = run_script([py, os.path.join(HERE, script), *argv], limit)
         collect(out, figures)
     print("\nissue #21 targets (measured above, same run)")
     print(f"{'target':<40} {'figure':>10} {'target':>10}  result")

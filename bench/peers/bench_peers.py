@@ -68,6 +68,16 @@ def peer_image(base: str) -> str:
     return PEER_TAG
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
 # ---- raw docker-py baseline ---------------------------------------------------------------------
 def docker_py_rows(image: str, n: int, oneshot_n: int) -> list[Row]:
     import docker
@@ -78,8 +88,12 @@ def docker_py_rows(image: str, n: int, oneshot_n: int) -> list[Row]:
         client.images.get(image)
     except docker.errors.ImageNotFound:
         return skipped(name, f"image {image} not built locally (make install builds it)")
+    label = {"execbox-bench-peer": str(os.getpid())}
+    for old in client.containers.list(all=True, filters={"label": "execbox-bench-peer"}):
+        if not _alive(int(old.labels.get("execbox-bench-peer", "0") or 0)):
+            old.remove(force=True)  # left by a bench run that was killed
     c = client.containers.run(image, ["sleep", "infinity"], detach=True, network_disabled=True,
-                              entrypoint=[], name=f"execbox-bench-peer-{os.getpid()}", auto_remove=False)
+                              entrypoint=[], labels=label, auto_remove=False)
     try:
         def run_in(cont) -> None:
             res = cont.exec_run(["python3", "-c", PRINT1])
@@ -92,7 +106,7 @@ def docker_py_rows(image: str, n: int, oneshot_n: int) -> list[Row]:
 
     def oneshot() -> None:
         cont = client.containers.run(image, ["sleep", "infinity"], detach=True, network_disabled=True,
-                                     entrypoint=[])
+                                     entrypoint=[], labels=label)
         try:
             run_in(cont)
         finally:
