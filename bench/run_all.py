@@ -2,7 +2,7 @@
 figure measured for it, marking misses. Figures are read back from the scripts' own tables, so a
 script's output stays the single source; a target whose row is missing is shown as "not measured".
 
-    .venv/bin/python bench/run_all.py [--budget 900] [--quick]
+    .venv/bin/python bench/run_all.py [--budget 840] [--quick]
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def run_script(argv: list[str], limit: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=900.0, help="seconds for all scripts together")
+    ap.add_argument("--budget", type=float, default=840.0, help="seconds for all scripts together")
     args = ap.parse_args()
     py = sys.executable
     figures: dict[str, float] = {}
