@@ -2,7 +2,7 @@
 figure measured for it, marking misses. Figures are read back from the scripts' own tables, so a
 script's output stays the single source; a target whose row is missing is shown as "not measured".
 
-    .venv/bin/python bench/run_all.py [--budget 840] [--quick]
+    .venv/bin/python bench/run_all.py [--budget 840]
 """
 
 from __future__ import annotations
