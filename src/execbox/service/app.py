@@ -90,7 +90,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     workspaces = settings.resolve_workspaces_dir(settings.data_dir or str(store.data_dir))
 
     metrics = ServiceMetrics()
-    sessions = SessionManager(providers, settings, workspaces, metrics)
+    sessions = SessionManager(providers, settings, workspaces, metrics,
+                              registry=getattr(store, "sessions", None))
     metrics.bind_live(sessions.count, lambda: _pool_statuses(providers))
     audit = AuditWriter(store)
     executor = Executor(sessions, metrics, OperationLog(audit, settings.audit_code))
