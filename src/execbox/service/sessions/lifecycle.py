@@ -114,6 +114,9 @@ class LifecycleMixin:
         check_name(tenant_id, "tenant_id")
         check_name(session_id, "session_id")
         self._refuse_if_draining()
+        if self.get(tenant_id, session_id) is None and self.registry.get(tenant_id, session_id) is None:
+            raise SessionNotFoundError(f"no session {tenant_id}/{session_id}",
+                                       details={"tenant_id": tenant_id, "session_id": session_id})
         with self._held(tenant_id, session_id) as s:
             self._pause_locked(s)
             return s.to_dict(self.replica)
