@@ -93,7 +93,7 @@ class LifecycleMixin:
         orphans = getattr(self._current_or_none(), "remove_orphans", None)
         if orphans is not None:
             try:
-                orphans(self._box_ids())
+                orphans(self._box_ids(), self.workspaces_root)
             except Exception:  # noqa: BLE001
                 log.exception("removing orphan boxes failed")
         return adopted

@@ -284,7 +284,7 @@ class SessionManager(LifecycleMixin):
         else:
             s.workspace = None
         if self.registry.persistent and accepts(prov, "labels"):
-            kwargs["labels"] = {"execbox.registry": "1", "execbox.replica": self.replica}
+            kwargs["labels"] = {"execbox.registry": self.workspaces_root, "execbox.replica": self.replica}
         try:
             inst = prov.create_instance(template=template, **kwargs)
         except BaseException:
