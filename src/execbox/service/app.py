@@ -120,6 +120,9 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     app.state.audit = audit
     app.state.executor = executor
     install_error_handlers(app)
+    from .forwarding import ForwardToOwner
+
+    app.add_middleware(ForwardToOwner, replica=sessions.replica)  # inside BodyLimit: bodies are bounded
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     from .routes import health, sandbox

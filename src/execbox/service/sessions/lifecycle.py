@@ -208,7 +208,24 @@ class LifecycleMixin:
         """Renew this replica's leases and flush last-used times (one short transaction)."""
         with self._lock:
             dirty, self._dirty = self._dirty, {}
-        self.registry.heartbeat(self.replica, self.settings.lease_ttl, dirty, self.settings.replica_url or None)
+        owned = self.registry.heartbeat(self.replica, self.settings.lease_ttl, dirty,
+                                        self.settings.replica_url or None)
+        if not self.registry.persistent:
+            return
+        with self._lock:  # taken over while this replica could not renew its lease: let go
+            lost = [s for k, s in self._sessions.items() if k not in owned and s.busy == 0 and s.state != "creating"]
+            for s in lost:
+                del self._sessions[(s.tenant_id, s.session_id)]
+                s.closed = True
+        for s in lost:
+            log.warning("session %s/%s is owned by another replica now; stopping its box here",
+                        s.tenant_id, s.session_id)
+            with s.lock:
+                detach = getattr(s.provider, "detach_instance", None)
+                if s.provider is not None and s.instance_id is not None:
+                    if detach is None or not detach(s.instance_id):  # a container stays for its new owner
+                        self._destroy_instance(s.provider, s.instance_id)
+                    s.instance_id = None
 
     def start(self: SessionManager) -> None:
         if self._threads:

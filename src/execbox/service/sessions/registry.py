@@ -97,7 +97,9 @@ class SessionRegistry(Protocol):
         ...
 
     def heartbeat(self, owner: str, lease_ttl: float, last_used: dict[tuple[str, str], float],
-                  url: str | None = None) -> None: ...
+                  url: str | None = None) -> set[tuple[str, str]]:
+        """Renew ``owner``'s leases, store last-used times; return the keys it still owns."""
+        ...
 
     def expired(self, now: float) -> list[SessionRecord]: ...
 
@@ -169,13 +171,14 @@ class MemoryRegistry:
         return []  # nothing outlives the process
 
     def heartbeat(self, owner: str, lease_ttl: float, last_used: dict[tuple[str, str], float],
-                  url: str | None = None) -> None:
+                  url: str | None = None) -> set[tuple[str, str]]:
         now = time.time()
         with self._lock:
             for key, row in list(self._rows.items()):
                 if row.owner == owner:
                     self._rows[key] = replace(row, lease_expires=now + lease_ttl,
                                               last_used=last_used.get(key, row.last_used))
+            return {k for k, r in self._rows.items() if r.owner == owner}
 
     def expired(self, now: float) -> list[SessionRecord]:
         with self._lock:

@@ -145,7 +145,7 @@ class SqlSessionRegistry:
             return [_record(r) for r in rows]
 
     def heartbeat(self, owner: str, lease_ttl: float, last_used: dict[tuple[str, str], float],
-                  url: str | None = None) -> None:
+                  url: str | None = None) -> set[tuple[str, str]]:
         now = time.time()
         with self._sessions.begin() as s:
             s.execute(update(SessionRow).where(SessionRow.owner == owner, SessionRow.state.in_(HELD))
@@ -159,6 +159,8 @@ class SqlSessionRegistry:
                 s.add(Replica(id=owner, url=url, started_at=now, heartbeat=now))
             else:
                 rep.heartbeat, rep.url = now, url if url is not None else rep.url
+            return {(t, i) for t, i in s.execute(select(SessionRow.tenant_id, SessionRow.session_id)
+                                                 .where(SessionRow.owner == owner))}
 
     def expired(self, now: float) -> list[SessionRecord]:
         with self._sessions() as s:
