@@ -58,3 +58,37 @@ def test_expired_paused_sessions_are_deleted_and_idle_ones_paused(service_factor
     assert _wait(lambda: svc.store.sessions.get("tenant-a", "idle") is None, 8)  # retention ran out
     assert _wait(lambda: not os.path.exists(ws), 5)
     assert svc.app.state.sessions.get("tenant-a", "idle") is None
+
+
+def test_sdk_and_cli_show_and_change_session_state(service_factory) -> None:
+    import json
+    import subprocess
+
+    from execbox.client import RemoteSandbox
+
+    from .test_serve_cli import EXECBOX
+
+    svc: Service = service_factory()
+    token = svc.a.headers["authorization"].split()[1]
+    with RemoteSandbox(svc.url, token, session_id="sdk") as sb:
+        assert sb.run_code("print(1)").stdout == "1\n"
+        assert sb.info()["state"] == "running" and sb.info()["owner"]
+        assert sb.pause()["state"] == "paused"
+        env = {**os.environ, "EXECBOX_DATA_DIR": str(svc.store.data_dir), "EXECBOX_URL": svc.url,
+               "EXECBOX_TOKEN": token}
+        out = subprocess.run([EXECBOX, "session", "ls", "--json"], env=env, capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        (row,) = json.loads(out)
+        assert row["session_id"] == "sdk" and row["state"] == "paused" and row["expires_at"] > time.time()
+        done = subprocess.run([EXECBOX, "session", "resume", "tenant-a", "sdk"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0 and "resumed tenant-a/sdk" in done.stdout, done.stderr
+        assert sb.info()["state"] == "running"
+        refused = subprocess.run([EXECBOX, "session", "rm", "tenant-a", "sdk"], env=env, capture_output=True,
+                                 text=True, timeout=60)
+        assert refused.returncode != 0  # rm needs an admin token
+        env["EXECBOX_TOKEN"] = svc.admin
+        done = subprocess.run([EXECBOX, "session", "rm", "tenant-a", "sdk"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert svc.store.sessions.get("tenant-a", "sdk") is None
