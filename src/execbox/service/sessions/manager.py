@@ -156,17 +156,15 @@ class SessionManager(LifecycleMixin):
         self._dirty[(s.tenant_id, s.session_id)] = s.last_used_wall
 
     def _load(self, tenant_id: str, session_id: str) -> Session:
-        rec = self.registry.get(tenant_id, session_id)
-        if rec is None:
-            rec, created = self.registry.create(
-                tenant_id, session_id, provider=None, runtime=None, owner=self.replica,
-                lease_ttl=self.settings.lease_ttl, tenant_limit=self.settings.tenant_max_sessions,
-                global_limit=self.settings.max_sessions)
-            if not created:  # another replica created it between our read and our insert
-                return self._from_record(rec)
-            return Session(tenant_id, session_id, self.workspace_path(tenant_id, session_id),
-                           created_at=rec.created_at)
-        return self._from_record(rec)
+        """One registry transaction: create the row (quotas counted), or get the existing one."""
+        rec, created = self.registry.create(
+            tenant_id, session_id, provider=None, runtime=None, owner=self.replica,
+            lease_ttl=self.settings.lease_ttl, tenant_limit=self.settings.tenant_max_sessions,
+            global_limit=self.settings.max_sessions)
+        if not created:  # ours after a restart, a dead replica's, or a live replica's
+            return self._from_record(rec)
+        return Session(tenant_id, session_id, self.workspace_path(tenant_id, session_id),
+                       created_at=rec.created_at)
 
     def _from_record(self, rec: SessionRecord) -> Session:
         """Take over an existing row: ours after a restart, or a dead replica's."""

@@ -84,7 +84,7 @@ class SessionRegistry(Protocol):
         exists (created=False)."""
         ...
 
-    def update(self, tenant_id: str, session_id: str, **fields: Any) -> SessionRecord | None: ...
+    def update(self, tenant_id: str, session_id: str, **fields: Any) -> bool: ...
 
     def claim(self, tenant_id: str, session_id: str, owner: str, lease_ttl: float) -> SessionRecord | None:
         """Make ``owner`` the owner if the row is free (no owner, own, or lease expired)."""
@@ -144,14 +144,13 @@ class MemoryRegistry:
             self._rows[(tenant_id, session_id)] = row
             return row, True
 
-    def update(self, tenant_id: str, session_id: str, **fields: Any) -> SessionRecord | None:
+    def update(self, tenant_id: str, session_id: str, **fields: Any) -> bool:
         with self._lock:
             row = self._rows.get((tenant_id, session_id))
             if row is None:
-                return None
-            row = replace(row, **fields)
-            self._rows[(tenant_id, session_id)] = row
-            return row
+                return False
+            self._rows[(tenant_id, session_id)] = replace(row, **fields)
+            return True
 
     def claim(self, tenant_id: str, session_id: str, owner: str, lease_ttl: float) -> SessionRecord | None:
         now = time.time()

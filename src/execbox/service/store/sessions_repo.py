@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, text, update
+from sqlalchemy import case, delete, func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -41,7 +41,8 @@ class SqlSessionRegistry:
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
-        self._dialect = sessions.kw["bind"].dialect.name
+        self._engine = sessions.kw["bind"]
+        self._dialect = self._engine.dialect.name
 
     def _serialise_creates(self, s: Session) -> None:
         if self._dialect == "postgresql":
@@ -77,10 +78,11 @@ class SqlSessionRegistry:
                                                             SessionRow.session_id == session_id))
                     if row is not None:
                         return _record(row), False
-                    held = s.scalar(select(func.count()).select_from(SessionRow).where(
-                        SessionRow.tenant_id == tenant_id, SessionRow.state.in_(HELD))) or 0
-                    active = s.scalar(select(func.count()).select_from(SessionRow).where(
-                        SessionRow.state.in_(ACTIVE))) or 0
+                    held, active = s.execute(select(  # one round trip for both counts
+                        func.coalesce(func.sum(case(((SessionRow.tenant_id == tenant_id)
+                                                     & SessionRow.state.in_(HELD), 1), else_=0)), 0),
+                        func.coalesce(func.sum(case((SessionRow.state.in_(ACTIVE), 1), else_=0)), 0),
+                    )).one()
                     err = quota_error(tenant_id, int(held), int(active), tenant_limit, global_limit)
                     if err is not None:
                         raise err
@@ -98,18 +100,13 @@ class SqlSessionRegistry:
         assert existing is not None
         return existing, False
 
-    def update(self, tenant_id: str, session_id: str, **fields: Any) -> SessionRecord | None:
+    def update(self, tenant_id: str, session_id: str, **fields: Any) -> bool:
+        """One UPDATE statement (no read first: this is on the session-create path)."""
         values = {k: (json.dumps(v, sort_keys=True) if k in _JSON_FIELDS else v) for k, v in fields.items()}
-        with self._sessions.begin() as s:
-            self._lock_rows(s)
-            row = s.scalar(select(SessionRow).where(SessionRow.tenant_id == tenant_id,
-                                                    SessionRow.session_id == session_id).with_for_update())
-            if row is None:
-                return None
-            for k, v in values.items():
-                setattr(row, k, v)
-            s.flush()
-            return _record(row)
+        with self._engine.begin() as conn:
+            res = conn.execute(update(SessionRow).where(SessionRow.tenant_id == tenant_id,
+                                                        SessionRow.session_id == session_id).values(**values))
+            return bool(res.rowcount)
 
     def claim(self, tenant_id: str, session_id: str, owner: str, lease_ttl: float) -> SessionRecord | None:
         now = time.time()
@@ -126,7 +123,7 @@ class SqlSessionRegistry:
             return _record(row)
 
     def delete(self, tenant_id: str, session_id: str) -> bool:
-        with self._sessions.begin() as s:
+        with self._engine.begin() as s:
             res = s.execute(delete(SessionRow).where(SessionRow.tenant_id == tenant_id,
                                                      SessionRow.session_id == session_id))
             return bool(res.rowcount)
