@@ -20,7 +20,7 @@ from ._store_cli import fail, store_from_cli
 
 session_app = typer.Typer(help="List, pause, resume and remove sessions.", no_args_is_help=True)
 
-URL = typer.Option("http://127.0.0.1:8000", "--url", envvar="EXECBOX_URL", help="The service's base URL.")
+URL = typer.Option("http://127.0.0.1:8080", "--url", envvar="EXECBOX_URL", help="The service's base URL.")
 TOKEN = typer.Option(..., "--token", envvar="EXECBOX_TOKEN",
                      help="API token (the session's tenant, or admin; rm needs admin).")
 
