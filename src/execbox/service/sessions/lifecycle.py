@@ -85,8 +85,9 @@ class LifecycleMixin:
                 with self._lock:
                     self._sessions.setdefault(key, s)
                 adopted.append(key)
-        known = {(r.tenant_id, r.session_id) for r in self.registry.list()}
-        for tenant, session, path in workspace_dirs(self.workspaces_root):
+        on_disk = workspace_dirs(self.workspaces_root)  # before reading the rows: a row always
+        known = {(r.tenant_id, r.session_id) for r in self.registry.list()}  # precedes its directory
+        for tenant, session, path in on_disk:
             if (tenant, session) not in known:
                 log.info("removing workspace %s: no session in the registry", path)
                 remove_workspace(path)
