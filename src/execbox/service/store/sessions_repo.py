@@ -43,6 +43,8 @@ class SqlSessionRegistry:
         self._sessions = sessions
         self._engine = sessions.kw["bind"]
         self._dialect = self._engine.dialect.name
+        # Single-statement writes need no BEGIN/COMMIT round trips: the statement is the transaction.
+        self._auto = self._engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def _serialise_creates(self, s: Session) -> None:
         if self._dialect == "postgresql":
@@ -74,15 +76,17 @@ class SqlSessionRegistry:
             try:
                 with self._sessions.begin() as s:
                     self._serialise_creates(s)
-                    row = s.scalar(select(SessionRow).where(SessionRow.tenant_id == tenant_id,
-                                                            SessionRow.session_id == session_id))
-                    if row is not None:
-                        return _record(row), False
-                    held, active = s.execute(select(  # one round trip for both counts
+                    mine = (SessionRow.tenant_id == tenant_id) & (SessionRow.session_id == session_id)
+                    exists, held, active = s.execute(select(  # one round trip: the row and both counts
+                        func.coalesce(func.sum(case((mine, 1), else_=0)), 0),
                         func.coalesce(func.sum(case(((SessionRow.tenant_id == tenant_id)
                                                      & SessionRow.state.in_(HELD), 1), else_=0)), 0),
                         func.coalesce(func.sum(case((SessionRow.state.in_(ACTIVE), 1), else_=0)), 0),
                     )).one()
+                    if exists:
+                        row = s.scalar(select(SessionRow).where(mine))
+                        assert row is not None
+                        return _record(row), False
                     err = quota_error(tenant_id, int(held), int(active), tenant_limit, global_limit)
                     if err is not None:
                         raise err
@@ -103,7 +107,7 @@ class SqlSessionRegistry:
     def update(self, tenant_id: str, session_id: str, **fields: Any) -> bool:
         """One UPDATE statement (no read first: this is on the session-create path)."""
         values = {k: (json.dumps(v, sort_keys=True) if k in _JSON_FIELDS else v) for k, v in fields.items()}
-        with self._engine.begin() as conn:
+        with self._auto.connect() as conn:
             res = conn.execute(update(SessionRow).where(SessionRow.tenant_id == tenant_id,
                                                         SessionRow.session_id == session_id).values(**values))
             return bool(res.rowcount)
@@ -123,7 +127,7 @@ class SqlSessionRegistry:
             return _record(row)
 
     def delete(self, tenant_id: str, session_id: str) -> bool:
-        with self._engine.begin() as s:
+        with self._auto.connect() as s:
             res = s.execute(delete(SessionRow).where(SessionRow.tenant_id == tenant_id,
                                                      SessionRow.session_id == session_id))
             return bool(res.rowcount)
