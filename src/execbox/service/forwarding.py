@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import httpx
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_response
@@ -63,7 +64,13 @@ class ForwardToOwner:
             return
         chunks: list[bytes] = []
         while True:
-            msg = await receive()
+            try:
+                msg = await receive()
+            except StarletteHTTPException as e:  # BodyLimit: the streamed body is over the limit
+                resp = error_response("SB002", str(e.detail), e.status_code, {"path": scope["path"]},
+                                      {"Connection": "close"})
+                await resp(scope, receive, send)
+                return
             if msg["type"] == "http.disconnect":
                 return
             chunks.append(msg.get("body", b""))

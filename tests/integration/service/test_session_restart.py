@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 
 import httpx
 
@@ -111,14 +112,19 @@ def test_sigterm_during_ten_runs_lets_them_finish_and_sessions_survive(jail_prov
         def run(i: int) -> None:
             try:
                 results[i] = httpx.post(f"{url}/v1/sandbox/execute", headers=auth, timeout=60, json={
-                    "session_id": f"d{i}", "code": "import time\ntime.sleep(1.5)\nprint(open('n').read())"})
+                    "session_id": f"d{i}",
+                    "code": "open('started', 'w').close()\nimport time\ntime.sleep(1.5)\nprint(open('n').read())"})
             except Exception as e:  # noqa: BLE001 - a refused connection is a valid outcome
                 results[i] = e
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
         for t in threads:
             t.start()
-        threading.Event().wait(0.7)
+        started = [os.path.join(base, "ws", "t1", f"d{i}", "started") for i in range(10)]
+        deadline = time.monotonic() + 30
+        while not all(map(os.path.exists, started)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # SIGTERM once all ten runs are executing in their boxes
+        assert all(map(os.path.exists, started))
     finally:
         _term(proc)
     for t in threads:
