@@ -92,3 +92,16 @@ def test_sdk_and_cli_show_and_change_session_state(service_factory) -> None:
                               text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert svc.store.sessions.get("tenant-a", "sdk") is None
+
+
+def test_a_draining_replica_refuses_new_work_with_sb009(service_factory) -> None:
+    svc: Service = service_factory()
+    assert svc.a.post("/v1/sandbox/execute", json={"session_id": "dr", "code": "print(1)"}).status_code == 200
+    svc.app.state.sessions._draining = True  # what shutdown() sets first on SIGTERM
+    try:
+        for body in ({"session_id": "dr", "code": "print(1)"}, {"code": "print(1)"}):
+            r = svc.a.post("/v1/sandbox/execute", json=body)
+            assert r.status_code == 503 and error_of(r)["code"] == "SB009"
+            assert error_of(r)["details"]["reason"] == "draining"
+    finally:
+        svc.app.state.sessions._draining = False
