@@ -17,8 +17,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..sessions.registry import ACTIVE, HELD, SessionRecord, new_id, quota_error
-from .models import Replica, SessionRow
-from .repos import _lock_for_write
+from .models import Replica, SessionRow, SystemSetting
+from .repos import LOCK_ROW, _lock_for_write
 
 CREATE_LOCK = 0x65786273  # "exbs": advisory lock key serialising session creates (quota counts)
 
@@ -46,12 +46,6 @@ class SqlSessionRegistry:
         # Single-statement writes need no BEGIN/COMMIT round trips: the statement is the transaction.
         self._auto = self._engine.execution_options(isolation_level="AUTOCOMMIT")
 
-    def _serialise_creates(self, s: Session) -> None:
-        if self._dialect == "postgresql":
-            s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CREATE_LOCK})
-        else:
-            _lock_for_write(s)
-
     def _lock_rows(self, s: Session) -> None:
         """SQLite has no row locks: take its database write lock first (a no-op elsewhere)."""
         if self._dialect == "sqlite":
@@ -72,36 +66,45 @@ class SqlSessionRegistry:
 
     def create(self, tenant_id: str, session_id: str, *, provider: str | None, runtime: str | None,
                owner: str, lease_ttl: float, tenant_limit: int, global_limit: int) -> tuple[SessionRecord, bool]:
+        """Core statements in one transaction (no ORM unit of work: this is on the create path):
+        the create lock, one query for the existing row and both quota counts, the insert."""
+        t = SessionRow.__table__
+        mine = (t.c.tenant_id == tenant_id) & (t.c.session_id == session_id)
         for _ in range(2):
             try:
-                with self._sessions.begin() as s:
-                    self._serialise_creates(s)
-                    mine = (SessionRow.tenant_id == tenant_id) & (SessionRow.session_id == session_id)
-                    exists, held, active = s.execute(select(  # one round trip: the row and both counts
+                with self._engine.begin() as conn:
+                    if self._dialect == "postgresql":
+                        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CREATE_LOCK})
+                    else:
+                        conn.execute(update(SystemSetting).where(SystemSetting.name == LOCK_ROW)
+                                     .values(source="lock"))
+                    exists, held, active = conn.execute(select(  # one round trip: the row and both counts
                         func.coalesce(func.sum(case((mine, 1), else_=0)), 0),
-                        func.coalesce(func.sum(case(((SessionRow.tenant_id == tenant_id)
-                                                     & SessionRow.state.in_(HELD), 1), else_=0)), 0),
-                        func.coalesce(func.sum(case((SessionRow.state.in_(ACTIVE), 1), else_=0)), 0),
+                        func.coalesce(func.sum(case(((t.c.tenant_id == tenant_id) & t.c.state.in_(HELD), 1),
+                                                    else_=0)), 0),
+                        func.coalesce(func.sum(case((t.c.state.in_(ACTIVE), 1), else_=0)), 0),
                     )).one()
-                    if exists:
-                        row = s.scalar(select(SessionRow).where(mine))
-                        assert row is not None
-                        return _record(row), False
-                    err = quota_error(tenant_id, int(held), int(active), tenant_limit, global_limit)
-                    if err is not None:
-                        raise err
-                    now = time.time()
-                    row = SessionRow(id=new_id(), tenant_id=tenant_id, session_id=session_id, provider=provider,
-                                     box_handle="{}", runtime=runtime, network_policy="{}", state="creating",
-                                     owner=owner, lease_expires=now + lease_ttl, contexts_lost=False,
-                                     created_at=now, last_used=now, expires_at=None)
-                    s.add(row)
-                    s.flush()
-                    return _record(row), True
+                    if not exists:
+                        err = quota_error(tenant_id, int(held), int(active), tenant_limit, global_limit)
+                        if err is not None:
+                            raise err
+                        now = time.time()
+                        values = {"id": new_id(), "tenant_id": tenant_id, "session_id": session_id,
+                                  "provider": provider, "box_handle": "{}", "runtime": runtime,
+                                  "network_policy": "{}", "state": "creating", "owner": owner,
+                                  "lease_expires": now + lease_ttl, "contexts_lost": False, "created_at": now,
+                                  "last_used": now, "expires_at": None}
+                        conn.execute(t.insert().values(**values))
+                        return SessionRecord(values["id"], tenant_id, session_id, "creating", provider=provider,
+                                             runtime=runtime, owner=owner, lease_expires=values["lease_expires"],
+                                             created_at=now, last_used=now), True
             except IntegrityError:  # a create that did not take the lock (should not happen): reread
                 continue
+            break
         existing = self.get(tenant_id, session_id)
-        assert existing is not None
+        if existing is None:  # deleted between our transaction and this read: try once more
+            return self.create(tenant_id, session_id, provider=provider, runtime=runtime, owner=owner,
+                               lease_ttl=lease_ttl, tenant_limit=tenant_limit, global_limit=global_limit)
         return existing, False
 
     def update(self, tenant_id: str, session_id: str, **fields: Any) -> bool:
