@@ -1,8 +1,9 @@
 """Session management: the manager, its registry contract and the workspace helpers.
 
-``manager`` (find/create/use a session), ``lifecycle`` (restart, drain, pause/resume, expiry,
-heartbeat), ``registry`` (the record, the contract, the in-memory registry; the SQL one is in
-``store/sessions_repo.py``), ``limits`` (per-tenant counters), ``workspace`` (names, dirs).
+``manager`` (find/create/use a session), ``admin`` (list, info, destroy), ``lifecycle``
+(restart, drain, pause/resume, expiry, heartbeat), ``registry`` (the record, the contract, the
+in-memory registry; the SQL one is in ``store/sessions_repo.py``), ``limits`` (per-tenant
+counters), ``workspace`` (names, dirs).
 """
 
 from __future__ import annotations
