@@ -74,6 +74,8 @@ class Session:
     yet reported to the caller; its files are intact."""
     expires_at: float | None = None
     last_used_wall: float = field(default_factory=time.time)
+    network: dict[str, Any] | None = None
+    """The session's network policy (issue 14 fills it; the registry keeps it as network_policy)."""
 
     def to_dict(self, owner: str | None = None) -> dict[str, Any]:
         return {
@@ -290,6 +292,7 @@ class SessionManager(AdminMixin, LifecycleMixin):
             raise
         s.provider, s.instance_id = prov, inst.instance_id
         s.boxes_started += 1
+        self._on_box_started(prov, s)
         s.state = "running"
         handle = {"instance_id": inst.instance_id, "workspace": s.workspace}
         container = (inst.metadata or {}).get("container_id") or (inst.metadata or {}).get("container")
@@ -298,6 +301,12 @@ class SessionManager(AdminMixin, LifecycleMixin):
         self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=template,
                              box_handle=handle, contexts_lost=s.contexts_lost, expires_at=None,
                              owner=self.replica, lease_expires=time.time() + self.settings.lease_ttl)
+
+    def _on_box_started(self, prov: SandboxProvider, s: Session) -> None:
+        """Extension point run after every session box start (issue 14 applies egress policy here)."""
+
+    def _on_oneshot_started(self, prov: SandboxProvider, tenant_id: str, instance_id: str) -> None:
+        """Extension point run after a one-shot box starts (issue 14 applies the tenant's cap here)."""
 
     def _make_workspace(self, s: Session) -> None:
         with self._lock:
@@ -351,6 +360,7 @@ class SessionManager(AdminMixin, LifecycleMixin):
             with self._lock:
                 self._oneshots[inst.instance_id] = prov
             try:
+                self._on_oneshot_started(prov, tenant_id, inst.instance_id)
                 yield prov, inst.instance_id
             finally:
                 with self._lock:
