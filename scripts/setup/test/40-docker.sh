@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Docker + gVisor for the docker provider's tests and bench: installs Debian's docker.io and runsc,
-# registers runsc as a Docker runtime (ptrace platform, no network: what works in our VMs),
+# registers runsc as a Docker runtime (ptrace platform, no network: what works in our VMs;
+# --oci-seccomp so gVisor applies the boxes' seccomp profile, which it ignores otherwise),
 # starts dockerd in the background when nothing answers (no systemd here) and waits for it.
 # Idempotent and quick when everything is already in place.
 source "$(dirname "$0")/../lib.sh"
@@ -18,7 +19,7 @@ if os.path.exists(path):
     with open(path) as fh:
         text = fh.read().strip()
     cfg = json.loads(text) if text else {}
-want = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none"]}
+want = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none", "--oci-seccomp"]}
 runtimes = cfg.setdefault("runtimes", {})
 if runtimes.get("runsc") == want:
     print("no")

@@ -36,14 +36,14 @@ def _syntax(path: str, field: str) -> str:
     try:
         return paths.check_syntax(path)
     except paths.PathViolation as e:
-        raise FileOpError(str(e), field=field, path=e.path) from None
+        raise FileOpError(str(e), field=field, path=e.path, violation=e.reason) from None
 
 
 def _resolve(ws: str, path: str, must_exist: bool = False) -> str:
     try:
         return paths.resolve(ws, path, must_exist=must_exist)
     except paths.PathViolation as e:
-        raise FileOpError(str(e), field="path", path=e.path) from None
+        raise FileOpError(str(e), field="path", path=e.path, violation=e.reason) from None
     except FileNotFoundError:
         raise FileOpError(f"no such file: {path!r}", status=404, path=path) from None
 

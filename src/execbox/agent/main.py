@@ -24,7 +24,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import contexts, executor, fileops, paths, procs, protocol, runners
+from . import contexts, executor, fileops, paths, privsep, procs, protocol, runners
 
 AGENT_VERSION = "1"
 LANGS = ("python", "javascript", "bash")
@@ -125,7 +125,8 @@ class Agent:
             "event": "ready", "version": AGENT_VERSION, "protocol": protocol.PROTOCOL_VERSION,
             "pid": os.getpid(), "uid": os.getuid(), "python": sys.version.split()[0],
             "languages": self.languages(), "preloaded": self.preloaded, "workspace": self.ws,
-            "subreaper": self.subreaper, "startup_ms": round((time.monotonic() - self.t0) * 1000, 1),
+            "subreaper": self.subreaper, "privsep": privsep.mode(),
+            "startup_ms": round((time.monotonic() - self.t0) * 1000, 1),
         })
         self.make_spare()
         while True:
@@ -173,6 +174,7 @@ class Agent:
     # -- children ---------------------------------------------------------------------------
     def child_prepare(self) -> None:
         """First thing in every forked child: forget the protocol and the agent's signals."""
+        privsep.drop_user_code()  # the sandbox uid, no capabilities, before anything else runs
         procs.set_dumpable(True)  # an ordinary process again (its own /proc entries readable)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
@@ -217,7 +219,7 @@ class Agent:
         try:
             cwd = paths.resolve(self.ws, req.get("cwd") or ".")
         except paths.PathViolation as e:
-            raise RequestError(str(e), field="cwd") from None
+            raise RequestError(str(e), field="cwd", violation=e.reason) from None
         if not os.path.isdir(cwd):
             raise RequestError(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
         return {"language": lang, "code": code, "arguments": args, "timeout": float(timeout),
@@ -567,7 +569,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--preload", default="auto", help="'auto', 'none' or comma-separated modules")
     parser.add_argument("--limits", default="{}", help="JSON rlimits applied to every child")
+    parser.add_argument("--run-as", default="", help="UID:GID for user code when started as root")
     ns = parser.parse_args(argv)
+    privsep.enter_agent(privsep.parse_run_as(ns.run_as))
     if ns.preload == "auto":
         preload = list(AUTO_PRELOAD)
     elif ns.preload in ("", "none"):

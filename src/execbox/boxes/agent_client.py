@@ -20,6 +20,7 @@ from ..errors import (
     ERRORS_BY_CODE,
     FileNotFoundInSandbox,
     InstanceCreationError,
+    PathError,
     PayloadTooLargeError,
     ProviderUnavailableError,
     SandboxError,
@@ -178,7 +179,11 @@ _REFINED = {("SB002", 404): FileNotFoundInSandbox, ("SB002", 413): PayloadTooLar
 
 def agent_error(err: dict[str, Any]) -> SandboxError:
     """The typed SB exception for an agent error reply (status refines the class where it can)."""
-    cls = _REFINED.get((str(err.get("code")), err.get("status"))) or ERRORS_BY_CODE.get(
-        str(err.get("code")), SandboxError)
+    details = err.get("details") or {}
+    if err.get("code") == "SB002" and isinstance(details, dict) and "violation" in details:
+        cls: type[SandboxError] = PathError  # the agent's one path validator refused it
+    else:
+        cls = _REFINED.get((str(err.get("code")), err.get("status"))) or ERRORS_BY_CODE.get(
+            str(err.get("code")), SandboxError)
     return cls(str(err.get("message", "agent error")), details=err.get("details") or {},
                http_status=err.get("status"))

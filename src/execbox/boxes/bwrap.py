@@ -46,6 +46,7 @@ class BoxSpec:
     tmp_size: int = 256 * 1024 * 1024
     preload: str = "auto"
     extra_ro: list[tuple[str, str]] = field(default_factory=list)
+    device_args: list[str] = field(default_factory=list)  # GPU opt-in (boxes/gpu.py); empty: no devices
 
 
 def system_mounts() -> list[str]:
@@ -85,6 +86,7 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
     ]
     for src, dest in [*spec.runtime.mounts(), *spec.extra_ro]:
         argv += ["--ro-bind", src, dest]
+    argv += spec.device_args
     if spec.workspace_host:
         argv += ["--bind", spec.workspace_host, WORKSPACE]
     else:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InstanceCreationError
+from . import oci_seccomp
 from .agent_client import AgentClient
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
@@ -114,6 +115,7 @@ class ContainerSpec:
     tmpfs_size: str = "64m"
     network: bool = False
     gpu: bool = False
+    gpu_ids: list[str] | None = None  # None with gpu: every GPU; else these indices
     volume: str | None = None
     host_workspace: str | None = None
     preload: str = "auto"
@@ -121,10 +123,11 @@ class ContainerSpec:
 
     def command(self) -> list[str]:
         return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
-                "--preload", self.preload, "--limits", json.dumps(self.agent_limits, sort_keys=True)]
+                "--preload", self.preload, "--limits", json.dumps(self.agent_limits, sort_keys=True),
+                "--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
 
     def create_kwargs(self) -> dict[str, Any]:
-        from docker.types import DeviceRequest, Mount
+        from docker.types import Mount
 
         mounts = [Mount(target=f"{AGENT_ROOT}/execbox_agent", source=agent_source_dir(), type="bind",
                         read_only=True)]
@@ -138,7 +141,11 @@ class ContainerSpec:
             "name": self.name,
             "labels": dict(self.labels),
             "runtime": self.runtime,
-            "user": f"{SANDBOX_UID}:{SANDBOX_UID}",
+            # uid 0 with only the capabilities the agent's privilege separation needs: it forks
+            # user code as SANDBOX_UID with none (agent/privsep.py), so code cannot signal,
+            # trace or read the agent.
+            "user": "0:0",
+            "cap_add": list(PRIVSEP_CAPS),
             "working_dir": WORKSPACE,
             "stdin_open": True,
             "tty": False,
@@ -153,12 +160,26 @@ class ContainerSpec:
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size},mode=1777"},
             "mounts": mounts,
             "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
+            "security_opt": ["no-new-privileges", oci_seccomp.security_opt(self.runtime)],
             "ulimits": [],
         }
         if self.gpu:
-            kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+            kwargs["device_requests"] = [gpu_device_request(self.gpu_ids)]
         return kwargs
+
+
+PRIVSEP_CAPS = ("SETUID", "SETGID", "SETPCAP")
+"""The only capabilities a box container keeps; the agent drops them all for user code."""
+
+
+def gpu_device_request(ids: list[str] | None) -> Any:
+    """Docker's ``--gpus`` as a device request: all GPUs, or the given indices (runc via the
+    NVIDIA Container Toolkit; runsc via the same request when registered with ``--nvproxy``)."""
+    from docker.types import DeviceRequest
+
+    if ids:
+        return DeviceRequest(device_ids=list(ids), capabilities=[["gpu"]])
+    return DeviceRequest(count=-1, capabilities=[["gpu"]])
 
 
 class DockerBox(Box):

@@ -19,11 +19,10 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidConfigError
-from . import bwrap, cgroups, quota, seccomp
+from . import bwrap, cgroups, quota, seccomp, uids
 from .box import READY_TIMEOUT, ProcessBox
 from .quota import Workspace
 from .runtime import Runtime, jail_dir
@@ -31,21 +30,16 @@ from .stderr_sink import Tail, sink
 
 log = logging.getLogger("execbox.jail")
 
-DEFAULT_HOST_UID = 61000
+DEFAULT_HOST_UID = uids.DEFAULT_FIRST
 
 
 def host_uid() -> int:
-    """EXECBOX_JAIL_HOST_UID (default 61000): the host uid/gid boxes run as when execbox is root.
+    """The first host uid of the box range (``uids.configured_range()``); SB002 when malformed.
 
-    No passwd entry is needed. Parsed strictly: anything but a non-zero integer is SB002.
+    Each box runs as its own uid from that range (boxes/uids.py); this is the one the
+    trial box of ``execbox doctor`` and the bench use.
     """
-    raw = os.environ.get("EXECBOX_JAIL_HOST_UID", "").strip()
-    if not raw:
-        return DEFAULT_HOST_UID
-    if not raw.isdigit() or int(raw) == 0 or int(raw) >= 2**32 - 1:
-        raise InvalidConfigError(f"EXECBOX_JAIL_HOST_UID: {raw!r} is not a non-zero uid",
-                                 details={"field": "EXECBOX_JAIL_HOST_UID", "value": raw})
-    return int(raw)
+    return uids.configured_range().first
 
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-jail-spawn")
 _reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-jail-reap")
@@ -68,6 +62,7 @@ class JailSettings:
     drop_uid: bool = True
     agent_root: str = ""
     etc_dir: str = ""
+    device_args: list[str] = field(default_factory=list)  # GPU binds (boxes/gpu.py), empty by default
 
 
 def boxes_dir() -> str:
@@ -78,9 +73,10 @@ class JailBox(ProcessBox):
     isolation = "jail"
 
     def __init__(self, name: str, proc: subprocess.Popen, ws: Workspace, limits: dict[str, Any],
-                 cgroup: cgroups.BoxCgroup | None, box_dir: str) -> None:
+                 cgroup: cgroups.BoxCgroup | None, box_dir: str, lease: uids.UidLease | None = None) -> None:
         super().__init__(name, proc, ws.host_path, limits)
         self.ws = ws
+        self.lease = lease  # this box's own host uid (None when execbox is not root)
         self.cgroup = cgroup
         self.box_dir = box_dir
         self.keep_workspace = ws.caller_dir is not None
@@ -140,10 +136,23 @@ class JailBox(ProcessBox):
             log.error("box %s: cgroup %s could not be removed", self.name, self.cgroup.name)
         self.ws.teardown()  # a caller's workspace (and its image) stays; the box's own goes
         remove_box_dir(self.box_dir)
+        self._release_uid()
+
+    def _release_uid(self) -> None:
+        """Give the host uid back, unless a process of the box survived the kill (then it stays
+        out of circulation, so no later box shares a uid with a live leftover)."""
+        if self.lease is None:
+            return
+        if self.survivors or (self.cgroup is not None and self.cgroup.exists() and self.cgroup.pids()):
+            log.error("box %s: keeping host uid %d leased: processes survived", self.name, self.lease.uid)
+            return
+        self.lease.release()
 
     def info(self) -> dict[str, Any]:
         out = super().info()
         out["box_uid"] = self.hello.get("uid")
+        if self.lease is not None:
+            out["host_uid"] = self.lease.uid
         if self.cgroup is not None:
             out["cgroup"] = self.cgroup.name
         return out
@@ -188,9 +197,10 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     """Start one box with its agent ready (raises on any failure, leaving nothing behind)."""
     name = f"jail-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
     box_dir = os.path.join(boxes_dir(), name)
-    os.makedirs(box_dir, mode=0o755)
     root = os.geteuid() == 0
-    uid = host_uid() if (root and settings.drop_uid) else None
+    lease = uids.acquire() if (root and settings.drop_uid) else None  # SB008 when all are in use
+    uid = lease.uid if lease is not None else None
+    os.makedirs(box_dir, mode=0o755)
     cg: cgroups.BoxCgroup | None = None
     ws = Workspace(box_dir, workspace)
     if workspace is not None:
@@ -210,6 +220,7 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=settings.etc_dir,
             env=bwrap.box_env(), agent_limits=limits, seccomp_fd=seccomp_fd, workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
+            device_args=list(settings.device_args),
         )
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -233,9 +244,11 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             cg.remove()
         ws.teardown()
         remove_box_dir(box_dir)
+        if lease is not None:
+            lease.release()
         raise
     os.close(seccomp_fd)
-    box = JailBox(name, proc, ws, limits, cg, box_dir)
+    box = JailBox(name, proc, ws, limits, cg, box_dir, lease)
     box.stderr = stderr_tail
     try:
         box.client.wait_ready(READY_TIMEOUT)

@@ -132,6 +132,7 @@ class AgentBackedProvider(SandboxProvider):
     def create_instance(self, template: str = "python", *, tenant_id: str = "default",
                         session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
         self._require_initialized()
+        self.admit(tenant_id)
         instance_id = make_instance_id(tenant_id, session_id)
         box = None
         if self._pool is not None and workspace is None:
@@ -151,6 +152,13 @@ class AgentBackedProvider(SandboxProvider):
         with self._lock:
             self._instances[instance_id] = inst
         return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
+
+    def admit(self, tenant_id: str) -> None:
+        """Checks a new session must pass before it gets a box (raise its SB error); none here."""
+
+    def tenant_boxes(self, tenant_id: str) -> int:
+        with self._lock:
+            return sum(1 for inst in self._instances.values() if inst.tenant_id == tenant_id)
 
     def _instance_metadata(self, inst: Instance) -> dict[str, Any]:
         return {

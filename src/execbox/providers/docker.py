@@ -17,6 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..boxes import oci_seccomp
 from ..boxes.docker_box import (
     OWNER_LABEL,
     ContainerSpec,
@@ -29,6 +30,7 @@ from ..boxes.docker_box import (
     safe_name,
     start_container,
 )
+from ..boxes.gpu import GpuPlan, parse_gpu
 from ..boxes.images import DEFAULT_IMAGE
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
@@ -36,6 +38,7 @@ from ..settings import parse_bool
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, Instance
 from .base import OutputCallback
 from .docker_sessions import DockerSessionsMixin
+from .gpu_config import GPU_SCHEMA, docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
 log = logging.getLogger("execbox.provider.docker")
@@ -84,6 +87,7 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
         self.owner = owner_id()
         self.uid = uuid.uuid4().hex
         self._notes: list[str] = []
+        self._gpu: GpuPlan | None = None
         self._reaper: ThreadPoolExecutor | None = None
         self._warmer: ThreadPoolExecutor | None = None
         self._warm_lock = threading.Lock()
@@ -118,8 +122,7 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
             "network": {"type": "boolean", "default": False, "label": "Network",
                         "description": "Give containers a bridge network (runc only; runsc runs with "
                                        "--network=none)."},
-            "gpu": {"type": "boolean", "default": False, "label": "GPU",
-                    "description": "Request all GPUs for containers (also SANDBOX_GPU_ENABLED=true)."},
+            **GPU_SCHEMA,  # gpu (off | all | indices; SANDBOX_GPU_ENABLED=true = all), gpu_tenant_cap
             "gpu_network": {"type": "boolean", "default": False, "label": "GPU network",
                             "description": "Allow network in GPU containers (also "
                                            "SANDBOX_GPU_NETWORK_ENABLED=true)."},
@@ -136,7 +139,10 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
             parse_size(config.get("max_memory") or "512m")
         except ValueError as e:
             return False, f"max_memory: {e}"
-        return True, None
+        return gpu_config_error(config)
+
+    def initialize(self, config: dict[str, Any]) -> bool:
+        return super().initialize(legacy_gpu(config))  # a stored boolean gpu keeps working
 
     # -- host facts -------------------------------------------------------------------------
     @classmethod
@@ -184,7 +190,7 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
     def prepare(self) -> None:
         cfg = self.config
         if parse_bool(os.environ.get("SANDBOX_GPU_ENABLED", ""), "SANDBOX_GPU_ENABLED"):
-            cfg["gpu"] = True
+            cfg["gpu"] = "all"
         if parse_bool(os.environ.get("SANDBOX_GPU_NETWORK_ENABLED", ""), "SANDBOX_GPU_NETWORK_ENABLED"):
             cfg["gpu_network"] = True
         try:
@@ -210,6 +216,13 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
         self.isolation = Isolation.GVISOR if wanted == "runsc" else Isolation.CONTAINER
         if self.network_enabled and wanted == "runsc":
             self._notes.append("network requested but the runsc runtime runs with --network=none")
+        self._check_box_seccomp(info)
+        host = cfg.get("docker_host") or os.environ.get("DOCKER_HOST", "")
+        self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=not host or host.startswith("unix:"),
+                                    dev_root=os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
+        if self._gpu.error is not None:  # no warm pool: its GPU containers could not start anyway
+            self._notes.append(f"{self._gpu.error}; sessions fail with SB002 until this is fixed")
+            cfg["pool_size"] = 0
         try:
             self.docker.images.get(cfg["image"])
         except Exception:  # noqa: BLE001
@@ -221,9 +234,22 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
         self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-warmer")
         self.remove_stale()
 
+    def _check_box_seccomp(self, info: dict[str, Any]) -> None:
+        """gVisor silently ignores the boxes' seccomp profile unless started with --oci-seccomp."""
+        if oci_seccomp.is_gvisor(self.runtime) and not oci_seccomp.runsc_applies_seccomp(info, self.runtime):
+            raise ProviderUnavailableError(
+                f"runtime {self.runtime!r} is registered without --oci-seccomp, so gVisor would ignore the boxes' "
+                "seccomp profile; add it to the runtime's runtimeArgs in /etc/docker/daemon.json and send "
+                "dockerd SIGHUP (scripts/setup/test/40-docker.sh does both)",
+                details={"provider": self.name, "runtime": self.runtime, "missing": "--oci-seccomp"})
+
+    def admit(self, tenant_id: str) -> None:
+        if self._gpu is not None:
+            self._gpu.admit(tenant_id, self.tenant_boxes(tenant_id))
+
     @property
     def network_enabled(self) -> bool:
-        if self.config.get("gpu"):
+        if parse_gpu(self.config.get("gpu")) is not None:
             return bool(self.config.get("gpu_network"))
         return bool(self.config.get("network"))
 
@@ -234,7 +260,7 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
         c = self.config
         return {**super().applied_limits(), "max_memory": c.get("max_memory"), "cpus": c.get("cpus"),
                 "pids_limit": c.get("pids_limit"), "network": self.network_enabled, "runtime": self.runtime,
-                "gpu": bool(c.get("gpu")), "enforced_by": f"docker/{self.runtime}"}
+                "gpu": self._gpu.describe() if self._gpu else "off", "enforced_by": f"docker/{self.runtime}"}
 
     def pool_status(self) -> dict[str, Any] | None:
         status = super().pool_status()
@@ -265,7 +291,8 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
         return ContainerSpec(
             image=c["image"], runtime=self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
             labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=pids,
-            network=self.network_enabled, gpu=bool(c.get("gpu")),
+            network=self.network_enabled, gpu=bool(self._gpu and self._gpu.enabled),
+            gpu_ids=docker_device_ids(self._gpu) if self._gpu else None,
             volume=None if workspace else safe_name("execbox-ws", short), host_workspace=workspace,
             preload=c.get("preload") or "auto", agent_limits=agent_limits,
         )
@@ -375,6 +402,7 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
                         labels: dict[str, str] | None = None) -> SandboxInstance:
         """A pooled container (waiting up to ``pool_wait`` s); a cold start only without a pool."""
         self._require_initialized()
+        self.admit(tenant_id)
         if self._pool is None or workspace is not None:
             instance_id = make_instance_id(tenant_id, session_id)
             try:

@@ -16,12 +16,13 @@ import threading
 import time
 from typing import Any
 
-from ..boxes import bwrap, cgroups, quota, runtime, seccomp
+from ..boxes import bwrap, cgroups, gpu, quota, runtime, seccomp, uids
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
-from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
+from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError, SandboxError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
+from .gpu_config import GPU_SCHEMA, gpu_config_error
 from .schema import parse_size
 
 log = logging.getLogger("execbox.jail")
@@ -44,6 +45,7 @@ class JailProvider(AgentBackedProvider):
     def __init__(self) -> None:
         super().__init__()
         self._settings: JailSettings | None = None
+        self._gpu: gpu.GpuPlan | None = None
         self._warnings: list[str] = []
 
     @staticmethod
@@ -71,6 +73,7 @@ class JailProvider(AgentBackedProvider):
             "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                                  "label": "Output cap (bytes)", "description": "Cap on stdout and stderr each."},
             **POLICY_SCHEMA,
+            **GPU_SCHEMA,
         }
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
@@ -84,7 +87,7 @@ class JailProvider(AgentBackedProvider):
             runtime.resolve(config.get("runtime"))
         except runtime.RuntimeNotUsable as e:
             return False, f"runtime: {e}"
-        return True, None
+        return gpu_config_error(config)
 
     # -- lifecycle --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -109,12 +112,31 @@ class JailProvider(AgentBackedProvider):
         if not quota.loop_quota_possible()[0]:
             self._warnings.append("jail: workspace quota is a tmpfs inside the box; its contents count "
                                   "against max_memory")
+        self._gpu = self._gpu_plan()
         self._settings = JailSettings(
+            device_args=self._gpu_device_args(),
             runtime=rt, memory_bytes=parse_size(cfg.get("max_memory") or "512m"), cpus=float(cfg.get("cpus") or 1),
             pids=int(cfg.get("pids_limit") or 128), disk_bytes=disk, tmp_bytes=min(TMP_MAX, disk),
             preload=str(cfg.get("preload") or "auto"), use_cgroups=use_cgroups,
             agent_root=runtime.staged_agent(), etc_dir=bwrap.staged_etc(),
         )
+
+    # -- GPU opt-in (boxes/gpu.py) ----------------------------------------------------------------
+    def _gpu_plan(self) -> gpu.GpuPlan:
+        plan = gpu.GpuPlan(self.config, os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
+        if plan.error is not None:
+            self._warnings.append(f"jail: {plan.error}; sessions fail with SB002 until this is fixed")
+        return plan
+
+    def _gpu_device_args(self) -> list[str]:
+        plan = self._gpu
+        if plan is None or not plan.indices:
+            return []
+        return gpu.jail_args(plan.indices, plan.inventory, gpu.driver_files())
+
+    def admit(self, tenant_id: str) -> None:
+        if self._gpu is not None:
+            self._gpu.admit(tenant_id, self.tenant_boxes(tenant_id))
 
     def start_box(self, workspace: str | None = None) -> JailBox:
         if self._settings is None:
@@ -138,6 +160,7 @@ class JailProvider(AgentBackedProvider):
         return {**base, "max_memory": self.config.get("max_memory"), "cpus": s.cpus, "pids_limit": s.pids,
                 "disk_quota_mb": s.disk_bytes // (1024 * 1024), "tmp_mb": s.tmp_bytes // (1024 * 1024),
                 "runtime": s.runtime.name, "network": "none",
+                "gpu": self._gpu.describe() if self._gpu else "off",
                 "enforced_by": "cgroup+rlimit" if s.use_cgroups else "rlimit"}
 
     def _instance_metadata(self, inst) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -196,10 +219,12 @@ class JailProvider(AgentBackedProvider):
         except (OSError, ValueError) as e:
             out["runtimes"] = {"ok": False, "detail": f"cannot list runtimes: {e}"}
         try:
-            out["host_uid"] = {"ok": True, "detail": (f"boxes run as host uid {host_uid()}" if os.geteuid() == 0
-                                                      else f"boxes run as the service uid {os.geteuid()}")}
+            out["host_uid"] = _uid_range_check()
         except InvalidConfigError as e:
             out["host_uid"] = {"ok": False, "detail": e.message}
+        inv = gpu.inventory(os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
+        out["gpu"] = {"ok": True, "detail": (f"NVIDIA devices {inv.indices} (opt-in: provider config gpu)"
+                                             if inv.indices else "no NVIDIA device (gpu opt-in: SB002)")}
         out["trial_box"] = _trial_box(path) if path and out["user_namespaces"]["ok"] else {
             "ok": False, "detail": "skipped: bwrap or user namespaces missing"}
         return out
@@ -218,6 +243,18 @@ def _reap_once() -> None:
     names = reap_stale()
     if names:
         log.warning("jail: removed %d boxes left by dead execbox processes", len(names))
+
+
+def _uid_range_check() -> dict[str, Any]:
+    """Boxes run as one host uid each from the configured range (root only); no real user in it."""
+    if os.geteuid() != 0:
+        return {"ok": True, "detail": f"boxes run as the service uid {os.geteuid()} (per-box uids need root)"}
+    rng = uids.configured_range()
+    users = uids.users_in_range(rng)
+    if users:
+        return {"ok": False, "detail": f"EXECBOX_JAIL_UID_RANGE {rng.describe()} holds real users: "
+                                       f"{', '.join(users)}; pick a range no account uses"}
+    return {"ok": True, "detail": f"one host uid per box from {rng.describe()}"}
 
 
 def _userns_check() -> dict[str, Any]:
@@ -245,9 +282,10 @@ def _trial_box(path: str) -> dict[str, Any]:
             *bwrap.system_mounts(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv",
             "--", "/usr/bin/true"]
     try:
-        uid = host_uid() if os.geteuid() == 0 else None
-    except InvalidConfigError as e:
+        lease = uids.acquire() if os.geteuid() == 0 else None  # a uid no live box holds
+    except SandboxError as e:
         return {"ok": False, "detail": e.message}
+    uid = lease.uid if lease is not None else None
 
     def drop() -> None:
         if uid is not None:
@@ -261,6 +299,9 @@ def _trial_box(path: str) -> dict[str, Any]:
                               preexec_fn=drop, env={"PATH": "/usr/bin:/bin"}, cwd="/", text=True)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"ok": False, "detail": f"bwrap could not start: {e}"}
+    finally:
+        if lease is not None:
+            lease.release()
     if proc.returncode != 0:
         return {"ok": False, "detail": f"bwrap failed (exit {proc.returncode}): {proc.stdout.strip()[-300:]}"}
     return {"ok": True, "detail": f"a trivial box ran in {(time.monotonic() - t) * 1000:.0f} ms"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,15 @@ def _default_providers(store: Any) -> ProviderSource:
     from .provider_config import ProviderConfig
 
     return ProviderConfig(store)
+
+
+def _mcp_app(app: FastAPI) -> Any | None:
+    try:
+        from ..mcp.http import McpHttpApp
+    except ImportError as e:  # the optional `mcp` SDK is not installed
+        log.warning("MCP endpoint disabled: %s", e)
+        return None
+    return McpHttpApp(app.state)
 
 
 def _pool_statuses(providers: ProviderSource) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -95,6 +104,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     metrics.bind_live(sessions.count, lambda: _pool_statuses(providers))
     audit = AuditWriter(store)
     executor = Executor(sessions, metrics, OperationLog(audit, settings.audit_code))
+    mcp_app: Any = None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -102,7 +112,10 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
         limiter.total_tokens = max(limiter.total_tokens, WORKER_THREADS)
         sessions.start()
         try:
-            yield
+            async with AsyncExitStack() as stack:
+                if mcp_app is not None:
+                    await stack.enter_async_context(mcp_app.lifespan())
+                yield
         finally:
             await anyio.to_thread.run_sync(sessions.shutdown)
             audit.close()
@@ -140,6 +153,9 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     tokens = _optional_router("execbox.web.tokens_api")  # the console's Tokens page
     if tokens is not None:
         app.include_router(tokens)
+    mcp_app = _mcp_app(app)
+    if mcp_app is not None:  # streamable HTTP MCP endpoint (execbox.mcp), bearer-token authenticated
+        app.add_route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     if WEB_STATIC.is_dir():
         app.mount("/admin", StaticFiles(directory=WEB_STATIC, html=True), name="admin-console")
     return app

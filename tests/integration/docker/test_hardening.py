@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -48,14 +49,18 @@ def test_container_hardening_flags(provider, instance, docker_engine):
     hc = attrs["HostConfig"]
     assert hc["NetworkMode"] == "none" and hc["ReadonlyRootfs"] is True
     assert hc["CapDrop"] == ["ALL"] and "no-new-privileges" in hc["SecurityOpt"]
+    assert sorted(hc["CapAdd"]) == ["SETGID", "SETPCAP", "SETUID"]  # the agent's privsep only
     assert not any("unconfined" in o for o in hc["SecurityOpt"])
+    profile = json.loads(next(o for o in hc["SecurityOpt"] if o.startswith("seccomp="))[len("seccomp="):])
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and "keyctl" in profile["syscalls"][0]["names"]
     assert hc["Memory"] == 256 * 1024**2 and hc["MemorySwap"] == hc["Memory"]
     from execbox.providers.docker import runsc_host_pids
 
     assert hc["PidsLimit"] == (runsc_host_pids(64) if provider.runtime == "runsc" else 64)
     assert hc["NanoCpus"] == 10**9 and hc["Runtime"] == provider.runtime
     assert "/tmp" in hc["Tmpfs"]
-    assert attrs["Config"]["User"] == "1000:1000"
+    assert attrs["Config"]["User"] == "0:0"  # the agent; user code runs as 1000 (agent/privsep.py)
+    assert box.hello["privsep"] == "uid"
     labels = attrs["Config"]["Labels"]
     assert {"execbox.tenant", "execbox.session", "execbox.instance", "execbox.owner"} <= set(labels)
     assert any(m["Destination"] == "/workspace" and m["Type"] == "volume" for m in attrs["Mounts"])

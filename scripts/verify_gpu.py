@@ -1,0 +1,146 @@
+"""GPU passthrough check on a real NVIDIA host (run by scripts/verify_gpu.sh; prints PASS/FAIL lines).
+
+1. jail, gpu=all: inside the box, the CUDA driver API (libcuda via ctypes) finds the devices and
+   round-trips memory; if the box's Python runtime has torch, torch reports the device and a
+   matrix product on the GPU matches the CPU's;
+2. jail without the opt-in: no /dev/nvidia* and cuInit reports no device;
+3. Docker runc (device request) and runsc (nvproxy) when the host has the NVIDIA Container
+   Toolkit / an nvproxy-enabled runsc; otherwise SKIP with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+PROBE = r'''
+import ctypes, json, os
+out = {"dev_nodes": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))}
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+    rc = cuda.cuInit(0)
+    out["cuInit"] = rc
+    if rc == 0:
+        n = ctypes.c_int()
+        cuda.cuDeviceGetCount(ctypes.byref(n))
+        out["devices"] = n.value
+        names = []
+        for i in range(n.value):
+            dev = ctypes.c_int()
+            cuda.cuDeviceGet(ctypes.byref(dev), i)
+            buf = ctypes.create_string_buffer(256)
+            cuda.cuDeviceGetName(buf, 256, dev)
+            names.append(buf.value.decode())
+        out["names"] = names
+        dev = ctypes.c_int()
+        cuda.cuDeviceGet(ctypes.byref(dev), 0)
+        ctx = ctypes.c_void_p()
+        cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)
+        size = 1 << 20
+        src = (ctypes.c_ubyte * size)(*([7] * 16))
+        dst = (ctypes.c_ubyte * size)()
+        ptr = ctypes.c_uint64()
+        rcs = [cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)),
+               cuda.cuMemcpyHtoD_v2(ptr, src, ctypes.c_size_t(size)),
+               cuda.cuMemcpyDtoH_v2(dst, ptr, ctypes.c_size_t(size)),
+               cuda.cuMemFree_v2(ptr)]
+        out["memcpy_roundtrip"] = rcs == [0, 0, 0, 0] and bytes(dst[:16]) == bytes([7] * 16)
+except OSError as e:
+    out["libcuda"] = str(e)
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["torch_cuda"] = torch.cuda.is_available()
+    if out["torch_cuda"]:
+        out["torch_device"] = torch.cuda.get_device_name(0)
+        a, b = torch.randn(512, 512), torch.randn(512, 512)
+        gpu = (a.cuda() @ b.cuda()).cpu()
+        out["matmul_matches_cpu"] = bool(torch.allclose(gpu, a @ b, atol=1e-3))
+except ImportError:
+    out["torch"] = None
+print(json.dumps(out))
+'''
+
+results: list[tuple[str, str, str]] = []
+
+
+def record(name: str, ok: bool | None, detail: str) -> None:
+    status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+    results.append((status, name, detail))
+    print(f"{status}: {name}: {detail}", flush=True)
+
+
+def probe(provider, label: str) -> dict:
+    inst = provider.create_instance(tenant_id="gpu-verify")
+    try:
+        r = provider.execute_code(inst.instance_id, PROBE, "python", 300)
+        print(f"--- {label}: exit {r.exit_code}\n{r.stdout}{r.stderr[-2000:]}", flush=True)
+        return json.loads(r.stdout) if r.exit_code == 0 else {"error": r.stderr[-500:]}
+    finally:
+        provider.destroy_instance(inst.instance_id)
+
+
+def check_gpu_box(name: str, out: dict) -> None:
+    ok = out.get("cuInit") == 0 and out.get("devices", 0) >= 1 and out.get("memcpy_roundtrip") is True
+    record(f"{name}: CUDA driver API", ok, json.dumps({k: out.get(k) for k in
+                                                      ("dev_nodes", "cuInit", "devices", "names", "memcpy_roundtrip")}))
+    if out.get("torch"):
+        record(f"{name}: torch", bool(out.get("torch_cuda") and out.get("matmul_matches_cpu")),
+               f"torch {out['torch']} cuda={out.get('torch_cuda')} device={out.get('torch_device')} "
+               f"matmul_matches_cpu={out.get('matmul_matches_cpu')}")
+    else:
+        record(f"{name}: torch", None, "torch is not in the box's runtime (EXECBOX_GPU_RUNTIME names one that has it)")
+
+
+def main() -> int:
+    from execbox.providers.jail import JailProvider
+
+    runtime = os.environ.get("EXECBOX_GPU_RUNTIME", "system")
+    base = {"max_memory": "4g", "pool_size": 0, "preload": "none", "runtime": runtime, "pids_limit": 512}
+    p = JailProvider()
+    p.initialize({**base, "gpu": "all"})
+    try:
+        print("jail argv GPU part:", p._settings.device_args if p._settings else None)
+        check_gpu_box("jail gpu=all", probe(p, "jail gpu=all"))
+    finally:
+        p.shutdown()
+    p = JailProvider()
+    p.initialize(base)
+    try:
+        out = probe(p, "jail without opt-in")
+        record("jail without opt-in sees no GPU", out.get("dev_nodes") == [] and out.get("cuInit") != 0,
+               json.dumps({k: out.get(k) for k in ("dev_nodes", "cuInit", "libcuda")}))
+    finally:
+        p.shutdown()
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        runtimes = set(client.info().get("Runtimes") or {})
+    except Exception as e:  # noqa: BLE001
+        record("docker", None, f"no Docker engine: {e}")
+        runtimes = set()
+    from execbox.providers.docker import DockerProvider
+
+    for rt in ("runc", "runsc"):
+        if rt not in runtimes:
+            if runtimes:
+                record(f"docker {rt}", None, "runtime not registered")
+            continue
+        p = DockerProvider()
+        try:
+            p.initialize({"runtime": rt, "pool_size": 0, "gpu": "all", "max_memory": "4g"})
+            check_gpu_box(f"docker {rt} gpu=all", probe(p, f"docker {rt}"))
+        except Exception as e:  # noqa: BLE001 - toolkit / nvproxy missing is reported, not raised
+            record(f"docker {rt} gpu=all", None, f"{type(e).__name__}: {e}")
+        finally:
+            p.shutdown()
+    failed = [r for r in results if r[0] == "FAIL"]
+    print("SUMMARY:", "FAIL" if failed else "PASS", f"({len(results)} checks, {len(failed)} failed, "
+          f"{sum(r[0] == 'SKIP' for r in results)} skipped)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

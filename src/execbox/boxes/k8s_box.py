@@ -1,0 +1,341 @@
+"""A box that is a Kubernetes pod: create it, wait for it, reach its agent over TCP, delete it.
+
+The channel is a direct TCP connection from the gateway to the pod's relay port (see
+agent/tcp_relay.py and docs/kubernetes.md for why not exec/attach); the API server is only on
+the lifecycle path (create, poll, patch, delete). Every API failure becomes an SB error here:
+403/401 (RBAC) and timeouts are SB009, a pod that cannot start is SB004 with the pod's own reason,
+and a pod that failed to start is deleted before the error is raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..agent import protocol
+from ..agent.tcp_relay import auth_mac
+from ..errors import InstanceCreationError, ProviderUnavailableError, SandboxError
+from .agent_client import AgentClient
+from .box import Box
+
+log = logging.getLogger("execbox.kubernetes")
+
+FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                 "CreateContainerError", "RunContainerError", "ErrImageNeverPull"}
+POLL = 0.2
+
+
+class PodApi:
+    """The few CoreV1 calls the provider makes, each with a request timeout and SB error mapping."""
+
+    def __init__(self, core: Any, namespace: str, timeout: float) -> None:
+        self.core = core
+        self.ns = namespace
+        self.timeout = timeout
+
+    def _do(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn(*args, _request_timeout=self.timeout, **kwargs)
+        except ApiException as e:
+            raise api_error(what, self.ns, e) from None
+        except Exception as e:  # noqa: BLE001 - urllib3 timeouts, refused connections, DNS
+            raise ProviderUnavailableError(
+                f"kubernetes API unreachable or too slow ({what} in namespace {self.ns}): {type(e).__name__}: {e}",
+                details={"provider": "kubernetes", "operation": what}) from None
+
+    def create_pod(self, body: dict[str, Any]) -> Any:
+        return self._do("create pods", self.core.create_namespaced_pod, self.ns, body)
+
+    def get_pod(self, name: str) -> Any | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.core.read_namespaced_pod(name, self.ns, _request_timeout=self.timeout)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise api_error("get pods", self.ns, e) from None
+        except Exception as e:  # noqa: BLE001
+            raise ProviderUnavailableError(f"kubernetes API unreachable or too slow (get pods): {e}",
+                                           details={"provider": "kubernetes"}) from None
+
+    def list_pods(self, selector: str) -> list[Any]:
+        return list(self._do("list pods", self.core.list_namespaced_pod, self.ns, label_selector=selector).items)
+
+    def patch_pod(self, name: str, body: dict[str, Any]) -> Any:
+        return self._do("patch pods", self.core.patch_namespaced_pod, name, self.ns, body)
+
+    def delete_pod(self, name: str) -> bool:
+        """Delete now (grace 0: a box has nothing to flush); False if it was already gone."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0, _request_timeout=self.timeout)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise api_error("delete pods", self.ns, e) from None
+        except Exception as e:  # noqa: BLE001
+            raise ProviderUnavailableError(f"kubernetes API unreachable or too slow (delete pods): {e}",
+                                           details={"provider": "kubernetes"}) from None
+
+    def ensure_configmap(self, body: dict[str, Any]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = body["metadata"]["name"]
+        try:
+            self.core.read_namespaced_config_map(name, self.ns, _request_timeout=self.timeout)
+            return
+        except ApiException as e:
+            if e.status != 404:
+                raise api_error("get configmaps", self.ns, e) from None
+        except Exception as e:  # noqa: BLE001
+            raise ProviderUnavailableError(f"kubernetes API unreachable or too slow (get configmaps): {e}",
+                                           details={"provider": "kubernetes"}) from None
+        try:
+            self._do("create configmaps", self.core.create_namespaced_config_map, self.ns, body)
+        except ProviderUnavailableError as e:
+            if "409" not in e.message:  # created meanwhile by another replica: fine
+                raise
+
+
+def api_error(what: str, namespace: str, e: Any) -> SandboxError:
+    reason = (getattr(e, "reason", "") or "").strip()
+    if e.status in (401, 403):
+        return ProviderUnavailableError(
+            f"kubernetes API refused to {what} in namespace {namespace} (HTTP {e.status} {reason}); check the "
+            "gateway's ServiceAccount and Role (deploy/kubernetes/base/rbac.yaml)",
+            details={"provider": "kubernetes", "operation": what, "status": e.status})
+    return ProviderUnavailableError(f"kubernetes API error on {what} in namespace {namespace}: HTTP {e.status} "
+                                    f"{reason}", details={"provider": "kubernetes", "operation": what,
+                                                          "status": e.status})
+
+
+class TcpTransport:
+    """Transport over a TCP connection to a pod's relay (after the HMAC handshake)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, max_bytes: int, timeout: float) -> bytes:
+        ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+        if not ready:
+            raise TimeoutError
+        return self.sock.recv(max_bytes)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def connect_agent(host: str, port: int, token: str, name: str, timeout: float = 10.0) -> AgentClient:
+    """Open the channel: connect, answer the relay's challenge, wait for the agent's ready frame."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise InstanceCreationError(f"{name}: cannot reach the agent at {host}:{port}: {e}",
+                                    details={"pod": name}) from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setblocking(True)
+    transport = TcpTransport(sock)
+    client = AgentClient(transport, name)
+    try:
+        deadline = time.monotonic() + timeout
+        frames = protocol.FrameBuffer()
+        challenge: list[dict[str, Any]] = []
+        while not challenge:
+            data = transport.recv(4096, deadline - time.monotonic())
+            if not data:
+                raise OSError("connection closed before the challenge")
+            challenge = frames.feed(data)
+        nonce = str(challenge[0].get("nonce", ""))
+        transport.send(protocol.encode_frame({"op": "auth", "mac": auth_mac(token.encode(), nonce)}))
+        client.wait_ready(max(1.0, deadline - time.monotonic()))
+    except (TimeoutError, OSError, InstanceCreationError, ValueError, protocol.ProtocolError) as e:
+        transport.close()
+        msg = e.message if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"
+        raise InstanceCreationError(f"{name}: agent handshake failed: {msg}", details={"pod": name}) from None
+    return client
+
+
+def pod_failure(pod: Any) -> str | None:
+    """Why a pod cannot (or can no longer) run its agent, from its status; None while it may."""
+    st = pod.status
+    if st is None:
+        return None
+    if st.phase in ("Failed", "Succeeded"):
+        return terminated_reason(pod) or f"pod {st.phase.lower()}"
+    for cs in st.container_statuses or []:
+        waiting = cs.state.waiting if cs.state else None
+        if waiting is not None and waiting.reason in FATAL_WAITING:
+            return f"{waiting.reason}: {waiting.message or ''}".strip(": ")
+        term = cs.state.terminated if cs.state else None
+        if term is not None:
+            return terminated_reason(pod)
+    return None
+
+
+def terminated_reason(pod: Any) -> str | None:
+    st = pod.status
+    parts = []
+    if st.reason:
+        parts.append(f"{st.reason}: {st.message or ''}".strip(": "))
+    for cs in st.container_statuses or []:
+        term = cs.state.terminated if cs.state else None
+        if term is not None:
+            parts.append(f"container {term.reason or 'exited'} (exit code {term.exit_code})")
+    return "; ".join(parts) or None
+
+
+def pod_ready(pod: Any) -> bool:
+    st = pod.status
+    if st is None or st.phase != "Running" or not st.pod_ip:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in st.conditions or [])
+
+
+def pending_note(pod: Any) -> str:
+    st = pod.status
+    if st is None:
+        return "no status yet"
+    notes = [f"phase {st.phase}"]
+    for c in st.conditions or []:
+        if c.status != "True" and c.reason:
+            notes.append(f"{c.type}={c.reason}: {c.message or ''}".strip(": "))
+    for cs in st.container_statuses or []:
+        if cs.state and cs.state.waiting and cs.state.waiting.reason:
+            notes.append(f"waiting {cs.state.waiting.reason}")
+    return ", ".join(notes)
+
+
+class PodBox(Box):
+    """A running box pod. ``destroy`` deletes the pod (in the background when a remover is set)."""
+
+    def __init__(self, name: str, client: AgentClient, api: PodApi, pod_ip: str) -> None:
+        super().__init__(name, client, None, {})
+        self.api = api
+        self.pod_ip = pod_ip
+        self.remover: Callable[[Callable[[], None]], None] | None = None
+        self.claimed: dict[str, str] = {}
+        self.pod_status: str | None = None  # why the pod ended, once known
+        self.created_at = time.time()
+
+    def alive(self) -> bool:
+        """Not destroyed, and the channel not closed by the pod's end (a cheap non-blocking peek)."""
+        if not super().alive():
+            return False
+        transport = self.client.transport
+        if isinstance(transport, TcpTransport) and self.client.current is None:
+            try:
+                ready, _, _ = select.select([transport.sock], [], [], 0)
+                if ready and not transport.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    self.client.dead = "the pod closed its agent connection"
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                self.client.dead = f"agent connection lost: {e}"
+        return not self.client.dead
+
+    def status_reason(self) -> str | None:
+        """The pod's end reason (OOMKilled, Evicted, DeadlineExceeded, deleted) from the API.
+
+        A reason the sweeper already recorded wins over "pod deleted" (it deletes ended pods)."""
+        if self.pod_status and self.pod_status != "pod deleted":
+            return self.pod_status
+        try:
+            pod = self.api.get_pod(self.name)
+        except SandboxError:
+            return self.pod_status
+        reason = "pod deleted" if pod is None else pod_failure(pod)
+        if reason and not (self.pod_status and reason == "pod deleted"):
+            self.pod_status = reason
+        return self.pod_status
+
+    def oom_events(self) -> int:
+        if not self.client.dead:
+            return 0
+        reason = self.status_reason() or ""
+        return 1 if "OOMKilled" in reason else 0
+
+    def remove(self) -> None:
+        try:
+            self.api.delete_pod(self.name)
+        except SandboxError as e:
+            log.warning("deleting pod %s failed (the sweeper retries): %s", self.name, e.message)
+
+    def destroy(self) -> None:
+        with self._destroy_lock:
+            if self.destroyed:
+                return
+            self.destroyed = True
+        self.client.close()
+        if self.remover is not None:
+            self.remover(self.remove)
+        else:
+            self.remove()
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "pod": self.name, "namespace": self.api.ns, "pod_ip": self.pod_ip,
+                **({"claimed_by": self.claimed} if self.claimed else {})}
+
+
+def wait_pod_ready(api: PodApi, name: str, timeout: float) -> Any:
+    """Poll until the pod is Ready; SB004 with the pod's reason on a fatal state or at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last = "not created yet"
+    while True:
+        pod = api.get_pod(name)
+        if pod is None:
+            raise InstanceCreationError(f"pod {name} was deleted before it became ready", details={"pod": name})
+        failure = pod_failure(pod)
+        if failure:
+            raise InstanceCreationError(f"pod {name} cannot start: {failure}", details={"pod": name})
+        if pod_ready(pod):
+            return pod
+        last = pending_note(pod)
+        if time.monotonic() > deadline:
+            raise InstanceCreationError(f"pod {name} did not become ready within {timeout:.0f}s ({last})",
+                                        details={"pod": name})
+        time.sleep(POLL)
+
+
+def start_pod(api: PodApi, manifest: dict[str, Any], token: str, port: int, ready_timeout: float,
+              connect: Callable[[Any], tuple[str, int]] | None = None) -> PodBox:
+    """Create the pod, wait for it, open its channel; delete it on any failure (nothing leaks)."""
+    name = manifest["metadata"]["name"]
+    created = time.time()  # activeDeadlineSeconds counts from about here, not from Ready
+    try:
+        api.create_pod(manifest)
+    except ProviderUnavailableError as e:
+        if "status" not in e.details:  # a timeout: the pod may exist all the same; best effort
+            try:
+                api.delete_pod(name)
+            except SandboxError:
+                pass  # the sweeper (warm_ttl, stuck rule) and shutdown remove it later
+        raise
+    try:
+        pod = wait_pod_ready(api, name, ready_timeout)
+        host, p = connect(pod) if connect else (pod.status.pod_ip, port)
+        client = connect_agent(host, p, token, name)
+        box = PodBox(name, client, api, pod.status.pod_ip)
+        box.created_at = created
+        return box
+    except BaseException:
+        try:
+            api.delete_pod(name)
+        except SandboxError as e:
+            log.warning("could not delete failed pod %s (the sweeper retries): %s", name, e.message)
+        raise

@@ -1,0 +1,37 @@
+"""``execbox mcp``: serve execbox's tools to an MCP client over stdio (one local user)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from ..errors import SandboxError
+
+
+def mcp(
+    provider: str = typer.Option(None, "--provider", "-p",
+                                 help="Provider (jail, docker, local, ...); default: SANDBOX_TYPE, else the "
+                                      "strongest isolation tier that works here."),
+    tenant: str = typer.Option("local", "--tenant", help="Tenant the sessions belong to."),
+    config: str = typer.Option(None, "--config", help="Provider config as JSON, e.g. '{\"runtime\": \"sci\"}'."),
+    max_timeout: str = typer.Option("300s", "--max-timeout", help="Cap on any tool call's timeout."),
+    workspaces: str = typer.Option(None, "--workspaces", help="Directory for session workspaces "
+                                                              "(default: a new temporary directory)."),
+) -> None:
+    """Serve execbox as MCP tools on stdin/stdout (for Claude Desktop, IDEs and other MCP clients)."""
+    from ..mcp.stdio import serve_stdio
+    from ..settings import parse_duration
+    from ._store_cli import fail
+
+    try:
+        cfg = json.loads(config) if config else None
+        serve_stdio(provider, tenant, parse_duration(max_timeout, "--max-timeout"), workspaces, cfg)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"--config is not JSON: {e}") from None
+    except SandboxError as e:
+        fail(e)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("mcp")(mcp)

@@ -1,0 +1,194 @@
+"""The service calls the MCP tools make, scoped to one tenant.
+
+Runs go through the service's run path (quota slot, session or one-shot box, metrics, log,
+audit); file tools use the session manager like the HTTP routes do. Nothing here knows MCP.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..agent.paths import PathViolation, check_syntax
+from ..errors import InvalidConfigError, PathError, SessionNotFoundError
+from ..models import ExecutionResult, FileInfo, GrepMatch, Language, TextPage
+from ..providers.base import OutputCallback, SandboxProvider
+from ..service.executions import Executor, RunSpec
+from ..service.sessions import SessionManager, check_name
+
+DEFAULT_MAX_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the tenant every tool is confined to, and the token for the audit trail."""
+
+    tenant_id: str
+    token_id: str | None = None
+
+
+def check_path(value: str | None, field: str) -> None:
+    """The agent's one path validator, applied before anything reaches a box."""
+    if value is None or value in ("", "."):
+        return
+    try:
+        check_syntax(value)
+    except PathViolation as e:
+        raise PathError(str(e), details={"field": field}) from None
+
+
+class ServiceCore:
+    """Sessions, runs and files for MCP tools, on the same objects the HTTP routes use."""
+
+    def __init__(self, sessions: SessionManager, executor: Executor, default_timeout: float,
+                 max_timeout: float = DEFAULT_MAX_TIMEOUT, max_code_bytes: int = 1024 * 1024) -> None:
+        self.sessions = sessions
+        self.executor = executor
+        self.default_timeout = default_timeout
+        self.max_timeout = max_timeout
+        self.max_code_bytes = max_code_bytes
+        self._implicit: dict[str, tuple[str, str]] = {}  # mapping key -> (tenant, session id)
+        self._lock = threading.Lock()
+
+    # -- sessions -------------------------------------------------------------------------------
+    def create_session(self, caller: Caller, session_id: str | None = None) -> dict[str, Any]:
+        sid = session_id or f"mcp-{uuid.uuid4().hex[:12]}"
+        check_name(sid, "session_id")
+        with self.sessions.session(caller.tenant_id, sid) as s:
+            return s.to_dict()
+
+    def require_session(self, caller: Caller, session_id: str) -> None:
+        check_name(session_id, "session_id")
+        if self.sessions.get(caller.tenant_id, session_id) is None:
+            raise SessionNotFoundError(f"no session {session_id!r} for this tenant: create it with "
+                                       "create_session (or run_code without session_id)",
+                                       details={"session_id": session_id})
+
+    def close_session(self, caller: Caller, session_id: str) -> dict[str, Any]:
+        self.require_session(caller, session_id)
+        with self._lock:
+            for key, value in list(self._implicit.items()):
+                if value == (caller.tenant_id, session_id):
+                    del self._implicit[key]
+        return self.sessions.destroy(caller.tenant_id, session_id)
+
+    def list_sessions(self, caller: Caller) -> list[dict[str, Any]]:
+        return self.sessions.list(caller.tenant_id)
+
+    def implicit_session(self, caller: Caller, key: str) -> str:
+        """The session one MCP client session maps to, created on its first stateful use."""
+        with self._lock:
+            found = self._implicit.get(key)
+            if found is not None and found[0] == caller.tenant_id \
+                    and self.sessions.get(found[0], found[1]) is not None:
+                return found[1]
+        sid = self.create_session(caller)["session_id"]
+        with self._lock:
+            self._implicit[key] = (caller.tenant_id, sid)
+        return sid
+
+    def end_implicit(self, key: str, tenant_id: str | None = None) -> None:
+        """The MCP session ended: close the execbox session it created (only the owner may end it)."""
+        with self._lock:
+            found = self._implicit.get(key)
+            if found is None or (tenant_id is not None and found[0] != tenant_id):
+                return
+            del self._implicit[key]
+        if found is not None and self.sessions.get(*found) is not None:
+            try:
+                self.sessions.destroy(*found)
+            except SessionNotFoundError:
+                pass
+
+    def close_all_implicit(self) -> None:
+        with self._lock:
+            keys = list(self._implicit)
+        for key in keys:
+            self.end_implicit(key)
+
+    # -- runs -----------------------------------------------------------------------------------
+    def timeout(self, asked: float | None) -> tuple[float, bool]:
+        """The timeout to use and whether the caller's value was capped."""
+        if asked is None:
+            return min(self.default_timeout, self.max_timeout), False
+        if asked <= 0:
+            raise InvalidConfigError("timeout must be a positive number of seconds", details={"field": "timeout"})
+        if asked > self.max_timeout:
+            return self.max_timeout, True
+        return asked, False
+
+    def _check_code(self, code: str, field: str) -> None:
+        size = len(code.encode("utf-8", "surrogatepass"))
+        if size > self.max_code_bytes:
+            raise InvalidConfigError(f"{field} is {size} bytes; the limit is {self.max_code_bytes}",
+                                     details={"field": field, "limit": self.max_code_bytes})
+
+    def run_code(self, caller: Caller, session_id: str | None, code: str, language: str,
+                 timeout: float, arguments: dict[str, Any] | None, context_id: str | None) -> ExecutionResult:
+        self._check_code(code, "code")
+        lang = Language.parse(language).value
+
+        def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
+                 on_output: OutputCallback | None) -> ExecutionResult:
+            kwargs: dict[str, Any] = {"inline_artifacts": one_shot}
+            if context_id is not None:
+                kwargs["context_id"] = context_id
+            return provider.execute_code(instance_id, code, lang, timeout, arguments, **kwargs)
+
+        spec = RunSpec(caller.tenant_id, session_id, "execute_code", lang, code, caller.token_id, call)
+        return self.executor.run(spec)
+
+    def run_command(self, caller: Caller, session_id: str | None, command: str, timeout: float,
+                    cwd: str | None) -> ExecutionResult:
+        self._check_code(command, "command")
+        if not command.strip():
+            raise InvalidConfigError("command must not be empty", details={"field": "command"})
+        check_path(cwd, "cwd")
+
+        def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
+                 on_output: OutputCallback | None) -> ExecutionResult:
+            return provider.run_command(instance_id, command, timeout, cwd=cwd)
+
+        spec = RunSpec(caller.tenant_id, session_id, "run_command", "bash", command, caller.token_id, call)
+        return self.executor.run(spec)
+
+    # -- files ----------------------------------------------------------------------------------
+    def read_file(self, caller: Caller, session_id: str, path: str, offset: int, limit: int) -> TextPage:
+        check_path(path, "path")
+        self.require_session(caller, session_id)
+        with self.sessions.session(caller.tenant_id, session_id) as s:
+            return s.provider.read_file(s.instance_id, path, offset, limit)  # type: ignore[union-attr, arg-type]
+
+    def read_bytes(self, caller: Caller, session_id: str, path: str) -> bytes:
+        check_path(path, "path")
+        self.require_session(caller, session_id)
+        with self.sessions.session(caller.tenant_id, session_id) as s:
+            return s.provider.read_bytes(s.instance_id, path)  # type: ignore[union-attr, arg-type]
+
+    def write_file(self, caller: Caller, session_id: str, path: str, content: str | bytes, mode: str) -> FileInfo:
+        check_path(path, "path")
+        self.require_session(caller, session_id)
+        with self.sessions.session(caller.tenant_id, session_id) as s:
+            return s.provider.write_file(s.instance_id, path, content, mode)  # type: ignore[union-attr, arg-type]
+
+    def list_files(self, caller: Caller, session_id: str, path: str, recursive: bool) -> list[FileInfo]:
+        check_path(path, "path")
+        self.require_session(caller, session_id)
+        with self.sessions.session(caller.tenant_id, session_id) as s:
+            return s.provider.list_files(s.instance_id, path, recursive)  # type: ignore[union-attr, arg-type]
+
+    def glob(self, caller: Caller, session_id: str, pattern: str) -> list[str]:
+        check_path(pattern, "pattern")
+        self.require_session(caller, session_id)
+        with self.sessions.session(caller.tenant_id, session_id) as s:
+            return s.provider.glob(s.instance_id, pattern)  # type: ignore[union-attr, arg-type]
+
+    def grep(self, caller: Caller, session_id: str, pattern: str, path: str, glob: str | None,
+             max_results: int) -> list[GrepMatch]:
+        check_path(path, "path")
+        check_path(glob, "glob")
+        self.require_session(caller, session_id)
+        with self.sessions.session(caller.tenant_id, session_id) as s:
+            return s.provider.grep(s.instance_id, pattern, path, glob, max_results)  # type: ignore[union-attr, arg-type]

@@ -1,0 +1,64 @@
+"""`execbox mcp`: the MCP server over stdio for one local user.
+
+The service core (session manager and run path) is built in-process on one provider, so tool
+calls behave exactly as through `execbox serve`; the process's one MCP connection maps to one
+execbox session, closed when the client disconnects.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import anyio
+from mcp.server.stdio import stdio_server
+
+from ..api import get_sandbox
+from ..providers.base import SandboxProvider
+from ..service.config import ServiceSettings
+from ..service.executions import Executor
+from ..service.logs import OperationLog
+from ..service.metrics import ServiceMetrics
+from ..service.sessions import SessionManager, check_name
+from .core import Caller, ServiceCore
+from .server import build_server
+
+STDIO_KEY = "stdio"
+
+
+class _OneProvider:
+    """The session manager's provider source, fixed to the provider chosen on the command line."""
+
+    def __init__(self, provider: SandboxProvider) -> None:
+        self.provider = provider
+
+    def current(self) -> SandboxProvider:
+        return self.provider
+
+    def candidates(self) -> list[SandboxProvider]:
+        return [self.provider]
+
+
+def serve_stdio(provider: str | None, tenant: str, max_timeout: float, workspaces: str | None = None,
+                config: dict[str, Any] | None = None) -> None:
+    check_name(tenant, "tenant")
+    prov = get_sandbox(provider, config)
+    settings = ServiceSettings.from_env()
+    root = workspaces or tempfile.mkdtemp(prefix="execbox-mcp-")
+    sessions = SessionManager(_OneProvider(prov), settings, root, None)
+    executor = Executor(sessions, ServiceMetrics(), OperationLog(None, settings.audit_code))
+    core = ServiceCore(sessions, executor, settings.default_timeout, max_timeout, settings.max_code_bytes)
+    caller = Caller(tenant)
+    server = build_server(lambda ctx: (core, caller, STDIO_KEY))
+    sessions.start()
+
+    async def run() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    try:
+        anyio.run(run)
+    finally:
+        core.close_all_implicit()
+        sessions.shutdown()
+        prov.shutdown()

@@ -1,0 +1,220 @@
+"""The MCP tools: JSON schemas and descriptions written for a model, and their handlers.
+
+Each handler takes the tenant-scoped core, the caller, the key of the client's implicit session
+and the validated arguments, and returns a CallToolResult; SB errors become tool errors in server.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+
+from ..errors import InvalidConfigError
+from .core import Caller, ServiceCore
+from .results import data_result, execution_result
+
+SESSION_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+              "description": "An execbox session id from create_session or list_sessions. Omit it to use "
+                             "this conversation's own session, created on first use."}
+PATH = {"type": "string", "minLength": 1, "maxLength": 4096,
+        "description": "Workspace-relative path, e.g. 'data/input.csv'. Absolute paths, '..' and symlinks "
+                       "leaving the workspace are refused."}
+TIMEOUT = {"type": "number", "exclusiveMinimum": 0, "maximum": 3600,
+           "description": "Seconds before the run is killed (capped by the server's limit)."}
+
+Handler = Callable[[ServiceCore, Caller, str, dict[str, Any]], types.CallToolResult]
+
+
+@dataclass(frozen=True)
+class ToolDef:
+    name: str
+    title: str
+    description: str
+    input_schema: dict[str, Any]
+    handler: Handler
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+
+    def to_tool(self) -> types.Tool:
+        return types.Tool(name=self.name, title=self.title, description=self.description,
+                          input_schema=self.input_schema,
+                          annotations=types.ToolAnnotations(title=self.title, read_only_hint=self.read_only,
+                                                            destructive_hint=self.destructive,
+                                                            idempotent_hint=self.idempotent,
+                                                            open_world_hint=False))
+
+
+def _obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required or [],
+            "additionalProperties": False}
+
+
+def _session(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> str:
+    sid = args.get("session_id")
+    return sid if sid else core.implicit_session(caller, key)
+
+
+def _existing(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> str:
+    sid = args.get("session_id")
+    if sid:
+        core.require_session(caller, sid)
+        return sid
+    return core.implicit_session(caller, key)
+
+
+def run_code(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = _session(core, caller, key, args)
+    timeout, capped = core.timeout(args.get("timeout"))
+    context_id = args.get("context_id")
+    language = args.get("language", "python")
+    if context_id is None and language == "python":
+        context_id = "mcp"  # globals persist across run_code calls in the session
+    result = core.run_code(caller, sid, args["code"], language, timeout, args.get("arguments"), context_id)
+    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None)
+
+
+def run_command(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = _session(core, caller, key, args)
+    timeout, capped = core.timeout(args.get("timeout"))
+    result = core.run_command(caller, sid, args["command"], timeout, args.get("cwd"))
+    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None)
+
+
+def create_session(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    info = core.create_session(caller, args.get("session_id"))
+    return data_result(f"session_id: {info['session_id']}", {"session": info})
+
+
+def close_session(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    info = core.close_session(caller, args["session_id"])
+    return data_result(f"closed session {args['session_id']}; its workspace was deleted", {"session": info})
+
+
+def list_sessions(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    found = core.list_sessions(caller)
+    text = "\n".join(f"{s['session_id']} (idle {s['idle_seconds']} s)" for s in found) or "no sessions"
+    return data_result(text, {"sessions": found})
+
+
+def read_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = _existing(core, caller, key, args)
+    page = core.read_file(caller, sid, args["path"], args.get("offset", 0), args.get("limit", 2000))
+    d = page.to_dict()
+    more = (f"\n[lines {page.offset + 1}-{page.offset + page.limit} of {page.total_lines}; "
+            f"read more with offset={page.offset + page.limit}]" if page.truncated else "")
+    return data_result(page.content + more, {**d, "session_id": sid})
+
+
+def write_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = _existing(core, caller, key, args)
+    content: str | bytes
+    if args.get("encoding", "utf-8") == "base64":
+        try:
+            content = base64.b64decode(args["content"], validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidConfigError("content is not valid base64", details={"field": "content"}) from None
+    else:
+        content = args["content"]
+    info = core.write_file(caller, sid, args["path"], content, args.get("mode", "overwrite"))
+    return data_result(f"wrote {info.path} ({info.size} bytes)", {**info.to_dict(), "session_id": sid})
+
+
+def list_files(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = _existing(core, caller, key, args)
+    found = core.list_files(caller, sid, args.get("path", "."), bool(args.get("recursive", False)))
+    text = "\n".join(f"{f.path}{'/' if f.is_dir else ''}\t{f.size}" for f in found) or "(empty)"
+    return data_result(text, {"files": [f.to_dict() for f in found], "session_id": sid})
+
+
+def glob(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = _existing(core, caller, key, args)
+    paths = core.glob(caller, sid, args["pattern"])
+    return data_result("\n".join(paths) or "(no match)", {"paths": paths, "session_id": sid})
+
+
+def grep(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = _existing(core, caller, key, args)
+    found = core.grep(caller, sid, args["pattern"], args.get("path", "."), args.get("glob"),
+                      args.get("max_results", 100))
+    text = "\n".join(f"{m.path}:{m.line_number}: {m.line}" for m in found) or "(no match)"
+    return data_result(text, {"matches": [m.to_dict() for m in found], "session_id": sid})
+
+
+TOOLS: list[ToolDef] = [
+    ToolDef("run_code", "Run code",
+            "Run Python, JavaScript (Node.js) or bash code in an isolated sandbox and return stdout, stderr, "
+            "the exit code and, when the code defines main(), main's JSON return value. Python globals persist "
+            "across run_code calls in the same session (a Jupyter-like context), so define data once and reuse "
+            "it. matplotlib figures come back as PNG images; files written under artifacts/ come back as "
+            "resources. The sandbox has no network access unless the operator allows it.",
+            _obj({"code": {"type": "string", "minLength": 1, "description": "The program to run."},
+                  "language": {"type": "string", "enum": ["python", "javascript", "bash"], "default": "python"},
+                  "session_id": SESSION_ID,
+                  "context_id": {"type": "string", "maxLength": 64,
+                                 "description": "Python context whose globals persist (default: the session's "
+                                                "own). Use another id for a fresh namespace."},
+                  "timeout": TIMEOUT,
+                  "arguments": {"type": "object", "description": "Keyword arguments for main(**arguments) "
+                                                                 "(Python) or main(arguments) (JavaScript)."}},
+                 ["code"]),
+            run_code),
+    ToolDef("run_command", "Run a shell command",
+            "Run a bash command line in the session's workspace (e.g. 'ls -la', 'python3 script.py', "
+            "'grep -r TODO .') and return its stdout, stderr and exit code. Processes it leaves running in "
+            "the background end with it.",
+            _obj({"command": {"type": "string", "minLength": 1}, "session_id": SESSION_ID,
+                  "cwd": {**PATH, "description": "Workspace-relative directory to run in."}, "timeout": TIMEOUT},
+                 ["command"]),
+            run_command),
+    ToolDef("create_session", "Create a session",
+            "Create a new sandbox session: a private workspace whose files and Python globals persist until "
+            "close_session. You rarely need this: tools without session_id use this conversation's session.",
+            _obj({"session_id": {**SESSION_ID, "description": "Id to give the session (default: generated)."}}),
+            create_session, idempotent=True),
+    ToolDef("close_session", "Close a session",
+            "Close a session: stop everything running in it and DELETE its workspace and files.",
+            _obj({"session_id": {**SESSION_ID, "description": "The session to close."}}, ["session_id"]),
+            close_session, destructive=True),
+    ToolDef("list_sessions", "List sessions", "List this tenant's open sandbox sessions.",
+            _obj({}), list_sessions, read_only=True, idempotent=True),
+    ToolDef("read_file", "Read a text file",
+            "Read a text file from the workspace, paged by lines (offset is 0-based). Large files: read the "
+            "next page with the offset the reply gives.",
+            _obj({"path": PATH, "session_id": SESSION_ID,
+                  "offset": {"type": "integer", "minimum": 0, "default": 0},
+                  "limit": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 2000}}, ["path"]),
+            read_file, read_only=True, idempotent=True),
+    ToolDef("write_file", "Write a file",
+            "Write a file into the workspace atomically (parent directories are created). Text by default; "
+            "set encoding='base64' for binary content. mode 'append' adds to an existing file.",
+            _obj({"path": PATH, "content": {"type": "string"}, "session_id": SESSION_ID,
+                  "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
+                  "mode": {"type": "string", "enum": ["overwrite", "append"], "default": "overwrite"}},
+                 ["path", "content"]),
+            write_file, destructive=True),
+    ToolDef("list_files", "List files", "List a workspace directory (recursively if asked).",
+            _obj({"path": {**PATH, "default": "."}, "recursive": {"type": "boolean", "default": False},
+                  "session_id": SESSION_ID}),
+            list_files, read_only=True, idempotent=True),
+    ToolDef("glob", "Find files by pattern", "Find workspace paths matching a glob such as '**/*.py'.",
+            _obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096}, "session_id": SESSION_ID},
+                 ["pattern"]),
+            glob, read_only=True, idempotent=True),
+    ToolDef("grep", "Search file contents",
+            "Search workspace files for a regular expression; returns path, line number and line.",
+            _obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
+                  "path": {**PATH, "default": "."},
+                  "glob": {"type": "string", "maxLength": 4096, "description": "Only files matching this glob."},
+                  "max_results": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
+                  "session_id": SESSION_ID},
+                 ["pattern"]),
+            grep, read_only=True, idempotent=True),
+]
+
+BY_NAME = {t.name: t for t in TOOLS}

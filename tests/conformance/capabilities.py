@@ -1,0 +1,122 @@
+"""What each provider declares it cannot do, with the reason: the one source of truth.
+
+The conformance suite skips a declared case with its reason (visible in `pytest -ra`), and
+scripts/gen_capabilities.py renders this table into docs/providers.md. Anything not declared
+here must pass the case exactly like the jail does.
+"""
+
+from __future__ import annotations
+
+PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "self_managed", "e2b", "aliyun"]
+"""Conformance ids: registry names, with docker split by OCI runtime."""
+
+CASES: dict[str, str] = {
+    "python_main_arguments": "main(**arguments) is called; its JSON value travels in `result`, not stdout",
+    "python_non_json_result": "a non-JSON return value is a clear error (exit 1, message on stderr)",
+    "python_dunder_main_script": "a script with `if __name__ == '__main__':` runs as a script; main is not called",
+    "python_plain_script": "a plain script runs; no result",
+    "javascript_main_arguments": "main(arguments) in Node; its JSON value travels in `result`",
+    "bash_script": "bash code runs with stdout, stderr and the exit code kept apart",
+    "exit_codes": "sys.exit(3), process.exit(5), bash `exit 7` surface as those exit codes",
+    "unicode_output": "UTF-8 output (accents, CJK, emoji) arrives unchanged",
+    "binary_output": "bytes that are not UTF-8 arrive as U+FFFD replacement characters, never a crash",
+    "stdout_cap": "stdout beyond the cap is cut and `truncated` is set",
+    "stderr_cap": "stderr beyond the cap is cut and `truncated` is set",
+    "timeout": "a run past its timeout is killed: `timed_out`, error SB005",
+    "timeout_sigterm_ignored": "a child that ignores SIGTERM is killed with the run (SB005)",
+    "background_ends_with_run": "a process a run leaves in the background ends with the run",
+    "daemon_ends_with_timeout": "a double-forked daemon ends when its run times out",
+    "memory_bomb": "allocating past the memory limit is SB006 and the instance stays usable or is replaced",
+    "fork_bomb": "a fork bomb is contained: the run fails or times out and a new instance works",
+    "artifacts": "files written under artifacts/ are reported with name, size, sha256 and bytes",
+    "plots": "an open matplotlib figure becomes a PNG artifact",
+    "file_operations": "write, read (paged), list, glob and grep on the workspace",
+    "path_traversal_refused": "'..', absolute paths and symlinks leaving the workspace are SB002",
+    "python_contexts": "globals persist per context_id; other contexts do not see them",
+}
+
+NEEDS_MATPLOTLIB = "the provider's default runtime has no matplotlib"
+NO_CGROUP = "no cgroup: memory is capped by RLIMIT_AS, so a bomb is a MemoryError (exit 1), not an OOM kill"
+FAKE_CLOUD = "the test fake runs code as plain host subprocesses (no box): limits are the cloud's own"
+REMOTE_EXECUTOR = "RAGFlow's /run API has no files, contexts or sessions"
+
+RAGFLOW_LANGS = "RAGFlow's /run API runs python and nodejs only (no bash)"
+RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines it"
+DRIFT = ("drift: the remote wrapper (providers/remote_code.py) still re-implements the runner instead of "
+         "running the agent's own (issue 19, part 1)")
+NO_FILE_LIST = "the provider has no list_files/glob/grep (needs the agent's file operations in the remote box)"
+RUNSC_NODE = ("open defect found by this suite: under runsc (ptrace, 256m box) node aborts in "
+              "node_platform.cc creating its worker threads (SIGABRT) before running any code")
+NO_BASH = "the AgentRun code interpreter runs python and javascript only"
+
+UNSUPPORTED: dict[str, dict[str, str]] = {
+    "local": {
+        "memory_bomb": NO_CGROUP,
+        "fork_bomb": "no pid namespace or pids limit: a fork bomb would take the host down",
+    },
+    "jail": {},
+    "docker-runc": {"plots": NEEDS_MATPLOTLIB},
+    "docker-runsc": {
+        "plots": NEEDS_MATPLOTLIB,
+        "javascript_main_arguments": RUNSC_NODE,
+        "exit_codes": RUNSC_NODE + " (the case includes process.exit)",
+        "daemon_ends_with_timeout": ("open defect found by this suite: under runsc (ptrace) a double-forked, setsid "
+                                     "daemon keeps running after its run times out; runc and the jail kill it"),
+    },
+    "self_managed": {
+        "python_dunder_main_script": RAGFLOW_MAIN,
+        "bash_script": RAGFLOW_LANGS,
+        "exit_codes": RAGFLOW_LANGS,
+        "fork_bomb": RAGFLOW_LANGS,
+        "file_operations": REMOTE_EXECUTOR,
+        "path_traversal_refused": REMOTE_EXECUTOR,
+        "python_contexts": REMOTE_EXECUTOR,
+        "timeout_sigterm_ignored": REMOTE_EXECUTOR + " (the check reads a file)",
+        "background_ends_with_run": REMOTE_EXECUTOR + " (the check reads a file)",
+        "daemon_ends_with_timeout": REMOTE_EXECUTOR + " (the check reads a file)",
+        "memory_bomb": REMOTE_EXECUTOR + " (the check reuses the session)",
+        "plots": NEEDS_MATPLOTLIB + " (the test's remote execbox runs the jail's system runtime)",
+    },
+    "e2b": {
+        "python_non_json_result": DRIFT,
+        "python_dunder_main_script": DRIFT,
+        "exit_codes": DRIFT,
+        "binary_output": DRIFT,
+        "stdout_cap": DRIFT,
+        "stderr_cap": DRIFT,
+        "file_operations": NO_FILE_LIST,
+        "path_traversal_refused": DRIFT + "; a symlink leaving the workspace is followed",
+        "memory_bomb": FAKE_CLOUD,
+        "fork_bomb": FAKE_CLOUD,
+        "timeout_sigterm_ignored": FAKE_CLOUD,
+        "background_ends_with_run": FAKE_CLOUD,
+        "daemon_ends_with_timeout": FAKE_CLOUD,
+        "python_contexts": "E2B contexts are not mapped yet (execute_code runs in the default context)",
+        "plots": FAKE_CLOUD,
+    },
+    "aliyun": {
+        "python_non_json_result": DRIFT,
+        "python_dunder_main_script": DRIFT,
+        "bash_script": NO_BASH,
+        "exit_codes": NO_BASH,
+        "binary_output": DRIFT,
+        "stdout_cap": DRIFT,
+        "stderr_cap": DRIFT,
+        "file_operations": NO_FILE_LIST,
+        "path_traversal_refused": NO_BASH + " (the check makes symlinks with bash)",
+        "memory_bomb": FAKE_CLOUD,
+        "fork_bomb": FAKE_CLOUD,
+        "timeout_sigterm_ignored": FAKE_CLOUD,
+        "background_ends_with_run": FAKE_CLOUD,
+        "daemon_ends_with_timeout": FAKE_CLOUD,
+        "python_contexts": "AgentRun contexts are not mapped yet",
+        "plots": FAKE_CLOUD,
+    },
+}
+
+
+def declared(provider: str, case: str) -> str | None:
+    """The reason ``provider`` cannot run ``case``, or None when it must pass."""
+    assert provider in UNSUPPORTED, provider
+    assert case in CASES, case
+    return UNSUPPORTED[provider].get(case)

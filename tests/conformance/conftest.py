@@ -1,0 +1,117 @@
+"""One initialized provider per conformance id, each on its real component (or the cloud fakes).
+
+A provider whose component is missing skips naming it (it fails in CI, where `make test` installs
+everything); providers are session-scoped because box start-up is the slow part.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+from tests.integration.docker.conftest import docker_engine, runtimes_of  # noqa: F401 - fixture
+from tests.integration.remote.conftest import executor_server, server_provider  # noqa: F401 - fixtures
+from tests.unit.remote.http_server import ThreadedServer
+
+from .capabilities import PROVIDERS
+
+MEMORY = "256m"
+
+
+def _jail() -> Any:
+    from execbox.boxes.runtime import runtimes_dir
+    from execbox.providers.jail import JailProvider
+
+    ok, reason = JailProvider.availability()
+    require(ok, f"bubblewrap jail ({reason})")
+    require(os.path.exists(os.path.join(runtimes_dir(), "sci", "execbox-runtime.json")),
+            "jail runtime 'sci' (scripts/setup/test/20-jail-runtime.sh)")
+    p = JailProvider()
+    p.initialize({"pool_size": 1, "max_memory": MEMORY, "pids_limit": 64, "preload": "none", "runtime": "sci",
+                  "timeout": 30})
+    return p
+
+
+def _docker(request: pytest.FixtureRequest, runtime: str) -> Any:
+    engine = request.getfixturevalue("docker_engine")
+    require(runtime in runtimes_of(engine), f"docker runtime {runtime}")
+    from execbox.providers.docker import DockerProvider
+
+    p = DockerProvider()
+    p.initialize({"runtime": runtime, "pool_size": 1, "pool_wait": 120, "max_memory": MEMORY, "pids_limit": 64,
+                  "cpus": 1.0, "timeout": 30})
+    return p
+
+
+def _self_managed(request: pytest.FixtureRequest) -> Any:
+    from execbox.providers.self_managed import SelfManagedProvider
+
+    srv = request.getfixturevalue("executor_server")
+    p = SelfManagedProvider()
+    p.initialize({"endpoint": srv.url, "timeout": 30, "max_retries": 0})
+    return p
+
+
+def _e2b(stack: list[Any]) -> Any:
+    from e2b.sandbox_sync.commands.command import Commands
+
+    from execbox.providers.e2b import E2BProvider
+    from tests.unit.remote.fake_e2b import FakeE2B, create_fake_e2b_app, fake_commands_run
+
+    state = FakeE2B()
+    srv = ThreadedServer(create_fake_e2b_app(state)).start()
+    mp = pytest.MonkeyPatch()
+    for var in ("E2B_API_KEY", "E2B_DOMAIN", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_DEBUG"):
+        mp.delenv(var, raising=False)
+    mp.setattr(Commands, "run", fake_commands_run(state))
+    stack.extend([mp.undo, srv.stop, state.cleanup])
+    p = E2BProvider()
+    p.initialize({"api_key": state.api_key, "api_url": srv.url, "sandbox_url": srv.url, "timeout": 30})
+    return p
+
+
+def _aliyun(stack: list[Any]) -> Any:
+    from execbox.providers.aliyun import AliyunCodeInterpreterProvider
+    from tests.unit.remote.fake_agentrun import FakeAgentRun, create_fake_agentrun_app, install_fake_control_plane
+
+    state = FakeAgentRun()
+    srv = ThreadedServer(create_fake_agentrun_app(state)).start()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DISABLE_BREAKING_CHANGES_WARNING", "1")
+    install_fake_control_plane(state, mp)
+    stack.extend([mp.undo, srv.stop, state.cleanup])
+    p = AliyunCodeInterpreterProvider()
+    p.initialize({"access_key_id": state.access_key_id, "access_key_secret": state.access_key_secret,
+                  "account_id": state.account_id, "data_endpoint": srv.url, "timeout": 30})
+    return p
+
+
+@pytest.fixture(scope="session", params=PROVIDERS)
+def conformance_provider(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
+    name = request.param
+    stack: list[Any] = []
+    if name == "local":
+        from execbox.providers.local import LocalProvider
+
+        p: Any = LocalProvider()
+        p.initialize({"max_memory": "1g", "timeout": 30})
+    elif name == "jail":
+        p = _jail()
+    elif name.startswith("docker-"):
+        p = _docker(request, name.split("-", 1)[1])
+    elif name == "self_managed":
+        p = _self_managed(request)
+    elif name == "e2b":
+        p = _e2b(stack)
+    elif name == "aliyun":
+        p = _aliyun(stack)
+    else:
+        raise AssertionError(name)
+    yield name, p
+    p.shutdown()
+    for undo in reversed(stack):
+        undo()

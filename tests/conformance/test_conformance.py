@@ -1,0 +1,283 @@
+"""The same programs on every provider, with exact expected results (docs/providers.md lists
+what each provider declares it cannot do, generated from capabilities.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from execbox.errors import OutOfMemoryError, PathError, SandboxError
+from execbox.models import ExecutionResult
+
+from .capabilities import CASES, declared
+
+CAP = 1024 * 1024  # every provider's default stdout/stderr cap
+
+
+class Box:
+    """One instance of the provider under test, with short helpers for the corpus."""
+
+    def __init__(self, provider: Any, name: str) -> None:
+        self.p = provider
+        self.name = name
+        self.instances: list[str] = []
+
+    def new(self, language: str = "python") -> str:
+        inst = self.p.create_instance(language, tenant_id="conf", session_id=f"c{len(self.instances)}")
+        self.instances.append(inst.instance_id)
+        return inst.instance_id
+
+    def run(self, code: str, language: str = "python", *, timeout: float = 20, arguments: Any = None,
+            instance: str | None = None, **kw: Any) -> ExecutionResult:
+        iid = instance or self.new(language)
+        return self.p.execute_code(iid, code, language, timeout, arguments, inline_artifacts=True, **kw)
+
+    def close(self) -> None:
+        for iid in self.instances:
+            try:
+                self.p.destroy_instance(iid)
+            except SandboxError:
+                pass
+
+
+@pytest.fixture
+def box(conformance_provider, request) -> Iterator[Box]:
+    name, provider = conformance_provider
+    case = request.node.callspec.params["case"]
+    reason = declared(name, case)
+    if reason is not None:
+        pytest.skip(f"{name} declares it cannot run {case}: {reason}")
+    b = Box(provider, name)
+    yield b
+    b.close()
+
+
+def _ok(r: ExecutionResult) -> ExecutionResult:
+    assert r.exit_code == 0 and not r.timed_out and r.error_code is None, (r.exit_code, r.stderr, r.metadata)
+    return r
+
+
+def python_main_arguments(b: Box) -> None:
+    r = _ok(b.run("def main(a, b):\n    print('side')\n    return {'sum': a + b, 'items': [a, b, None]}\n",
+                  arguments={"a": 2, "b": 40}))
+    assert r.result == {"sum": 42, "items": [2, 40, None]}
+    assert r.stdout == "side\n"
+
+
+def python_non_json_result(b: Box) -> None:
+    r = b.run("def main():\n    return object()\n", arguments={})
+    assert r.exit_code == 1
+    assert r.result is None
+    assert "not JSON-serializable" in r.stderr
+
+
+def python_dunder_main_script(b: Box) -> None:
+    r = _ok(b.run("def main():\n    print('main called')\n    return 1\n\n"
+                  "if __name__ == '__main__':\n    print('script')\n"))
+    assert r.stdout == "script\n"
+    assert r.result is None
+
+
+def python_plain_script(b: Box) -> None:
+    r = _ok(b.run("x = 6 * 7\nprint(x)\n"))
+    assert r.stdout == "42\n" and r.stderr == "" and r.result is None
+
+
+def javascript_main_arguments(b: Box) -> None:
+    r = _ok(b.run("function main(args) {\n  console.log('js');\n  return {n: args.n * 2, s: 'ok'};\n}\n",
+                  "javascript", arguments={"n": 21}))
+    assert r.result == {"n": 42, "s": "ok"}
+    assert r.stdout == "js\n"
+
+
+def bash_script(b: Box) -> None:
+    r = b.run("echo out; echo err >&2; exit 4", "bash")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 4)
+
+
+def exit_codes(b: Box) -> None:
+    assert b.run("import sys\nsys.exit(3)").exit_code == 3
+    assert b.run("process.exit(5)", "javascript").exit_code == 5
+    assert b.run("exit 7", "bash").exit_code == 7
+
+
+def unicode_output(b: Box) -> None:
+    text = "héllo wörld 世界 🎉"
+    r = _ok(b.run(f"print({text!r})"))
+    assert r.stdout == text + "\n"
+
+
+def binary_output(b: Box) -> None:
+    r = _ok(b.run("import sys\nsys.stdout.buffer.write(b'ok\\xff\\xfe!\\n')\nsys.stdout.flush()"))
+    assert r.stdout == "ok\ufffd\ufffd!\n"
+
+
+def stdout_cap(b: Box) -> None:
+    r = b.run("import sys\nsys.stdout.write('x' * (3 * 1024 * 1024))\nprint('END')")
+    assert r.truncated is True
+    assert CAP - 4096 <= len(r.stdout.encode()) <= CAP + 4096
+    assert set(r.stdout[:1000]) == {"x"}
+
+
+def stderr_cap(b: Box) -> None:
+    r = b.run("import sys\nsys.stderr.write('e' * (3 * 1024 * 1024))")
+    assert r.truncated is True
+    assert CAP - 4096 <= len(r.stderr.encode()) <= CAP + 4096
+
+
+def timeout(b: Box) -> None:
+    started = time.monotonic()
+    r = b.run("import time\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.01)\n", timeout=2)
+    assert r.timed_out is True
+    assert r.error_code == "SB005"
+    assert time.monotonic() - started < 20
+
+
+def timeout_sigterm_ignored(b: Box) -> None:
+    iid = b.new()
+    code = ("import signal, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import signal, time\\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+            "while True:\\n    open(\"beat\", \"a\").write(\".\")\\n    time.sleep(0.05)'])\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "time.sleep(60)\n")
+    r = b.run(code, timeout=2, instance=iid)
+    assert r.timed_out and r.error_code == "SB005"
+    _assert_stops_growing(b, iid, "beat")
+
+
+def background_ends_with_run(b: Box) -> None:
+    iid = b.new("bash")
+    r = _ok(b.run("(while true; do echo . >> bg.txt; sleep 0.05; done) &\nsleep 0.3\necho started", "bash",
+                  instance=iid))
+    assert r.stdout == "started\n"
+    _assert_stops_growing(b, iid, "bg.txt")
+
+
+def daemon_ends_with_timeout(b: Box) -> None:
+    iid = b.new()
+    code = ("import os, time\n"
+            "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        while True:\n            open('daemon.txt', 'a').write('.')\n            time.sleep(0.05)\n"
+            "    os._exit(0)\n"
+            "time.sleep(60)\n")
+    r = b.run(code, timeout=2, instance=iid)
+    assert r.timed_out and r.error_code == "SB005"
+    _assert_stops_growing(b, iid, "daemon.txt")
+
+
+def _assert_stops_growing(b: Box, iid: str, path: str) -> None:
+    """The file a killed/finished process kept appending to does not grow any more."""
+    size = len(b.p.read_bytes(iid, path))
+    assert size > 0
+    time.sleep(0.6)
+    assert len(b.p.read_bytes(iid, path)) == size
+
+
+def memory_bomb(b: Box) -> None:
+    """SB006 either as the run's result (the agent survived) or raised (the OOM took the whole box)."""
+    iid = b.new()
+    bomb = "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))\n"
+    try:
+        r = b.run(bomb, timeout=30, instance=iid)
+    except OutOfMemoryError:
+        pass
+    else:
+        assert r.error_code == "SB006", (r.exit_code, r.stderr[-500:], r.metadata)
+        assert r.exit_code != 0
+        again = b.p.execute_code(iid, "print('alive')", "python", 20, None)  # the agent survived: box usable
+        assert again.stdout == "alive\n"
+    assert _ok(b.run("print('next')")).stdout == "next\n"  # and a new instance works
+
+
+def fork_bomb(b: Box) -> None:
+    iid = b.new("bash")
+    started = time.monotonic()
+    b.run(":(){ :|:& };:", "bash", timeout=5, instance=iid)
+    assert time.monotonic() - started < 30  # the run ended: the bomb did not hold the box
+    after = _ok(b.p.execute_code(iid, "print('fine')", "python", 20, None))  # its tree is gone: forks work
+    assert after.stdout == "fine\n"
+
+
+def artifacts(b: Box) -> None:
+    r = _ok(b.run("import os\nos.makedirs('artifacts', exist_ok=True)\n"
+                  "open('artifacts/report.txt', 'w').write('numbers: 1 2 3\\n')\n"
+                  "open('artifacts/raw.bin', 'wb').write(bytes(range(256)))\n"))
+    by_name = {a.name: a for a in r.artifacts}
+    assert set(by_name) == {"report.txt", "raw.bin"}
+    assert by_name["report.txt"].read_bytes() == b"numbers: 1 2 3\n"
+    raw = by_name["raw.bin"]
+    assert raw.size == 256 and raw.sha256 == hashlib.sha256(bytes(range(256))).hexdigest()
+    assert raw.read_bytes() == bytes(range(256))
+
+
+def plots(b: Box) -> None:
+    r = _ok(b.run("import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+                  "plt.plot([1, 2, 3], [3, 1, 2])\n", timeout=60))
+    pngs = [a for a in r.artifacts if a.mime_type == "image/png"]
+    assert len(pngs) == 1
+    assert pngs[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def file_operations(b: Box) -> None:
+    iid = b.new()
+    b.p.write_file(iid, "dir/a.txt", "one\ntwo\nthree\n")
+    b.p.write_file(iid, "dir/b.bin", bytes([0, 1, 2, 255]))
+    page = b.p.read_file(iid, "dir/a.txt", 1, 1)
+    assert page.content == "two\n" and page.total_lines == 3
+    assert b.p.read_bytes(iid, "dir/b.bin") == bytes([0, 1, 2, 255])
+    assert {f.path for f in b.p.list_files(iid, "dir")} == {"dir/a.txt", "dir/b.bin"}
+    assert b.p.glob(iid, "**/*.txt") == ["dir/a.txt"]
+    hits = b.p.grep(iid, "^thr", ".", None, 10)
+    assert [(m.path, m.line_number, m.line) for m in hits] == [("dir/a.txt", 3, "three")]
+    r = _ok(b.p.execute_code(iid, "print(open('dir/a.txt').read().split())", "python", 20, None))
+    assert r.stdout == "['one', 'two', 'three']\n"
+
+
+def path_traversal_refused(b: Box) -> None:
+    iid = b.new("bash")
+    _ok(b.p.execute_code(iid, "ln -s /etc outside && ln -s ../.. up", "bash", 20, None))
+    for bad in ("../x", "/etc/passwd", "a/../../b", "outside/passwd", "up/etc/passwd", "nul\x00byte"):
+        with pytest.raises(PathError):
+            b.p.read_bytes(iid, bad)
+        with pytest.raises(PathError):
+            b.p.write_file(iid, bad, "x")
+
+
+def python_contexts(b: Box) -> None:
+    iid = b.new()
+    _ok(b.p.execute_code(iid, "total = 40", "python", 20, None, context_id="a"))
+    r = _ok(b.p.execute_code(iid, "total += 2\nprint(total)", "python", 20, None, context_id="a"))
+    assert r.stdout == "42\n"
+    other = b.p.execute_code(iid, "print(total)", "python", 20, None, context_id="b")
+    assert other.exit_code != 0 and "NameError" in other.stderr
+
+
+CORPUS: dict[str, Callable[[Box], None]] = {name: globals()[name] for name in CASES}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_conformance(box: Box, case: str) -> None:
+    CORPUS[case](box)
+
+
+def test_every_case_has_a_program() -> None:
+    assert set(CORPUS) == set(CASES)
+
+
+def test_capability_table_in_docs_is_generated_from_the_declarations() -> None:
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("gen_capabilities", os.path.join(root, "scripts",
+                                                                                   "gen_capabilities.py"))
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    with open(os.path.join(root, "docs", "providers.md"), encoding="utf-8") as f:
+        assert f.read() == gen.render(), "docs/providers.md is stale: run scripts/gen_capabilities.py"
