@@ -7,7 +7,7 @@ here must pass the case exactly like the jail does.
 
 from __future__ import annotations
 
-PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "self_managed", "e2b", "aliyun"]
+PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "kubernetes", "self_managed", "e2b", "aliyun"]
 """Conformance ids: registry names, with docker split by OCI runtime."""
 
 CASES: dict[str, str] = {
@@ -55,14 +55,14 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "fork_bomb": "no pid namespace or pids limit: a fork bomb would take the host down",
     },
     "jail": {},
-    "docker-runc": {"plots": NEEDS_MATPLOTLIB},
+    "docker-runc": {},
     "docker-runsc": {
-        "plots": NEEDS_MATPLOTLIB,
         "javascript_main_arguments": RUNSC_NODE,
         "exit_codes": RUNSC_NODE + " (the case includes process.exit)",
         "daemon_ends_with_timeout": ("open defect found by this suite: under runsc (ptrace) a double-forked, setsid "
                                      "daemon keeps running after its run times out; runc and the jail kill it"),
     },
+    "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
     "self_managed": {
         "python_dunder_main_script": RAGFLOW_MAIN,
         "bash_script": RAGFLOW_LANGS,

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import require
 from tests.integration.docker.conftest import docker_engine, runtimes_of  # noqa: F401 - fixture
+from tests.integration.kubernetes.conftest import fake_apiserver  # noqa: F401 - fixture
 from tests.integration.remote.conftest import executor_server, server_provider  # noqa: F401 - fixtures
 from tests.unit.remote.http_server import ThreadedServer
 
@@ -44,6 +45,17 @@ def _docker(request: pytest.FixtureRequest, runtime: str) -> Any:
     p = DockerProvider()
     p.initialize({"runtime": runtime, "pool_size": 1, "pool_wait": 120, "max_memory": MEMORY, "pids_limit": 64,
                   "cpus": 1.0, "timeout": 30})
+    return p
+
+
+def _kubernetes(request: pytest.FixtureRequest) -> Any:
+    """Pods through the in-test API server: each a real runc container of the worker image."""
+    from execbox.providers.kubernetes import KubernetesProvider
+    from tests.integration.kubernetes.conftest import provider_config
+
+    p = KubernetesProvider()
+    p.initialize(provider_config(request.getfixturevalue("fake_apiserver"), pool_size=1, pool_wait=120, memory="256Mi",
+                         timeout=30, sweep_interval=5))
     return p
 
 
@@ -103,6 +115,8 @@ def conformance_provider(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
         p = _jail()
     elif name.startswith("docker-"):
         p = _docker(request, name.split("-", 1)[1])
+    elif name == "kubernetes":
+        p = _kubernetes(request)
     elif name == "self_managed":
         p = _self_managed(request)
     elif name == "e2b":

@@ -206,7 +206,18 @@ class DockerBox(Box):
     def oom_events(self) -> int:
         """OOM kills in the container's memory cgroup; from container state once it has exited."""
         count = _read_oom_kills(self._oom_file) if self._oom_file else None
+        if self.client.dead and not count and self._oom_file and _at_memory_limit(self._oom_file):
+            # gVisor's sentry can kill the sandbox at its memory limit without a host OOM kill: a box
+            # that died with its peak at the limit ran out of memory.
+            count = 1
         if count is None or self.client.dead:
+            try:
+                if self.client.dead and not count:
+                    # The agent's stream can close before the engine records the OOM kill (seen under
+                    # runsc): wait for the container to stop so State.OOMKilled is final.
+                    self.docker.api.wait(self.container_id, timeout=OOM_SETTLE_SECONDS)
+            except Exception:  # noqa: BLE001 - still running after the wait, or already removed
+                pass
             try:
                 state = self.docker.api.inspect_container(self.container_id)["State"]
                 count = max(count or 0, 1 if state.get("OOMKilled") else 0)
@@ -368,6 +379,28 @@ def _read_oom_kills(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+MEMORY_LIMIT_FRACTION = 0.95
+"""A dead box whose peak memory reached this share of its limit is counted as out of memory."""
+
+
+def _at_memory_limit(oom_file: str) -> bool:
+    """Whether the container's memory cgroup peaked at its limit (v1 and v2 file names)."""
+    d = os.path.dirname(oom_file)
+    for peak_name, limit_name in (("memory.max_usage_in_bytes", "memory.limit_in_bytes"),
+                                  ("memory.peak", "memory.max")):
+        try:
+            with open(os.path.join(d, peak_name), encoding="ascii") as fh:
+                peak = int(fh.read().strip())
+            with open(os.path.join(d, limit_name), encoding="ascii") as fh:
+                raw = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+        if not raw.isdigit():
+            return False  # "max": no limit to reach
+        return peak >= int(raw) * MEMORY_LIMIT_FRACTION
+    return False
+
+
 def _proc_start_time(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
@@ -395,8 +428,12 @@ def owner_is_gone(owner: str) -> bool:
 
 def labelled_resources(client: Any, label_filter: str) -> tuple[list[Any], list[Any]]:
     """(containers incl. stopped, volumes) matching a Docker label filter."""
-    return (client.containers.list(all=True, filters={"label": label_filter}),
+    return (client.containers.list(all=True, filters={"label": label_filter}, ignore_removed=True),
             client.volumes.list(filters={"label": label_filter}))
+
+
+OOM_SETTLE_SECONDS = 5
+"""How long a dead box's container may take to stop before its OOM state is read."""
 
 
 def remove_all(objects: list[Any]) -> int:

@@ -1,9 +1,10 @@
 """Fixtures for the kubernetes provider: an in-test API server whose pods are real containers.
 
-``fake_apiserver`` (session) runs pods as Docker containers of the cached worker image (runc),
-``k8s_provider_factory`` initialises providers against it and shuts them down, and
-``kubernetes_provider`` is the one initialised provider other suites (tests/conformance/) can
-use: import it into their conftest with ``from tests.integration.kubernetes.conftest import *``.
+``fake_apiserver`` (session) runs pods as Docker containers of the cached worker image (runc);
+``provider_config(fake, **overrides)`` is a provider config pointing at it (tests/conformance/
+builds its provider with it); ``k8s_provider_factory`` initialises providers per test and checks
+that every pod they started is gone afterwards; ``kubernetes_provider`` is one session-wide
+provider (warm pool of 2) for other suites.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _reset(fake) -> None:
     fake.hold_pending = False
 
 
-def _config(fake, **config):
+def provider_config(fake, **config):
     return {"kubeconfig": fake.kubeconfig_path, "agent_secret": SECRET, "pool_size": 0, "pool_wait": 60,
             "ready_timeout": 60, "api_timeout": 5, "sweep_interval": 0.5, "preload": "none", "memory": "256Mi",
             **config}
@@ -72,7 +73,7 @@ def k8s_provider_factory(fake_apiserver):
 
     def make(**config):
         p = KubernetesProvider()
-        p.initialize(_config(fake_apiserver, **config))
+        p.initialize(provider_config(fake_apiserver, **config))
         made.append(p)
         return p
 
@@ -89,6 +90,6 @@ def kubernetes_provider(fake_apiserver):
     from execbox.providers.kubernetes import KubernetesProvider
 
     p = KubernetesProvider()
-    p.initialize(_config(fake_apiserver, pool_size=2, pool_wait=120, sweep_interval=5))
+    p.initialize(provider_config(fake_apiserver, pool_size=2, pool_wait=120, sweep_interval=5))
     yield p
     _shutdown_and_check(fake_apiserver, [p])
