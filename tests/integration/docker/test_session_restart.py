@@ -52,7 +52,9 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> Non
             r = c.post("/v1/sandbox/execute", json={"session_id": "d", "context_id": "c",
                                                      "code": "print(x + 1, open('f').read())"})
             assert r.status_code == 200, r.text
-            assert r.json()["stdout"] == "42 dk\n"  # the context's globals survived the restart
+            if r.json()["stdout"] != "42 dk\n":  # show why the re-attach failed
+                proc.send_signal(subprocess.signal.SIGTERM)
+                raise AssertionError(f"{r.json()}\n{proc.communicate(timeout=60)[1][-3000:]}")
             assert "session" not in r.json()["metadata"]  # nothing was lost
             ids = [k.id for k in docker_engine.containers.list(all=True, filters={"label": label})]
             assert ids == [container.id]  # the stray one was removed at start

@@ -43,6 +43,9 @@ class LifecycleMixin:
         s = Session(rec.tenant_id, rec.session_id, path, created_at=rec.created_at, state=state,
                     contexts_lost=rec.contexts_lost, expires_at=rec.expires_at)
         if state == "running" and rec.box_handle.get("container_id"):
+            if self._current_or_none() is None:  # provider still starting: re-attach on first use
+                s.pending_handle = rec
+                return s
             self._reattach(s, rec)
         if s.instance_id is None and had_box and state == "running":
             s.contexts_lost = True

@@ -75,6 +75,8 @@ class Session:
     expires_at: float | None = None
     last_used_wall: float = field(default_factory=time.time)
     network: dict[str, Any] | None = None
+    pending_handle: Any = None
+    """A registry row whose running box could not be re-attached yet (provider still starting)."""
     """The session's network policy (issue 14 fills it; the registry keeps it as network_policy)."""
 
     def to_dict(self, owner: str | None = None) -> dict[str, Any]:
@@ -257,6 +259,11 @@ class SessionManager(AdminMixin, LifecycleMixin):
                     + (" with its workspace intact" if s.workspace else ""),
                     details={"box_died": True, "instance_id": dead, "recreated_on_next_use": True,
                              "tenant_id": s.tenant_id, "session_id": s.session_id})
+        if s.instance_id is None and s.pending_handle is not None:
+            rec, s.pending_handle = s.pending_handle, None
+            self._reattach(s, rec)
+            if s.instance_id is None:
+                s.contexts_lost = True
         if s.instance_id is None:
             self._create_instance(s, template)
 
