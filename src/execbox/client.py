@@ -168,6 +168,26 @@ class RemoteSandbox:
         return self._run("bash", body, timeout, on_output)
 
     # -- lifecycle --------------------------------------------------------------------------
+    # -- session state (docs/sessions.md) ----------------------------------------------------
+    def _session_call(self, method: str, suffix: str = "") -> dict[str, Any]:
+        tenant = self.tenant_id or self._whoami_tenant()
+        r = self._send(method, f"sessions/{tenant}/{self.session_id}{suffix}")
+        if r.status_code >= 400:
+            raise _error(r)
+        return r.json()
+
+    def info(self) -> dict[str, Any]:
+        """The session's registry entry: state, owning replica, expiry, contexts_lost."""
+        return self._session_call("GET")
+
+    def pause(self) -> dict[str, Any]:
+        """Stop the session's box (CPU and memory freed); files stay until the retention ends."""
+        return self._session_call("POST", "/pause")
+
+    def resume(self) -> dict[str, Any]:
+        """Start a paused session's box again under the same id (using it also resumes it)."""
+        return self._session_call("POST", "/resume")
+
     def close(self) -> None:
         if self.closed:
             return

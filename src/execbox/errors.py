@@ -113,6 +113,17 @@ class SessionNotFoundError(InvalidConfigError):
     http_status = 404
 
 
+class SessionLostError(ProviderUnavailableError):
+    """The registry knows the session but its workspace is gone (its host or disk was lost):
+    nothing can be recovered; delete it (or let its retention expire) to reuse the name."""
+
+    http_status = 410
+
+
+class SessionDrainingError(ProviderUnavailableError):
+    """The replica is shutting down (SIGTERM): it takes no new work; retry on another replica."""
+
+
 ERRORS_BY_CODE: dict[str, type[SandboxError]] = {
     cls.code: cls
     for cls in (

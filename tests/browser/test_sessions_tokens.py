@@ -22,10 +22,11 @@ def test_sessions_listed_and_destroyed(signed_in: Any, server: Server, jail_acti
     page.get_by_role("link", name="Sessions").click()
     row = page.locator('tr[data-session="acme/doomed"]')
     row.wait_for()
-    cells = dict(zip(["tenant", "session", "provider", "age", "idle", "executions", "state"],
-                     row.locator("td").all_inner_texts(), strict=False))
+    cells = dict(zip(["tenant", "session", "provider", "age", "idle", "executions", "state", "lifecycle",
+                      "owner", "expires"], row.locator("td").all_inner_texts(), strict=False))
     assert (cells["tenant"], cells["session"], cells["provider"], cells["executions"], cells["state"]) == (
         "acme", "doomed", "jail", "2", "idle")
+    assert (cells["lifecycle"], cells["expires"]) == ("running", "-") and cells["owner"] not in ("", "-")
     assert cells["age"].endswith(("ms", " s", "min"))
     screenshot(page, "sessions")
 

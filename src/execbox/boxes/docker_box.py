@@ -32,6 +32,9 @@ log = logging.getLogger("execbox.docker")
 
 LABEL_PREFIX = "execbox."
 OWNER_LABEL = "execbox.owner"
+REGISTRY_LABEL = "execbox.registry"
+"""Set on a session's container when a persistent session registry tracks it (value: the
+workspaces root that registry's sessions live under); such a container survives a restart."""
 STDOUT, STDERR = 1, 2
 STDERR_TAIL = 8192
 
@@ -335,6 +338,43 @@ def start_container(docker_client: Any, spec: ContainerSpec,
         raise
 
 
+def reattach_container(docker_client: Any, container_id: str, workspace: str | None,
+                       ping_timeout: float = 10.0) -> DockerBox:
+    """A DockerBox for a container a previous execbox process started and left running.
+
+    The agent is the container's main process and the container keeps its stdin open
+    (``stdin_open``, not ``stdin_once``), so a new ``attach`` stream reaches the same agent with
+    its contexts. Output written while nobody was attached went to the log driver, not to this
+    stream; request ids start far from the previous process's so a late reply to one of its
+    requests can never be mistaken for ours. A ping proves the agent answers."""
+    import itertools
+    import secrets
+
+    api = docker_client.api
+    attrs = api.inspect_container(container_id)
+    if not attrs["State"].get("Running"):
+        raise InstanceCreationError(f"container {container_id[:12]} is not running",
+                                    details={"container": container_id[:12]})
+    cfg, host = attrs["Config"], attrs["HostConfig"]
+    spec = ContainerSpec(image=cfg.get("Image", ""), runtime=host.get("Runtime") or "", name=attrs["Name"].lstrip("/"),
+                         labels=dict(cfg.get("Labels") or {}), memory_bytes=int(host.get("Memory") or 0),
+                         cpus=(host.get("NanoCpus") or 0) / 1e9, pids_limit=int(host.get("PidsLimit") or 0),
+                         host_workspace=workspace)
+    sock = api.attach_socket(attrs["Id"], params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+    transport = AttachTransport(sock)
+    client = AgentClient(transport, spec.name)
+    client.ids = itertools.count(1_000_000_000 + secrets.randbelow(1_000_000_000))
+    try:
+        pong = client.call("ping", timeout=ping_timeout)
+    except BaseException:
+        transport.close()
+        raise
+    client.hello = {"event": "ready", "pid": pong.get("pid"), "reattached": True}
+    box = DockerBox(spec.name, client, docker_client, attrs["Id"], spec, transport)
+    box.keep_workspace = workspace is not None
+    return box
+
+
 def _exit_state(api: Any, container_id: str) -> str:
     """Why a container stopped, from its state (exit code, OOM, engine error)."""
     try:
@@ -442,6 +482,8 @@ def remove_stale(client: Any, me: str) -> int:
 
     def stale(labels: dict[str, str] | None) -> bool:
         owner = (labels or {}).get(OWNER_LABEL, "")
+        if (labels or {}).get(REGISTRY_LABEL):
+            return False  # a registered session's box outlives its process: the registry decides
         return bool(owner) and owner != me and owner_is_gone(owner)
 
     removed = remove_all([c for c in containers if stale(c.labels)])

@@ -62,7 +62,10 @@ def serve(
                f"data in {store.data_dir}", err=True)
     typer.echo(f"  API      http://{shown}:{port}/v1/sandbox  (OpenAPI: /docs, /openapi.json)", err=True)
     typer.echo(f"  console  http://{shown}:{port}/admin/    health: /healthz /readyz /metrics", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    # SIGTERM/SIGINT: uvicorn stops accepting, in-flight requests get drain_timeout, then the
+    # lifespan drains the sessions (boxes stopped, sessions kept: docs/sessions.md).
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
+                timeout_graceful_shutdown=int(settings.drain_timeout) + 1)
 
 
 def register(app: typer.Typer) -> None:

@@ -39,6 +39,7 @@ from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make
 from ..settings import parse_bool
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, Instance
 from .base import OutputCallback
+from .docker_sessions import DockerSessionsMixin
 from .gpu_config import GPU_SCHEMA, docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
@@ -73,7 +74,7 @@ def docker_client(base_url: str = "", timeout: float = 30.0) -> Any:
     return docker.from_env(timeout=int(timeout))
 
 
-class DockerProvider(AgentBackedProvider):
+class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
     name = "docker"
     display_name = "Docker (gVisor)"
     description = ("Hardened containers from a warm pool: gVisor (runsc) when registered with the "
@@ -96,6 +97,7 @@ class DockerProvider(AgentBackedProvider):
         self._warm_seq = 0
         self._pending = 0
         self._pending_lock = threading.Condition()
+        self._kept: set[str] = set()  # session containers detached at shutdown, left running
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
@@ -293,13 +295,13 @@ class DockerProvider(AgentBackedProvider):
 
     # -- boxes ------------------------------------------------------------------------------
     def container_spec(self, *, tenant_id: str = "", session_id: str = "", instance_id: str = "",
-                       workspace: str | None = None) -> ContainerSpec:
+                       workspace: str | None = None, labels: dict[str, str] | None = None) -> ContainerSpec:
         c = self.config
         memory = parse_size(c["max_memory"])
         short = uuid.uuid4().hex[:12]
         labels = {"execbox.tenant": tenant_id, "execbox.session": session_id, "execbox.instance": instance_id,
                   "execbox.pooled": "false" if instance_id else "true", OWNER_LABEL: self.owner,
-                  PROVIDER_LABEL: self.uid}
+                  PROVIDER_LABEL: self.uid, **(labels or {})}
         # The agent's per-run data limit sits below the cgroup limit, so most bombs end in a clean
         # MemoryError (SB006) instead of a cgroup OOM kill; the cgroup stays the hard backstop.
         agent_limits = {"memory_bytes": int(memory * 0.8), "fsize_bytes": 256 * 1024**2, "nofile": 1024}
@@ -320,11 +322,12 @@ class DockerProvider(AgentBackedProvider):
             preload=c.get("preload") or "auto", agent_limits=agent_limits,
         )
 
-    def start_box(self, workspace: str | None = None, **ids: str) -> DockerBox:
+    def start_box(self, workspace: str | None = None, labels: dict[str, str] | None = None,
+                  **ids: str) -> DockerBox:
         if workspace is not None:
             os.makedirs(workspace, exist_ok=True)
             os.chown(workspace, 1000, 1000)
-        box = start_container(self.docker, self.container_spec(workspace=workspace, **ids))
+        box = start_container(self.docker, self.container_spec(workspace=workspace, labels=labels, **ids))
         box.remover = self._remove_later
         if workspace is None and not ids:  # a pool box: worth preparing off the hot path
             try:
@@ -420,15 +423,16 @@ class DockerProvider(AgentBackedProvider):
             run()
 
     def create_instance(self, template: str = "python", *, tenant_id: str = "default",
-                        session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
+                        session_id: str | None = None, workspace: str | None = None,
+                        labels: dict[str, str] | None = None) -> SandboxInstance:
         """A pooled container (waiting up to ``pool_wait`` s); a cold start only without a pool."""
         self._require_initialized()
         self.admit(tenant_id)
         if self._pool is None or workspace is not None:
             instance_id = make_instance_id(tenant_id, session_id)
             try:
-                box = self.start_box(workspace, tenant_id=tenant_id, session_id=session_id or "",
-                                     instance_id=instance_id)
+                box = self.start_box(workspace, labels=labels if workspace is not None else None,
+                                     tenant_id=tenant_id, session_id=session_id or "", instance_id=instance_id)
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -502,7 +506,7 @@ class DockerProvider(AgentBackedProvider):
         if self.docker is not None:
             try:
                 containers, volumes = self.owned_resources(mine=True)
-                remove_all([*containers, *volumes])
+                remove_all([*(c for c in containers if c.id not in self._kept), *volumes])
             except Exception as e:  # noqa: BLE001
                 log.warning("docker: final cleanup failed: %s", e)
             self.docker.close()

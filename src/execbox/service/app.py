@@ -100,7 +100,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     workspaces = settings.resolve_workspaces_dir(settings.data_dir or str(store.data_dir))
 
     metrics = ServiceMetrics()
-    sessions = SessionManager(providers, settings, workspaces, metrics)
+    sessions = SessionManager(providers, settings, workspaces, metrics,
+                              registry=getattr(store, "sessions", None))
     metrics.bind_live(sessions.count, lambda: _pool_statuses(providers))
     audit = AuditWriter(store)
     executor = Executor(sessions, metrics, OperationLog(audit, settings.audit_code))
@@ -135,6 +136,9 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     app.state.executor = executor
     install_error_handlers(app)
     egress_svc = install_egress(app, store, metrics)  # issue 14: egress audit, tenant caps, routes
+    from .forwarding import ForwardToOwner
+
+    app.add_middleware(ForwardToOwner, replica=sessions.replica)  # inside BodyLimit: bodies are bounded
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     from .routes import health, sandbox

@@ -39,6 +39,19 @@ class ServiceSettings:
     reap_interval: float = 0.0
     """Seconds between idle sweeps; 0 derives it from idle_timeout."""
     data_dir: str = ""
+    replica_id: str = ""
+    """EXECBOX_REPLICA_ID: this replica's name in the session registry (empty: the host name).
+    Stable across restarts, so a restarted replica re-adopts its sessions; unique per replica."""
+    replica_url: str = ""
+    """EXECBOX_REPLICA_URL: the URL other replicas use to reach this one (shown in the registry)."""
+    lease_ttl: float = 15.0
+    """EXECBOX_SESSION_LEASE: seconds a replica's ownership lasts without a heartbeat."""
+    paused_retention: float = 86400.0
+    """EXECBOX_PAUSED_RETENTION: seconds a paused session is kept before it is deleted."""
+    idle_action: str = "destroy"
+    """SANDBOX_IDLE_ACTION: what happens to an idle session: destroy (default) or pause."""
+    drain_timeout: float = 30.0
+    """EXECBOX_DRAIN_TIMEOUT: seconds in-flight requests may finish after SIGTERM."""
     """The store's data directory (empty: the store's own)."""
     workspaces_dir: str = ""
     """EXECBOX_WORKSPACES_DIR: session workspaces persist here as <tenant>/<session>.
@@ -71,7 +84,8 @@ class ServiceSettings:
             return raw if raw is not None and raw.strip() != "" else None
 
         values: dict[str, object] = {"default_timeout": sandbox_timeout(env)}
-        durations = {"SANDBOX_IDLE_TIMEOUT": "idle_timeout"}
+        durations = {"SANDBOX_IDLE_TIMEOUT": "idle_timeout", "EXECBOX_SESSION_LEASE": "lease_ttl",
+                     "EXECBOX_PAUSED_RETENTION": "paused_retention", "EXECBOX_DRAIN_TIMEOUT": "drain_timeout"}
         ints = {
             "SANDBOX_MAX_SESSIONS": ("max_sessions", 1),
             "SANDBOX_TENANT_MAX_SESSIONS": ("tenant_max_sessions", 1),
@@ -89,6 +103,16 @@ class ServiceSettings:
                 values[attr] = parse_int(raw, var, minimum)
         if (raw := get("EXECBOX_WORKSPACES_DIR")) is not None:
             values["workspaces_dir"] = raw.strip()
+        for var, attr in (("EXECBOX_REPLICA_ID", "replica_id"), ("EXECBOX_REPLICA_URL", "replica_url")):
+            if (raw := get(var)) is not None:
+                values[attr] = raw.strip()
+        if (raw := get("SANDBOX_IDLE_ACTION")) is not None:
+            if raw.strip() not in ("destroy", "pause"):
+                from ..errors import InvalidConfigError
+
+                raise InvalidConfigError("SANDBOX_IDLE_ACTION must be destroy or pause",
+                                         details={"field": "SANDBOX_IDLE_ACTION", "value": raw})
+            values["idle_action"] = raw.strip()
         if (raw := get("SANDBOX_AUDIT_CODE")) is not None:
             values["audit_code"] = parse_bool(raw, "SANDBOX_AUDIT_CODE")
         known = {f.name for f in fields(cls)}

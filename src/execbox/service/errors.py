@@ -45,6 +45,9 @@ async def sandbox_error(request: Request, exc: Exception) -> JSONResponse:
     _count(request, exc.code)
     status = exc.http_status if 400 <= exc.http_status <= 599 else 500
     headers = {"Retry-After": "1"} if status in (429, 503) else None
+    owner_url = exc.details.get("owner_url") if exc.details.get("owner") else None
+    if owner_url:  # another replica owns the session: the forwarding middleware takes it there
+        headers = {**(headers or {}), "x-execbox-forward-to": str(owner_url)}
     body = exc.to_dict()
     trace = body["error"]["details"].pop("traceback", None)  # internals stay in the server log
     if status >= 500 or trace:

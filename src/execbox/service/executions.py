@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SandboxError
@@ -33,6 +33,8 @@ class RunSpec:
     code: str
     token_id: str | None
     call: ProviderCall
+    notices: dict[str, Any] = field(default_factory=dict)
+    """What the session manager tells the caller along with the result (``metadata.session``)."""
 
 
 def outcome(result: ExecutionResult) -> str:
@@ -61,6 +63,10 @@ class Executor:
             with self.sessions.session(spec.tenant_id, spec.session_id, template) as s:
                 assert s.provider is not None and s.instance_id is not None
                 yield s.provider, s.instance_id
+                if s.contexts_lost:  # reported once, on the first run after a restart or pause
+                    spec.notices["contexts_lost"] = True
+                    s.contexts_lost = False
+                    self.sessions.registry.update(s.tenant_id, s.session_id, contexts_lost=False)
 
     def run(self, spec: RunSpec, on_output: OutputCallback | None = None,
             handle: RunHandle | None = None) -> ExecutionResult:
@@ -86,6 +92,8 @@ class Executor:
             except _Cancelled:
                 self._record(spec, provider_name, instance_id, started, "cancelled", None, None, None)
                 raise
+        if spec.notices:
+            result.metadata.setdefault("session", {}).update(spec.notices)
         status = outcome(result)
         self._record(spec, provider_name, instance_id, started, status, result.exit_code,
                      memory_mb(result.metadata), result.error_code)

@@ -179,15 +179,25 @@ class GlobOut(BaseModel):
 
 
 class SessionOut(BaseModel):
+    """A session from the registry; the live counters come from its owning replica (null when
+    another replica owns it)."""
+
     tenant_id: str
     session_id: str
+    state: str = Field(description="creating, running, paused, closing, closed or lost")
+    owner: str | None = Field(default=None, description="The replica that owns the session's box")
     provider: str | None
     instance_id: str | None
     created_at: float
-    idle_seconds: float
-    busy: bool
-    operations: int
-    boxes_started: int
+    last_used: float | None = None
+    expires_at: float | None = Field(default=None, description="When a paused or lost session is deleted")
+    lease_expires: float | None = None
+    contexts_lost: bool = Field(default=False, description="In-memory contexts (Python globals) were lost by "
+                                "a restart or pause; files are intact")
+    idle_seconds: float | None = None
+    busy: bool = False
+    operations: int | None = None
+    boxes_started: int | None = None
     network: dict[str, Any] | None = None  # issue 14: the effective egress policy
 
 

@@ -65,7 +65,7 @@ def test_first_start_prints_an_admin_token_once_and_serves_on_jail(jail_provider
         err = _stop(proc)
     assert "created an admin token" not in err and token not in err  # second start: nothing printed
     assert '"operation": "execute_code"' in err  # one JSON log line per execution
-    assert not os.listdir(os.path.join(base, "ws", "default"))  # session workspace removed on shutdown
+    assert os.listdir(os.path.join(base, "ws", "default")) == ["cli"]  # the session survives a shutdown
 
 
 def test_serve_refuses_the_unisolated_provider_off_loopback() -> None:

@@ -125,7 +125,7 @@ def test_box_dying_mid_run_is_sb009_once(service: Service) -> None:
     assert r.status_code == 200 and r.json()["stdout"] == "still here\n"
 
 
-def test_shutdown_leaves_no_instances_or_workspaces(jail_provider) -> None:
+def test_shutdown_stops_every_box_and_keeps_sessions_for_the_next_start(jail_provider) -> None:
     from .conftest import start_service
 
     before = {i.instance_id for i in jail_provider.list_instances()}  # other modules' services
@@ -139,8 +139,11 @@ def test_shutdown_leaves_no_instances_or_workspaces(jail_provider) -> None:
         t.join()
     assert svc.app.state.sessions.count() == 3
     svc.stop()
-    assert {i.instance_id for i in jail_provider.list_instances()} - before == set()
-    assert _wait(lambda: os.listdir(os.path.join(svc.workspaces, "tenant-a")) == [], 10)
+    assert {i.instance_id for i in jail_provider.list_instances()} - before == set()  # no box left
+    # the sessions survive in the registry with their workspaces (one-shots leave nothing)
+    assert sorted(os.listdir(os.path.join(svc.workspaces, "tenant-a"))) == ["s1", "s3", "s5"]
+    rows = svc.store.sessions.list("tenant-a")
+    assert [(r.session_id, r.state) for r in rows] == [("s1", "running"), ("s3", "running"), ("s5", "running")]
 
 
 def test_requests_queued_on_a_busy_session_are_bounded_per_tenant(service_factory) -> None:

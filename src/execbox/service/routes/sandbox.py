@@ -38,6 +38,7 @@ from ..schemas import (
     ListRequest,
     ReadBinaryRequest,
     ReadRequest,
+    SessionOut,
     SessionsOut,
     TextPageOut,
     WhoAmI,
@@ -272,6 +273,32 @@ def list_sessions(request: Request, tenant_id: str | None = Query(default=None, 
 def destroy_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
                     principal: Principal = Depends(require_admin)) -> Any:
     return {"destroyed": _sessions(request).destroy(tenant_id, session_id)}
+
+
+@router.get("/sessions/{tenant_id}/{session_id}", response_model=SessionOut,
+            summary="One session: state, owning replica, expiry")
+def get_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
+                principal: Principal = Depends(require_token)) -> Any:
+    return _sessions(request).info(tenant_for(principal, tenant_id), session_id)
+
+
+@router.post("/sessions/{tenant_id}/{session_id}/pause", response_model=SessionOut,
+             summary="Pause a session: stop its box (CPU, memory freed), keep its files until retention ends")
+def pause_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
+                  principal: Principal = Depends(require_token)) -> Any:
+    return _sessions(request).pause(tenant_for(principal, tenant_id), session_id)
+
+
+@router.post("/sessions/{tenant_id}/{session_id}/resume", response_model=SessionOut,
+             summary="Resume a paused session under the same id (its box starts now)")
+def resume_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
+                   principal: Principal = Depends(require_token)) -> Any:
+    tenant = tenant_for(principal, tenant_id)
+    sessions = _sessions(request)
+    if sessions.info(tenant, session_id)["state"] != "paused":
+        raise InvalidConfigError(f"session {tenant}/{session_id} is not paused", http_status=409,
+                                 details={"tenant_id": tenant, "session_id": session_id, "reason": "not_paused"})
+    return sessions.resume(tenant, session_id)
 
 
 @router.post("/sessions/{tenant_id}/{session_id}/copy", response_model=FilesOut,

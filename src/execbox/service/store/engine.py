@@ -128,7 +128,7 @@ def _make_engine(url: str) -> Engine:
 
 
 class Store:
-    """The database behind the service: settings, tokens, audit."""
+    """The database behind the service: settings, tokens, audit, the session registry."""
 
     def __init__(self, engine: Engine, data_dir: Path) -> None:
         self.engine = engine
@@ -137,6 +137,9 @@ class Store:
         self.settings = SettingsRepo(sessions)
         self.tokens = TokensRepo(sessions)
         self.audit = AuditRepo(sessions)
+        from .sessions_repo import SqlSessionRegistry
+
+        self.sessions = SqlSessionRegistry(sessions)
 
     @property
     def url(self) -> str:

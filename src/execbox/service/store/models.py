@@ -6,7 +6,7 @@ models mirror them for the repositories' queries.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Float, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -64,3 +64,36 @@ class AuditEntry(Base):
     error_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False, index=True)
     code: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class SessionRow(Base):
+    """One session in the registry (migration 0003): where its box is, who owns it, its state."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (UniqueConstraint("tenant_id", "session_id", name="uq_sessions_tenant_session"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    session_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    provider: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    box_handle: Mapped[str] = mapped_column(Text, nullable=False, default="{}")
+    runtime: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    network_policy: Mapped[str] = mapped_column(Text, nullable=False, default="{}")
+    state: Mapped[str] = mapped_column(String(16), nullable=False, index=True)
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    lease_expires: Mapped[float | None] = mapped_column(Float(precision=53), nullable=True)
+    contexts_lost: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    created_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False)
+    last_used: Mapped[float] = mapped_column(Float(precision=53), nullable=False)
+    expires_at: Mapped[float | None] = mapped_column(Float(precision=53), nullable=True)
+
+
+class Replica(Base):
+    """A running `execbox serve` process: its internal URL and last heartbeat."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False)
+    heartbeat: Mapped[float] = mapped_column(Float(precision=53), nullable=False)

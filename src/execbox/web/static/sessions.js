@@ -1,5 +1,6 @@
-// Sessions page (admin): live sessions across tenants with their age, idle time and
-// execution count; destroying one removes its box and workspace.
+// Sessions page (admin): sessions across tenants and replicas with their age, idle time,
+// execution count, lifecycle state (running, paused, lost...), owning replica and expiry;
+// destroying one removes its box and workspace.
 import { api } from "./api.js";
 import { clear, confirmButton, describeError, duration, h, notice } from "./dom.js";
 
@@ -31,16 +32,19 @@ function paint(el, sessions, refresh) {
   const now = Date.now() / 1000;
   clear(el, h("table", { class: "stack" },
     h("caption", { class: "sr-only" }, "Live sessions"),
-    h("thead", {}, h("tr", {}, ["Tenant", "Session", "Provider", "Age", "Idle", "Executions", "State", ""].map(
+    h("thead", {}, h("tr", {}, ["Tenant", "Session", "Provider", "Age", "Idle", "Executions", "State", "Lifecycle", "Owner", "Expires", ""].map(
       (c) => h("th", { scope: "col" }, c)))),
     h("tbody", {}, sessions.map((s) => h("tr", { dataset: { session: `${s.tenant_id}/${s.session_id}` } },
       h("td", { "data-label": "Tenant" }, s.tenant_id),
       h("td", { "data-label": "Session" }, s.session_id),
       h("td", { "data-label": "Provider" }, s.provider || "-"),
       h("td", { "data-label": "Age" }, duration(Math.max(0, now - s.created_at))),
-      h("td", { "data-label": "Idle" }, duration(s.idle_seconds)),
-      h("td", { "data-label": "Executions" }, String(s.operations)),
+      h("td", { "data-label": "Idle" }, s.idle_seconds == null ? "-" : duration(s.idle_seconds)),
+      h("td", { "data-label": "Executions" }, s.operations == null ? "-" : String(s.operations)),
       h("td", { "data-label": "State" }, s.busy ? "running" : "idle"),
+      h("td", { "data-label": "Lifecycle" }, s.state + (s.contexts_lost ? " (contexts lost)" : "")),
+      h("td", { "data-label": "Owner" }, s.owner || "-"),
+      h("td", { "data-label": "Expires" }, s.expires_at ? duration(Math.max(0, s.expires_at - now)) : "-"),
       h("td", { "data-label": "Actions" }, confirmButton("Destroy", `Destroy ${s.session_id}?`, async () => {
         try {
           await api("DELETE", `/v1/sandbox/sessions/${encodeURIComponent(s.tenant_id)}/${encodeURIComponent(s.session_id)}`);

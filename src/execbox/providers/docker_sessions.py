@@ -1,0 +1,74 @@
+"""What the session registry needs from the Docker provider to keep sessions across restarts.
+
+A session's container is labelled ``execbox.registry=<workspaces root>``; on SIGTERM the
+service *detaches* from it (closes its attach stream, leaves it running) instead of removing
+it, and the next start *re-attaches* (``reattach_container``) with the agent's contexts intact.
+Containers so labelled that no registry row refers to are removed at start.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..boxes.docker_box import REGISTRY_LABEL, reattach_container
+from ..models import SandboxInstance, make_instance_id
+from .agent_backed import Instance
+
+log = logging.getLogger("execbox.docker")
+
+
+class DockerSessionsMixin:
+    docker: Any
+    _kept: set[str]
+
+    def adopt_instance(self, handle: dict[str, Any], *, tenant_id: str, session_id: str,
+                       workspace: str | None) -> SandboxInstance | None:
+        """Re-attach to the session's running container; None when it is gone or not running."""
+        self._require_initialized()  # type: ignore[attr-defined]
+        container = str(handle.get("container_id") or "")
+        if not container:
+            return None
+        try:
+            box = reattach_container(self.docker, container, workspace)
+        except Exception as e:  # noqa: BLE001 - removed, stopped, or its agent does not answer
+            log.info("docker: cannot re-attach %s: %s", container, e)
+            self.remove_box(handle)
+            return None
+        box.remover = self._remove_later  # type: ignore[attr-defined]
+        self._kept.discard(box.container_id)
+        instance_id = str(handle.get("instance_id") or make_instance_id(tenant_id, session_id))
+        inst = Instance(instance_id, box, tenant_id, session_id)
+        return self._register(inst, workspace is not None)  # type: ignore[attr-defined]
+
+    def detach_instance(self, instance_id: str) -> bool:
+        """Leave a session's container running for the next start (False: not ours to keep)."""
+        with self._lock:  # type: ignore[attr-defined]
+            inst = self._instances.get(instance_id)  # type: ignore[attr-defined]
+            if inst is None or not inst.box.spec.labels.get(REGISTRY_LABEL) or not inst.box.alive():
+                return False
+            del self._instances[instance_id]  # type: ignore[attr-defined]
+        inst.box.destroyed = True  # no teardown: only our end of the stream goes
+        inst.box.client.close()
+        self._kept.add(inst.box.container_id)
+        return True
+
+    def remove_box(self, handle: dict[str, Any]) -> None:
+        container = str(handle.get("container_id") or "")
+        if container:
+            try:
+                self.docker.api.remove_container(container, force=True, v=True)
+            except Exception as e:  # noqa: BLE001
+                if "No such container" not in str(e):
+                    log.warning("docker: removing %s failed: %s", container, e)
+
+    def remove_orphans(self, keep: set[str], registry: str) -> int:
+        """Remove session containers of this registry that no registry row refers to."""
+        removed = 0
+        for c in self.docker.containers.list(all=True, filters={"label": f"{REGISTRY_LABEL}={registry}"}):
+            if any(c.id.startswith(k) for k in keep if k):
+                continue
+            log.info("docker: removing container %s: no session in the registry", c.name)
+            self.remove_box({"container_id": c.id})
+            removed += 1
+        return removed

@@ -1,0 +1,144 @@
+"""Forwarding a request to the replica that owns its session, over an authenticated internal call.
+
+A session's box lives in one replica (a jail box is its child process, a container its attach
+stream). When another replica gets a request for it, the session manager raises
+SessionOwnedElsewhere naming the owner's URL (from the registry's ``replicas`` table); this
+middleware then replays the buffered request to that URL with the caller's own token (the owner
+authenticates and authorises the caller as usual) plus ``X-Execbox-Forwarded``: an HMAC-SHA256
+over replica, time, method, path and body with the shared EXECBOX_INTERNAL_SECRET. A forwarded
+request is never forwarded again (no loops), and a forged or stale header is refused (403).
+Server-sent-event responses are not forwarded (their errors arrive as an ``error`` event).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import time
+from typing import Any
+
+import httpx
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import error_response
+
+log = logging.getLogger("execbox.service.forwarding")
+
+HEADER = "x-execbox-forwarded"
+TARGET = "x-execbox-forward-to"
+MAX_SKEW = 60.0
+HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", HEADER}
+
+
+def sign(secret: str, replica: str, stamp: str, method: str, path: str, body: bytes) -> str:
+    msg = f"{replica}\n{stamp}\n{method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
+    return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, header: str, method: str, path: str, body: bytes, now: float | None = None) -> bool:
+    try:
+        replica, stamp, mac = header.rsplit(":", 2)
+        skew = abs((time.time() if now is None else now) - float(stamp))
+    except ValueError:
+        return False
+    if skew > MAX_SKEW:
+        return False
+    return hmac.compare_digest(mac, sign(secret, replica, stamp, method, path, body))
+
+
+class ForwardToOwner:
+    """ASGI middleware: buffer the body, run the request here, and when the answer is "owned by
+    replica X" (header x-execbox-forward-to), answer with X's response instead."""
+
+    def __init__(self, app: ASGIApp, replica: str, secret: str | None = None) -> None:
+        self.app = app
+        self.replica = replica
+        self.secret = secret if secret is not None else os.environ.get("EXECBOX_INTERNAL_SECRET", "")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            try:
+                msg = await receive()
+            except StarletteHTTPException as e:  # BodyLimit: the streamed body is over the limit
+                resp = error_response("SB002", str(e.detail), e.status_code, {"path": scope["path"]},
+                                      {"Connection": "close"})
+                await resp(scope, receive, send)
+                return
+            if msg["type"] == "http.disconnect":
+                return
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        body = b"".join(chunks)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        method, path = scope["method"], scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        forwarded = headers.get(HEADER)
+        if forwarded is not None and not (self.secret and verify(self.secret, forwarded, method, path, body)):
+            resp = error_response("SB002", "invalid internal forwarding signature", 403, {"header": HEADER})
+            await resp(scope, receive, send)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        held: list[Message] = []
+        target: str | None = None
+
+        async def capture(message: Message) -> None:
+            nonlocal target
+            if message["type"] == "http.response.start":
+                for k, v in message.get("headers", []):
+                    if k.decode("latin-1").lower() == TARGET:
+                        target = v.decode("latin-1")
+                if target and forwarded is None:
+                    held.append(message)
+                    return
+            if held:
+                held.append(message)
+                return
+            await send(message)
+
+        await self.app(scope, replay, capture)
+        if not held or not target:
+            for m in held:
+                await send(m)
+            return
+        await self._forward(target, method, path, scope.get("query_string", b""), headers, body, send, held)
+
+    async def _forward(self, target: str, method: str, path: str, query: bytes, headers: dict[str, str],
+                       body: bytes, send: Send, held: list[Message]) -> None:
+        if not self.secret:
+            for m in held:  # no shared secret: the owner's name and URL are in the error already
+                await send(m)
+            return
+        stamp = f"{time.time():.3f}"
+        out = {k: v for k, v in headers.items() if k not in HOP_HEADERS}
+        out[HEADER] = f"{self.replica}:{stamp}:{sign(self.secret, self.replica, stamp, method, path, body)}"
+        url = target.rstrip("/") + path + (f"?{query.decode('latin-1')}" if query else "")
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=5.0)) as client:
+                resp = await client.request(method, url, content=body, headers=out)
+        except httpx.HTTPError as e:
+            log.warning("forwarding %s %s to %s failed: %s", method, path, target, e)
+            for m in held:
+                await send(m)
+            return
+        skip = {"content-length", "transfer-encoding", "connection", "content-encoding"}
+        hdrs: list[Any] = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.items()
+                           if k.lower() not in skip]
+        hdrs.append((b"content-length", str(len(resp.content)).encode()))
+        hdrs.append((b"x-execbox-served-by", target.encode("latin-1")))
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": hdrs})
+        await send({"type": "http.response.body", "body": resp.content, "more_body": False})

@@ -1,0 +1,99 @@
+"""Looking at and destroying sessions: the registry-wide list, one session's state, destroy.
+
+Mixed into SessionManager; apart from the hot path (``manager.py``) because it reads the
+registry for *every* replica's sessions and tears boxes and workspaces down.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ...errors import SandboxError, SessionNotFoundError
+from .workspace import check_name, remove_workspace
+
+if TYPE_CHECKING:
+    from .manager import Session, SessionManager
+
+
+class AdminMixin:
+    # -- admin ------------------------------------------------------------------------------
+    def list(self: SessionManager, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        """Every session in the registry (all replicas'), with this replica's live details."""
+        with self._lock:
+            local = {k: s for k, s in self._sessions.items() if tenant_id is None or k[0] == tenant_id}
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for rec in self.registry.list(tenant_id):
+            key = (rec.tenant_id, rec.session_id)
+            row = {"tenant_id": rec.tenant_id, "session_id": rec.session_id, "state": rec.state,
+                   "owner": rec.owner, "provider": rec.provider, "instance_id": rec.box_handle.get("instance_id"),
+                   "created_at": rec.created_at, "last_used": rec.last_used, "expires_at": rec.expires_at,
+                   "lease_expires": rec.lease_expires, "contexts_lost": rec.contexts_lost, "busy": False}
+            if key in local:
+                row.update(local[key].to_dict(self.replica))
+            out[key] = row
+        for key, s in local.items():
+            out.setdefault(key, s.to_dict(self.replica))
+        return [out[k] for k in sorted(out)]
+
+    def info(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
+        """One session's state, owner and expiry (SB002/404 when the registry has no such session)."""
+        check_name(tenant_id, "tenant_id")
+        check_name(session_id, "session_id")
+        for row in self.list(tenant_id):
+            if row["session_id"] == session_id:
+                return row
+        raise SessionNotFoundError(f"no session {tenant_id}/{session_id}",
+                                   details={"tenant_id": tenant_id, "session_id": session_id})
+
+    def count(self: SessionManager) -> int:
+        return len(self._sessions)
+
+    def get(self: SessionManager, tenant_id: str, session_id: str) -> Session | None:
+        return self._sessions.get((tenant_id, session_id))
+
+    def destroy(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
+        """Stop whatever runs in the session, destroy its box and delete its workspace."""
+        check_name(tenant_id, "tenant_id")
+        check_name(session_id, "session_id")
+        with self._lock:
+            s = self._sessions.pop((tenant_id, session_id), None)
+            self._dirty.pop((tenant_id, session_id), None)
+            if s is not None:
+                s.closed = True
+        if s is None:
+            return self.destroy_unloaded(tenant_id, session_id)
+        info = {**s.to_dict(self.replica), "state": "closed"}
+        self.registry.update(tenant_id, session_id, state="closing")
+        self._stop_and_teardown(s)
+        self.registry.delete(tenant_id, session_id)
+        return info
+
+    def _stop_and_teardown(self: SessionManager, s: Session, keep_workspace: bool = False) -> None:
+        """Cancel whatever the session is running, then tear its box (and workspace) down."""
+        if s.provider is not None and s.instance_id is not None:
+            try:
+                s.provider.cancel(s.instance_id)
+            except SandboxError:
+                pass
+        self._teardown(s, keep_workspace)
+
+    def _teardown(self: SessionManager, s: Session, keep_workspace: bool = False) -> None:
+        done = threading.Event()
+        remove = bool(s.workspace) and not keep_workspace
+        if remove:
+            with self._lock:
+                self._deleting[s.workspace or ""] = done
+        try:
+            with s.lock:
+                if s.provider is not None and s.instance_id is not None:
+                    self._destroy_instance(s.provider, s.instance_id)
+                    s.instance_id = None
+                if remove:
+                    remove_workspace(s.workspace or "")
+        finally:
+            done.set()
+            if remove:
+                with self._lock:
+                    if self._deleting.get(s.workspace or "") is done:
+                        del self._deleting[s.workspace or ""]

@@ -1,0 +1,318 @@
+"""What happens to sessions around a box's life: restart re-adoption, SIGTERM drain,
+pause/resume, idle reaping, paused-session expiry and the ownership heartbeat.
+
+Mixed into SessionManager (it uses the manager's maps, lock and registry); kept apart because
+it is the part that reasons about *other* processes: the previous run of this replica, dead
+replicas, the registry's leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ...errors import SessionNotFoundError
+from .registry import SessionRecord
+from .workspace import check_name, remove_workspace, workspace_dirs
+
+if TYPE_CHECKING:
+    from .manager import Session, SessionManager
+
+log = logging.getLogger("execbox.service.sessions")
+
+
+class LifecycleMixin:
+    # -- restart: re-adoption -----------------------------------------------------------------
+    def adopt_record(self: SessionManager, rec: SessionRecord) -> Session | None:
+        """A local Session for a registry row this replica now owns; None (and the row ``lost``)
+        when its workspace is gone. A box still running (a Docker container) is re-attached with
+        its contexts; otherwise the box restarts lazily and ``contexts_lost`` says so."""
+        from .manager import Session
+
+        path = self.workspace_path(rec.tenant_id, rec.session_id)
+        had_box = bool(rec.box_handle.get("instance_id"))
+        if had_box and rec.box_handle.get("workspace") and not os.path.isdir(path):
+            self.registry.update(rec.tenant_id, rec.session_id, state="lost",
+                                 expires_at=time.time() + self.settings.paused_retention)
+            log.warning("session %s/%s is lost: workspace %s is gone", rec.tenant_id, rec.session_id, path)
+            return None
+        state = rec.state if rec.state in ("running", "paused") else "running"
+        s = Session(rec.tenant_id, rec.session_id, path, created_at=rec.created_at, state=state,
+                    contexts_lost=rec.contexts_lost, expires_at=rec.expires_at)
+        if state == "running" and rec.box_handle.get("container_id"):
+            if self._current_or_none() is None:  # provider still starting: re-attach on first use
+                s.pending_handle = rec
+                return s
+            self._reattach(s, rec)
+        if s.instance_id is None and had_box and state == "running":
+            s.contexts_lost = True
+            self.registry.update(rec.tenant_id, rec.session_id, contexts_lost=True,
+                                 box_handle={"workspace": rec.box_handle.get("workspace")})
+        return s
+
+    def _reattach(self: SessionManager, s: Session, rec: SessionRecord) -> None:
+        try:
+            prov = self.providers.current()
+        except Exception:  # noqa: BLE001 - no provider yet: the box restarts lazily
+            return
+        adopt = getattr(prov, "adopt_instance", None)
+        if adopt is None or prov.name != rec.provider:
+            return
+        try:
+            inst = adopt(rec.box_handle, tenant_id=rec.tenant_id, session_id=rec.session_id,
+                         workspace=s.workspace)
+        except Exception as e:  # noqa: BLE001 - could not re-attach: a fresh box on next use
+            log.warning("re-attaching %s/%s failed: %s", rec.tenant_id, rec.session_id, e)
+            return
+        if inst is not None:
+            s.provider, s.instance_id = prov, inst.instance_id
+            s.boxes_started = 1
+            log.info("re-attached session %s/%s to its running box", rec.tenant_id, rec.session_id)
+
+    def adopt_all(self: SessionManager) -> list[tuple[str, str]]:
+        """At start: take over our own rows and those of replicas whose lease expired; remove
+        workspaces no row knows about. Returns the keys adopted."""
+        adopted: list[tuple[str, str]] = []
+        if not self.registry.persistent:
+            return adopted
+        for rec in self.registry.adoptable(self.replica, self.settings.lease_ttl):
+            key = (rec.tenant_id, rec.session_id)
+            with self._lock:
+                if key in self._sessions:
+                    continue
+            s = self.adopt_record(rec)
+            if s is not None:
+                with self._lock:
+                    self._sessions.setdefault(key, s)
+                adopted.append(key)
+        on_disk = workspace_dirs(self.workspaces_root)  # before reading the rows: a row always
+        known = {(r.tenant_id, r.session_id) for r in self.registry.list()}  # precedes its directory
+        for tenant, session, path in on_disk:
+            if (tenant, session) not in known:
+                log.info("removing workspace %s: no session in the registry", path)
+                remove_workspace(path)
+        orphans = getattr(self._current_or_none(), "remove_orphans", None)
+        if orphans is not None:
+            try:
+                orphans(self._box_ids(), self.workspaces_root)
+            except Exception:  # noqa: BLE001
+                log.exception("removing orphan boxes failed")
+        return adopted
+
+    def _current_or_none(self: SessionManager) -> Any:
+        try:
+            return self.providers.current()
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _box_ids(self: SessionManager) -> set[str]:
+        """Container ids the registry still refers to (any replica's)."""
+        return {str(r.box_handle["container_id"]) for r in self.registry.list() if r.box_handle.get("container_id")}
+
+    # -- pause / resume ---------------------------------------------------------------------
+    def pause(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
+        """Stop the session's box (CPU and memory freed), keep its workspace, start its retention."""
+        check_name(tenant_id, "tenant_id")
+        check_name(session_id, "session_id")
+        self._refuse_if_draining()
+        if self.get(tenant_id, session_id) is None and self.registry.get(tenant_id, session_id) is None:
+            raise SessionNotFoundError(f"no session {tenant_id}/{session_id}",
+                                       details={"tenant_id": tenant_id, "session_id": session_id})
+        with self._held(tenant_id, session_id) as s:
+            self._pause_locked(s)
+            return s.to_dict(self.replica)
+
+    def _pause_locked(self: SessionManager, s: Session) -> None:
+        if s.state == "creating":
+            raise SessionNotFoundError(f"no session {s.tenant_id}/{s.session_id}",
+                                       details={"tenant_id": s.tenant_id, "session_id": s.session_id})
+        if s.provider is not None and s.instance_id is not None:
+            self._destroy_instance(s.provider, s.instance_id)
+            s.instance_id = None
+            s.contexts_lost = True
+        s.state = "paused"
+        s.expires_at = time.time() + self.settings.paused_retention
+        self.registry.update(s.tenant_id, s.session_id, state="paused", expires_at=s.expires_at,
+                             contexts_lost=s.contexts_lost, box_handle={"workspace": s.workspace})
+
+    def resume(self: SessionManager, tenant_id: str, session_id: str, template: str = "python") -> dict[str, Any]:
+        """Bring a paused session back under the same id (its box starts now)."""
+        with self.session(tenant_id, session_id, template) as s:
+            return s.to_dict(self.replica)
+
+    def _mark_running(self: SessionManager, s: Session) -> None:
+        s.state, s.expires_at = "running", None
+        self.registry.update(s.tenant_id, s.session_id, state="running", expires_at=None)
+
+    def destroy_unloaded(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
+        """Destroy a session this replica holds no box for (paused, lost, or a dead replica's)."""
+        rec = self.registry.get(tenant_id, session_id)
+        if rec is None:
+            raise SessionNotFoundError(f"no session {tenant_id}/{session_id}",
+                                       details={"tenant_id": tenant_id, "session_id": session_id})
+        if rec.owner not in (None, self.replica) and rec.lease_live() and rec.state != "lost":
+            raise self._owned_elsewhere(rec)
+        remover = getattr(self._current_or_none(), "remove_box", None)
+        if remover is not None and rec.box_handle.get("container_id"):
+            remover(rec.box_handle)
+        remove_workspace(self.workspace_path(tenant_id, session_id))
+        self.registry.delete(tenant_id, session_id)
+        return {**rec.to_dict(), "state": "closed"}
+
+    # -- idle reaping, expiry, heartbeat ----------------------------------------------------------
+    def reap_idle(self: SessionManager) -> list[tuple[str, str]]:
+        """Sessions unused for longer than idle_timeout: destroyed, or paused when
+        SANDBOX_IDLE_ACTION=pause. Returns their keys."""
+        cutoff = time.monotonic() - self.settings.idle_timeout
+        pause = self.settings.idle_action == "pause" and self.registry.persistent
+        with self._lock:
+            idle = [s for s in self._sessions.values()
+                    if s.busy == 0 and s.last_used < cutoff and not (pause and s.state == "paused")]
+            if not pause:
+                for s in idle:
+                    del self._sessions[(s.tenant_id, s.session_id)]
+                    self._dirty.pop((s.tenant_id, s.session_id), None)
+                    s.closed = True
+        for s in idle:
+            log.info("idle session", extra={"fields": {
+                "tenant_id": s.tenant_id, "session_id": s.session_id, "instance_id": s.instance_id,
+                "operation": "pause_idle" if pause else "reap_idle"}})
+            if pause:
+                with s.lock:
+                    if not s.closed and s.busy == 0:
+                        self._pause_locked(s)
+            else:
+                self._teardown(s)
+                self.registry.delete(s.tenant_id, s.session_id)
+            if self.metrics is not None:
+                self.metrics.sessions_reaped.inc()
+        return [(s.tenant_id, s.session_id) for s in idle]
+
+    def expire(self: SessionManager) -> list[tuple[str, str]]:
+        """Delete paused (and lost) sessions whose retention ran out, box and workspace included."""
+        done: list[tuple[str, str]] = []
+        for rec in self.registry.expired(time.time()):
+            if rec.state not in ("paused", "lost"):
+                continue
+            if rec.owner not in (None, self.replica) and rec.lease_live() and rec.state != "lost":
+                continue  # its owner expires it
+            try:
+                self.destroy(rec.tenant_id, rec.session_id)
+                done.append((rec.tenant_id, rec.session_id))
+            except SessionNotFoundError:
+                pass
+            except Exception:  # noqa: BLE001 - owned elsewhere meanwhile, or a teardown failure
+                log.exception("expiring %s/%s failed", rec.tenant_id, rec.session_id)
+        return done
+
+    def heartbeat(self: SessionManager) -> None:
+        """Renew this replica's leases and flush last-used times (one short transaction)."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, {}
+        owned = self.registry.heartbeat(self.replica, self.settings.lease_ttl, dirty,
+                                        self.settings.replica_url or None)
+        if not self.registry.persistent:
+            return
+        with self._lock:  # taken over while this replica could not renew its lease: let go
+            lost = [s for k, s in self._sessions.items() if k not in owned and s.busy == 0 and s.state != "creating"]
+            for s in lost:
+                del self._sessions[(s.tenant_id, s.session_id)]
+                s.closed = True
+        for s in lost:
+            log.warning("session %s/%s is owned by another replica now; stopping its box here",
+                        s.tenant_id, s.session_id)
+            with s.lock:
+                detach = getattr(s.provider, "detach_instance", None)
+                if s.provider is not None and s.instance_id is not None:
+                    if detach is None or not detach(s.instance_id):  # a container stays for its new owner
+                        self._destroy_instance(s.provider, s.instance_id)
+                    s.instance_id = None
+
+    def start(self: SessionManager) -> None:
+        if self._threads:
+            return
+        self._stop.clear()
+        self._draining = False
+        try:
+            self.heartbeat()
+            adopted = self.adopt_all()
+            if adopted:
+                log.info("re-adopted %d sessions", len(adopted))
+        except Exception:  # noqa: BLE001 - a registry hiccup must not stop the service starting
+            log.exception("re-adopting sessions failed")
+        for target, every, name in ((self._sweep, self.settings.sweep_every, "execbox-reaper"),
+                                    (self.heartbeat, max(0.2, self.settings.lease_ttl / 3), "execbox-heartbeat")):
+            t = threading.Thread(target=self._loop, args=(target, every), name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _sweep(self: SessionManager) -> None:
+        self.reap_idle()
+        self.expire()
+
+    def _loop(self: SessionManager, fn: Any, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - keep sweeping
+                log.exception("%s failed", getattr(fn, "__name__", fn))
+
+    # -- shutdown / drain ---------------------------------------------------------------------
+    def shutdown(self: SessionManager) -> None:
+        """Drain: refuse new work, let in-flight requests finish up to drain_timeout (then cancel
+        them), stop this replica's boxes. With a persistent registry sessions survive (workspaces
+        kept, Docker containers left running for the next start to re-attach); without one every
+        session and its workspace is destroyed."""
+        self._draining = True
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads = []
+        deadline = time.monotonic() + self.settings.drain_timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy = any(s.busy for s in self._sessions.values()) or bool(self._oneshots)
+            if not busy:
+                break
+            time.sleep(0.05)
+        keep = self.registry.persistent
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+            oneshots = list(self._oneshots.items())
+            for s in sessions:
+                s.closed = True
+        for s in sessions:
+            if keep:
+                self._park(s)
+            else:
+                self._stop_and_teardown(s)
+                self.registry.delete(s.tenant_id, s.session_id)
+        for instance_id, prov in oneshots:
+            self._destroy_instance(prov, instance_id)
+        if keep:
+            try:
+                self.heartbeat()
+                self.registry.leave(self.replica)
+            except Exception:  # noqa: BLE001
+                log.exception("final heartbeat failed")
+
+    def _park(self: SessionManager, s: Session) -> None:
+        """Stop a session's box for a restart without destroying the session."""
+        if s.provider is not None and s.instance_id is not None:
+            try:
+                s.provider.cancel(s.instance_id)
+            except Exception:  # noqa: BLE001
+                pass
+        with s.lock:
+            prov, iid = s.provider, s.instance_id
+            if prov is None or iid is None:
+                return
+            detach = getattr(prov, "detach_instance", None)
+            if detach is not None and detach(iid):
+                return  # left running; the box handle in the registry finds it again
+            self._destroy_instance(prov, iid)
+            s.instance_id = None

@@ -1,0 +1,379 @@
+"""Sessions: (tenant_id, session_id) -> one instance on a provider, with its own workspace.
+
+Which sessions exist, their state and owning replica live in the session registry (SQL when
+the service has a store: they survive restarts and are shared by replicas). The box itself is
+this replica's: a session is used under a lock per session, its box is created on first use,
+and a warm request touches no database (last-used times are flushed by the heartbeat).
+Bounded globally (SB004/503) and per tenant (SB008/429), counted from the registry. The
+workspace is a host directory under <workspaces>/<tenant>/<session>, so a box that dies, a
+pause and a restart all keep the files; a dead box is reported once (SB009).
+Restart, drain, pause/resume and expiry are in ``lifecycle.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ...errors import (
+    OutOfMemoryError,
+    ProviderUnavailableError,
+    SessionDrainingError,
+    SessionLostError,
+)
+from ...providers.base import SandboxProvider
+from .. import egress_hook
+from ..config import ServiceSettings
+from ..metrics import ServiceMetrics
+from .admin import AdminMixin
+from .lifecycle import LifecycleMixin
+from .limits import TenantCounters
+from .registry import MemoryRegistry, SessionRecord, SessionRegistry
+from .workspace import MOUNT_WAIT_SECONDS, check_name, make_workspace_dirs, remove_workspace
+
+log = logging.getLogger("execbox.service.sessions")
+
+
+class ProviderSource(Protocol):
+    """What the manager needs from the provider holder (ProviderConfig in production)."""
+
+    def current(self) -> SandboxProvider: ...
+
+    def candidates(self) -> list[SandboxProvider]: ...
+
+
+class SessionOwnedElsewhere(ProviderUnavailableError):
+    """Another live replica owns the session's box: the request is forwarded there (see
+    ``service/forwarding.py``), or fails with this SB009 when it cannot be."""
+
+
+@dataclass(eq=False)
+class Session:
+    tenant_id: str
+    session_id: str
+    workspace: str | None
+    provider: SandboxProvider | None = None
+    instance_id: str | None = None
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    busy: int = 0
+    operations: int = 0
+    boxes_started: int = 0
+    closed: bool = False
+    state: str = "creating"
+    contexts_lost: bool = False
+    """The session's in-memory contexts (Python globals) were lost by a restart or pause and not
+    yet reported to the caller; its files are intact."""
+    expires_at: float | None = None
+    last_used_wall: float = field(default_factory=time.time)
+    network: dict[str, Any] | None = None
+    """The session's narrowed egress policy (issue 14; the registry keeps it as network_policy)."""
+    pending_handle: Any = None
+    """A registry row whose running box could not be re-attached yet (provider still starting)."""
+
+    def to_dict(self, owner: str | None = None) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id, "session_id": self.session_id, "state": self.state, "owner": owner,
+            "provider": self.provider.name if self.provider else None, "instance_id": self.instance_id,
+            "created_at": self.created_at, "idle_seconds": round(time.monotonic() - self.last_used, 3),
+            "last_used": self.last_used_wall, "expires_at": self.expires_at, "contexts_lost": self.contexts_lost,
+            "busy": self.busy > 0, "operations": self.operations, "boxes_started": self.boxes_started,
+            **egress_hook.describe(self),  # issue 14: the effective network policy
+        }
+
+
+def accepts(provider: SandboxProvider, name: str) -> bool:
+    try:
+        return name in inspect.signature(provider.create_instance).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class SessionManager(AdminMixin, LifecycleMixin):
+    def __init__(self, providers: ProviderSource, settings: ServiceSettings, workspaces_root: str,
+                 metrics: ServiceMetrics | None = None, registry: SessionRegistry | None = None) -> None:
+        self.providers = providers
+        self.settings = settings
+        self.workspaces_root = workspaces_root
+        self.metrics = metrics
+        self.registry: SessionRegistry = registry if registry is not None else MemoryRegistry()
+        self.replica = settings.replica_id or socket.gethostname()
+        self._sessions: dict[tuple[str, str], Session] = {}
+        self._counters = TenantCounters(self._rejected)
+        self._running = self._counters.running
+        self._inflight = self._counters.inflight
+        self._oneshots: dict[str, SandboxProvider] = {}
+        self._deleting: dict[str, threading.Event] = {}  # workspace path -> removal finished
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._draining = False
+        self._dirty: dict[tuple[str, str], float] = {}  # last-used times the heartbeat flushes
+
+    # -- limits -----------------------------------------------------------------------------
+    @contextmanager
+    def execution_slot(self, tenant_id: str) -> Iterator[None]:
+        """Count one running execution against the tenant's concurrency limit (SB008 beyond)."""
+        with self._counters.slot(self._running, tenant_id, self.settings.tenant_max_executions,
+                                 "tenant_max_executions", "executions", "executions running"):
+            yield
+
+    def _rejected(self, limit: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rate_limited.labels(limit).inc()
+
+    def _refuse_if_draining(self) -> None:
+        if self._draining:
+            raise SessionDrainingError(f"replica {self.replica} is shutting down and takes no new work; retry",
+                                       details={"reason": "draining", "replica": self.replica})
+
+    def workspace_path(self, tenant_id: str, session_id: str) -> str:
+        return os.path.join(self.workspaces_root, tenant_id, session_id)
+
+    # -- finding a session ------------------------------------------------------------------
+    def _attach(self, tenant_id: str, session_id: str) -> Session:
+        """The local session record (loaded from or added to the registry), marked busy."""
+        key = (tenant_id, session_id)
+        with self._lock:
+            s = self._sessions.get(key)
+            if s is not None:
+                self._touch(s)
+                return s
+        loaded = self._load(tenant_id, session_id)
+        with self._lock:
+            s = self._sessions.setdefault(key, loaded)
+            self._touch(s)
+            return s
+
+    def _touch(self, s: Session) -> None:
+        s.busy += 1
+        s.last_used = time.monotonic()
+        s.last_used_wall = time.time()
+        self._dirty[(s.tenant_id, s.session_id)] = s.last_used_wall
+
+    def _load(self, tenant_id: str, session_id: str) -> Session:
+        """One registry transaction: create the row (quotas counted), or get the existing one."""
+        rec, created = self.registry.create(
+            tenant_id, session_id, provider=None, runtime=None, owner=self.replica,
+            lease_ttl=self.settings.lease_ttl, tenant_limit=self.settings.tenant_max_sessions,
+            global_limit=self.settings.max_sessions)
+        if not created:  # ours after a restart, a dead replica's, or a live replica's
+            return self._from_record(rec)
+        return Session(tenant_id, session_id, self.workspace_path(tenant_id, session_id),
+                       created_at=rec.created_at)
+
+    def _from_record(self, rec: SessionRecord) -> Session:
+        """Take over an existing row: ours after a restart, or a dead replica's."""
+        ids = {"tenant_id": rec.tenant_id, "session_id": rec.session_id}
+        if rec.state == "lost":
+            raise SessionLostError(
+                f"session {rec.tenant_id}/{rec.session_id} is lost: its box and workspace are gone "
+                "(host or disk lost); delete it to reuse the name", details={**ids, "state": "lost"})
+        if rec.state in ("closing", "closed"):
+            raise ProviderUnavailableError(f"session {rec.tenant_id}/{rec.session_id} is being destroyed; retry",
+                                           details={**ids, "state": rec.state})
+        if rec.owner not in (None, self.replica) and rec.lease_live():
+            raise self._owned_elsewhere(rec)
+        claimed = self.registry.claim(rec.tenant_id, rec.session_id, self.replica, self.settings.lease_ttl)
+        if claimed is None:
+            fresh = self.registry.get(rec.tenant_id, rec.session_id)
+            raise self._owned_elsewhere(fresh or rec)
+        s = self.adopt_record(claimed)
+        if s is None:
+            raise SessionLostError(f"session {rec.tenant_id}/{rec.session_id} is lost: its workspace is gone",
+                                   details={**ids, "state": "lost"})
+        return s
+
+    def _owned_elsewhere(self, rec: SessionRecord) -> SessionOwnedElsewhere:
+        urls = {r["id"]: r["url"] for r in self.registry.replicas()}
+        return SessionOwnedElsewhere(
+            f"session {rec.tenant_id}/{rec.session_id} is served by replica {rec.owner}",
+            details={"tenant_id": rec.tenant_id, "session_id": rec.session_id, "owner": rec.owner,
+                     "owner_url": urls.get(rec.owner or ""), "lease_expires": rec.lease_expires})
+
+    # -- using a session --------------------------------------------------------------------
+    @contextmanager
+    def session(self, tenant_id: str, session_id: str, template: str = "python") -> Iterator[Session]:
+        """The session with a live instance, held exclusively for the duration of the block.
+
+        Requests queued on a busy session hold a worker thread each, so a tenant may only have
+        ``tenant_max_requests`` session requests in flight (SB008 beyond): one tenant cannot
+        starve the others of threads. A paused session is resumed by its next use.
+        """
+        check_name(tenant_id, "tenant_id")
+        check_name(session_id, "session_id")
+        self._refuse_if_draining()
+        with self._counters.slot(self._inflight, tenant_id, self.settings.tenant_max_requests,
+                                 "tenant_max_requests", "requests", "session requests in flight"):
+            with self._held(tenant_id, session_id) as s:
+                if s.state == "paused":
+                    self._mark_running(s)
+                self._ensure_instance(s, template)
+                try:
+                    yield s
+                except (ProviderUnavailableError, OutOfMemoryError):
+                    self._drop_if_dead(s)
+                    raise
+                s.operations += 1
+
+    @contextmanager
+    def _held(self, tenant_id: str, session_id: str) -> Iterator[Session]:
+        while True:
+            s = self._attach(tenant_id, session_id)
+            s.lock.acquire()
+            if not s.closed:
+                break
+            s.lock.release()  # destroyed while we waited: start over with a fresh record
+            self._release(s)
+        try:
+            yield s
+        finally:
+            s.lock.release()
+            self._release(s)
+
+    def _release(self, s: Session) -> None:
+        with self._lock:
+            s.busy -= 1
+            s.last_used = time.monotonic()
+
+    def _ensure_instance(self, s: Session, template: str) -> None:
+        prov = s.provider
+        if s.instance_id is not None and prov is not None:
+            if not prov.initialized:  # provider swapped and shut down: move to the current one quietly
+                s.instance_id = None
+            elif not self._alive(prov, s.instance_id):
+                dead = s.instance_id
+                self._destroy_instance(prov, dead)
+                s.instance_id = None
+                if self.metrics is not None:
+                    self.metrics.boxes_died.inc()
+                raise ProviderUnavailableError(
+                    f"the box of session {s.tenant_id}/{s.session_id} died; it is recreated on next use"
+                    + (" with its workspace intact" if s.workspace else ""),
+                    details={"box_died": True, "instance_id": dead, "recreated_on_next_use": True,
+                             "tenant_id": s.tenant_id, "session_id": s.session_id})
+        if s.instance_id is None and s.pending_handle is not None:
+            rec, s.pending_handle = s.pending_handle, None
+            self._reattach(s, rec)
+            if s.instance_id is None:
+                s.contexts_lost = True
+        if s.instance_id is None:
+            self._create_instance(s, template)
+
+    @contextmanager
+    def _leased(self) -> Iterator[SandboxProvider]:
+        """The current provider, pinned (when the holder supports leases) so a hot reload cannot
+        shut it down between choosing it and creating an instance on it."""
+        lease = getattr(self.providers, "lease", None)
+        if lease is None:
+            yield self.providers.current()
+            return
+        with lease() as prov:
+            yield prov
+
+    def _create_instance(self, s: Session, template: str) -> None:
+        with self._leased() as prov:
+            self._create_on(prov, s, template)
+
+    def _create_on(self, prov: SandboxProvider, s: Session, template: str) -> None:
+        kwargs: dict[str, Any] = {"tenant_id": s.tenant_id, "session_id": s.session_id}
+        if s.workspace and accepts(prov, "workspace"):
+            self._make_workspace(s)
+            kwargs["workspace"] = s.workspace
+        else:
+            s.workspace = None
+        if self.registry.persistent and accepts(prov, "labels"):
+            kwargs["labels"] = {"execbox.registry": self.workspaces_root, "execbox.replica": self.replica}
+        try:
+            inst = prov.create_instance(template=template, **kwargs)
+        except BaseException:
+            if s.boxes_started == 0 and s.state == "creating":
+                self._forget(s)
+            raise
+        s.provider, s.instance_id = prov, inst.instance_id
+        s.boxes_started += 1
+        self._on_box_started(prov, s)
+        s.state = "running"
+        handle = {"instance_id": inst.instance_id, "workspace": s.workspace}
+        container = (inst.metadata or {}).get("container_id") or (inst.metadata or {}).get("container")
+        if container:
+            handle["container_id"] = container
+        self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=template,
+                             box_handle=handle, contexts_lost=s.contexts_lost, expires_at=None,
+                             owner=self.replica, lease_expires=time.time() + self.settings.lease_ttl)
+
+    def _on_box_started(self, prov: SandboxProvider, s: Session) -> None:
+        """Run after every session box start: the tenant cap and the session's narrowed egress policy."""
+        egress_hook.apply(prov, s)
+
+    def _on_oneshot_started(self, prov: SandboxProvider, tenant_id: str, instance_id: str) -> None:
+        """Run after a one-shot box starts: the tenant's egress cap."""
+        egress_hook.apply_to(prov, tenant_id, instance_id)
+
+    def _make_workspace(self, s: Session) -> None:
+        with self._lock:
+            pending = self._deleting.get(s.workspace or "")
+        if pending is not None:  # the previous session of this name is still being removed
+            pending.wait(MOUNT_WAIT_SECONDS + 5)
+        make_workspace_dirs(self.workspaces_root, s.tenant_id, s.workspace or "")
+
+    def _forget(self, s: Session) -> None:
+        """A session whose first box never started does not count against any limit."""
+        with self._lock:
+            if self._sessions.get((s.tenant_id, s.session_id)) is s and s.busy <= 1:
+                del self._sessions[(s.tenant_id, s.session_id)]
+                self._dirty.pop((s.tenant_id, s.session_id), None)
+                s.closed = True
+        if s.closed:
+            self.registry.delete(s.tenant_id, s.session_id)
+            if s.workspace:
+                remove_workspace(s.workspace)
+
+    @staticmethod
+    def _alive(prov: SandboxProvider, instance_id: str) -> bool:
+        probe = getattr(prov, "instance_alive", None)
+        return True if probe is None else bool(probe(instance_id))
+
+    def _drop_if_dead(self, s: Session) -> None:
+        """After an SB009/SB006 the error already told the client; the next use starts a new box."""
+        if s.provider is None or s.instance_id is None:
+            return
+        if not self._alive(s.provider, s.instance_id):
+            self._destroy_instance(s.provider, s.instance_id)
+            s.instance_id = None
+            if self.metrics is not None:
+                self.metrics.boxes_died.inc()
+
+    @staticmethod
+    def _destroy_instance(prov: SandboxProvider, instance_id: str) -> None:
+        try:
+            prov.destroy_instance(instance_id)
+        except Exception:  # noqa: BLE001 - a dead box may fail to tear down; nothing else to do
+            log.exception("destroying instance %s failed", instance_id)
+
+    # -- one-shot ---------------------------------------------------------------------------
+    @contextmanager
+    def oneshot(self, tenant_id: str, template: str = "python") -> Iterator[tuple[SandboxProvider, str]]:
+        """A fresh instance for one run, always destroyed afterwards."""
+        check_name(tenant_id, "tenant_id")
+        self._refuse_if_draining()
+        with self._leased() as prov:
+            inst = prov.create_instance(template=template, tenant_id=tenant_id)
+            with self._lock:
+                self._oneshots[inst.instance_id] = prov
+            try:
+                self._on_oneshot_started(prov, tenant_id, inst.instance_id)
+                yield prov, inst.instance_id
+            finally:
+                with self._lock:
+                    self._oneshots.pop(inst.instance_id, None)
+                self._destroy_instance(prov, inst.instance_id)

@@ -1,0 +1,78 @@
+"""A Docker session survives a restart of a real `execbox serve`: SIGTERM leaves its container
+running, the next start re-attaches to the agent over a new attach stream, and the Python
+context's globals are still there. A labelled container no registry row knows is removed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import httpx
+
+from execbox.service.store import open_store
+from tests.integration.service.conftest import traversable_tmpdir
+from tests.integration.service.test_serve_cli import EXECBOX, _serve, _wait_ready
+from tests.integration.service.test_session_restart import _term
+
+
+def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> None:
+    base = traversable_tmpdir("execbox-dkrestart-")
+    ws = os.path.join(base, "ws")
+    env = {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, "data"), "EXECBOX_WORKSPACES_DIR": ws,
+           "EXECBOX_REPLICA_ID": "r-docker"}
+    env.pop("SANDBOX_TYPE", None)
+    with open_store(data_dir=os.path.join(base, "data")) as store:
+        _, tenant = store.tokens.create("t1")
+        _, admin = store.tokens.create("ops", role="admin")
+    subprocess.run([EXECBOX, "config", "set", "docker", "runtime=runc", "pool_size=0", "--activate"],
+                   env=env, check=True, capture_output=True, timeout=120)
+    auth = {"Authorization": f"Bearer {tenant}"}
+    label = f"execbox.registry={ws}"
+    stray = None
+    try:
+        proc, url = _serve(env)
+        try:
+            _wait_ready(proc, url)
+            c = httpx.Client(base_url=url, headers=auth, timeout=120)
+            r = c.post("/v1/sandbox/execute", json={"session_id": "d", "context_id": "c",
+                                                     "code": "x = 41\nopen('f', 'w').write('dk')"})
+            assert r.status_code == 200, r.text
+        finally:
+            _term(proc)
+        (container,) = docker_engine.containers.list(filters={"label": label})
+        assert container.status == "running"  # detached, not removed
+        image = container.attrs["Config"]["Image"]
+        stray = docker_engine.containers.create(image, command=["sleep", "60"], labels={"execbox.registry": ws})
+
+        proc, url = _serve(env)
+        try:
+            _wait_ready(proc, url)
+            c = httpx.Client(base_url=url, headers=auth, timeout=120)
+            r = c.post("/v1/sandbox/execute", json={"session_id": "d", "context_id": "c",
+                                                     "code": "print(x + 1, open('f').read())"})
+            assert r.status_code == 200, r.text
+            if r.json()["stdout"] != "42 dk\n":  # show why the re-attach failed
+                proc.send_signal(subprocess.signal.SIGTERM)
+                raise AssertionError(f"{r.json()}\n{proc.communicate(timeout=60)[1][-3000:]}")
+            assert "session" not in r.json()["metadata"]  # nothing was lost
+            ids = [k.id for k in docker_engine.containers.list(all=True, filters={"label": label})]
+            assert ids == [container.id]  # the stray one was removed at start
+            stray = None
+            r = httpx.delete(f"{url}/v1/sandbox/sessions/t1/d", headers={"Authorization": f"Bearer {admin}"},
+                             timeout=60)
+            assert r.status_code == 200
+            deadline = time.monotonic() + 30
+            while docker_engine.containers.list(all=True, filters={"label": label}) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert docker_engine.containers.list(all=True, filters={"label": label}) == []  # rm removes it
+        finally:
+            _term(proc)
+    finally:
+        for k in docker_engine.containers.list(all=True, filters={"label": label}):
+            k.remove(force=True)
+        if stray is not None:
+            try:
+                stray.remove(force=True)
+            except Exception:  # noqa: BLE001
+                pass

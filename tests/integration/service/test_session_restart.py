@@ -1,0 +1,146 @@
+"""Sessions survive restarts of real `execbox serve` processes (jail): files kept, contexts reported
+lost, workspaces without a registry row removed, a row whose workspace is gone is `lost`, and a
+SIGTERM during ten in-flight runs lets them finish and leaves every session usable."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+
+from execbox.service.store import open_store
+
+from .conftest import traversable_tmpdir
+from .test_serve_cli import _serve, _wait_ready
+
+
+def _env(base: str) -> dict[str, str]:
+    return {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, "data"), "SANDBOX_TYPE": "jail",
+            "EXECBOX_WORKSPACES_DIR": os.path.join(base, "ws"), "EXECBOX_REPLICA_ID": "r-restart",
+            "EXECBOX_DRAIN_TIMEOUT": "20"}
+
+
+def _token(base: str) -> dict[str, str]:
+    with open_store(data_dir=os.path.join(base, "data")) as store:
+        _, plaintext = store.tokens.create("t1")
+    return {"Authorization": f"Bearer {plaintext}"}
+
+
+def _term(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (0, -signal.SIGTERM), err  # uvicorn re-raises the signal after its shutdown
+    return err
+
+
+def _bwraps_under(path: str) -> list[int]:
+    """Pids of processes whose command line names ``path`` (a jail box of that workspace root)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if path.encode() in f.read():
+                    out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
+def test_restart_keeps_files_reports_lost_contexts_cleans_orphans_and_marks_lost(jail_provider) -> None:
+    base = traversable_tmpdir("execbox-restart-")
+    env, auth = _env(base), _token(base)
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        c = httpx.Client(base_url=url, headers=auth, timeout=60)
+        for sid in ("keep", "gone"):
+            r = c.post("/v1/sandbox/execute", json={"session_id": sid, "context_id": "c",
+                                                     "code": "x = 41\nopen('f', 'w').write('kept')"})
+            assert r.status_code == 200, r.text
+        assert c.post("/v1/sandbox/execute", json={"session_id": "keep", "context_id": "c",
+                                                  "code": "print(x + 1)"}).json()["stdout"] == "42\n"
+        info = c.get("/v1/sandbox/sessions/t1/keep").json()
+        assert info["state"] == "running" and info["owner"] == "r-restart" and not info["contexts_lost"]
+    finally:
+        _term(proc)
+    ws = os.path.join(base, "ws")
+    assert _bwraps_under(ws) == []  # every box stopped
+    # the files stay on disk: in place, or inside the workspace's quota image (jail as root)
+    assert set(os.listdir(os.path.join(ws, "t1", "keep"))) & {"f", ".execbox-workspace.img"}
+    shutil.rmtree(os.path.join(ws, "t1", "gone"))  # its disk is lost while the service is down
+    os.makedirs(os.path.join(ws, "t1", "stray"))  # a workspace no registry row knows
+
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        c = httpx.Client(base_url=url, headers=auth, timeout=60)
+        assert not os.path.exists(os.path.join(ws, "t1", "stray"))
+        info = c.get("/v1/sandbox/sessions/t1/keep").json()
+        assert info["state"] == "running" and info["contexts_lost"] is True
+        r = c.post("/v1/sandbox/execute", json={"session_id": "keep", "context_id": "c",
+                                                 "code": "print(open('f').read(), globals().get('x'))"})
+        assert r.status_code == 200 and r.json()["stdout"] == "kept None\n"
+        assert r.json()["metadata"]["session"] == {"contexts_lost": True}  # reported once
+        r = c.post("/v1/sandbox/execute", json={"session_id": "keep", "code": "print(2)"})
+        assert "session" not in r.json()["metadata"]
+        r = c.post("/v1/sandbox/execute", json={"session_id": "gone", "code": "print(1)"})
+        assert r.status_code == 410, r.text
+        err = r.json()["error"]
+        assert err["code"] == "SB009" and err["details"]["state"] == "lost"
+        assert c.get("/v1/sandbox/sessions/t1/gone").json()["state"] == "lost"
+    finally:
+        _term(proc)
+
+
+def test_sigterm_during_ten_runs_lets_them_finish_and_sessions_survive(jail_provider) -> None:
+    base = traversable_tmpdir("execbox-drain-")
+    env, auth = _env(base), _token(base)
+    proc, url = _serve(env)
+    results: dict[int, httpx.Response | Exception] = {}
+    try:
+        _wait_ready(proc, url)
+        c = httpx.Client(base_url=url, headers=auth, timeout=60)
+        for i in range(10):  # the sessions exist (boxes started) before the runs
+            assert c.post("/v1/sandbox/write", json={"session_id": f"d{i}", "path": "n", "content": str(i)}
+                          ).status_code == 200
+
+        def run(i: int) -> None:
+            try:
+                results[i] = httpx.post(f"{url}/v1/sandbox/execute", headers=auth, timeout=60, json={
+                    "session_id": f"d{i}",
+                    "code": "open('started', 'w').close()\nimport time\ntime.sleep(1.5)\nprint(open('n').read())"})
+            except Exception as e:  # noqa: BLE001 - a refused connection is a valid outcome
+                results[i] = e
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        started = [os.path.join(base, "ws", "t1", f"d{i}", "started") for i in range(10)]
+        deadline = time.monotonic() + 30
+        while not all(map(os.path.exists, started)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # SIGTERM once all ten runs are executing in their boxes
+        assert all(map(os.path.exists, started))
+    finally:
+        _term(proc)
+    for t in threads:
+        t.join()
+    # in-flight runs finish inside the drain deadline (20 s here), with their real output
+    assert sorted(results) == list(range(10))
+    for i, r in results.items():
+        assert isinstance(r, httpx.Response) and r.status_code == 200, r
+        assert r.json()["stdout"] == f"{i}\n"
+    assert _bwraps_under(os.path.join(base, "ws")) == []
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        c = httpx.Client(base_url=url, headers=auth, timeout=60)
+        for i in range(10):
+            r = c.post("/v1/sandbox/read", json={"session_id": f"d{i}", "path": "n"})
+            assert r.status_code == 200 and r.json()["content"] == str(i)
+    finally:
+        _term(proc)
