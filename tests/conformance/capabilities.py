@@ -55,9 +55,8 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "fork_bomb": "no pid namespace or pids limit: a fork bomb would take the host down",
     },
     "jail": {},
-    "docker-runc": {"plots": NEEDS_MATPLOTLIB},
+    "docker-runc": {},
     "docker-runsc": {
-        "plots": NEEDS_MATPLOTLIB,
         "javascript_main_arguments": RUNSC_NODE,
         "exit_codes": RUNSC_NODE + " (the case includes process.exit)",
         "daemon_ends_with_timeout": ("open defect found by this suite: under runsc (ptrace) a double-forked, setsid "

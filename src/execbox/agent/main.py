@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from . import contexts, executor, fileops, privsep, procs, protocol
+from . import contexts, executor, fileops, fsextra, privsep, procs, protocol
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
 
 AGENT_VERSION = "1"
@@ -199,6 +199,7 @@ OPS = {
     **{name: Agent.op_files for name in (
         "files.read", "files.read_bytes", "files.write", "files.write_many", "files.list",
         "files.glob", "files.grep", "files.delete")},
+    **{name: (lambda agent, rid, req: fsextra.handle(agent.ws, req)) for name in fsextra.OPS},
 }
 
 

@@ -47,6 +47,7 @@ class BoxSpec:
     preload: str = "auto"
     extra_ro: list[tuple[str, str]] = field(default_factory=list)
     device_args: list[str] = field(default_factory=list)  # GPU opt-in (boxes/gpu.py); empty: no devices
+    share_net: bool = False  # run in the caller's network namespace (boxes/jail_net.py made it)
 
 
 def system_mounts() -> list[str]:
@@ -67,6 +68,7 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
     argv = [
         bwrap,
         "--unshare-all", "--unshare-user", "--unshare-cgroup",  # user, pid, net, ipc, uts, mount, cgroup
+        *(["--share-net"] if spec.share_net else []),
         "--disable-userns",  # no nested user namespaces (seccomp also denies unshare/clone flags)
         "--uid", str(BOX_UID), "--gid", str(BOX_GID), "--hostname", HOSTNAME,
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",

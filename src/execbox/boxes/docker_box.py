@@ -117,6 +117,8 @@ class ContainerSpec:
     host_workspace: str | None = None
     preload: str = "auto"
     agent_limits: dict[str, Any] = field(default_factory=dict)
+    egress: Any = None  # EgressPolicy; not "none": network "none" + the gateway (boxes/docker_net.py)
+    egress_ca: Any = None  # egress.inject.BoxCA when the policy injects credentials
 
     def command(self) -> list[str]:
         return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
@@ -160,6 +162,16 @@ class ContainerSpec:
             "security_opt": ["no-new-privileges", oci_seccomp.security_opt(self.runtime)],
             "ulimits": [],
         }
+        if self.egress is not None and self.egress.mode != "none":
+            from .docker_net import DNS_OPTS
+
+            kwargs.update(network_mode="none", **DNS_OPTS)
+            if self.egress_ca is not None:
+                from .docker_net import ca_kwargs
+
+                extra = ca_kwargs(self.egress_ca)
+                kwargs["mounts"] = kwargs["mounts"] + extra["mounts"]
+                kwargs["environment"] = {**kwargs.get("environment", {}), **extra["environment"]}
         if self.gpu:
             kwargs["device_requests"] = [gpu_device_request(self.gpu_ids)]
         return kwargs
@@ -195,6 +207,7 @@ class DockerBox(Box):
         self._oom_seen = 0
         self.claimed_by: dict[str, str] = {}
         self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
+        self.net: Any = None  # boxes/jail_net.JailNet when the box has egress
 
     @property
     def volume(self) -> str | None:
@@ -231,6 +244,9 @@ class DockerBox(Box):
 
     def remove(self) -> None:
         """Remove the container and, unless kept, its workspace volume (idempotent)."""
+        net, self.net = self.net, None
+        if net is not None:
+            net.detach()
         try:
             self.docker.api.remove_container(self.container_id, force=True, v=True)
         except Exception as e:  # noqa: BLE001
@@ -270,10 +286,15 @@ def start_container(docker_client: Any, spec: ContainerSpec,
                     ready_timeout: float = READY_TIMEOUT) -> DockerBox:
     """Create, attach, start and wait for the agent's ready frame; clean up on any failure."""
     api = docker_client.api
+    if spec.egress is not None and spec.egress.mode != "none" and spec.egress_ca is None:
+        from .jail_net import new_ca
+
+        spec.egress_ca = new_ca(spec.name, spec.egress)
     if spec.volume and not spec.host_workspace:
         api.create_volume(spec.volume, labels=spec.labels)
     container_id: str | None = None
     transport: AttachTransport | None = None
+    box: DockerBox | None = None
     try:
         container = docker_client.containers.create(**spec.create_kwargs())
         container_id = container.id
@@ -282,6 +303,10 @@ def start_container(docker_client: Any, spec: ContainerSpec,
         api.start(container_id)
         client = AgentClient(transport, spec.name)
         box = DockerBox(spec.name, client, docker_client, container_id, spec, transport)
+        if spec.egress is not None and spec.egress.mode != "none":
+            from .docker_net import attach as attach_net
+
+            box.net = attach_net(api, container_id, spec.name, spec.egress, spec.egress_ca)
         try:
             client.wait_ready(ready_timeout)
         except InstanceCreationError as e:
@@ -291,6 +316,10 @@ def start_container(docker_client: Any, spec: ContainerSpec,
                                         details={"container": spec.name, "runtime": spec.runtime}) from None
         return box
     except BaseException:
+        if box is not None and box.net is not None:
+            box.net.detach()  # closes the CA too
+        elif spec.egress_ca is not None:
+            spec.egress_ca.close()
         if transport is not None:
             transport.close()
         if container_id is not None:

@@ -22,7 +22,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import bwrap, cgroups, quota, seccomp, uids
+from . import bwrap, cgroups, jail_net, quota, seccomp, uids
 from .box import READY_TIMEOUT, ProcessBox
 from .quota import Workspace
 from .runtime import Runtime, jail_dir
@@ -63,6 +63,7 @@ class JailSettings:
     agent_root: str = ""
     etc_dir: str = ""
     device_args: list[str] = field(default_factory=list)  # GPU binds (boxes/gpu.py), empty by default
+    egress: Any = None  # EgressPolicy; not "none": the box gets a namespace behind the gateway
 
 
 def boxes_dir() -> str:
@@ -83,6 +84,7 @@ class JailBox(ProcessBox):
         self.started_at = time.time()
         self.survivors: list[int] = []
         self.stderr: Tail | None = None  # last KB of bwrap's and the agent's own stderr
+        self.net: jail_net.JailNet | None = None  # set when the box has network egress
 
     def oom_events(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
@@ -132,6 +134,9 @@ class JailBox(ProcessBox):
         super().kill()
 
     def cleanup(self) -> None:
+        if self.net is not None:
+            self.net.detach()
+            self.net = None
         if self.cgroup is not None and not self.cgroup.remove():
             log.error("box %s: cgroup %s could not be removed", self.name, self.cgroup.name)
         self.ws.teardown()  # a caller's workspace (and its image) stays; the box's own goes
@@ -206,7 +211,10 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
     if workspace is not None:
         _wait_for_workspace(workspace)  # the previous box of this session may still be unmounting
     seccomp_fd: int | None = None
+    jn: jail_net.JailNet | None = None
     try:
+        if jail_net.wanted(settings.egress):
+            jn = jail_net.attach(name, settings.egress, ca=jail_net.new_ca(name, settings.egress))
         if settings.use_cgroups:
             cg = cgroups.BoxCgroup.create(name, cgroups.Limits(settings.memory_bytes, settings.pids,
                                                                settings.cpus))
@@ -222,13 +230,18 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
             device_args=list(settings.device_args),
         )
+        if jn is not None:
+            spec.share_net = True
+            spec.etc_dir = jail_net.staged_etc_net()
+            spec.extra_ro = [*spec.extra_ro, *jail_net.extra_mounts(spec.etc_dir, jn)]
+            spec.env.update(jn.box_env())
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         try:
             proc = _spawner.submit(
                 subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_w,
                 env={"PATH": "/usr/bin:/bin"}, cwd="/", close_fds=True, pass_fds=(seccomp_fd,),
-                preexec_fn=_preexec(cg, uid),
+                preexec_fn=jail_net.preexec(_preexec(cg, uid), jn),
             ).result()
         except BaseException:
             os.close(err_r)
@@ -246,9 +259,12 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
         remove_box_dir(box_dir)
         if lease is not None:
             lease.release()
+        if jn is not None:
+            jn.detach()
         raise
     os.close(seccomp_fd)
     box = JailBox(name, proc, ws, limits, cg, box_dir, lease)
+    box.net = jn
     box.stderr = stderr_tail
     try:
         box.client.wait_ready(READY_TIMEOUT)

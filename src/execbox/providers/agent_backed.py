@@ -11,13 +11,17 @@ import base64
 import logging
 import threading
 import time
+import uuid
 from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..boxes.agent_client import BoxDied
 from ..boxes.box import Box
 from ..boxes.pool import BoxPool
+from ..egress.policy import EgressPolicy, parse_policy
 from ..errors import (
     InstanceCreationError,
     InvalidConfigError,
@@ -78,10 +82,12 @@ class Instance:
     created_at: float = field(default_factory=time.time)
     executions: int = 0
     from_pool: bool = False
+    egress: EgressPolicy | None = None  # effective network policy (None: the provider's cap)
 
 
 class AgentBackedProvider(SandboxProvider):
     warm_pool_wait = 0.0  # seconds create_instance waits for a pooled box before starting one
+    egress_cap: EgressPolicy = EgressPolicy()  # the provider's network policy; sessions only narrow it
 
     def __init__(self) -> None:
         super().__init__()
@@ -149,6 +155,7 @@ class AgentBackedProvider(SandboxProvider):
         if workspace is not None or session_id is not None:
             box.keep_workspace = workspace is not None
         inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool)
+        self._bind_egress(inst)
         with self._lock:
             self._instances[instance_id] = inst
         return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
@@ -164,7 +171,55 @@ class AgentBackedProvider(SandboxProvider):
         return {
             "isolation": self.isolation.value, "tenant_id": inst.tenant_id, "session_id": inst.session_id,
             "from_pool": inst.from_pool, "workspace": inst.box.workspace, **inst.box.info(),
+            "network": self.effective_network(inst.instance_id, inst),
         }
+
+    # -- network egress ---------------------------------------------------------------------
+    def _bind_egress(self, inst: Instance) -> None:
+        """A box handed to an instance: its audit records name the tenant/session; provider policy."""
+        link = _egress_link(inst.box)
+        if link is not None:
+            link.tenant_id, link.session_id = inst.tenant_id, inst.session_id
+            link.set_policy(inst.egress or self.egress_cap)
+
+    def effective_network(self, instance_id: str, inst: Instance | None = None) -> dict[str, Any]:
+        inst = inst or self._get(instance_id)
+        return (inst.egress or self.egress_cap).to_dict()
+
+    def set_network_policy(self, instance_id: str, network: Any, allow: Any = None,
+                           tenant_cap: EgressPolicy | None = None) -> dict[str, Any]:
+        """Narrow a live instance's network policy (never widen); takes effect for new connections.
+
+        The request is validated (SB002 naming a bad entry), then checked against the provider's
+        policy and the tenant's cap (403 naming what is wider); nothing changes on any error.
+        """
+        inst = self._get(instance_id)
+        requested = parse_policy(network, allow)
+        effective = self.egress_cap.narrow(requested)
+        if tenant_cap is not None:
+            tenant_cap.narrow(requested)
+        current = inst.egress or self.egress_cap
+        effective = current.narrow(effective)
+        link = _egress_link(inst.box)
+        if link is not None:
+            link.set_policy(effective)
+        inst.egress = effective
+        return effective.to_dict()
+
+    @contextmanager
+    def network_for_run(self, instance_id: str, network: Any, allow: Any = None,
+                        tenant_cap: EgressPolicy | None = None) -> Iterator[dict[str, Any]]:
+        """Narrow the instance's policy for one run, then put the previous one back."""
+        inst = self._get(instance_id)
+        before = inst.egress
+        effective = self.set_network_policy(instance_id, network, allow, tenant_cap)
+        try:
+            yield effective
+        finally:
+            inst.egress = before
+            link = _egress_link(inst.box)
+            if link is not None:
+                link.set_policy(before or self.egress_cap)
 
     def destroy_instance(self, instance_id: str) -> bool:
         with self._lock:
@@ -271,10 +326,21 @@ class AgentBackedProvider(SandboxProvider):
         request = {**params, "timeout": seconds, "output_cap": self.output_cap, "stream": on_output is not None,
                    "inline_artifacts": inline_artifacts}
         started = time.monotonic()
-        value = self._call(inst, "exec", request, timeout=seconds + AGENT_GRACE, on_output=on_output)
+        link = _egress_link(inst.box)
+        run_id = uuid.uuid4().hex[:16] if link is not None else None
+        if link is not None:
+            link.run_id = run_id  # egress audit rows of this run carry it
+        try:
+            value = self._call(inst, "exec", request, timeout=seconds + AGENT_GRACE, on_output=on_output)
+        finally:
+            if link is not None:
+                link.run_id = None
         inst.executions += 1
         oom = bool(value.get("oom")) or inst.box.oom_events() > oom_before
-        return self._to_result(inst, value, time.monotonic() - started, oom)
+        result = self._to_result(inst, value, time.monotonic() - started, oom)
+        if run_id is not None:
+            result.metadata["egress_run_id"] = run_id
+        return result
 
     def _to_result(self, inst: Instance, v: dict[str, Any], wall: float, oom: bool) -> ExecutionResult:
         import json
@@ -291,6 +357,7 @@ class AgentBackedProvider(SandboxProvider):
             "result_present": bool(res and res.get("present")),
             "result_type": res.get("type") if res else None,
             "host_overhead_ms": round((wall - float(v.get("execution_time", 0.0))) * 1000, 3),
+            "network": (inst.egress or self.egress_cap).to_dict(),
         }
         if v.get("signal"):
             metadata["signal"] = v["signal"]
@@ -347,6 +414,18 @@ class AgentBackedProvider(SandboxProvider):
         v = self._call(self._get(instance_id), "files.list", {"path": path, "recursive": recursive})
         return [FileInfo(**f) for f in v["files"]]
 
+    def delete_path(self, instance_id: str, path: str) -> None:
+        """Remove a file or a directory tree (the E2B facade's files.remove)."""
+        self._call(self._get(instance_id), "files.delete", {"path": path})
+
+    def make_dir(self, instance_id: str, path: str) -> bool:
+        """Create a directory and its parents; False when it already existed."""
+        return bool(self._call(self._get(instance_id), "files.mkdir", {"path": path})["created"])
+
+    def move_path(self, instance_id: str, source: str, destination: str) -> str:
+        return self._call(self._get(instance_id), "files.move",
+                          {"source": source, "destination": destination})["path"]
+
     def glob(self, instance_id: str, pattern: str) -> list[str]:
         return self._call(self._get(instance_id), "files.glob", {"pattern": pattern})["paths"]
 
@@ -355,6 +434,12 @@ class AgentBackedProvider(SandboxProvider):
         v = self._call(self._get(instance_id), "files.grep",
                        {"pattern": pattern, "path": path, "glob": glob, "max_results": max_results})
         return [GrepMatch(**m) for m in v["matches"]]
+
+
+def _egress_link(box: Box) -> Any:
+    """The box's gateway attachment (egress/gateway.BoxLink) when it has network, else None."""
+    net = getattr(box, "net", None)
+    return getattr(net, "link", None)
 
 
 def _content(content: str | bytes) -> dict[str, str]:

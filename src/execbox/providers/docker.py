@@ -30,6 +30,8 @@ from ..boxes.docker_box import (
     start_container,
 )
 from ..boxes.gpu import GpuPlan, parse_gpu
+from ..egress.policy import EgressPolicy, parse_policy
+from ..egress.schema import check_network_config, policy_from_config
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..settings import parse_bool
@@ -39,6 +41,7 @@ from .docker_config import config_schema, docker_client, engine_availability, ru
 from .gpu_config import docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
+NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
 log = logging.getLogger("execbox.provider.docker")
 
 WARM_CONTEXT = "__execbox_warm__"
@@ -81,10 +84,16 @@ class DockerProvider(AgentBackedProvider):
             parse_size(config.get("max_memory") or "512m")
         except ValueError as e:
             return False, f"max_memory: {e}"
-        return gpu_config_error(config)
+        ok, message = gpu_config_error(config)
+        if not ok:
+            return ok, message
+        return check_network_config(config)
 
     def initialize(self, config: dict[str, Any]) -> bool:
-        return super().initialize(legacy_gpu(config))  # a stored boolean gpu keeps working
+        config = legacy_gpu(config)  # a stored boolean gpu keeps working
+        if isinstance(config.get("network"), bool):  # before issue 14: a bool (true = a bridge)
+            config["network"] = "open" if config["network"] else "none"
+        return super().initialize(config)
 
     # -- host facts -------------------------------------------------------------------------
     @classmethod
@@ -129,8 +138,12 @@ class DockerProvider(AgentBackedProvider):
         self.runtime = wanted
         # Instance attribute shadows the class tier: the real tier of this configuration.
         self.isolation = Isolation.GVISOR if wanted == "runsc" else Isolation.CONTAINER
-        if self.network_enabled and wanted == "runsc":
-            self._notes.append("network requested but the runsc runtime runs with --network=none")
+        self.egress_cap = self._egress_policy()
+        if self.egress_cap.mode != "none" and wanted == "runsc":
+            if NET_RUNTIME not in runtimes:
+                raise ProviderUnavailableError(
+                    f"network {self.egress_cap.mode!r} under runsc needs the {NET_RUNTIME!r} Docker runtime "
+                    "(scripts/setup/test/45-runsc-net.sh registers it)", details={"provider": self.name})
         self._check_box_seccomp(info)
         host = cfg.get("docker_host") or os.environ.get("DOCKER_HOST", "")
         self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=not host or host.startswith("unix:"),
@@ -151,12 +164,16 @@ class DockerProvider(AgentBackedProvider):
 
     def _check_box_seccomp(self, info: dict[str, Any]) -> None:
         """gVisor silently ignores the boxes' seccomp profile unless started with --oci-seccomp."""
-        if oci_seccomp.is_gvisor(self.runtime) and not oci_seccomp.runsc_applies_seccomp(info, self.runtime):
-            raise ProviderUnavailableError(
-                f"runtime {self.runtime!r} is registered without --oci-seccomp, so gVisor would ignore the boxes' "
-                "seccomp profile; add it to the runtime's runtimeArgs in /etc/docker/daemon.json and send "
-                "dockerd SIGHUP (scripts/setup/test/40-docker.sh does both)",
-                details={"provider": self.name, "runtime": self.runtime, "missing": "--oci-seccomp"})
+        runtimes = [self.runtime]
+        if self.runtime == "runsc" and self.network_enabled:
+            runtimes.append(NET_RUNTIME)  # the runtime egress boxes actually run under
+        for rt in runtimes:
+            if oci_seccomp.is_gvisor(rt) and not oci_seccomp.runsc_applies_seccomp(info, rt):
+                raise ProviderUnavailableError(
+                    f"runtime {rt!r} is registered without --oci-seccomp, so gVisor would ignore the boxes' "
+                    "seccomp profile; add it to the runtime's runtimeArgs in /etc/docker/daemon.json and send "
+                    "dockerd SIGHUP (scripts/setup/test/40-docker.sh and 45-runsc-net.sh do both)",
+                    details={"provider": self.name, "runtime": rt, "missing": "--oci-seccomp"})
 
     def admit(self, tenant_id: str) -> None:
         if self._gpu is not None:
@@ -164,9 +181,18 @@ class DockerProvider(AgentBackedProvider):
 
     @property
     def network_enabled(self) -> bool:
-        if parse_gpu(self.config.get("gpu")) is not None:
-            return bool(self.config.get("gpu_network"))
-        return bool(self.config.get("network"))
+        return self.egress_cap.mode != "none"
+
+    def _egress_policy(self) -> EgressPolicy:
+        """The provider's network policy; GPU containers stay offline unless gpu_network is set."""
+        c = self.config
+        policy = policy_from_config(c)
+        if parse_gpu(c.get("gpu")) is not None:
+            if not c.get("gpu_network"):
+                return EgressPolicy()
+            if policy.mode == "none":
+                return parse_policy("open")
+        return policy
 
     def warnings(self) -> list[str]:
         return list(self._notes)
@@ -174,7 +200,7 @@ class DockerProvider(AgentBackedProvider):
     def applied_limits(self) -> dict[str, Any]:
         c = self.config
         return {**super().applied_limits(), "max_memory": c.get("max_memory"), "cpus": c.get("cpus"),
-                "pids_limit": c.get("pids_limit"), "network": self.network_enabled, "runtime": self.runtime,
+                "pids_limit": c.get("pids_limit"), "network": self.egress_cap.mode, "runtime": self.runtime,
                 "gpu": self._gpu.describe() if self._gpu else "off", "enforced_by": f"docker/{self.runtime}"}
 
     def pool_status(self) -> dict[str, Any] | None:
@@ -204,9 +230,10 @@ class DockerProvider(AgentBackedProvider):
             agent_limits["nproc"] = pids
             pids = runsc_host_pids(pids)
         return ContainerSpec(
-            image=c["image"], runtime=self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
+            image=c["image"], runtime=NET_RUNTIME if self.runtime == "runsc" and self.network_enabled
+            else self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
             labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=pids,
-            network=self.network_enabled, gpu=bool(self._gpu and self._gpu.enabled),
+            egress=self.egress_cap, gpu=bool(self._gpu and self._gpu.enabled),
             gpu_ids=docker_device_ids(self._gpu) if self._gpu else None,
             volume=None if workspace else safe_name("execbox-ws", short), host_workspace=workspace,
             preload=c.get("preload") or "auto", agent_limits=agent_limits,
@@ -343,6 +370,7 @@ class DockerProvider(AgentBackedProvider):
 
     def _register(self, inst: Instance, keep_workspace: bool) -> SandboxInstance:
         inst.box.keep_workspace = keep_workspace
+        self._bind_egress(inst)
         with self._lock:
             self._instances[inst.instance_id] = inst
         return SandboxInstance(inst.instance_id, self.name, "running", self._instance_metadata(inst))

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ..boxes.images import DEFAULT_IMAGE
+from ..egress.schema import NETWORK_SCHEMA
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA
 from .gpu_config import GPU_SCHEMA
 
@@ -59,12 +60,10 @@ def config_schema() -> dict[str, dict[str, Any]]:
         "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                              "label": "Output cap (bytes)",
                              "description": "Cap on stdout and stderr each."},
-        "network": {"type": "boolean", "default": False, "label": "Network",
-                    "description": "Give containers a bridge network (runc only; runsc runs with "
-                                   "--network=none)."},
+        **NETWORK_SCHEMA,
         **GPU_SCHEMA,  # gpu (off | all | indices; SANDBOX_GPU_ENABLED=true = all), gpu_tenant_cap
         "gpu_network": {"type": "boolean", "default": False, "label": "GPU network",
-                        "description": "Allow network in GPU containers (also "
+                        "description": "Allow the configured network (open if none) in GPU containers (also "
                                        "SANDBOX_GPU_NETWORK_ENABLED=true)."},
         "preload": {"type": "string", "default": "auto", "label": "Preload modules",
                     "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a list."},

@@ -16,9 +16,10 @@ import threading
 import time
 from typing import Any
 
-from ..boxes import bwrap, cgroups, gpu, quota, runtime, seccomp, uids
+from ..boxes import bwrap, cgroups, gpu, netns, quota, runtime, seccomp, uids
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
+from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
 from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError, SandboxError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider
@@ -36,7 +37,8 @@ class JailProvider(AgentBackedProvider):
     name = "jail"
     display_name = "Local jail (bubblewrap)"
     description = ("Each instance runs in a bubblewrap box on this host: namespaces, seccomp, cgroup limits, "
-                   "no network, a quota-limited workspace. No daemon needed.")
+                   "network only through the egress gateway when a policy allows it, a quota-limited "
+                   "workspace. No daemon needed.")
     tags = ["self-hosted", "default", "no-daemon"]
     isolation = Isolation.JAIL
     zero_config = True
@@ -74,6 +76,7 @@ class JailProvider(AgentBackedProvider):
                                  "label": "Output cap (bytes)", "description": "Cap on stdout and stderr each."},
             **POLICY_SCHEMA,
             **GPU_SCHEMA,
+            **NETWORK_SCHEMA,
         }
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
@@ -87,7 +90,10 @@ class JailProvider(AgentBackedProvider):
             runtime.resolve(config.get("runtime"))
         except runtime.RuntimeNotUsable as e:
             return False, f"runtime: {e}"
-        return gpu_config_error(config)
+        ok, message = gpu_config_error(config)
+        if not ok:
+            return ok, message
+        return check_network_config(config)
 
     # -- lifecycle --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -119,7 +125,9 @@ class JailProvider(AgentBackedProvider):
             pids=int(cfg.get("pids_limit") or 128), disk_bytes=disk, tmp_bytes=min(TMP_MAX, disk),
             preload=str(cfg.get("preload") or "auto"), use_cgroups=use_cgroups,
             agent_root=runtime.staged_agent(), etc_dir=bwrap.staged_etc(),
+            egress=policy_from_config(cfg),
         )
+        self.egress_cap = self._settings.egress
 
     # -- GPU opt-in (boxes/gpu.py) ----------------------------------------------------------------
     def _gpu_plan(self) -> gpu.GpuPlan:
@@ -159,7 +167,7 @@ class JailProvider(AgentBackedProvider):
             return base
         return {**base, "max_memory": self.config.get("max_memory"), "cpus": s.cpus, "pids_limit": s.pids,
                 "disk_quota_mb": s.disk_bytes // (1024 * 1024), "tmp_mb": s.tmp_bytes // (1024 * 1024),
-                "runtime": s.runtime.name, "network": "none",
+                "runtime": s.runtime.name, "network": s.egress.mode,
                 "gpu": self._gpu.describe() if self._gpu else "off",
                 "enforced_by": "cgroup+rlimit" if s.use_cgroups else "rlimit"}
 
@@ -209,6 +217,9 @@ class JailProvider(AgentBackedProvider):
             out["cgroups"] = {"ok": False, "detail": str(e)}
         ok, detail = quota.loop_quota_possible()
         out["workspace_quota"] = {"ok": ok, "detail": detail}
+        ok, detail = netns.available()
+        out["box_network"] = {"ok": ok, "detail": detail if not ok else
+                              "network namespaces + iptables: network=allowlist|open possible (docs/network.md)"}
         try:
             out["runtime_system"] = {"ok": True, "detail": runtime.system_runtime().python}
         except runtime.RuntimeNotUsable as e:
@@ -241,6 +252,8 @@ def _reap_once() -> None:
             return
         _reaped = True
     names = reap_stale()
+    if os.geteuid() == 0:
+        names += netns.reap_stale()
     if names:
         log.warning("jail: removed %d boxes left by dead execbox processes", len(names))
 

@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .. import __version__
 from .config import ServiceSettings
+from .egress_service import install as install_egress
 from .errors import BodyLimit, install_error_handlers
 from .executions import RunService
 from .logs import AuditWriter, OperationLog
@@ -118,6 +119,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
         finally:
             await anyio.to_thread.run_sync(sessions.shutdown)
             audit.close()
+            egress_svc.close()
             if owns_providers and hasattr(providers, "shutdown"):
                 await anyio.to_thread.run_sync(providers.shutdown)
 
@@ -132,6 +134,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     app.state.audit = audit
     app.state.runs = runs
     install_error_handlers(app)
+    egress_svc = install_egress(app, store, metrics)  # issue 14: egress audit, tenant caps, routes
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     from .routes import health, sandbox
@@ -152,6 +155,9 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     mcp_app = _mcp_app(app)
     if mcp_app is not None:  # streamable HTTP MCP endpoint (execbox.mcp), bearer-token authenticated
         app.add_route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    from .e2b_compat import install as install_e2b
+
+    install_e2b(app)  # E2B-compatible control plane + sandbox URL (docs/e2b-compat.md)
     if WEB_STATIC.is_dir():
         app.mount("/admin", StaticFiles(directory=WEB_STATIC, html=True), name="admin-console")
     return app

@@ -28,8 +28,13 @@ class Scoped(_Body):
                                    description="Created on first use")
 
 
+NetworkForRun = Field(default=None, description="Narrow the network policy for this run only: {\"network\": "
+                                                 "\"none|allowlist|open\", \"allow\": [...]} (403 if wider)")
+
+
 class ExecuteRequest(Scoped):
     code: str
+    network: dict[str, Any] | None = NetworkForRun
     language: str = Field(default="python", max_length=32, description="python, javascript (nodejs), bash")
     timeout: float | None = Timeout
     arguments: dict[str, Any] | None = Field(default=None, description="main(**arguments) / main(arguments)")
@@ -41,6 +46,7 @@ class ExecuteRequest(Scoped):
 
 class BashRequest(Scoped):
     command: str
+    network: dict[str, Any] | None = NetworkForRun
     cwd: str | None = Field(default=None, max_length=4096, description="Relative to the workspace")
     timeout: float | None = Timeout
     env: dict[str, str] | None = None
@@ -182,6 +188,7 @@ class SessionOut(BaseModel):
     busy: bool
     operations: int
     boxes_started: int
+    network: dict[str, Any] | None = None  # issue 14: the effective egress policy
 
 
 class SessionsOut(BaseModel):

@@ -30,6 +30,7 @@ from ..errors import (
     SessionNotFoundError,
 )
 from ..providers.base import SandboxProvider
+from . import egress_hook
 from .config import ServiceSettings
 from .metrics import ServiceMetrics
 
@@ -70,6 +71,7 @@ class Session:
     operations: int = 0
     boxes_started: int = 0
     closed: bool = False
+    network: dict[str, Any] | None = None  # issue 14 hook: the session's narrowed egress policy
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +79,7 @@ class Session:
             "provider": self.provider.name if self.provider else None, "instance_id": self.instance_id,
             "created_at": self.created_at, "idle_seconds": round(time.monotonic() - self.last_used, 3),
             "busy": self.busy > 0, "operations": self.operations, "boxes_started": self.boxes_started,
+            **egress_hook.describe(self),  # issue 14: the effective network policy
         }
 
 
@@ -283,6 +286,7 @@ class SessionManager:
             raise
         s.provider, s.instance_id = prov, inst.instance_id
         s.boxes_started += 1
+        egress_hook.apply(prov, s)  # issue 14: tenant cap and the session's narrowed network policy
 
     def _make_workspace(self, s: Session) -> None:
         """root/tenant are 0711 (a box's uid may traverse, never list); the session dir is the box's."""
@@ -338,6 +342,7 @@ class SessionManager:
             with self._lock:
                 self._oneshots[inst.instance_id] = prov
             try:
+                egress_hook.apply_to(prov, tenant_id, inst.instance_id)  # issue 14: the tenant's cap
                 yield prov, inst.instance_id
             finally:
                 with self._lock:

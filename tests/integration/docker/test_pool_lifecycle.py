@@ -162,7 +162,7 @@ def test_bad_config_is_sb002(field, value):
 def test_gpu_opt_in_flags(docker_engine, monkeypatch):
     monkeypatch.setenv("SANDBOX_GPU_ENABLED", "true")
     p = DockerProvider()
-    p.initialize({"runtime": "runc", "pool_size": 0, "network": True})
+    p.initialize({"runtime": "runc", "pool_size": 0, "network": "open"})
     try:
         kw = p.container_spec().create_kwargs()
         (req,) = kw["device_requests"]
@@ -172,7 +172,8 @@ def test_gpu_opt_in_flags(docker_engine, monkeypatch):
         p.shutdown()
         p = DockerProvider()
         p.initialize({"runtime": "runc", "pool_size": 0})
-        assert p.container_spec().create_kwargs()["network_mode"] == "bridge"
+        assert p.egress_cap.mode == "open"  # through the egress gateway, never a bridge
+        assert p.container_spec().create_kwargs()["network_mode"] == "none"
     finally:
         p.shutdown()
     monkeypatch.delenv("SANDBOX_GPU_ENABLED")

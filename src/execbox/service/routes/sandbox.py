@@ -18,6 +18,7 @@ from ...agent.paths import PathViolation, check_syntax
 from ...errors import ERRORS_BY_CODE, InvalidConfigError, PathError, PayloadTooLargeError, SandboxError
 from ...models import Language
 from ...providers.base import OutputCallback, SandboxProvider
+from .. import egress_hook
 from ..auth import ForbiddenError, Principal, require_admin, require_token
 from ..executions import RunService, RunSpec, result_body
 from ..schemas import (
@@ -147,9 +148,9 @@ def execute(body: ExecuteRequest, request: Request, principal: Principal = Depen
             kwargs["context_id"] = body.context_id
         if on_output is not None:
             kwargs["on_output"] = on_output
-        return provider.execute_code(instance_id, body.code, language,
-                                     _timeout(provider, body.timeout, settings.default_timeout),
-                                     body.arguments, **kwargs)
+        return egress_hook.for_run(provider, instance_id, tenant, body.network, lambda: provider.execute_code(
+            instance_id, body.code, language, _timeout(provider, body.timeout, settings.default_timeout),
+            body.arguments, **kwargs))  # issue 14: per-run network narrowing
 
     spec = RunSpec(tenant, body.session_id, "execute_code", language, body.code, principal.token_id, call)
     return _respond(request, spec, body.stream)
@@ -166,9 +167,9 @@ def bash(body: BashRequest, request: Request, principal: Principal = Depends(req
 
     def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
              on_output: OutputCallback | None) -> Any:
-        return provider.run_command(instance_id, body.command,
-                                    _timeout(provider, body.timeout, settings.default_timeout),
-                                    cwd=body.cwd, env=body.env, on_output=on_output)
+        return egress_hook.for_run(provider, instance_id, tenant, body.network, lambda: provider.run_command(
+            instance_id, body.command, _timeout(provider, body.timeout, settings.default_timeout),
+            cwd=body.cwd, env=body.env, on_output=on_output))  # issue 14: per-run network narrowing
 
     spec = RunSpec(tenant, body.session_id, "run_command", "bash", body.command, principal.token_id, call)
     return _respond(request, spec, body.stream)

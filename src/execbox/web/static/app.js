@@ -5,9 +5,10 @@ import * as providers from "./providers.js";
 import * as playground from "./playground.js";
 import * as sessions from "./sessions.js";
 import * as tokens from "./tokens.js";
+import * as egress from "./egress.js";
 
-const PAGES = { providers, playground, sessions, tokens };
-const TITLES = { providers: "Providers", playground: "Playground", sessions: "Sessions", tokens: "Tokens" };
+const PAGES = { providers, playground, sessions, tokens, egress };
+const TITLES = { providers: "Providers", playground: "Playground", sessions: "Sessions", tokens: "Tokens", egress: "Egress" };
 
 const main = () => document.getElementById("main");
 let signedIn = null;

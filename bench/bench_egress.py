@@ -1,0 +1,94 @@
+"""Bench: the egress gateway vs. a direct connection, side by side in the same run.
+
+A fake internet (tests/fakenet.py: a network namespace with an HTTP server) is reached
+(a) from the host directly (baseline) and (b) from inside a jail box whose only way out is the
+gateway (allowlist with the server's address). The same client loop runs in both places:
+connect latency = TCP connect + a small HTTP GET answered; throughput = a 10 MB download.
+Targets (issue 14): <= 2 ms added per connection, >= 80 % of direct throughput. Prints only.
+
+    .venv/bin/python bench/bench_egress.py [-n 200] [--mb 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests import fakenet  # noqa: E402
+
+from _stats import Row, print_table  # noqa: E402
+from execbox.providers.jail import JailProvider  # noqa: E402
+
+CLIENT = r"""
+import json, socket, sys, time
+def get(ip, path, want_all):
+    s = socket.create_connection((ip, 80), timeout=30)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    n = 0
+    while True:
+        b = s.recv(1 << 16)
+        if not b: break
+        n += len(b)
+        if not want_all and b"\r\n\r\n" in b and n > 0: break
+    s.close()
+    return n
+def main(ip, n, mb):
+    lat = []
+    for _ in range(n):
+        t = time.perf_counter(); get(ip, "/ping", False); lat.append((time.perf_counter() - t) * 1000)
+    runs = []
+    for _ in range(5):
+        t = time.perf_counter()
+        got = get(ip, f"/bytes/{mb * 1024 * 1024}", True)
+        runs.append((time.perf_counter() - t, got))
+    return {"lat": lat, "dl": runs}
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=200)
+    ap.add_argument("--mb", type=int, default=10)
+    args = ap.parse_args()
+    fn = fakenet.start()
+    p = JailProvider()
+    try:
+        p.initialize({"pool_size": 0, "preload": "none", "network": "allowlist",
+                      "network_allow": [f"{fn.server_ip}/32:80"]})
+        iid = p.create_instance().instance_id
+        host = json.loads(subprocess.run([sys.executable, "-c", CLIENT, fn.server_ip, str(args.n), str(args.mb)],
+                                         capture_output=True, text=True, check=True).stdout)
+        r = p.execute_code(iid, CLIENT, "python", 600, {"ip": fn.server_ip, "n": args.n, "mb": args.mb})
+        if r.exit_code != 0:
+            raise SystemExit(r.stderr)
+        box = r.result
+        rows = [Row("connect+GET direct (host)", host["lat"], sum(host["lat"]) / 1000, 1),
+                Row("connect+GET via gateway (jail box)", box["lat"], sum(box["lat"]) / 1000, 1,
+                    baseline="connect+GET direct (host)")]
+        print_table(f"egress gateway: connect latency (n={args.n})", rows)
+        print(f"added per connection (p50): {rows[1].p50 - rows[0].p50:.2f} ms (target <= 2 ms)")
+
+        def mbps(runs: list[list[float]]) -> float:
+            best = min(t for t, _ in runs)
+            return runs[0][1] / best / 1e6
+
+        d, g = mbps(host["dl"]), mbps(box["dl"])
+        print(f"\n{args.mb} MB download, best of 5: direct {d:.0f} MB/s, via gateway {g:.0f} MB/s "
+              f"= {100 * g / d:.0f} % of direct (target >= 80 %)")
+        with open("/proc/loadavg", encoding="ascii") as f:
+            print("load average:", " ".join(f.read().split()[:3]))
+    finally:
+        p.shutdown()
+        fn.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Directory operations the E2B filesystem API needs: make a directory, move, remove.
+
+Stdlib only, every path through ``paths.resolve`` (via fileops), never a shell command. Kept
+apart from fileops so the gateway's file API and these facade needs evolve independently.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import fileops, paths
+
+
+def make_dir(ws: str, path: str) -> dict[str, Any]:
+    """Create ``path`` and its parents; ``created`` is False when it already was a directory."""
+    real = fileops._resolve(ws, path)
+    if os.path.isdir(real):
+        return {"created": False}
+    if os.path.lexists(real):
+        raise fileops.FileOpError(f"{path!r} exists and is not a directory", status=409, path=path)
+    try:
+        os.makedirs(real, exist_ok=True)
+    except OSError as e:
+        raise fileops._os_error(e, path) from None
+    return {"created": True}
+
+
+def move(ws: str, source: str, destination: str) -> dict[str, Any]:
+    src = fileops._resolve(ws, source, must_exist=True)
+    dst = fileops._resolve(ws, destination)
+    if src == os.path.realpath(ws):
+        raise fileops.FileOpError("cannot move the workspace root", field="source")
+    parent = os.path.dirname(dst)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.replace(src, dst)
+    except OSError as e:
+        raise fileops._os_error(e, destination) from None
+    return {"path": paths.relative(ws, dst)}
+
+
+def handle(ws: str, req: dict[str, Any]) -> dict[str, Any]:
+    """Agent dispatch for files.mkdir / files.move (files.delete is fileops')."""
+    op = req.get("op")
+    if op == "files.mkdir":
+        return make_dir(ws, str(req.get("path", "")))
+    if op == "files.move":
+        return move(ws, str(req.get("source", "")), str(req.get("destination", "")))
+    raise fileops.FileOpError(f"unknown operation {op!r}", field="op")
+
+
+OPS = ("files.mkdir", "files.move")

@@ -1,0 +1,114 @@
+"""Networking of one jail box: its namespace (boxes/netns.py) joined to the egress gateway.
+
+Kept apart from jail_box.py so the box start path only gains three calls: ``attach`` before the
+spawn, ``preexec`` around the child's set-up, ``detach`` at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..egress.gateway import BoxLink, gateway
+from ..egress.inject import BOX_BUNDLE, BOX_ENV, BoxCA, Injector
+from ..egress.policy import EgressPolicy, has_credentials
+from . import netns
+from .bwrap import ETC_FILES
+from .runtime import jail_dir
+
+RESOLV_CONF = f"nameserver {netns.GW_ADDR}\noptions timeout:2 attempts:2\n"
+
+
+@dataclass
+class JailNet:
+    net: netns.BoxNet
+    link: BoxLink
+    ca: BoxCA | None = None  # per-box CA when the policy injects credentials
+
+    def detach(self) -> None:
+        try:
+            gateway().detach(self.link)
+        finally:
+            self.net.close()
+            if self.ca is not None:
+                self.ca.close()
+
+    def box_env(self) -> dict[str, str]:
+        return dict(BOX_ENV) if self.ca is not None else {}
+
+
+def new_ca(box_name: str, policy: EgressPolicy | None) -> BoxCA | None:
+    return BoxCA(box_name) if has_credentials(policy) else None
+
+
+def wanted(policy: EgressPolicy | None) -> bool:
+    return policy is not None and policy.mode != "none"
+
+
+def attach(box_name: str, policy: EgressPolicy, *, pid: int | None = None, ca: BoxCA | None = None) -> JailNet:
+    """A new namespace (or, with ``pid``, that process's) joined to the gateway under ``policy``."""
+    try:
+        net = netns.adopt(pid) if pid is not None else netns.create()
+    except BaseException:
+        if ca is not None:
+            ca.close()
+        raise
+    jn = JailNet(net, None, ca)  # type: ignore[arg-type]
+    try:
+        jn.link = gateway().attach(box_name, policy, net.tcp, net.udp)
+        if ca is not None:
+            jn.link.intercept = Injector(ca)
+    except BaseException:
+        if jn.link is not None:
+            jn.detach()
+        else:
+            net.close()
+            if ca is not None:
+                ca.close()
+        raise
+    return jn
+
+
+def preexec(inner: Any, jn: JailNet | None):  # type: ignore[no-untyped-def]
+    """Wrap the child's pre-exec: join the box's namespace first (while still root)."""
+    if jn is None:
+        return inner
+    fd = jn.net.fd
+
+    def run() -> None:
+        netns.join(fd)
+        inner()
+
+    return run
+
+
+def staged_etc_net() -> str:
+    """Like bwrap.staged_etc, but names resolve through DNS (the gateway) too."""
+    d = os.path.join(jail_dir(), "box-etc-net")
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    files = {**ETC_FILES, "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+             "resolv.conf": RESOLV_CONF}
+    for name, content in files.items():
+        path = os.path.join(d, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                if f.read() == content:
+                    continue
+        except OSError:
+            pass
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    return d
+
+
+def extra_mounts(etc_dir: str, jn: JailNet) -> list[tuple[str, str]]:
+    out = [(os.path.join(etc_dir, "resolv.conf"), "/etc/resolv.conf")]
+    if os.path.isdir("/etc/ssl/certs"):
+        out.append(("/etc/ssl/certs", "/etc/ssl/certs"))  # public CA bundle only, never /etc/ssl/private
+    if jn.ca is not None:
+        out.append((jn.ca.bundle, BOX_BUNDLE))  # host bundle + this box's CA, over the usual path
+    return out

@@ -1,0 +1,1 @@
+"""Network egress for boxes: policy model, the gateway (DNS + policed connections), audit, limits."""

@@ -1,0 +1,105 @@
+"""Egress audit: one record per connection attempt (and per refused DNS name), fanned out to sinks.
+
+The gateway never blocks on a sink: records go to an in-memory ring (what the admin API reads
+when no store is configured), to per-decision counters (Prometheus) and to any registered sink
+(e.g. the SQL store), each called from the gateway thread and guarded against exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+log = logging.getLogger("execbox.egress")
+
+
+@dataclass
+class AuditRecord:
+    box: str
+    kind: str  # "tcp" | "dns"
+    host: str | None
+    ip: str | None
+    port: int | None
+    decision: str = "denied"  # "allowed" | "denied" | "limited"
+    reason: str = ""
+    tenant_id: str | None = None
+    session_id: str | None = None
+    run_id: str | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    duration_ms: float = 0.0
+    injected: bool = False
+    ts: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Sink = Callable[[AuditRecord], None]
+
+_lock = threading.Lock()
+_ring: deque[AuditRecord] = deque(maxlen=10000)
+_sinks: list[Sink] = []
+_counts: Counter[tuple[str, str]] = Counter()
+
+
+def add_sink(sink: Sink) -> None:
+    with _lock:
+        _sinks.append(sink)
+
+
+def remove_sink(sink: Sink) -> None:
+    with _lock:
+        if sink in _sinks:
+            _sinks.remove(sink)
+
+
+def record(rec: AuditRecord) -> None:
+    with _lock:
+        _ring.append(rec)
+        _counts[(rec.kind, rec.decision)] += 1
+        sinks = list(_sinks)
+    for sink in sinks:
+        try:
+            sink(rec)
+        except Exception:  # noqa: BLE001 - an audit sink must never break the data path
+            log.exception("egress audit sink failed")
+
+
+def recent(*, tenant_id: str | None = None, session_id: str | None = None, box: str | None = None,
+           decision: str | None = None, limit: int = 200) -> list[AuditRecord]:
+    """Newest first, filtered (the in-memory view; the SQL store keeps the long history)."""
+    with _lock:
+        items = list(_ring)
+    out: list[AuditRecord] = []
+    for r in reversed(items):
+        if ((tenant_id and r.tenant_id != tenant_id) or (session_id and r.session_id != session_id)
+                or (box and r.box != box) or (decision and r.decision != decision)):
+            continue
+        out.append(r)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def counts() -> dict[tuple[str, str], int]:
+    with _lock:
+        return dict(_counts)
+
+
+class EgressCollector:
+    """Prometheus collector: execbox_egress_connections_total{kind, decision}."""
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        c = CounterMetricFamily("execbox_egress_connections", "Egress attempts by kind and decision",
+                                labels=["kind", "decision"])
+        for (kind, decision), n in sorted(counts().items()):
+            c.add_metric([kind, decision], n)
+        yield c

@@ -1,0 +1,332 @@
+"""The egress gateway: a box's only way out. One asyncio thread serves every box.
+
+Per box it owns two sockets that live in the box's network namespace (created there by
+boxes/netns.py): a TCP listener every outgoing TCP connection of the box is redirected to
+(iptables REDIRECT; the original destination comes from SO_ORIGINAL_DST) and a UDP socket the
+box's DNS queries are redirected to. Upstream connections are opened from the service's own
+namespace, only after the checks below.
+
+DNS: a name the policy allows is answered with a *synthetic* address from 198.19.0.0/16 that
+means "this name" to this box's gateway (AAAA: empty answer; anything else: NXDOMAIN).
+Connect: a synthetic address is mapped back to its name, the name is checked against the
+policy for the port, and resolved again *now*; the first resolved address that passes the
+IP checks is dialled. So a name that rebinds to 127.0.0.1 or a host address after the DNS
+answer is refused at connect time (DNS-rebinding safe), and a box can reach a hostname-entry
+destination only by that name. A literal destination IP must pass the IP rules on its own.
+
+Every attempt is audited (egress/audit.py); per-box caps bound concurrent connections and the
+total bytes moved. The policy of a live box can be replaced (narrowed) at any time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import re
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import audit
+from .policy import EgressPolicy
+from .relay import splice
+from .resolver import resolve
+
+log = logging.getLogger("execbox.egress")
+
+SO_ORIGINAL_DST = 80
+SYNTH_NET = ipaddress.ip_network("198.19.0.0/16")
+CONNECT_TIMEOUT = 10.0
+_HTTP_REQ = re.compile(rb"^[A-Z]{3,8} \S+ HTTP/1\.[01]\r?\n")
+
+
+@dataclass
+class Limits:
+    max_connections: int = 64  # concurrent TCP connections per box
+    max_bytes: int = 1024 ** 3  # bytes up + down per box over its life
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        def num(key: str, default: int) -> int:
+            raw = os.environ.get(key, "").strip()
+            return int(raw) if raw.isdigit() and int(raw) > 0 else default
+        return cls(num("EXECBOX_EGRESS_MAX_CONNECTIONS", 64), num("EXECBOX_EGRESS_MAX_BYTES", 1024 ** 3))
+
+
+class BoxLink:
+    """One box's attachment to the gateway: its policy, synthetic names, counters and sockets."""
+
+    def __init__(self, box: str, policy: EgressPolicy, limits: Limits, tcp: socket.socket,
+                 udp: socket.socket) -> None:
+        self.box = box
+        self.policy = policy
+        self.limits = limits
+        self.tenant_id: str | None = None
+        self.session_id: str | None = None
+        self.run_id: str | None = None
+        self.active = 0
+        self.bytes_total = 0
+        self._names: dict[str, ipaddress.IPv4Address] = {}
+        self._addrs: dict[ipaddress.IPv4Address, str] = {}
+        self._tcp = tcp
+        self._udp = udp
+        self._server: asyncio.base_events.Server | None = None
+        self._transport: asyncio.DatagramTransport | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.intercept: Any = None  # credential injection (egress/inject.py), set when the policy needs it
+
+    def set_policy(self, policy: EgressPolicy) -> None:
+        """Replace the policy; connections opened from now on (and DNS answers) follow it."""
+        self.policy = policy
+
+    def synth(self, name: str) -> ipaddress.IPv4Address:
+        ip = self._names.get(name)
+        if ip is None:
+            if len(self._names) >= SYNTH_NET.num_addresses - 2:
+                self._names.clear()
+                self._addrs.clear()
+            ip = SYNTH_NET[len(self._names) + 1]
+            self._names[name] = ip
+            self._addrs[ip] = name
+        return ip
+
+    def name_of(self, ip: ipaddress.IPv4Address) -> str | None:
+        return self._addrs.get(ip)
+
+    def record(self, **kw: Any) -> audit.AuditRecord:
+        return audit.AuditRecord(box=self.box, tenant_id=self.tenant_id, session_id=self.session_id,
+                                 run_id=self.run_id, **kw)
+
+
+class _Dns(asyncio.DatagramProtocol):
+    def __init__(self, gw: Gateway, link: BoxLink) -> None:
+        self.gw = gw
+        self.link = link
+        self.transport: asyncio.DatagramTransport | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if len(self._tasks) >= 256:  # a box flooding its resolver: drop, it retries
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(data, addr))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
+        from dnslib import QTYPE, RCODE, RR, A, DNSRecord
+
+        try:
+            req = DNSRecord.parse(data)
+            q = req.questions[0]
+        except Exception:  # noqa: BLE001 - garbage from the box is dropped
+            return
+        name = str(q.qname).rstrip(".").lower()
+        reply = req.reply()
+        policy = self.link.policy
+        if policy.name_allowed(name):
+            if q.qtype == QTYPE.A:
+                addrs = await resolve(name)
+                if addrs:
+                    reply.add_answer(RR(q.qname, QTYPE.A, rdata=A(str(self.link.synth(name))), ttl=5))
+                else:
+                    reply.header.rcode = RCODE.NXDOMAIN
+            # AAAA and others: an empty NOERROR answer (no IPv6 path exists)
+        else:
+            reply.header.rcode = RCODE.NXDOMAIN
+            audit.record(self.link.record(kind="dns", host=name[:253], ip=None, port=None, decision="denied",
+                                          reason="name not allowed by the network policy"))
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(reply.pack(), addr)
+
+
+class Gateway:
+    """Process-wide singleton (``gateway()``); its event loop runs in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="execbox-egress", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Any, timeout: float = 10.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def attach(self, box: str, policy: EgressPolicy, tcp: socket.socket, udp: socket.socket,
+               limits: Limits | None = None) -> BoxLink:
+        link = BoxLink(box, policy, limits or Limits.from_env(), tcp, udp)
+        self._run(self._attach(link))
+        return link
+
+    async def _attach(self, link: BoxLink) -> None:
+        link._server = await asyncio.start_server(lambda r, w: self._handle(link, r, w), sock=link._tcp,
+                                                  limit=1 << 18)
+        link._transport, _ = await self.loop.create_datagram_endpoint(lambda: _Dns(self, link), sock=link._udp)
+
+    def detach(self, link: BoxLink) -> None:
+        try:
+            self._run(self._detach(link))
+        except Exception:  # noqa: BLE001
+            log.exception("egress: detaching %s failed", link.box)
+
+    async def _detach(self, link: BoxLink) -> None:
+        if link._server is not None:
+            link._server.close()
+        if link._transport is not None:
+            link._transport.close()
+        for w in list(link._writers):
+            w.transport.abort()
+
+    # -- connection path --------------------------------------------------------------------
+    async def _handle(self, link: BoxLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        started = time.monotonic()
+        # Nothing is read from the box until the decision: an intercepted TLS connection must reach
+        # the TLS layer with its ClientHello still in the socket (start_tls resumes reading).
+        writer.transport.pause_reading()
+        sock = writer.get_extra_info("socket")
+        try:
+            raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+            port = struct.unpack_from("!H", raw, 2)[0]
+            dst = ipaddress.IPv4Address(raw[4:8])
+        except (OSError, ValueError):
+            writer.transport.abort()
+            return
+        name = link.name_of(dst) if dst in SYNTH_NET else None
+        rec = link.record(kind="tcp", host=name, ip=str(dst) if name is None else None, port=port)
+        link.active += 1
+        link._writers.add(writer)
+        try:
+            target, reason = await self._decide(link, name, dst, port)
+            if target is None:
+                rec.reason = reason
+                await _refuse(reader, writer, reason)
+                return
+            rec.ip = str(target)
+            rec.decision, rec.reason = "allowed", reason
+            injector = link.intercept
+            try:
+                if injector is not None and name is not None and link.policy.credentials_for(name, port):
+                    rec.injected = True
+                    await injector.serve(link, name, str(target), port, reader, writer, rec)
+                else:
+                    await splice(link, writer.transport, str(target), port, rec, CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as e:
+                rec.reason = f"upstream connect failed: {e}"[:300]
+                writer.transport.abort()
+        finally:
+            link.active -= 1
+            link._writers.discard(writer)
+            rec.duration_ms = round((time.monotonic() - started) * 1000, 3)
+            audit.record(rec)
+            if not writer.is_closing():
+                writer.close()
+
+    async def _decide(self, link: BoxLink, name: str | None, dst: ipaddress.IPv4Address,
+                      port: int) -> tuple[ipaddress.IPv4Address | None, str]:
+        policy = link.policy
+        if link.active > link.limits.max_connections:
+            return None, f"too many concurrent connections (cap {link.limits.max_connections})"
+        if link.bytes_total >= link.limits.max_bytes:
+            return None, f"byte cap of {link.limits.max_bytes} reached for this box"
+        if dst in SYNTH_NET:
+            if name is None:
+                return None, f"{dst} is not an address this box resolved"
+            if not policy.name_allowed(name, port):
+                return None, f"{name}:{port} is not allowed by the network policy"
+            addrs = await resolve(name)
+            if not addrs:
+                return None, f"{name} does not resolve"
+            why = ""
+            for ip in addrs:
+                ok, why = policy.ip_allowed(ip, port, via_name=True)
+                if ok:
+                    return ip, f"{name} allowed"
+            return None, f"{name} resolves to a denied address: {why}"
+        ok, why = policy.ip_allowed(dst, port)
+        return (dst, why) if ok else (None, why)
+
+
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:
+    """Plain HTTP gets a 403 naming the reason; anything else (TLS...) a reset."""
+    writer.transport.resume_reading()
+    first = b""
+    deadline = time.monotonic() + 1.0
+    try:  # the whole request head (so the client is done writing before we answer and close)
+        while len(first) < 8192 and b"\r\n\r\n" not in first:
+            chunk = await asyncio.wait_for(reader.read(2048), max(0.01, deadline - time.monotonic()))
+            if not chunk:
+                break
+            first += chunk
+            if not _HTTP_REQ.match(first) and len(first) >= 16:
+                break  # not plain HTTP: no need to wait for more
+    except (TimeoutError, OSError):
+        pass
+    if _HTTP_REQ.match(first):
+        body = f"execbox egress denied: {reason}\n".encode()
+        writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nX-Execbox-Egress: denied\r\n"
+                     b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        try:
+            await asyncio.wait_for(writer.drain(), 2.0)
+        except (TimeoutError, OSError):
+            pass
+        writer.close()
+        return
+    sock = writer.get_extra_info("socket")
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    writer.transport.abort()
+
+
+async def _pipe(link: BoxLink, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                rec: audit.AuditRecord, up: bool) -> None:
+    try:
+        while True:
+            data = await src.read(1 << 18)
+            if not data:
+                break
+            n = len(data)
+            link.bytes_total += n
+            if up:
+                rec.bytes_up += n
+            else:
+                rec.bytes_down += n
+            if link.bytes_total > link.limits.max_bytes:
+                rec.decision, rec.reason = "limited", f"byte cap of {link.limits.max_bytes} reached"
+                dst.transport.abort()
+                return
+            dst.write(data)
+            await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()
+    except (OSError, RuntimeError):
+        pass
+
+
+async def _splice(link: BoxLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter, rec: audit.AuditRecord) -> None:
+    link._writers.add(up_w)
+    try:
+        await asyncio.gather(_pipe(link, reader, up_w, rec, True), _pipe(link, up_r, writer, rec, False))
+    finally:
+        link._writers.discard(up_w)
+        up_w.close()
+
+
+_gw: Gateway | None = None
+_gw_lock = threading.Lock()
+
+
+def gateway() -> Gateway:
+    global _gw
+    with _gw_lock:
+        if _gw is None:
+            _gw = Gateway()
+        return _gw

@@ -1,0 +1,59 @@
+"""E2B-compatible endpoint: the unmodified `e2b` / `e2b-code-interpreter` SDKs run against execbox.
+
+``install(app)`` adds the control plane (E2B_API_URL = the server's base URL) and wraps the app so
+requests carrying E2B's sandbox routing headers (E2B_SANDBOX_URL = the same base URL) reach envd's
+file routes, its process and filesystem Connect services, and the code interpreter. It is a
+facade: every operation is a session, run or file call of the same service the HTTP API uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+
+from .codecs import strict_codecs
+from .control import router
+from .envd_files import EnvdFiles
+from .envd_fs import FilesystemService
+from .envd_gen.filesystem.filesystem_connect import FilesystemASGIApplication
+from .envd_gen.process.process_connect import ProcessASGIApplication
+from .envd_process import ProcessService
+from .interpreter import Interpreter
+from .registry import E2BSandbox, Registry
+from .sandbox_http import SandboxRouter
+
+__all__ = ["install"]
+
+
+def _bound(handler: Any, sb: E2BSandbox) -> Any:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        response = await handler(sb, Request(scope, receive))
+        await response(scope, receive, send)
+
+    return app
+
+
+def install(app: FastAPI) -> None:
+    """Mount the E2B control plane and the sandbox router on execbox's app."""
+    state = app.state
+    state.e2b = Registry(state.sessions)
+    process_app = ProcessASGIApplication(ProcessService(state), codecs=strict_codecs())
+    fs_app = FilesystemASGIApplication(FilesystemService(state), codecs=strict_codecs())
+    files = EnvdFiles(state)
+    interpreter = Interpreter(state)
+
+    def envd(sb: E2BSandbox, scope: dict[str, Any]) -> Any:
+        path = scope.get("path", "")
+        if path.startswith("/process.Process/"):
+            return process_app
+        if path.startswith("/filesystem.Filesystem/"):
+            return fs_app
+        return _bound(files, sb)
+
+    def jupyter(sb: E2BSandbox, scope: dict[str, Any]) -> Any:
+        return _bound(interpreter, sb)
+
+    app.include_router(router)
+    app.add_middleware(SandboxRouter, registry=lambda: state.e2b, envd=envd, jupyter=jupyter)

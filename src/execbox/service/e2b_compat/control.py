@@ -1,0 +1,213 @@
+"""E2B control plane (E2B_API_URL): create, get, list, kill, set_timeout, connect; pause/resume.
+
+Shapes follow E2B's OpenAPI spec as the official SDK parses them. The API key is an execbox
+token (header X-API-KEY); its tenant owns the sandboxes it creates, and another tenant's
+sandbox answers 404 exactly like a missing one. Errors are E2B's {code, message} bodies so the
+SDK raises its own exceptions (AuthenticationException, NotFoundException, ...).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import parse_qsl
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from ...errors import SandboxError
+from ..auth import Principal
+from .registry import MAX_TIMEOUT, E2BSandbox, Registry, new_sandbox_id
+
+router = APIRouter(tags=["e2b (control plane)"], include_in_schema=False)
+
+DEFAULT_TIMEOUT = 300
+
+
+class E2BError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def sandbox_error_response(e: SandboxError) -> JSONResponse:
+    return error_response(e.http_status if e.http_status < 600 else 500, f"{e.code}: {e.message}")
+
+
+def principal(request: Request) -> Principal:
+    token = request.headers.get("x-api-key")
+    if not token:
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    store = getattr(request.app.state, "store", None)
+    record = store.tokens.verify(token) if token and store is not None else None
+    if record is None:
+        raise E2BError(401, "invalid or missing API key (use an execbox token as E2B_API_KEY)")
+    return Principal(token_id=record.id, tenant_id=record.tenant_id, role=record.role)
+
+
+def registry(request: Request) -> Registry:
+    return request.app.state.e2b
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise E2BError(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise E2BError(400, "request body must be a JSON object")
+    return body
+
+
+def _str_map(value: Any, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise E2BError(400, f"{field} must map strings to strings")
+    return dict(value)
+
+
+def _timeout(value: Any, default: int = DEFAULT_TIMEOUT) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise E2BError(400, "timeout must be a non-negative integer of seconds")
+    return min(value, MAX_TIMEOUT)
+
+
+def _owned(request: Request, sandbox_id: str, who: Principal) -> E2BSandbox:
+    sb = registry(request).owned(sandbox_id, who.tenant_id)
+    if sb is None:
+        raise E2BError(404, f"sandbox {sandbox_id} not found")
+    return sb
+
+
+async def _guard(request: Request, fn: Any) -> Response:
+    try:
+        return await fn(principal(request))
+    except E2BError as e:
+        return error_response(e.status, e.message)
+    except SandboxError as e:
+        return sandbox_error_response(e)
+
+
+@router.post("/sandboxes")
+@router.post("/v2/sandboxes")
+async def create(request: Request) -> Response:
+    async def go(who: Principal) -> Response:
+        body = await _json(request)
+        template = body.get("templateID")
+        if not isinstance(template, str) or not template:
+            raise E2BError(400, "templateID is required")
+        sb = E2BSandbox(new_sandbox_id(), who.tenant_id, template,
+                        _str_map(body.get("metadata"), "metadata"), _str_map(body.get("envVars"), "envVars"),
+                        time.time() + _timeout(body.get("timeout")), token_id=who.token_id)
+        sessions = request.app.state.sessions
+
+        def start_box() -> None:
+            with sessions.session(sb.tenant_id, sb.session_id):
+                pass  # created on first use: the box starts now, so create fails loudly here
+
+        await anyio.to_thread.run_sync(start_box)
+        registry(request).add(sb)
+        return JSONResponse(sb.created(), status_code=201)
+
+    return await _guard(request, go)
+
+
+@router.get("/sandboxes")
+@router.get("/v2/sandboxes")
+async def list_sandboxes(request: Request) -> Response:
+    async def go(who: Principal) -> Response:
+        wanted = dict(parse_qsl(request.query_params.get("metadata", ""), keep_blank_values=True))
+        states = request.query_params.get("state")
+        items = [s for s in registry(request).of_tenant(who.tenant_id)
+                 if all(s.metadata.get(k) == v for k, v in wanted.items())]
+        if states and "running" not in states.split(","):
+            items = []
+        items.sort(key=lambda s: s.started_at)
+        return JSONResponse([s.listed() for s in items])
+
+    return await _guard(request, go)
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def get_info(request: Request, sandbox_id: str) -> Response:
+    async def go(who: Principal) -> Response:
+        return JSONResponse(_owned(request, sandbox_id, who).detail())
+
+    return await _guard(request, go)
+
+
+@router.delete("/sandboxes/{sandbox_id}")
+async def kill(request: Request, sandbox_id: str) -> Response:
+    async def go(who: Principal) -> Response:
+        sb = _owned(request, sandbox_id, who)
+        await anyio.to_thread.run_sync(registry(request).kill, sb)
+        return Response(status_code=204)
+
+    return await _guard(request, go)
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout")
+async def set_timeout(request: Request, sandbox_id: str) -> Response:
+    async def go(who: Principal) -> Response:
+        sb = _owned(request, sandbox_id, who)
+        sb.end_at = time.time() + _timeout((await _json(request)).get("timeout"), 0)
+        return Response(status_code=204)
+
+    return await _guard(request, go)
+
+
+@router.post("/sandboxes/{sandbox_id}/refreshes")
+async def refresh(request: Request, sandbox_id: str) -> Response:
+    async def go(who: Principal) -> Response:
+        sb = _owned(request, sandbox_id, who)
+        body = await _json(request) if await request.body() else {}
+        sb.end_at = max(sb.end_at, time.time() + _timeout(body.get("duration"), 60))
+        return Response(status_code=204)
+
+    return await _guard(request, go)
+
+
+@router.post("/sandboxes/{sandbox_id}/connect")
+@router.post("/v2/sandboxes/{sandbox_id}/connect")
+async def connect(request: Request, sandbox_id: str) -> Response:
+    async def go(who: Principal) -> Response:
+        sb = _owned(request, sandbox_id, who)
+        body = await _json(request) if await request.body() else {}
+        if body.get("timeout") is not None:  # connect only ever extends the deadline
+            sb.end_at = max(sb.end_at, time.time() + _timeout(body.get("timeout")))
+        return JSONResponse(sb.created(), status_code=200)
+
+    return await _guard(request, go)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+@router.get("/sandboxes/{sandbox_id}/logs")
+@router.get("/v2/sandboxes/{sandbox_id}/logs")
+async def not_yet(request: Request, sandbox_id: str) -> Response:
+    async def go(who: Principal) -> Response:
+        _owned(request, sandbox_id, who)
+        raise E2BError(501, "sandbox metrics and logs are not supported by execbox's E2B endpoint yet "
+                            "(see /metrics and the audit log)")
+
+    return await _guard(request, go)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause")
+@router.post("/sandboxes/{sandbox_id}/resume")
+@router.post("/v2/sandboxes/{sandbox_id}/pause")
+async def pause(request: Request, sandbox_id: str) -> Response:
+    async def go(who: Principal) -> Response:
+        _owned(request, sandbox_id, who)
+        raise E2BError(501, "pause/resume is not supported by execbox yet (sessions cannot pause)")
+
+    return await _guard(request, go)

@@ -1,0 +1,218 @@
+"""envd's process service (Connect RPC, process.Process) over execbox's run_command.
+
+A started process is one streamed ``run_command`` in the sandbox's session, through the service's
+Executor (quota slot, metrics, audit). Its output events fan out to the Start stream and to any
+Connect stream; SendSignal cancels the run in its box (the agent kills the whole process tree).
+stdin, PTY and resizing are not supported yet and answer UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from protobuf import Oneof
+
+from ...errors import SandboxError
+from ...models import ExecutionResult
+from ...providers.base import OutputCallback, SandboxProvider
+from ..executions import RunSpec
+from .envd_gen.process import process_pb as pb
+from .registry import E2BSandbox, Registry
+from .workspace import PathRefused, to_workspace
+
+_SHELLS = {"/bin/bash", "bash", "/bin/sh", "sh", "/usr/bin/bash"}
+_pids = itertools.count(1000)
+
+_STATUS_CODES = {400: Code.INVALID_ARGUMENT, 401: Code.UNAUTHENTICATED, 403: Code.PERMISSION_DENIED,
+                 404: Code.NOT_FOUND, 408: Code.DEADLINE_EXCEEDED, 409: Code.ALREADY_EXISTS,
+                 413: Code.RESOURCE_EXHAUSTED, 429: Code.RESOURCE_EXHAUSTED, 501: Code.UNIMPLEMENTED,
+                 503: Code.UNAVAILABLE, 504: Code.DEADLINE_EXCEEDED, 507: Code.RESOURCE_EXHAUSTED}
+
+
+def connect_error(e: SandboxError) -> ConnectError:
+    return ConnectError(_STATUS_CODES.get(e.http_status, Code.INTERNAL), f"{e.code}: {e.message}")
+
+
+def sandbox_for(reg: Registry, ctx: Any) -> E2BSandbox:
+    """The sandbox the (already authenticated) request addresses."""
+    sb = reg.get(ctx.request_headers.get("e2b-sandbox-id") or "")
+    if sb is None:
+        raise ConnectError(Code.NOT_FOUND, "sandbox not found")
+    return sb
+
+
+def shell_command(cfg: pb.ProcessConfig) -> str:
+    """The command line run_command runs. E2B sends `/bin/bash -l -c CMD`: CMD is used as given;
+    any other argv is quoted word by word, never interpolated."""
+    args = list(cfg.args)
+    if cfg.cmd in _SHELLS and len(args) >= 2 and args[-2] == "-c" and all(a.startswith("-") for a in args[:-1]):
+        return args[-1]
+    return shlex.join([cfg.cmd, *args])
+
+
+@dataclass
+class Proc:
+    pid: int
+    config: pb.ProcessConfig
+    tag: str | None
+    provider: SandboxProvider | None = None
+    instance_id: str | None = None
+    done: bool = False
+    subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def subscribe(self) -> asyncio.Queue[Any]:
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        with self.lock:
+            if self.done:
+                q.put_nowait(None)
+            else:
+                self.subscribers.append((asyncio.get_running_loop(), q))
+        return q
+
+    def publish(self, event: pb.ProcessEvent | None) -> None:
+        with self.lock:
+            subs = list(self.subscribers)
+            if event is None:
+                self.done = True
+                self.subscribers.clear()
+        for loop, q in subs:
+            loop.call_soon_threadsafe(q.put_nowait, event)
+
+    def info(self) -> pb.ProcessInfo:
+        return pb.ProcessInfo(config=self.config, pid=self.pid, tag=self.tag)
+
+
+def procs_of(sb: E2BSandbox) -> dict[int, Proc]:
+    procs = getattr(sb, "_procs", None)
+    if procs is None:
+        procs = {}
+        sb._procs = procs  # type: ignore[attr-defined]
+    return procs
+
+
+def _data(stream: str, text: str) -> pb.ProcessEvent:
+    return pb.ProcessEvent(event=Oneof("data", pb.ProcessEvent.DataEvent(output=Oneof(stream, text.encode()))))
+
+
+def _end(result: ExecutionResult | None, error: str | None) -> pb.ProcessEvent:
+    if result is None:
+        end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status="error", error=error)
+    elif result.timed_out:
+        end = pb.ProcessEvent.EndEvent(exit_code=result.exit_code or -1, exited=False, status="timeout",
+                                       error="command timed out")
+    elif result.metadata.get("cancelled") or result.exit_code < 0:
+        end = pb.ProcessEvent.EndEvent(exit_code=result.exit_code if result.exit_code else -9, exited=False,
+                                       status="signal: killed", error="killed")
+    else:
+        end = pb.ProcessEvent.EndEvent(exit_code=result.exit_code, exited=True,
+                                       status=f"exit status {result.exit_code}")
+    return pb.ProcessEvent(event=Oneof("end", end))
+
+
+class ProcessService:
+    def __init__(self, app_state: Any) -> None:
+        self.state = app_state
+
+    @property
+    def reg(self) -> Registry:
+        return self.state.e2b
+
+    async def list(self, request: pb.ListRequest, ctx: Any) -> pb.ListResponse:
+        sb = sandbox_for(self.reg, ctx)
+        return pb.ListResponse(processes=[p.info() for p in list(procs_of(sb).values()) if not p.done])
+
+    def _find(self, sb: E2BSandbox, selector: pb.ProcessSelector | None) -> Proc:
+        sel = selector.selector if selector is not None else None
+        for p in list(procs_of(sb).values()):
+            if p.done:
+                continue
+            if (sel is not None and sel.field == "pid" and p.pid == sel.value) or \
+                    (sel is not None and sel.field == "tag" and p.tag == sel.value):
+                return p
+        raise ConnectError(Code.NOT_FOUND, "process not found")
+
+    async def start(self, request: pb.StartRequest, ctx: Any):  # noqa: ANN201
+        sb = sandbox_for(self.reg, ctx)
+        cfg = request.process or pb.ProcessConfig()
+        if request.pty is not None:
+            raise ConnectError(Code.UNIMPLEMENTED, "PTY is not supported by execbox yet")
+        try:
+            cwd = to_workspace(cfg.cwd) if cfg.cwd else None
+        except PathRefused as e:
+            raise ConnectError(Code.INVALID_ARGUMENT, str(e)) from None
+        command = shell_command(cfg)
+        env = {**sb.env_vars, **dict(cfg.envs)}
+        timeout = max(1.0, min(sb.end_at - time.time(), (ctx.timeout_ms or 3_600_000) / 1000))
+        proc = Proc(next(_pids), cfg, request.tag)
+        queue = proc.subscribe()
+        procs_of(sb)[proc.pid] = proc
+
+        def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
+                 out: OutputCallback | None) -> ExecutionResult:
+            proc.provider, proc.instance_id = provider, instance_id
+            return provider.run_command(instance_id, command, timeout, cwd=None if cwd == "." else cwd,
+                                        env=env or None, on_output=out)
+
+        def on_output(stream: str, text: str) -> None:
+            if stream in ("stdout", "stderr") and text:
+                proc.publish(_data(stream, text))
+
+        def work() -> None:
+            result, error = None, None
+            try:
+                spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, call)
+                result = self.state.runs.run(spec, on_output)
+            except SandboxError as e:
+                error = f"{e.code}: {e.message}"
+            except Exception as e:  # noqa: BLE001 - reported in the end event; the server stays up
+                error = str(e)
+            proc.publish(_end(result, error))
+            proc.publish(None)
+            procs_of(sb).pop(proc.pid, None)
+
+        threading.Thread(target=work, name=f"execbox-e2b-proc-{proc.pid}", daemon=True).start()
+        yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=proc.pid))))
+        while True:
+            event = await queue.get()
+            if event is None:
+                return
+            yield pb.StartResponse(event=event)
+
+    async def connect(self, request: pb.ConnectRequest, ctx: Any):  # noqa: ANN201
+        sb = sandbox_for(self.reg, ctx)
+        proc = self._find(sb, request.process)
+        queue = proc.subscribe()
+        yield pb.ConnectResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=proc.pid))))
+        while True:
+            event = await queue.get()
+            if event is None:
+                return
+            yield pb.ConnectResponse(event=event)
+
+    async def send_signal(self, request: pb.SendSignalRequest, ctx: Any) -> pb.SendSignalResponse:
+        sb = sandbox_for(self.reg, ctx)
+        proc = self._find(sb, request.process)
+        if proc.provider is not None and proc.instance_id is not None:
+            proc.provider.cancel(proc.instance_id)  # SIGTERM and SIGKILL both end the run's process tree
+        return pb.SendSignalResponse()
+
+    async def update(self, request: pb.UpdateRequest, ctx: Any) -> pb.UpdateResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "PTY resize is not supported by execbox yet")
+
+    async def stream_input(self, request: Any, ctx: Any) -> pb.StreamInputResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")
+
+    async def send_input(self, request: pb.SendInputRequest, ctx: Any) -> pb.SendInputResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")
+
+    async def close_stdin(self, request: pb.CloseStdinRequest, ctx: Any) -> pb.CloseStdinResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")

@@ -1,0 +1,152 @@
+"""E2B sandboxes as execbox sessions: id -> (tenant, session, metadata, deadline, access token).
+
+An E2B sandbox *is* an execbox session named ``e2b-<id>`` in the owning tenant; this registry
+only keeps what E2B adds on top (template name, metadata, env vars, the kill deadline and the
+per-sandbox access token the SDK sends to the sandbox URL). Expired sandboxes are destroyed by
+a sweeper thread, the same way ``set_timeout`` moves the deadline; until then the sweeper keeps
+the session in use often enough (every third of SANDBOX_IDLE_TIMEOUT) that the service's idle
+reaper does not take the sandbox's box and workspace first.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import string
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ...errors import SandboxError
+from ..sessions import SessionManager
+
+log = logging.getLogger("execbox.service.e2b")
+
+ENVD_VERSION = "0.5.7"
+"""The envd protocol level we answer as: octet-stream uploads, stdin close, default user."""
+
+MAX_TIMEOUT = 86400
+_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_sandbox_id() -> str:
+    return "".join(secrets.choice(_ALPHABET) for _ in range(20))
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class E2BSandbox:
+    sandbox_id: str
+    tenant_id: str
+    template: str
+    metadata: dict[str, str]
+    env_vars: dict[str, str]
+    end_at: float
+    token_id: str | None = None  # the execbox token that created it: runs are audited under it
+    access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+    started_at: float = field(default_factory=time.time)
+    kept_alive: float = field(default_factory=time.time)
+
+    @property
+    def session_id(self) -> str:
+        return f"e2b-{self.sandbox_id}"
+
+    def token_ok(self, presented: str | None) -> bool:
+        return presented is not None and hmac.compare_digest(presented.encode(), self.access_token.encode())
+
+    def listed(self) -> dict[str, Any]:
+        return {"templateID": self.template, "alias": self.template, "sandboxID": self.sandbox_id,
+                "clientID": "execbox", "startedAt": iso(self.started_at), "endAt": iso(self.end_at),
+                "cpuCount": 1, "memoryMB": 512, "diskSizeMB": 1024, "state": "running",
+                "envdVersion": ENVD_VERSION, "metadata": dict(self.metadata)}
+
+    def created(self) -> dict[str, Any]:
+        return {"templateID": self.template, "alias": self.template, "sandboxID": self.sandbox_id,
+                "clientID": "execbox", "envdVersion": ENVD_VERSION, "envdAccessToken": self.access_token,
+                "trafficAccessToken": self.access_token}
+
+    def detail(self) -> dict[str, Any]:
+        return {**self.listed(), "envdAccessToken": self.access_token}
+
+
+class Registry:
+    def __init__(self, sessions: SessionManager, sweep_every: float = 1.0) -> None:
+        self.sessions = sessions
+        self._boxes: dict[str, E2BSandbox] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sweep_every = sweep_every
+        self._thread: threading.Thread | None = None
+
+    def add(self, sb: E2BSandbox) -> None:
+        with self._lock:
+            self._boxes[sb.sandbox_id] = sb
+        self.start()
+
+    def get(self, sandbox_id: str) -> E2BSandbox | None:
+        with self._lock:
+            return self._boxes.get(sandbox_id)
+
+    def owned(self, sandbox_id: str, tenant_id: str) -> E2BSandbox | None:
+        """The sandbox if this tenant owns it; another tenant's looks exactly like a missing one."""
+        sb = self.get(sandbox_id)
+        return sb if sb is not None and sb.tenant_id == tenant_id else None
+
+    def of_tenant(self, tenant_id: str) -> list[E2BSandbox]:
+        with self._lock:
+            return [s for s in self._boxes.values() if s.tenant_id == tenant_id]
+
+    def kill(self, sb: E2BSandbox) -> bool:
+        with self._lock:
+            if self._boxes.pop(sb.sandbox_id, None) is None:
+                return False
+        try:
+            self.sessions.destroy(sb.tenant_id, sb.session_id)
+        except SandboxError:  # never used, or already reaped: nothing left to destroy
+            pass
+        return True
+
+    # -- deadline sweeper -------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="execbox-e2b-sweeper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _keepalive(self, sb: E2BSandbox) -> None:
+        """Use the session (public API) so the idle reaper leaves a sandbox alone until its deadline."""
+        try:
+            with self.sessions.session(sb.tenant_id, sb.session_id):
+                pass
+        except Exception:  # noqa: BLE001 - a dead box is reported on the sandbox's next real use
+            log.debug("keepalive of e2b sandbox %s failed", sb.sandbox_id, exc_info=True)
+
+    def _loop(self) -> None:
+        keepalive_every = max(1.0, self.sessions.settings.idle_timeout / 3)
+        while not self._stop.wait(self._sweep_every):
+            now = time.time()
+            with self._lock:
+                due = [s for s in self._boxes.values() if s.end_at <= now]
+                stale = [s for s in self._boxes.values()
+                         if s.end_at > now and now - s.kept_alive >= keepalive_every]
+            for sb in stale:
+                sb.kept_alive = now
+                threading.Thread(target=self._keepalive, args=(sb,), daemon=True,
+                                 name="execbox-e2b-keepalive").start()
+            for sb in due:
+                try:
+                    self.kill(sb)
+                    log.info("e2b sandbox %s reached its timeout; killed", sb.sandbox_id)
+                except Exception:  # noqa: BLE001 - keep sweeping
+                    log.exception("killing expired e2b sandbox %s failed", sb.sandbox_id)

@@ -1,0 +1,120 @@
+"""The sandbox URL (E2B_SANDBOX_URL): envd's HTTP routes, the code interpreter, Connect services.
+
+Every request carries ``E2b-Sandbox-Id`` (and ``E2b-Sandbox-Port``: 49983 envd, 49999 code
+interpreter) and the per-sandbox access token from create/connect (``X-Access-Token`` or
+``E2B-Traffic-Access-Token``). ``route_sandbox_requests`` wraps the whole app and sends such
+requests here, so the SDK can use one URL for every sandbox; all other requests reach execbox's
+own API untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .registry import E2BSandbox, Registry
+
+ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
+
+ENVD_PORT = 49983
+JUPYTER_PORT = 49999
+_HOST = re.compile(r"^(\d+)-([a-z0-9]{1,64})\.")
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+def sandbox_of(scope: dict[str, Any], domain: str | None) -> tuple[str, int] | None:
+    """(sandbox id, port) from E2B's routing headers, or from a `{port}-{id}.{domain}` host name
+    when a sandbox domain is configured (EXECBOX_E2B_DOMAIN; off by default, so no other host name
+    is ever taken for a sandbox)."""
+    sid = _header(scope, b"e2b-sandbox-id")
+    if sid:
+        port = _header(scope, b"e2b-sandbox-port") or str(ENVD_PORT)
+        return sid, int(port) if port.isdigit() else -1
+    if domain:
+        host = (_header(scope, b"host") or "").split(":")[0].lower()
+        m = _HOST.match(host)
+        if m and host[m.end():] == domain:
+            return m.group(2), int(m.group(1))
+    return None
+
+
+def envd_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+async def _send_response(resp: Response, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await resp(scope, receive, send)
+
+
+class SandboxRouter:
+    """ASGI middleware: requests addressed to an E2B sandbox go to its envd/interpreter handlers."""
+
+    def __init__(self, app: ASGIApp, registry: Callable[[], Registry],
+                 envd: Callable[[E2BSandbox, dict[str, Any]], ASGIApp | None],
+                 jupyter: Callable[[E2BSandbox, dict[str, Any]], ASGIApp | None]) -> None:
+        self.app = app
+        self.domain = (os.environ.get("EXECBOX_E2B_DOMAIN") or "").strip().lower().strip(".") or None
+        self.registry = registry
+        self.envd = envd
+        self.jupyter = jupyter
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        target = sandbox_of(scope, self.domain) if scope["type"] == "http" else None
+        if target is None:
+            await self.app(scope, receive, send)
+            return
+        sid, port = target
+        sb = self.registry().get(sid)
+        if sb is None:  # E2B's edge answers 502 for a sandbox that is gone; the SDK reads it so
+            await _send_response(envd_error(502, f"sandbox {sid} not found (killed or timed out)"),
+                                 scope, receive, send)
+            return
+        token = _header(scope, b"x-access-token") or _header(scope, b"e2b-traffic-access-token")
+        if not sb.token_ok(token):
+            await _send_response(envd_error(401, "missing or wrong sandbox access token"), scope, receive, send)
+            return
+        handler = (self.envd if port == ENVD_PORT else self.jupyter if port == JUPYTER_PORT else None)
+        app = handler(sb, scope) if handler is not None else None
+        if app is None:
+            await _send_response(envd_error(404, f"nothing listens on port {port} of sandbox {sid} "
+                                                 f"(execbox serves envd {ENVD_PORT} and the code "
+                                                 f"interpreter {JUPYTER_PORT})"), scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+
+class TooLarge(ValueError):
+    """A request body over the service's limit (413)."""
+
+
+async def read_capped(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it passes ``limit`` bytes (this router sits outside BodyLimit)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"request body is larger than the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    try:
+        body = json.loads(await read_capped(request, limit) or b"{}")
+    except ValueError:
+        raise ValueError("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    return body

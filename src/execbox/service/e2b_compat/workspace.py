@@ -1,0 +1,48 @@
+"""E2B paths <-> workspace paths, and the sandbox a sandbox-URL request addresses.
+
+E2B programs see the user's home, ``/home/user``; in execbox that is the session workspace.
+Relative paths are relative to it, as in E2B. Paths elsewhere in the box's filesystem are not
+reachable through the facade (the workspace is the only place the file API may touch); they get
+an invalid-argument error that says so. The syntax check is the agent's one path validator.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from ...agent.paths import PathViolation, check_syntax
+
+HOME = "/home/user"
+
+
+class PathRefused(ValueError):
+    """A path outside the workspace, or one the agent's validator rejects."""
+
+
+def to_workspace(path: str) -> str:
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise PathRefused("path must be a non-empty string")
+    p = path
+    if p == "~" or p.startswith("~/"):
+        p = HOME + p[1:]
+    if p.startswith("/"):
+        p = posixpath.normpath(p)
+        if p == HOME:
+            return "."
+        if not p.startswith(HOME + "/"):
+            raise PathRefused(f"{path!r} is outside {HOME}; execbox's E2B endpoint reaches only the "
+                              f"workspace mounted at {HOME}")
+        p = p[len(HOME) + 1:]
+    p = posixpath.normpath(p)
+    if p in ("", "."):
+        return "."
+    try:
+        check_syntax(p)
+    except PathViolation as e:
+        raise PathRefused(str(e)) from None
+    return p
+
+
+def to_e2b(rel: str) -> str:
+    rel = posixpath.normpath(rel or ".")
+    return HOME if rel == "." else f"{HOME}/{rel}"

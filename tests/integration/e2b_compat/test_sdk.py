@@ -1,0 +1,280 @@
+"""The official e2b / e2b-code-interpreter SDKs, unmodified, against a real `execbox serve`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .conftest import Server
+
+e2b = pytest.importorskip("e2b")
+ci = pytest.importorskip("e2b_code_interpreter")
+
+
+@pytest.fixture(scope="module")
+def sbx(e2b_server: Server) -> Iterator[object]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("E2B_API_URL", e2b_server.url)
+        mp.setenv("E2B_SANDBOX_URL", e2b_server.url)
+        mp.setenv("E2B_API_KEY", e2b_server.token_a)
+        sandbox = ci.Sandbox.create(timeout=300, metadata={"suite": "e2b-compat"}, envs={"GREETING": "hej"})
+        try:
+            yield sandbox
+        finally:
+            sandbox.kill()
+
+
+def test_run_code_python_stdout_value_and_state(sbx) -> None:
+    seen: list[str] = []
+    ex = sbx.run_code("x = 41\nprint('hello')\nx + 1", on_stdout=lambda m: seen.append(m.line))
+    assert ex.logs.stdout == ["hello\n"] and seen == ["hello\n"]
+    assert ex.text == "42" and ex.error is None
+    assert sbx.run_code("x").text == "41"  # the default context keeps globals
+    assert sbx.run_code("'a' * 3").text == "'aaa'"
+    assert sbx.run_code("y = 1").results == []  # no trailing expression, no result
+
+
+def test_cells_never_call_main_implicitly(sbx) -> None:
+    ctx = sbx.create_code_context()
+    assert sbx.run_code("def main():\n    print('called')\n    return 7", context=ctx).logs.stdout == []
+    assert sbx.run_code("n = 5", context=ctx).logs.stdout == []  # the user's main stays uncalled
+    ex = sbx.run_code("main() + n", context=ctx)
+    assert ex.logs.stdout == ["called\n"] and ex.text == "12"
+    sbx.remove_code_context(ctx)
+
+
+def test_run_code_errors_and_execution_count(sbx) -> None:
+    ex = sbx.run_code("def f():\n    return 1 / 0\nf()")
+    assert ex.error is not None
+    assert (ex.error.name, ex.error.value) == ("ZeroDivisionError", "division by zero")
+    assert "Traceback" in ex.error.traceback
+    first = sbx.run_code("1").execution_count
+    assert sbx.run_code("2").execution_count == first + 1
+
+
+def test_run_code_matplotlib_png_and_html(sbx) -> None:
+    import base64
+
+    ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()")
+    assert ex.error is None, ex.error
+    pngs = [r.png for r in ex.results if r.png]
+    assert len(pngs) == 1 and base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n")
+    ex = sbx.run_code("class T:\n    def _repr_html_(self):\n        return '<b>t</b>'\nT()")
+    assert ex.results[0].html == "<b>t</b>" and ex.results[0].is_main_result
+
+
+def test_run_code_javascript(sbx) -> None:
+    ex = sbx.run_code("console.log('from node', 6 * 7)", language="javascript")
+    assert ex.logs.stdout == ["from node 42\n"] and ex.error is None
+    ex = sbx.run_code("throw new TypeError('bad thing')", language="js")
+    assert ex.error is not None and ex.error.name == "TypeError" and "bad thing" in ex.error.value
+
+
+def test_code_contexts(sbx) -> None:
+    ctx = sbx.create_code_context(language="python")
+    assert ctx.id in [c.id for c in sbx.list_code_contexts()]
+    sbx.run_code("z = 'in ctx'", context=ctx)
+    assert sbx.run_code("z", context=ctx).text == "'in ctx'"
+    assert sbx.run_code("'z' in globals()").text == "False"  # the default context is separate
+    sbx.restart_code_context(ctx)
+    assert sbx.run_code("z", context=ctx).error.name == "NameError"
+    sbx.remove_code_context(ctx)
+    assert ctx.id not in [c.id for c in sbx.list_code_contexts()]
+
+
+def test_commands_foreground_background_kill(sbx) -> None:
+    r = sbx.commands.run("echo out; echo err >&2; echo $GREETING")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\nhej\n", "err\n", 0)
+    with pytest.raises(e2b.CommandExitException) as failed:
+        sbx.commands.run("exit 3")
+    assert failed.value.exit_code == 3
+
+    lines: list[str] = []
+    got_two = threading.Event()
+
+    def on_stdout(line: str) -> None:
+        lines.append(line)
+        if len(lines) >= 2:
+            got_two.set()
+
+    handle = sbx.commands.run("for i in $(seq 1 300); do echo tick $i; sleep 0.1; done", background=True)
+    # the sync SDK delivers a background command's output to the callbacks given to wait()
+    listener = threading.Thread(target=lambda: _wait_quietly(handle, on_stdout), daemon=True)
+    listener.start()
+    assert got_two.wait(30), lines
+    assert handle.pid in [p.pid for p in sbx.commands.list()]
+    attached = sbx.commands.connect(handle.pid)  # a second listener on the same process
+    assert attached.pid == handle.pid
+    assert sbx.commands.kill(handle.pid) is True
+    listener.join(30)
+    assert not listener.is_alive()
+    assert lines[0].startswith("tick 1") and len(lines) < 300
+    assert sbx.commands.kill(handle.pid) is False  # gone
+    assert sbx.commands.run("echo after").stdout == "after\n"  # the session is usable again
+
+
+def test_command_timeout_ends_the_run(sbx) -> None:
+    started = time.monotonic()
+    with pytest.raises((e2b.TimeoutException, e2b.CommandExitException)):
+        sbx.commands.run("sleep 30", timeout=1)
+    assert time.monotonic() - started < 15
+    assert sbx.commands.run("echo free").stdout == "free\n"  # the box was not left busy
+
+
+def _wait_quietly(handle, on_stdout) -> None:
+    try:
+        handle.wait(on_stdout=on_stdout)
+    except Exception:  # noqa: BLE001 - a killed command raises CommandExitException
+        pass
+
+
+def test_files_roundtrip_binary_list_remove(sbx) -> None:
+    blob = bytes(range(256)) * 64
+    info = sbx.files.write("/home/user/data/blob.bin", blob)
+    assert info.path == "/home/user/data/blob.bin"
+    assert bytes(sbx.files.read("data/blob.bin", format="bytes")) == blob
+    sbx.files.write("notes.txt", "hello e2b")
+    assert sbx.files.read("/home/user/notes.txt") == "hello e2b"
+    names = {e.name: e.type for e in sbx.files.list("/home/user")}
+    assert names["notes.txt"] == e2b.FileType.FILE and names["data"] == e2b.FileType.DIR
+    assert sbx.files.exists("notes.txt") and sbx.files.get_info("data/blob.bin").size == len(blob)
+    written = sbx.files.write_files([{"path": "many/a.txt", "data": "A"}, {"path": "many/b.bin", "data": b"\x00B"}])
+    assert sorted(w.path for w in written) == ["/home/user/many/a.txt", "/home/user/many/b.bin"]
+    assert bytes(sbx.files.read("many/b.bin", format="bytes")) == b"\x00B"
+    sbx.files.write("zipped.txt", "z" * 10000, gzip=True)
+    assert sbx.files.read("zipped.txt") == "z" * 10000
+    assert sbx.files.make_dir("sub/dir") is True and sbx.files.make_dir("sub/dir") is False
+    moved = sbx.files.rename("notes.txt", "sub/dir/notes.txt")
+    assert moved.path == "/home/user/sub/dir/notes.txt"
+    deep = [e.path for e in sbx.files.list("/home/user/sub", depth=2)]
+    assert deep == ["/home/user/sub/dir", "/home/user/sub/dir/notes.txt"]
+    sbx.files.remove("sub")
+    assert not sbx.files.exists("sub/dir/notes.txt")
+    with pytest.raises(e2b.NotFoundException):
+        sbx.files.read("nope.txt")
+    with pytest.raises(e2b.InvalidArgumentException):
+        sbx.files.list("/etc")  # only the workspace (/home/user) is reachable
+
+
+def test_files_upload_download_urls_free_and_code_sees_files(sbx) -> None:
+    sbx.files.write("from_sdk.txt", "written by the sdk")
+    ex = sbx.run_code("print(open('from_sdk.txt').read())")
+    assert ex.logs.stdout == ["written by the sdk\n"]
+    r = sbx.commands.run("cat from_sdk.txt")
+    assert r.stdout == "written by the sdk"
+
+
+def test_watch_dir(sbx) -> None:
+    sbx.files.make_dir("watched")
+    handle = sbx.files.watch_dir("watched")
+    try:
+        sbx.files.write("watched/new.txt", "x")
+        deadline = time.monotonic() + 10
+        events = []
+        while time.monotonic() < deadline and not events:
+            events = handle.get_new_events()
+            time.sleep(0.1)
+    finally:
+        handle.stop()
+    assert any(ev.name == "new.txt" and ev.type == e2b.FilesystemEventType.CREATE for ev in events), events
+
+
+def test_lifecycle_info_list_timeout_kill(e2b_env: Server) -> None:
+    sb = e2b.Sandbox.create(metadata={"purpose": "lifecycle"}, timeout=120)
+    try:
+        info = sb.get_info()
+        assert info.sandbox_id == sb.sandbox_id and info.metadata == {"purpose": "lifecycle"}
+        found = e2b.Sandbox.list(query=e2b.SandboxQuery(metadata={"purpose": "lifecycle"})).next_items()
+        assert [s.sandbox_id for s in found] == [sb.sandbox_id]
+        assert e2b.Sandbox.list(query=e2b.SandboxQuery(metadata={"purpose": "other"})).next_items() == []
+        before = info.end_at
+        sb.set_timeout(600)
+        assert sb.get_info().end_at > before
+        again = e2b.Sandbox.connect(sb.sandbox_id)
+        assert again.commands.run("echo connected").stdout == "connected\n"
+        with pytest.raises(e2b.SandboxException):
+            sb.pause()
+        with pytest.raises(e2b.SandboxException, match="not supported"):
+            sb.get_metrics()
+    finally:
+        assert sb.kill() is True
+    assert not sb.is_running()
+    with pytest.raises(e2b.NotFoundException):
+        e2b.Sandbox.connect(sb.sandbox_id)
+
+
+def test_timeout_expiry_kills(e2b_env: Server) -> None:
+    sb = e2b.Sandbox.create(timeout=2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and sb.is_running():
+        time.sleep(0.5)
+    assert not sb.is_running()
+
+
+def test_second_tenant_cannot_see_or_use(e2b_env: Server, sbx) -> None:
+    other = {"api_key": e2b_env.token_b}
+    assert sbx.sandbox_id not in [s.sandbox_id for s in e2b.Sandbox.list(**other).next_items()]
+    with pytest.raises(e2b.NotFoundException):
+        e2b.Sandbox.connect(sbx.sandbox_id, **other)
+    with pytest.raises(e2b.NotFoundException):
+        e2b.Sandbox.get_info(sbx.sandbox_id, **other)
+    assert e2b.Sandbox.kill(sbx.sandbox_id, **other) is False
+    assert sbx.is_running()
+    # the sandbox URL needs the sandbox's own access token: the sandbox id alone is not enough
+    r = httpx.post(f"{e2b_env.url}/execute", json={"code": "1"},
+                   headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"})
+    assert r.status_code == 401
+
+
+def test_bad_api_key(e2b_env: Server) -> None:
+    with pytest.raises(e2b.AuthenticationException):
+        e2b.Sandbox.create(api_key="not-a-token")
+    with pytest.raises(e2b.AuthenticationException):
+        e2b.Sandbox.list(api_key="not-a-token").next_items()
+
+
+def test_bad_input_keeps_server_healthy(e2b_env: Server, sbx) -> None:
+    base = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    stream = {**base, "E2b-Sandbox-Port": "49983", "Content-Type": "application/connect+proto"}
+    bad_payload = b"\x00" + (5).to_bytes(4, "big") + b"\xff\xff\xff\xff\xff"  # an envelope of non-protobuf
+    r = httpx.post(f"{e2b_env.url}/process.Process/Start", content=bad_payload, headers=stream)
+    # an end-of-stream frame (flag 2) carrying a Connect error; a malformed message is invalid_argument
+    assert r.status_code == 200 and r.content[0] == 2 and b'"invalid_argument"' in r.content, r.content
+    huge_prefix = b"\x00\xff\xff\xff\xffjunk"  # claims a 4 GiB message: refused, not buffered
+    r = httpx.post(f"{e2b_env.url}/process.Process/Start", content=huge_prefix, headers=stream)
+    assert r.status_code == 200 and b'"resource_exhausted"' in r.content, r.content
+    r = httpx.post(f"{e2b_env.url}/filesystem.Filesystem/Stat", content=b"{not json",
+                   headers={**base, "E2b-Sandbox-Port": "49983", "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
+    r = httpx.post(f"{e2b_env.url}/execute", content=b"{oops",
+                   headers={**base, "E2b-Sandbox-Port": "49999", "Content-Type": "application/json"})
+    assert r.status_code == 400
+    r = httpx.get(f"{e2b_env.url}/files", params={"path": "x"},
+                  headers={"E2b-Sandbox-Id": "doesnotexist", "E2b-Sandbox-Port": "49983"})
+    assert r.status_code == 502  # what E2B's edge answers for a sandbox that is gone
+    with pytest.raises(e2b.NotFoundException):
+        e2b.Sandbox.connect("doesnotexist")
+    r = httpx.post(f"{e2b_env.url}/v2/sandboxes", content=b"[1,2]",
+                   headers={"X-API-KEY": e2b_env.token_a, "Content-Type": "application/json"})
+    assert r.status_code == 400 and "message" in r.json()
+    import gzip
+
+    bomb = gzip.compress(b"\0" * (80 * 1024 * 1024))  # ~80 KiB that inflates past max_file_bytes
+    r = httpx.post(f"{e2b_env.url}/files", params={"path": "bomb.bin"}, content=bomb,
+                   headers={**base, "E2b-Sandbox-Port": "49983", "Content-Type": "application/octet-stream",
+                            "Content-Encoding": "gzip"})
+    assert r.status_code == 413
+    # per-sandbox host names ({port}-{id}.{domain}) route like the headers do
+    r = httpx.get(f"{e2b_env.url}/health", headers={"Host": f"49983-{sbx.sandbox_id}.sandboxes.example",
+                                                     "X-Access-Token": sbx._envd_access_token})
+    assert r.status_code == 204
+    r = httpx.get(f"{e2b_env.url}/healthz", headers={"Host": f"49983-{sbx.sandbox_id}.elsewhere.example"})
+    assert r.status_code == 200 and r.json() == {"status": "ok"}  # other domains: execbox's own API
+    with pytest.raises(e2b.SandboxException):  # over the service's max_file_bytes (413)
+        sbx.files.write("huge.bin", b"\0" * (65 * 1024 * 1024))
+    assert sbx.run_code("'still ok'").text == "'still ok'"
+

@@ -1,0 +1,136 @@
+"""The service side of egress: session policy GET/PUT, tenant caps, audit API, metrics."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.service.conftest import error_of, start_service
+
+from .conftest import jail_with
+from .test_jail_egress import PY_FETCH
+
+
+@pytest.fixture(scope="module")
+def svc(fakenet):
+    p = jail_with("allowlist", [fakenet.name("www"), fakenet.name("api")])
+    s = start_service(p)
+    yield s
+    s.stop()
+    p.shutdown()
+
+
+def fetch(client, session, url):
+    r = client.post("/v1/sandbox/execute", json={"code": PY_FETCH, "session_id": session, "timeout": 30,
+                                                 "arguments": {"url": url}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_session_policy_narrowing_and_audit(svc, fakenet):
+    www = fakenet.name("www")
+    out = fetch(svc.a, "net1", f"http://{www}/")
+    assert out["result"]["status"] == 200 and out["metadata"]["network"]["network"] == "allowlist"
+    r = svc.a.get("/v1/sandbox/sessions/tenant-a/net1/network")
+    assert r.status_code == 200 and r.json()["network"]["network"] == "allowlist", r.text
+    r = svc.b.get("/v1/sandbox/sessions/tenant-a/net1/network")
+    assert r.status_code == 403
+    r = svc.a.put("/v1/sandbox/sessions/tenant-a/net1/network", json={"network": "open"})
+    assert r.status_code == 403 and "wider" in error_of(r)["message"]
+    r = svc.a.put("/v1/sandbox/sessions/tenant-a/net1/network",
+                  json={"network": "allowlist", "allow": ["https://evil.example/x"]})
+    err = error_of(r)
+    assert r.status_code == 400 and err["code"] == "SB002" and err["details"]["entry"] == "https://evil.example/x"
+    assert svc.a.get("/v1/sandbox/sessions/tenant-a/net1/network").json()["network"]["network"] == "allowlist"
+    r = svc.a.put("/v1/sandbox/sessions/tenant-a/net1/network", json={"network": "allowlist", "allow": [f"{www}:443"]})
+    assert r.status_code == 200 and r.json()["network"]["allow"] == [f"{www}:443"]
+    assert fetch(svc.a, "net1", f"http://{www}/")["result"]["status"] == 403  # same box, narrower now
+    sessions = svc.root.get("/v1/sandbox/sessions").json()["sessions"]
+    assert any(s["session_id"] == "net1" and s["network"]["allow"] == [f"{www}:443"] for s in sessions)
+
+    r = svc.a.get("/api/admin/egress/audit")
+    assert r.status_code == 403
+    deadline = time.monotonic() + 5  # a row is written once its connection has closed
+    while True:
+        q = {"tenant_id": "tenant-a", "session_id": "net1"}
+        rows = svc.root.get("/api/admin/egress/audit", params=q).json()["data"]
+        if any(x["decision"] == "denied" and x["port"] == 80 for x in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert any(x["decision"] == "allowed" and x["host"] == www and x["bytes_down"] > 0 for x in rows), rows
+    assert any(x["decision"] == "denied" and x["port"] == 80 for x in rows), rows
+    assert svc.root.get("/api/admin/egress/audit", params={"decision": "maybe"}).status_code == 400
+    metrics = svc.client().get("/metrics").text
+    assert 'execbox_egress_connections_total{decision="allowed",kind="tcp"}' in metrics
+
+
+def test_tenant_cap(svc, fakenet):
+    r = svc.root.put("/api/admin/egress/caps/tenant-b", json={"network": "allowlist", "allow": ["*.nowhere.test"]})
+    assert r.status_code == 200, r.text
+    bad = svc.root.put("/api/admin/egress/caps/tenant-b", json={"network": "allowlist", "allow": ["10.0.0.0/33"]})
+    assert bad.status_code == 400 and error_of(bad)["details"]["entry"] == "10.0.0.0/33"
+    assert svc.root.get("/api/admin/egress/caps").json()["caps"]["tenant-b"]["allow"] == ["*.nowhere.test:80|443"]
+    out = fetch(svc.b, "capped", f"http://{fakenet.name('www')}/")
+    assert not out["result"]["ok"], out  # provider allows www, the tenant's cap does not
+    assert svc.b.get("/v1/sandbox/sessions/tenant-b/capped/network").json()["network"]["network"] == "none"
+    r = svc.b.post("/v1/sandbox/execute", json={"code": PY_FETCH, "timeout": 30,  # one-shot: capped too
+                                                "arguments": {"url": f"http://{fakenet.name('www')}/"}})
+    assert r.status_code == 200 and not r.json()["result"]["ok"], r.text
+    assert r.json()["metadata"]["network"]["network"] == "none"
+    r = svc.b.put("/v1/sandbox/sessions/tenant-b/capped/network",
+                  json={"network": "allowlist", "allow": [fakenet.name("www")]})
+    assert r.status_code == 403
+    assert svc.root.delete("/api/admin/egress/caps/tenant-b").json()["deleted"] is True
+
+
+@pytest.mark.parametrize("entry", ["10.0.0.0/33", "*", "example.com:70000", "https://example.com/api"])
+def test_admin_config_refuses_bad_entries_and_keeps_secrets(svc, entry):
+    r = svc.root.post("/api/admin/sandbox/config", json={"provider_type": "jail", "config": {
+        "pool_size": 0, "network": "allowlist", "network_allow": [entry]}})
+    err = error_of(r)
+    assert r.status_code == 400 and err["code"] == "SB002", r.text
+    assert entry in err["details"]["fields"]["network_allow"]
+    assert svc.root.get("/api/admin/sandbox/config").status_code == 200
+
+
+def test_admin_config_stores_credentials_encrypted(svc, fakenet):
+    secret = "sk-admin-9c1e55aa77-STORED"
+    api = fakenet.name("api")
+    r = svc.root.post("/api/admin/sandbox/config", json={"provider_type": "jail", "config": {
+        "pool_size": 0, "network": "allowlist", "network_allow": [api],
+        "network_credentials": f'{{"{api}": {{"X-Api-Key": "{secret}"}}}}'}})
+    assert r.status_code == 200, r.text
+    shown = svc.root.get("/api/admin/sandbox/config").text
+    assert secret not in shown and "****" in shown
+    raw = svc.store.settings.get("sandbox.jail") or ""
+    assert secret not in raw
+
+
+def test_per_run_narrowing(svc, fakenet):
+    www = fakenet.name("www")
+    body = {"code": PY_FETCH, "session_id": "perrun", "timeout": 30, "arguments": {"url": f"http://{www}/"}}
+    assert svc.a.post("/v1/sandbox/execute", json=body).json()["result"]["status"] == 200
+    r = svc.a.post("/v1/sandbox/execute", json={**body, "network": {"network": "none"}})
+    out = r.json()
+    assert r.status_code == 200 and not out["result"]["ok"] and out["metadata"]["network"]["network"] == "none"
+    r = svc.a.post("/v1/sandbox/execute", json={**body, "network": {"network": "open"}})
+    assert r.status_code == 403, r.text
+    r = svc.a.post("/v1/sandbox/execute", json={**body, "network": {"network": "allowlist", "allow": ["*"]}})
+    assert r.status_code == 400 and error_of(r)["details"]["entry"] == "*"
+    # the session's own policy is back after the narrowed run
+    assert svc.a.post("/v1/sandbox/execute", json=body).json()["result"]["status"] == 200
+    r = svc.a.post("/v1/sandbox/bash", json={"command": f"curl -sS -m 5 http://{www}/ >/dev/null; echo rc=$?",
+                                             "network": {"network": "none"}})
+    assert r.status_code == 200 and "rc=0" not in r.json()["stdout"], r.text
+
+
+def test_box_cannot_reach_the_execbox_api(svc):
+    from execbox.egress.policy import host_addresses
+
+    port = int(svc.url.rsplit(":", 1)[1])
+    targets = [f"http://127.0.0.1:{port}/healthz"] + [
+        f"http://{ip}:{port}/healthz" for ip in sorted(host_addresses(), key=str) if not ip.is_loopback][:3]
+    for url in targets:
+        out = fetch(svc.a, "api-probe", url)
+        assert out["result"].get("status") != 200, (url, out["result"])
