@@ -18,7 +18,7 @@ _EXPORTS = {
     "ConnectionFailedError": "errors", "InstanceCreationError": "errors", "ExecutionTimeoutError": "errors",
     "OutOfMemoryError": "errors", "CodeBlockedError": "errors", "RateLimitError": "errors",
     "ProviderUnavailableError": "errors",
-    "SandboxProvider": "providers.base", "ProviderManager": "providers.registry",
+    "SandboxProvider": "providers.base",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .errors import *  # noqa: F403
     from .models import *  # noqa: F403
     from .providers.base import SandboxProvider  # noqa: F401
-    from .providers.registry import ProviderManager  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -53,15 +53,3 @@ def test_zero_config_fallback_note(monkeypatch):
             assert "disabled for this test" in p.selection_note
     finally:
         p.shutdown()
-
-
-def test_provider_manager_swaps():
-    from execbox.errors import ProviderNotInitializedError
-
-    m = registry.ProviderManager()
-    with pytest.raises(ProviderNotInitializedError):
-        m.get_provider()
-    p = registry.create_provider("local", {})
-    assert m.set_provider(p) is None and m.get_provider() is p
-    m.shutdown()
-    assert not p.initialized

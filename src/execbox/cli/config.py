@@ -105,7 +105,7 @@ def set_(
     """Change some of a provider's settings (merged with what is stored), validated like the API."""
     from ..providers import registry
     from ..providers.schema import validate_against_schema
-    from ..service.provider_config import probe
+    from ..service.provider_probe import probe
 
     try:
         with store_from_cli() as store:

@@ -15,7 +15,7 @@ from ..agent.paths import PathViolation, check_syntax
 from ..errors import InvalidConfigError, PathError, SessionNotFoundError
 from ..models import ExecutionResult, FileInfo, GrepMatch, Language, TextPage
 from ..providers.base import OutputCallback, SandboxProvider
-from ..service.executions import Executor, RunSpec
+from ..service.executions import RunService, RunSpec
 from ..service.sessions import SessionManager, check_name
 
 DEFAULT_MAX_TIMEOUT = 300.0
@@ -42,10 +42,10 @@ def check_path(value: str | None, field: str) -> None:
 class ServiceCore:
     """Sessions, runs and files for MCP tools, on the same objects the HTTP routes use."""
 
-    def __init__(self, sessions: SessionManager, executor: Executor, default_timeout: float,
+    def __init__(self, sessions: SessionManager, runs: RunService, default_timeout: float,
                  max_timeout: float = DEFAULT_MAX_TIMEOUT, max_code_bytes: int = 1024 * 1024) -> None:
         self.sessions = sessions
-        self.executor = executor
+        self.runs = runs
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
         self.max_code_bytes = max_code_bytes
@@ -138,7 +138,7 @@ class ServiceCore:
             return provider.execute_code(instance_id, code, lang, timeout, arguments, **kwargs)
 
         spec = RunSpec(caller.tenant_id, session_id, "execute_code", lang, code, caller.token_id, call)
-        return self.executor.run(spec)
+        return self.runs.run(spec)
 
     def run_command(self, caller: Caller, session_id: str | None, command: str, timeout: float,
                     cwd: str | None) -> ExecutionResult:
@@ -152,7 +152,7 @@ class ServiceCore:
             return provider.run_command(instance_id, command, timeout, cwd=cwd)
 
         spec = RunSpec(caller.tenant_id, session_id, "run_command", "bash", command, caller.token_id, call)
-        return self.executor.run(spec)
+        return self.runs.run(spec)
 
     # -- files ----------------------------------------------------------------------------------
     def read_file(self, caller: Caller, session_id: str, path: str, offset: int, limit: int) -> TextPage:

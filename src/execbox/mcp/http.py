@@ -49,7 +49,7 @@ class McpHttpApp:
     def core(self) -> ServiceCore:
         if self._core is None:
             s = self.state.settings
-            self._core = ServiceCore(self.state.sessions, self.state.executor, s.default_timeout,
+            self._core = ServiceCore(self.state.sessions, self.state.runs, s.default_timeout,
                                      max_timeout_from_env(), s.max_code_bytes)
         return self._core
 

@@ -16,7 +16,7 @@ from mcp.server.stdio import stdio_server
 from ..api import get_sandbox
 from ..providers.base import SandboxProvider
 from ..service.config import ServiceSettings
-from ..service.executions import Executor
+from ..service.executions import RunService
 from ..service.logs import OperationLog
 from ..service.metrics import ServiceMetrics
 from ..service.sessions import SessionManager, check_name
@@ -46,8 +46,8 @@ def serve_stdio(provider: str | None, tenant: str, max_timeout: float, workspace
     settings = ServiceSettings.from_env()
     root = workspaces or tempfile.mkdtemp(prefix="execbox-mcp-")
     sessions = SessionManager(_OneProvider(prov), settings, root, None)
-    executor = Executor(sessions, ServiceMetrics(), OperationLog(None, settings.audit_code))
-    core = ServiceCore(sessions, executor, settings.default_timeout, max_timeout, settings.max_code_bytes)
+    runs = RunService(sessions, ServiceMetrics(), OperationLog(None, settings.audit_code))
+    core = ServiceCore(sessions, runs, settings.default_timeout, max_timeout, settings.max_code_bytes)
     caller = Caller(tenant)
     server = build_server(lambda ctx: (core, caller, STDIO_KEY))
     sessions.start()

@@ -38,6 +38,14 @@ from ..models import (
     TextPage,
     make_instance_id,
 )
+from .aliyun_config import (
+    DEFAULT_TEMPLATE,
+    HARD_TIMEOUT,
+    WORKDIR,
+    config_error,
+    config_schema,
+    with_env_fallbacks,
+)
 from .base import OutputCallback, SandboxProvider, check_run_inputs
 from .remote_code import (
     ARTIFACTS_DIR,
@@ -53,20 +61,6 @@ from .remote_code import (
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.aliyun")
-
-HARD_TIMEOUT = 30  # seconds: the service's hard execution limit
-DEFAULT_TEMPLATE = "execbox-code-interpreter"
-REGIONS = ["cn-hangzhou", "cn-beijing", "cn-shanghai", "cn-shenzhen", "cn-guangzhou"]
-ENV_FALLBACKS = {
-    "access_key_id": "AGENTRUN_ACCESS_KEY_ID",
-    "access_key_secret": "AGENTRUN_ACCESS_KEY_SECRET",
-    "account_id": "AGENTRUN_ACCOUNT_ID",
-    "region": "AGENTRUN_REGION",
-    "control_endpoint": "AGENTRUN_CONTROL_ENDPOINT",
-    "data_endpoint": "AGENTRUN_DATA_ENDPOINT",
-}
-WORKDIR = "/home/user"
-
 
 class AliyunCodeInterpreterProvider(SandboxProvider):
     name = "aliyun_codeinterpreter"
@@ -86,49 +80,15 @@ class AliyunCodeInterpreterProvider(SandboxProvider):
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
-        return {
-            "access_key_id": {"type": "string", "required": True, "secret": True, "label": "Access Key ID",
-                              "description": "AccessKey ID of a RAM user (env AGENTRUN_ACCESS_KEY_ID)."},
-            "access_key_secret": {"type": "string", "required": True, "secret": True,
-                                  "label": "Access Key Secret",
-                                  "description": "AccessKey Secret (env AGENTRUN_ACCESS_KEY_SECRET)."},
-            "account_id": {"type": "string", "required": True, "label": "Account ID",
-                           "description": "Aliyun primary account ID, required for API calls "
-                                          "(env AGENTRUN_ACCOUNT_ID)."},
-            "region": {"type": "string", "default": "cn-hangzhou", "label": "Region", "options": REGIONS,
-                       "description": "Region of the Code Interpreter service (env AGENTRUN_REGION)."},
-            "template_name": {"type": "string", "required": False, "label": "Template Name",
-                              "description": "Existing sandbox template; empty: execbox gets or creates "
-                                             f"{DEFAULT_TEMPLATE!r}."},
-            "timeout": {"type": "integer", "default": 30, "min": 1, "max": HARD_TIMEOUT,
-                        "label": "Execution Timeout (seconds)",
-                        "description": "Code execution timeout (max 30 seconds - hard limit)."},
-            "control_endpoint": {"type": "string", "label": "Control endpoint",
-                                 "description": "Advanced: override the control-plane endpoint "
-                                                "(env AGENTRUN_CONTROL_ENDPOINT)."},
-            "data_endpoint": {"type": "string", "label": "Data endpoint",
-                              "description": "Advanced: override the data-plane endpoint, e.g. a VPC "
-                                             "endpoint (env AGENTRUN_DATA_ENDPOINT)."},
-        }
+        return config_schema()
 
     @staticmethod
     def with_env_fallbacks(config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Fill keys missing from ``config`` from their AGENTRUN_* variables."""
-        env = os.environ if env is None else env
-        out = dict(config)
-        for key, var in ENV_FALLBACKS.items():
-            if out.get(key) in (None, "") and env.get(var, "").strip():
-                out[key] = env[var].strip()
-        return out
+        return with_env_fallbacks(config, env)
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
-        for key in ("control_endpoint", "data_endpoint"):
-            url = config.get(key)
-            if url and not str(url).startswith(("http://", "https://")):
-                return False, f"{key} must be an http:// or https:// URL"
-        if not str(config.get("account_id", "")).strip().isdigit():
-            return False, "account_id must be the numeric primary account ID"
-        return True, None
+        return config_error(config)
 
     def initialize(self, config: dict[str, Any]) -> bool:
         clean = check_config(self.get_config_schema(), self.with_env_fallbacks(config or {}), self.name)

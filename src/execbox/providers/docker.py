@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,47 +30,26 @@ from ..boxes.docker_box import (
     start_container,
 )
 from ..boxes.gpu import GpuPlan, parse_gpu
-from ..boxes.images import DEFAULT_IMAGE
 from ..egress.policy import EgressPolicy, parse_policy
-from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
+from ..egress.schema import check_network_config, policy_from_config
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..settings import parse_bool
-from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, Instance
+from .agent_backed import AgentBackedProvider, Instance
 from .base import OutputCallback
+from .docker_config import config_schema, docker_client, engine_availability, runsc_host_pids
 from .docker_sessions import DockerSessionsMixin
-from .gpu_config import GPU_SCHEMA, docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
+from .gpu_config import docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
 NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
 log = logging.getLogger("execbox.provider.docker")
-
-MEMORY_OPTIONS = ["128m", "256m", "512m", "1g"]
-AVAILABILITY_TTL = 30.0
-RUNSC_PIDS_HEADROOM = 4096
-
-
-def runsc_host_pids(pids: int) -> int:
-    """Host cgroup pids for a runsc box. Under the ptrace platform every sandboxed task also costs
-    host threads (a stub plus its tracer) on top of ~75 sentry/gofer threads; the user-facing
-    limit is enforced inside gVisor instead (RLIMIT_NPROC), this one only stops a runaway sentry."""
-    return RUNSC_PIDS_HEADROOM + 4 * pids
-
 
 WARM_CONTEXT = "__execbox_warm__"
 CONTEXT_KEYS = ("context_id", "context_new", "context_restarted", "context_reset", "context_note",
                 "context_executions")
 PROVIDER_LABEL = "execbox.provider_uid"  # one provider object: its shutdown sweeps only its own
 __all__ = ["DockerProvider", "docker_client", "owner_id", "owner_is_gone", "runsc_host_pids"]
-_availability_cache: dict[str, tuple[float, tuple[bool, str]]] = {}
-
-
-def docker_client(base_url: str = "", timeout: float = 30.0) -> Any:
-    import docker
-
-    if base_url:
-        return docker.DockerClient(base_url=base_url, timeout=int(timeout))
-    return docker.from_env(timeout=int(timeout))
 
 
 class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
@@ -101,39 +79,7 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
-        return {
-            "image": {"type": "string", "default": DEFAULT_IMAGE, "label": "Worker image",
-                      "description": "Image with python3 and node (build it with `execbox image build`)."},
-            "runtime": {"type": "string", "default": "", "options": ["", "runc", "runsc"], "label": "Runtime",
-                        "description": "runsc (gVisor) or runc; empty = runsc when the engine has it, "
-                                       "else runc with a warning."},
-            "pool_size": {"type": "integer", "default": 5, "min": 0, "max": 100, "label": "Warm pool size",
-                          "description": "Started, ready containers kept per image."},
-            "pool_wait": {"type": "number", "default": 10, "min": 0, "max": 300, "label": "Pool wait (s)",
-                          "description": "How long create_instance waits for a pooled container when "
-                                         "the pool is drained before failing with SB004."},
-            "max_memory": {"type": "string", "default": "512m", "options": MEMORY_OPTIONS,
-                           "label": "Memory limit", "description": "Container memory limit (no swap)."},
-            "cpus": {"type": "number", "default": 1.0, "min": 0.1, "max": 64, "label": "CPUs",
-                     "description": "CPU quota per container."},
-            "pids_limit": {"type": "integer", "default": 128, "min": 16, "max": 4096, "label": "Pids limit",
-                           "description": "Most processes and threads a container may hold."},
-            **TIMEOUT_SCHEMA,
-            "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
-                                 "label": "Output cap (bytes)",
-                                 "description": "Cap on stdout and stderr each."},
-            **NETWORK_SCHEMA,
-            **GPU_SCHEMA,  # gpu (off | all | indices; SANDBOX_GPU_ENABLED=true = all), gpu_tenant_cap
-            "gpu_network": {"type": "boolean", "default": False, "label": "GPU network",
-                            "description": "Allow the configured network (open if none) in GPU containers (also "
-                                           "SANDBOX_GPU_NETWORK_ENABLED=true)."},
-            "preload": {"type": "string", "default": "auto", "label": "Preload modules",
-                        "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a list."},
-            "docker_host": {"type": "string", "default": "", "label": "Docker host",
-                            "placeholder": "unix:///var/run/docker.sock",
-                            "description": "Engine URL; empty = DOCKER_HOST or the local socket."},
-            **POLICY_SCHEMA,
-        }
+        return config_schema()
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
         try:
@@ -155,34 +101,7 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
     @classmethod
     def availability(cls) -> tuple[bool, str]:
         """dockerd answers, runsc is registered and the default image exists (cached per process)."""
-        key = os.environ.get("DOCKER_HOST", "")
-        hit = _availability_cache.get(key)
-        if hit and time.monotonic() - hit[0] < AVAILABILITY_TTL:
-            return hit[1]
-        result = cls._probe()
-        _availability_cache[key] = (time.monotonic(), result)
-        return result
-
-    @classmethod
-    def _probe(cls) -> tuple[bool, str]:
-        try:
-            client = docker_client(timeout=3)
-        except Exception as e:  # noqa: BLE001
-            return False, f"docker engine not reachable: {e}"
-        try:
-            info = client.info()
-            if "runsc" not in (info.get("Runtimes") or {}):
-                return False, ("runsc is not registered with dockerd (tier gvisor unavailable); "
-                               "configure docker with runtime=runc for tier container")
-            try:
-                client.images.get(DEFAULT_IMAGE)
-            except Exception:  # noqa: BLE001
-                return False, f"image {DEFAULT_IMAGE} is missing: run `execbox image build python`"
-            return True, f"docker {info.get('ServerVersion')} with runsc; image {DEFAULT_IMAGE}"
-        except Exception as e:  # noqa: BLE001
-            return False, f"docker engine not usable: {e}"
-        finally:
-            client.close()
+        return engine_availability()
 
     def health_check(self) -> bool:
         """This configuration's engine answers (the class probe also demands runsc and the default image)."""

@@ -39,6 +39,8 @@ from ..models import (
     make_instance_id,
 )
 from .base import OutputCallback, SandboxProvider, check_run_inputs
+from .e2b_config import MIN_SANDBOX_TTL, config_error, config_schema
+from .e2b_config import sdk as _sdk
 from .remote_code import (
     ARTIFACTS_DIR,
     extract_result,
@@ -53,20 +55,6 @@ from .remote_code import (
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.e2b")
-
-DEFAULT_TEMPLATE = "code-interpreter-v1"
-MIN_SANDBOX_TTL = 300  # seconds an E2B sandbox lives without activity (its own timeout)
-REGION_DOMAINS = {"us": None}  # None: the SDK's default domain; other regions need `domain`
-
-
-def _sdk() -> Any:
-    try:
-        import e2b_code_interpreter
-    except ImportError as e:  # pragma: no cover - the dependency is declared
-        raise ProviderUnavailableError("the e2b provider needs the e2b-code-interpreter package "
-                                       "(pip install e2b-code-interpreter)", details={"missing": "e2b"}) from e
-    return e2b_code_interpreter
-
 
 class E2BProvider(SandboxProvider):
     name = "e2b"
@@ -84,38 +72,10 @@ class E2BProvider(SandboxProvider):
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
-        return {
-            "api_key": {"type": "string", "required": True, "secret": True, "label": "API Key",
-                        "description": "E2B API key (e2b_...)."},
-            "region": {"type": "string", "default": "us", "label": "Region", "options": ["us", "eu"],
-                       "description": "us uses E2B's default domain; other regions need `domain`."},
-            "domain": {"type": "string", "label": "Domain", "placeholder": "e2b.app",
-                       "description": "E2B domain (E2B_DOMAIN); set for self-hosted or E2B-compatible clouds."},
-            "api_url": {"type": "string", "label": "API URL",
-                        "description": "Advanced: control-plane URL when it is not https://api.<domain>."},
-            "sandbox_url": {"type": "string", "label": "Sandbox URL",
-                            "description": "Advanced: one URL for every sandbox port (proxies, tests)."},
-            "template": {"type": "string", "default": DEFAULT_TEMPLATE, "label": "Template",
-                         "description": "Sandbox template (needs the code interpreter for python/javascript)."},
-            "timeout": {"type": "integer", "default": 30, "min": 1, "max": 3600,
-                        "label": "Execution Timeout (seconds)", "description": "Default execution timeout."},
-            "allow_internet_access": {"type": "boolean", "default": False, "label": "Internet access",
-                                      "description": "Let sandboxes reach the internet (off by default)."},
-            "workdir": {"type": "string", "default": "/home/user", "label": "Working directory",
-                        "description": "The sandbox user's home: relative file paths resolve here."},
-        }
+        return config_schema()
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
-        if not config.get("domain") and config.get("region") not in REGION_DOMAINS:
-            return False, (f"region {config.get('region')!r} has no built-in E2B domain; set `domain` "
-                           "to that region's E2B domain")
-        for key in ("api_url", "sandbox_url"):
-            url = config.get(key)
-            if url and not str(url).startswith(("http://", "https://")):
-                return False, f"{key} must be an http:// or https:// URL"
-        if not str(config.get("workdir", "")).startswith("/"):
-            return False, "workdir must be an absolute path"
-        return True, None
+        return config_error(config)
 
     def initialize(self, config: dict[str, Any]) -> bool:
         clean = check_config(self.get_config_schema(), config or {}, self.name)

@@ -1,4 +1,6 @@
-"""Provider discovery (entry-point group ``execbox.providers``) and the ProviderManager.
+"""Provider discovery (entry-point group ``execbox.providers``) and selection.
+
+The service's active provider (hot reload, fallback) lives in service/provider_manager.py.
 
 Built-in providers are registered in pyproject.toml exactly like third-party ones, so a plugin
 package adds a backend by declaring an entry point; nothing here names a backend.
@@ -7,12 +9,11 @@ package adds a backend by declaring an entry point; nothing here names a backend
 from __future__ import annotations
 
 import logging
-import threading
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
+from ..errors import InvalidConfigError, ProviderUnavailableError
 from ..models import TIER_ORDER, Isolation
 from .base import SandboxProvider
 
@@ -83,53 +84,3 @@ def strongest_available(eligible: list[str] | None = None) -> tuple[str, dict[st
         reasons[name] = reason
     raise ProviderUnavailableError("no sandbox provider is usable on this host",
                                    details={"reasons": reasons})
-
-
-class ProviderManager:
-    """Holds the active provider (and fallbacks) and swaps them safely at runtime.
-
-    A swap never disturbs in-flight executions: callers hold a reference to the provider
-    object they started on; the old provider is shut down only when released.
-    """
-
-    def __init__(self, provider: SandboxProvider | None = None,
-                 fallbacks: list[SandboxProvider] | None = None) -> None:
-        self._provider = provider
-        self._fallbacks = list(fallbacks or [])
-        self._lock = threading.RLock()
-        self.selection_note: str | None = None
-
-    def get_provider(self) -> SandboxProvider:
-        with self._lock:
-            if self._provider is None:
-                raise ProviderNotInitializedError(
-                    "no sandbox provider is configured; set SANDBOX_TYPE or configure one in the admin console")
-            return self._provider
-
-    def get_provider_name(self) -> str | None:
-        return self._provider.name if self._provider else None
-
-    def set_provider(self, provider: SandboxProvider) -> SandboxProvider | None:
-        """Make ``provider`` active; return the previous one (caller decides when to shut it down)."""
-        with self._lock:
-            old, self._provider = self._provider, provider
-            return old
-
-    def set_fallbacks(self, providers: list[SandboxProvider]) -> None:
-        with self._lock:
-            self._fallbacks = list(providers)
-
-    def candidates(self) -> list[SandboxProvider]:
-        """Active provider first, then healthy fallbacks in order."""
-        with self._lock:
-            return [p for p in [self._provider, *self._fallbacks] if p is not None]
-
-    def shutdown(self) -> None:
-        with self._lock:
-            for p in self.candidates():
-                try:
-                    p.shutdown()
-                except Exception:  # noqa: BLE001
-                    log.exception("shutting down %s failed", p.name)
-            self._provider = None
-            self._fallbacks = []

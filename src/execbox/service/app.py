@@ -2,7 +2,7 @@
 
 Tests pass their own ``store``, ``providers`` (anything with current() and candidates()) and
 ``settings``; production gets the store from EXECBOX_DATA_DIR / EXECBOX_DATABASE_URL and the
-active provider from ProviderConfig (hot-reloaded from the settings store).
+active provider from ProviderManager (hot-reloaded from the settings store).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .. import __version__
 from .config import ServiceSettings
 from .egress_service import install as install_egress
 from .errors import BodyLimit, install_error_handlers
-from .executions import Executor
+from .executions import RunService
 from .logs import AuditWriter, OperationLog
 from .metrics import ServiceMetrics
 from .sessions import ProviderSource, SessionManager
@@ -48,9 +48,9 @@ def _optional_router(module: str) -> Any | None:
 
 
 def _default_providers(store: Any) -> ProviderSource:
-    from .provider_config import ProviderConfig
+    from .provider_manager import ProviderManager
 
-    return ProviderConfig(store)
+    return ProviderManager(store)
 
 
 def _mcp_app(app: FastAPI) -> Any | None:
@@ -104,7 +104,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
                               registry=getattr(store, "sessions", None))
     metrics.bind_live(sessions.count, lambda: _pool_statuses(providers))
     audit = AuditWriter(store)
-    executor = Executor(sessions, metrics, OperationLog(audit, settings.audit_code))
+    runs = RunService(sessions, metrics, OperationLog(audit, settings.audit_code))
     mcp_app: Any = None
 
     @asynccontextmanager
@@ -133,7 +133,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.audit = audit
-    app.state.executor = executor
+    app.state.runs = runs
     install_error_handlers(app)
     egress_svc = install_egress(app, store, metrics)  # issue 14: egress audit, tenant caps, routes
     from .forwarding import ForwardToOwner

@@ -47,7 +47,7 @@ def outcome(result: ExecutionResult) -> str:
     return "success" if result.exit_code == 0 else "failed"
 
 
-class Executor:
+class RunService:
     def __init__(self, sessions: SessionManager, metrics: ServiceMetrics, oplog: OperationLog) -> None:
         self.sessions = sessions
         self.metrics = metrics

@@ -104,7 +104,7 @@ def start_service(provider: Any, settings: ServiceSettings | None = None) -> Ser
     _, ta = store.tokens.create("tenant-a")
     _, tb = store.tokens.create("tenant-b")
     settings = (settings or ServiceSettings()).with_(workspaces_dir=workspaces)
-    # None: production wiring (ProviderConfig over the store, hot-reloaded from the admin API)
+    # None: production wiring (ProviderManager over the store, hot-reloaded from the admin API)
     providers = None if provider is None else provider if hasattr(provider, "current") else Holder(provider)
     app = create_app(store=store, providers=providers, settings=settings)
     port = free_port()

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from execbox.service.app import create_app
 from execbox.service.config import ServiceSettings
 from execbox.service.crypto import is_encrypted
-from execbox.service.provider_config import ProviderConfig
+from execbox.service.provider_manager import ProviderManager
 from execbox.service.store import open_store
 
 from .helpers import keyring, write_seed
@@ -32,7 +32,7 @@ def closed_port() -> int:
 @pytest.fixture
 def admin(db_url, tmp_path):
     store = open_store(tmp_path, url=db_url)
-    providers = ProviderConfig(store, keyring=keyring(), env={"SANDBOX_TYPE": "local"},
+    providers = ProviderManager(store, keyring=keyring(), env={"SANDBOX_TYPE": "local"},
                                seed_file=write_seed(tmp_path))
     app = create_app(store=store, providers=providers, settings=ServiceSettings())
     _, admin_token = store.tokens.create("ops", "admin")

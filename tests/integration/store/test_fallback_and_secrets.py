@@ -19,7 +19,7 @@ from execbox.errors import SandboxError
 from execbox.service.app import create_app
 from execbox.service.config import ServiceSettings
 from execbox.service.crypto import KeyRing, SecretKeyError, generate_key
-from execbox.service.provider_config import ProviderConfig
+from execbox.service.provider_manager import ProviderManager
 from execbox.service.store import open_store
 
 from .helpers import keyring, write_seed
@@ -64,7 +64,7 @@ def executor_process(tmp_path):
 def test_fallback_when_the_active_provider_is_made_unhealthy(db_url, tmp_path, executor_process):
     proc, url = executor_process
     with open_store(tmp_path, url=db_url) as store:
-        pc = ProviderConfig(store, keyring=keyring(), env={}, seed_file=write_seed(tmp_path))
+        pc = ProviderManager(store, keyring=keyring(), env={}, seed_file=write_seed(tmp_path))
         try:
             pc.settings.save("self_managed", pc.settings.validate("self_managed",
                                                                   {"endpoint": url, "max_retries": 1}),
@@ -87,12 +87,12 @@ def test_fallback_when_the_active_provider_is_made_unhealthy(db_url, tmp_path, e
 def test_wrong_key_is_a_clear_error_and_never_leaks(db_url, tmp_path):
     secret = "e2b-like-0123456789-SECRET"
     with open_store(tmp_path, url=db_url) as store:
-        right = ProviderConfig(store, keyring=keyring(), env={}, seed_file=write_seed(tmp_path))
+        right = ProviderManager(store, keyring=keyring(), env={}, seed_file=write_seed(tmp_path))
         right.settings.save("self_managed", right.settings.validate(
             "self_managed", {"endpoint": "http://127.0.0.1:9", "api_key": secret}), set_active=True)
         right.shutdown()
 
-        wrong = ProviderConfig(store, keyring=KeyRing(generate_key(), "EXECBOX_SECRET_KEY"), env={})
+        wrong = ProviderManager(store, keyring=KeyRing(generate_key(), "EXECBOX_SECRET_KEY"), env={})
         with pytest.raises(SecretKeyError) as e:
             wrong.current()
         assert "EXECBOX_SECRET_KEY" in e.value.message and secret not in str(e.value.details)
@@ -117,7 +117,7 @@ def test_rotation_by_cli_keeps_secrets_readable_by_a_running_process(tmp_path):
     subprocess.run([EXECBOX, "config", "set", "self_managed", "endpoint=http://127.0.0.1:9",
                     f"api_key={secret}"], env=env, check=True, capture_output=True)
     with open_store(data) as store:
-        running = ProviderConfig(store, env={})  # key loaded from the key file, like a server
+        running = ProviderManager(store, env={})  # key loaded from the key file, like a server
         assert running.settings.decrypted("self_managed")["api_key"] == secret
         before = store.settings.get("sandbox.self_managed")
         out = subprocess.run([EXECBOX, "secrets", "rotate"], env=env, check=True, capture_output=True, text=True)
@@ -135,7 +135,7 @@ def test_rotation_by_cli_keeps_secrets_readable_by_a_running_process(tmp_path):
 
 def test_concurrent_admin_writes_keep_one_consistent_row(db_url, tmp_path):
     with open_store(tmp_path, url=db_url) as store:
-        pc = ProviderConfig(store, keyring=keyring(), env={}, seed_file=write_seed(tmp_path))
+        pc = ProviderManager(store, keyring=keyring(), env={}, seed_file=write_seed(tmp_path))
         app = create_app(store=store, providers=pc, settings=ServiceSettings())
         _, admin = store.tokens.create("ops", "admin")
         errors: list[str] = []

@@ -81,13 +81,13 @@ def test_database_outage_keeps_serving_the_loaded_provider(pg_server, tmp_path):
     import psycopg
 
     from execbox.service.crypto import KeyRing, generate_key
-    from execbox.service.provider_config import ProviderConfig
+    from execbox.service.provider_manager import ProviderManager
 
     from .conftest import new_pg_database
 
     url = new_pg_database(pg_server)
     store = open_store(tmp_path, url=url)
-    pc = ProviderConfig(store, keyring=KeyRing(generate_key()), env={"SANDBOX_TYPE": "local"})
+    pc = ProviderManager(store, keyring=KeyRing(generate_key()), env={"SANDBOX_TYPE": "local"})
     try:
         provider = pc.current()
         name = url.rsplit("/", 1)[1]

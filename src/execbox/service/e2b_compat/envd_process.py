@@ -170,7 +170,7 @@ class ProcessService:
             result, error = None, None
             try:
                 spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, call)
-                result = self.state.executor.run(spec, on_output)
+                result = self.state.runs.run(spec, on_output)
             except SandboxError as e:
                 error = f"{e.code}: {e.message}"
             except Exception as e:  # noqa: BLE001 - reported in the end event; the server stays up

@@ -187,7 +187,7 @@ class Interpreter:
                                          None, **kwargs)
 
         spec = RunSpec(sb.tenant_id, sb.session_id, "execute_code", language, code, sb.token_id, call)
-        result = self.state.executor.run(spec, on_output)
+        result = self.state.runs.run(spec, on_output)
         ctx.executions += 1
         lines: list[bytes] = []
         lines.extend(self._figures(sb, result))

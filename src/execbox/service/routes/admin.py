@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...errors import ConnectionFailedError, InvalidConfigError, SandboxError
 from ...providers import registry
 from ..auth import Principal, require_admin
-from ..provider_config import probe
+from ..provider_probe import probe
 from ..store.sandbox_settings import SandboxSettings
 
 router = APIRouter(prefix="/api/admin/sandbox", tags=["admin"])
@@ -46,7 +46,7 @@ class FallbackBody(BaseModel):
 
 
 def sandbox_settings(request: Request) -> SandboxSettings:
-    """The ProviderConfig's settings when the app has one (shared key ring), else the store's."""
+    """The ProviderManager's settings when the app has one (shared key ring), else the store's."""
     holder = getattr(request.app.state, "providers", None)
     settings = getattr(holder, "settings", None)
     if isinstance(settings, SandboxSettings):

@@ -6,7 +6,7 @@ active provider (jail by default) with a fresh box per call, ``memory_used_kb`` 
 failures of the runner itself get a real HTTP status plus the SB error, and the response says
 which ``isolation`` tier ran the code.
 
-Served inside ``execbox serve`` (through the service's one-shot path: ``app.state.executor``, so
+Served inside ``execbox serve`` (through the service's one-shot path: ``app.state.runs``, so
 quotas, metrics and the audit log apply; the provider is ``app.state.providers.current()``) and
 standalone by ``create_executor_app`` for ``execbox executor --port 9385``.
 """
@@ -205,7 +205,7 @@ def run_once(provider: SandboxProvider, req: RunRequest, tenant_id: str) -> dict
     return result_to_response(result, artifacts, problems)
 
 
-def run_in_service(service_executor: Any, req: RunRequest, tenant_id: str, token_id: str | None,
+def run_in_service(runs: Any, req: RunRequest, tenant_id: str, token_id: str | None,
                    max_code_bytes: int | None) -> dict[str, Any]:
     """Inside `execbox serve`: the service's one-shot path (quota slot, metrics, audit log)."""
     from ..executions import RunSpec
@@ -221,7 +221,7 @@ def run_in_service(service_executor: Any, req: RunRequest, tenant_id: str, token
         return result
 
     spec = RunSpec(tenant_id, None, "execute_code", req.language.value, code, token_id, call)
-    result = service_executor.run(spec)
+    result = runs.run(spec)
     return result_to_response(result, read.get("artifacts"), read.get("problems"))
 
 
@@ -268,11 +268,11 @@ async def run(request: Request) -> JSONResponse:
         req = RunRequest.model_validate(payload)
     except ValidationError as e:
         return validation_response(e.errors(include_url=False, include_input=False))
-    service_executor = getattr(request.app.state, "executor", None)
+    runs = getattr(request.app.state, "runs", None)
     try:
-        if service_executor is not None:
+        if runs is not None:
             settings = getattr(request.app.state, "settings", None)
-            body = await run_in_threadpool(run_in_service, service_executor, req, tenant_id, token_id,
+            body = await run_in_threadpool(run_in_service, runs, req, tenant_id, token_id,
                                            getattr(settings, "max_code_bytes", None))
         else:
             provider = _current_provider(request)

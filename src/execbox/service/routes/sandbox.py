@@ -20,7 +20,7 @@ from ...models import Language
 from ...providers.base import OutputCallback, SandboxProvider
 from .. import egress_hook
 from ..auth import ForbiddenError, Principal, require_admin, require_token
-from ..executions import Executor, RunSpec, result_body
+from ..executions import RunService, RunSpec, result_body
 from ..schemas import (
     ERROR_RESPONSES,
     BashRequest,
@@ -77,8 +77,8 @@ def _sessions(request: Request) -> SessionManager:
     return request.app.state.sessions
 
 
-def _executor(request: Request) -> Executor:
-    return request.app.state.executor
+def _runs(request: Request) -> RunService:
+    return request.app.state.runs
 
 
 def _check_size(text: str, field: str, limit: int) -> None:
@@ -177,10 +177,10 @@ def bash(body: BashRequest, request: Request, principal: Principal = Depends(req
 
 
 def _respond(request: Request, spec: RunSpec, stream: bool) -> Any:
-    executor = _executor(request)
+    runs = _runs(request)
     if wants_stream(request.headers.get("accept"), stream):
-        return stream_run(executor.stream(spec, _artifact_url(request)))
-    result = executor.run(spec)
+        return stream_run(runs.stream(spec, _artifact_url(request)))
+    result = runs.run(spec)
     body = result_body(result, spec)
     if result.error_code:  # SB005 / SB006: the SB status, with the partial result kept in details
         cls = ERRORS_BY_CODE.get(result.error_code, SandboxError)

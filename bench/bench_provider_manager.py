@@ -1,11 +1,11 @@
 """Bench: the per-execution cost of hot reload and auth, on SQLite (and PostgreSQL with --pg-url).
 
-Rows: ProviderConfig.current() checking the settings version on every call (the default), the
+Rows: ProviderManager.current() checking the settings version on every call (the default), the
 same throttled to one check a minute (baseline: a pure in-memory lookup), a naive full reload per
 call (re-read and re-validate the stored config, what a version check avoids), and a bearer
 token verification (one indexed lookup of a SHA-256).
 
-    .venv/bin/python bench/bench_provider_config.py [-n 2000] [--pg-url postgresql://...]
+    .venv/bin/python bench/bench_provider_manager.py [-n 2000] [--pg-url postgresql://...]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _stats import measure, print_table  # noqa: E402
 from execbox.service.crypto import KeyRing, generate_key  # noqa: E402
-from execbox.service.provider_config import ProviderConfig  # noqa: E402
+from execbox.service.provider_manager import ProviderManager  # noqa: E402
 from execbox.service.store import open_store  # noqa: E402
 
 
@@ -27,8 +27,8 @@ def bench_store(label: str, url: str | None, n: int) -> list:
     data = tempfile.mkdtemp(prefix="execbox-bench-")
     store = open_store(data, url=url)
     ring = KeyRing(generate_key())
-    live = ProviderConfig(store, keyring=ring, env={"SANDBOX_TYPE": "local"})
-    throttled = ProviderConfig(store, keyring=ring, env={}, check_interval=60)
+    live = ProviderManager(store, keyring=ring, env={"SANDBOX_TYPE": "local"})
+    throttled = ProviderManager(store, keyring=ring, env={}, check_interval=60)
     _, token = store.tokens.create("bench")
     rows = []
     try:

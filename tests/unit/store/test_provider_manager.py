@@ -1,4 +1,4 @@
-"""ProviderConfig with the real local provider: seeding and env on first boot only, hot reload,
+"""ProviderManager with the real local provider: seeding and env on first boot only, hot reload,
 leases keeping a replaced provider alive, fallback order, zero-config."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from execbox.errors import ConnectionFailedError, InvalidConfigError, ProviderUnavailableError
 from execbox.service.crypto import KeyRing, generate_key
-from execbox.service.provider_config import ProviderConfig
+from execbox.service.provider_manager import ProviderManager
 from execbox.service.store import open_store
 from execbox.service.store.sandbox_settings import ACTIVE
 
@@ -37,8 +37,8 @@ def store(tmp_path):
     s.close()
 
 
-def make(store, seed, env=None, **kw) -> ProviderConfig:
-    return ProviderConfig(store, keyring=KeyRing(generate_key()), env=env or {}, seed_file=seed, **kw)
+def make(store, seed, env=None, **kw) -> ProviderManager:
+    return ProviderManager(store, keyring=KeyRing(generate_key()), env=env or {}, seed_file=seed, **kw)
 
 
 def test_seed_and_env_apply_on_first_boot_only(store, seed):

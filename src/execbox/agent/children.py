@@ -1,0 +1,384 @@
+"""Forking the agent's children: the one-shot spare, one-shot runs and Python contexts.
+
+Split from main.py (the protocol loop) along the process seam: everything here creates, feeds,
+reaps or kills a child process; main.py only reads requests and dispatches them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from . import contexts, executor, paths, privsep, procs, protocol, runners
+
+LANGS = ("python", "javascript", "bash")
+ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "python3": "python",
+           "py": "python", "sh": "bash", "shell": "bash"}
+
+
+@dataclass
+class Spare:
+    """A forked child waiting for its one-shot job on ``ctl_w``."""
+
+    pid: int
+    out_r: int
+    err_r: int
+    res_r: int
+    ctl_w: int
+
+
+class RequestError(Exception):
+    def __init__(self, message: str, status: int = 400, code: str = "SB002", **details: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.details = status, code, details
+
+
+class Children:
+    """Mixin for :class:`execbox.agent.main.Agent`: the state it uses is set up in ``Agent.__init__``."""
+
+    # -- children ---------------------------------------------------------------------------
+    def child_prepare(self) -> None:
+        """First thing in every forked child: forget the protocol and the agent's signals."""
+        privsep.drop_user_code()  # the sandbox uid, no capabilities, before anything else runs
+        procs.set_dumpable(True)  # an ordinary process again (its own /proc entries readable)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in (self.proto_in, self.proto_out, self.wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for ctx in self.contexts.values():
+            ctx.sock.close()
+        if self.spare is not None:  # another child must not feed or read the waiting spare
+            for fd in (self.spare.ctl_w, self.spare.out_r, self.spare.err_r, self.spare.res_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.setsid()
+
+    def _exec_request(self, req: dict[str, Any]) -> dict[str, Any]:
+        lang = ALIASES.get(str(req.get("language", "python")).lower(), str(req.get("language", "python")).lower())
+        if lang not in LANGS:
+            raise RequestError(f"unknown language {req.get('language')!r}", field="language")
+        if lang == "javascript" and not self.node:
+            raise RequestError("javascript is not available in this box (node not found)", status=400,
+                               field="language")
+        code = req.get("code")
+        if not isinstance(code, str):
+            raise RequestError("code must be a string", field="code")
+        args = req.get("arguments")
+        if args is not None and not isinstance(args, dict):
+            raise RequestError("arguments must be a JSON object", field="arguments")
+        timeout = req.get("timeout", 30)
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise RequestError("timeout must be a positive number of seconds", field="timeout")
+        env = req.get("env") or {}
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
+            for k, v in env.items()
+        ):
+            raise RequestError("env must map names to string values", field="env")
+        try:
+            cwd = paths.resolve(self.ws, req.get("cwd") or ".")
+        except paths.PathViolation as e:
+            raise RequestError(str(e), field="cwd", violation=e.reason) from None
+        if not os.path.isdir(cwd):
+            raise RequestError(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
+        return {"language": lang, "code": code, "arguments": args, "timeout": float(timeout),
+                "env": env, "cwd": cwd}
+
+    def op_exec(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
+        spec = self._exec_request(req)
+        self.seq += 1
+        prefix = f"figure-{self.seq}"
+        cap = int(req.get("output_cap") or executor.DEFAULT_OUTPUT_CAP)
+        emit = None
+        if req.get("stream"):
+            def emit(name: str, text: str) -> None:
+                self.send({"id": rid, "event": name, "data": text})
+        context_id = req.get("context_id")
+        if context_id is not None and spec["language"] != "python":
+            raise RequestError("context_id is supported for python only", field="context_id")
+        before = executor.snapshot(self.artifacts)
+        start = time.monotonic()
+        ctx_note: dict[str, Any] = {}
+        read_fds: tuple[int, ...] = ()
+        try:
+            if context_id is not None:
+                out_r, out_w = os.pipe()
+                err_r, err_w = os.pipe()
+                res_r, res_w = os.pipe()
+                read_fds = (out_r, err_r, res_r)
+                try:
+                    watch, kill, ctx_note = self._start_in_context(str(context_id), spec, req, prefix,
+                                                                   (out_w, err_w, res_w))
+                finally:
+                    for fd in (out_w, err_w, res_w):
+                        os.close(fd)
+            else:
+                watch, kill, read_fds = self._start_oneshot(spec, req, prefix)
+            out_r, err_r, res_r = read_fds
+            streams = [executor.Stream("stdout", out_r, cap, emit), executor.Stream("stderr", err_r, cap, emit)]
+            out = executor.pump(
+                watch, streams, res_r, start + spec["timeout"], self.wake_r, self.proto_in,
+                lambda data: self._on_control(rid, data), self.on_wake, kill,
+            )
+        finally:
+            for fd in read_fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._cleanup_run_files()
+        elapsed = time.monotonic() - start
+        if context_id is not None and (out["timed_out"] or out["cancelled"] or out["exit"].get("died")):
+            self._drop_context(str(context_id))
+            ctx_note["context_reset"] = True
+            ctx_note["context_note"] = (f"context {context_id!r} was killed "
+                                        f"({'timeout' if out['timed_out'] else 'ended'}); "
+                                        "its state is lost and the next run starts fresh")
+        result, oom_marker = executor.parse_result(out["result_raw"])
+        stderr = streams[1].text()
+        oom = oom_marker or executor.looks_oom(stderr, out["exit"])
+        artifacts = executor.collect_artifacts(self.artifacts, before, "artifacts",
+                                               bool(req.get("inline_artifacts")))
+        return {
+            "stdout": streams[0].text(), "stderr": stderr,
+            "exit_code": out["exit"].get("exit_code", -9), "signal": out["exit"].get("signal"),
+            "timed_out": out["timed_out"], "cancelled": out["cancelled"],
+            "truncated": streams[0].truncated or streams[1].truncated,
+            "execution_time": elapsed, "result": result, "oom": oom,
+            "peak_memory_kb": out["exit"].get("peak_memory_kb"), "artifacts": artifacts,
+            "language": spec["language"], **ctx_note,
+        }
+
+    def _on_control(self, rid: Any, data: bytes) -> bool:
+        cancel = False
+        for msg in self.frames.feed(data):
+            if msg.get("op") == "cancel" and msg.get("target") == rid:
+                cancel = True
+            elif msg.get("op") == "cancel":
+                continue
+            else:
+                self.pending.append(msg)
+        if not data:
+            cancel = True  # the host is gone: stop the run
+        return cancel
+
+    def _cleanup_run_files(self) -> None:
+        for name in os.listdir(self.tmp):
+            try:
+                os.unlink(os.path.join(self.tmp, name))
+            except OSError:
+                pass
+
+    def make_spare(self) -> None:
+        """Fork the child for the next one-shot run ahead of time, off the request's hot path.
+
+        The spare has its pipes wired and waits on a control pipe for its job; fork cost and
+        copy-on-write set-up are paid while the host is busy with the previous reply.
+        """
+        if self.spare is not None:
+            return
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        res_r, res_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the spare child
+            try:
+                self.child_prepare()
+                for fd in (out_r, err_r, res_r, ctl_w):
+                    os.close(fd)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.close(out_w)
+                os.close(err_w)
+                runners.warm_up()
+                try:
+                    job = protocol.read_frame(ctl_r)
+                except (EOFError, OSError, ValueError):
+                    os._exit(0)  # discarded unused
+                os.close(ctl_r)
+                self._child_run(job, res_w)
+            except BaseException:  # noqa: BLE001
+                try:
+                    os.write(2, traceback.format_exc().encode())
+                finally:
+                    os._exit(127)
+            os._exit(1)
+        for fd in (out_w, err_w, res_w, ctl_r):
+            os.close(fd)
+        self.spare = Spare(pid, out_r, err_r, res_r, ctl_w)
+
+    def _discard_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        for fd in (spare.ctl_w, spare.out_r, spare.err_r, spare.res_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        executor.kill_quietly(spare.pid, keep=self._keep_pids())
+
+    def _child_run(self, job: dict[str, Any], res_w: int) -> None:
+        """Body of a one-shot child once its job arrived; never returns."""
+        spec = job["spec"]
+        lang = spec["language"]
+        os.chdir(spec["cwd"])
+        env = dict(os.environ)
+        env.update(spec["env"])
+        if job["args_path"]:
+            env["EXECBOX_ARGUMENTS_FILE"] = job["args_path"]
+        limits = job["limits"]
+        procs.apply_rlimits(limits, allow_address_space=lang != "javascript")
+        if lang == "python":
+            os.environ.update(spec["env"])
+            runners.setup_stdio(bool(job["stream"]))
+            rc = runners.run_python(spec["code"], spec["arguments"], {}, res_w, self.artifacts, job["prefix"])
+            runners.flush_stdio()
+            os._exit(rc & 0xFF if rc >= 0 else 1)
+        if lang == "javascript":
+            os.dup2(res_w, 3)
+            os.set_inheritable(3, True)
+            heap = limits.get("memory_bytes")
+            runners.exec_node(self.node or "node", job["code_path"], job["args_path"], env,
+                              int(heap // (1024 * 1024) * 3 // 4) if heap else None)
+        runners.exec_bash(self.bash, job["code_path"], env)
+
+    def _start_oneshot(self, spec: dict[str, Any], req: dict[str, Any], prefix: str):
+        lang = spec["language"]
+        code_path = args_path = ""
+        if lang != "python":
+            code_path = os.path.join(self.tmp, "code.js" if lang == "javascript" else "script.sh")
+            with open(code_path, "w", encoding="utf-8") as f:
+                f.write(spec["code"])
+            if spec["arguments"] is not None:
+                args_path = os.path.join(self.tmp, "arguments.json")
+                with open(args_path, "w", encoding="utf-8") as f:
+                    json.dump(spec["arguments"], f)
+        limits = dict(self.limits)
+        limits.update({k: v for k, v in (req.get("limits") or {}).items() if v})
+        job = {"spec": spec, "stream": bool(req.get("stream")), "prefix": prefix, "code_path": code_path,
+               "args_path": args_path, "limits": limits}
+        for _attempt in range(2):
+            self.make_spare()
+            spare, self.spare = self.spare, None
+            assert spare is not None
+            try:
+                protocol.write_frame(spare.ctl_w, job)
+                os.close(spare.ctl_w)
+                break
+            except OSError:  # the spare died while waiting (killed from inside the box): fork anew
+                self.spare = spare
+                self._discard_spare()
+        else:
+            raise RequestError("could not start a child process for the run", status=503, code="SB009")
+        pid = spare.pid
+
+        def done() -> dict[str, Any] | None:
+            if pid not in self.exited:
+                return None
+            status, ru = self.exited.pop(pid)
+            code, sig = procs.decode_status(status)
+            return {"exit_code": code, "signal": sig, "peak_memory_kb": ru.ru_maxrss}
+
+        def kill() -> None:
+            procs.kill_tree(pid, keep=self._keep_pids())
+
+        def reap_and_clean() -> dict[str, Any] | None:
+            info = done()
+            if info is not None:
+                # The main process ended: whatever it left running in the background ends too.
+                procs.kill_tree(pid, keep=self._keep_pids())
+            return info
+
+        return executor.Watch(pid=pid, is_done=reap_and_clean), kill, (spare.out_r, spare.err_r, spare.res_r)
+
+    def _context_pids(self) -> set[int]:
+        return {c.pid for c in self.contexts.values()}
+
+    def _keep_pids(self) -> set[int]:
+        """Children that outlive a run: contexts and the waiting spare."""
+        keep = self._context_pids()
+        if self.spare is not None:
+            keep.add(self.spare.pid)
+        return keep
+
+    def _spawn_context(self, context_id: str) -> contexts.Context:
+        if len(self.contexts) >= contexts.MAX_CONTEXTS:
+            raise RequestError(f"too many contexts (max {contexts.MAX_CONTEXTS}); reset one first",
+                               status=429, code="SB008", field="context_id")
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self.child_prepare()
+                parent.close()
+                procs.apply_rlimits(self.limits)
+                contexts.context_main(child, self.ws, self.artifacts)
+            finally:
+                os._exit(0)
+        child.close()
+        ctx = contexts.Context(context_id, pid, parent)
+        self.contexts[context_id] = ctx
+        return ctx
+
+    def _drop_context(self, context_id: str) -> None:
+        ctx = self.contexts.pop(context_id, None)
+        if ctx is not None:
+            executor.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on
+            ctx.sock.close()
+            self.reset_contexts.add(context_id)
+
+    def _start_in_context(self, context_id: str, spec: dict[str, Any], req: dict[str, Any], prefix: str,
+                          write_fds: tuple[int, int, int]):
+        note: dict[str, Any] = {"context_id": context_id}
+        ctx = self.contexts.get(context_id)
+        if ctx is None:
+            ctx = self._spawn_context(context_id)
+            note["context_new"] = True
+            if context_id in self.reset_contexts:
+                self.reset_contexts.discard(context_id)
+                note["context_restarted"] = True
+                note["context_note"] = "this context was restarted after a timeout; earlier state is gone"
+        ctx.executions += 1
+        note["context_executions"] = ctx.executions
+        socket.send_fds(ctx.sock, [b"x"], list(write_fds))
+        protocol.write_frame(ctx.sock.fileno(), {
+            "code": spec["code"], "arguments": spec["arguments"], "cwd": spec["cwd"],
+            "stream": bool(req.get("stream")), "figure_prefix": prefix,
+        })
+        state: dict[str, Any] = {}
+
+        def on_extra(fd: int) -> None:
+            try:
+                msg = protocol.read_frame(fd)
+                state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
+                                 "peak_memory_kb": msg.get("peak_memory_kb")}
+            except (EOFError, OSError, ValueError):
+                state["done"] = {"exit_code": -9, "signal": 9, "died": True}
+
+        def done() -> dict[str, Any] | None:
+            if "done" in state:
+                return state["done"]
+            if ctx.pid in self.exited:
+                status, _ = self.exited.pop(ctx.pid)
+                code, sig = procs.decode_status(status)
+                return {"exit_code": code, "signal": sig, "died": True}
+            return None
+
+        def kill() -> None:
+            executor.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
+
+        return executor.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note

@@ -1,0 +1,106 @@
+"""Provider ``docker``'s configuration and host facts: its admin schema, the engine client and the
+(cached) probe that decides whether the backend is usable here. Split from providers/docker.py, which
+keeps the pool and box lifecycle.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..boxes.images import DEFAULT_IMAGE
+from ..egress.schema import NETWORK_SCHEMA
+from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA
+from .gpu_config import GPU_SCHEMA
+
+MEMORY_OPTIONS = ["128m", "256m", "512m", "1g"]
+AVAILABILITY_TTL = 30.0
+RUNSC_PIDS_HEADROOM = 4096
+
+
+def runsc_host_pids(pids: int) -> int:
+    """Host cgroup pids for a runsc box. Under the ptrace platform every sandboxed task also costs
+    host threads (a stub plus its tracer) on top of ~75 sentry/gofer threads; the user-facing
+    limit is enforced inside gVisor instead (RLIMIT_NPROC), this one only stops a runaway sentry."""
+    return RUNSC_PIDS_HEADROOM + 4 * pids
+
+
+_availability_cache: dict[str, tuple[float, tuple[bool, str]]] = {}
+
+
+def docker_client(base_url: str = "", timeout: float = 30.0) -> Any:
+    import docker
+
+    if base_url:
+        return docker.DockerClient(base_url=base_url, timeout=int(timeout))
+    return docker.from_env(timeout=int(timeout))
+
+
+def config_schema() -> dict[str, dict[str, Any]]:
+    """The admin console's fields for provider ``docker`` (validated by providers/schema.py)."""
+    return {
+        "image": {"type": "string", "default": DEFAULT_IMAGE, "label": "Worker image",
+                  "description": "Image with python3 and node (build it with `execbox image build`)."},
+        "runtime": {"type": "string", "default": "", "options": ["", "runc", "runsc"], "label": "Runtime",
+                    "description": "runsc (gVisor) or runc; empty = runsc when the engine has it, "
+                                   "else runc with a warning."},
+        "pool_size": {"type": "integer", "default": 5, "min": 0, "max": 100, "label": "Warm pool size",
+                      "description": "Started, ready containers kept per image."},
+        "pool_wait": {"type": "number", "default": 10, "min": 0, "max": 300, "label": "Pool wait (s)",
+                      "description": "How long create_instance waits for a pooled container when "
+                                     "the pool is drained before failing with SB004."},
+        "max_memory": {"type": "string", "default": "512m", "options": MEMORY_OPTIONS,
+                       "label": "Memory limit", "description": "Container memory limit (no swap)."},
+        "cpus": {"type": "number", "default": 1.0, "min": 0.1, "max": 64, "label": "CPUs",
+                 "description": "CPU quota per container."},
+        "pids_limit": {"type": "integer", "default": 128, "min": 16, "max": 4096, "label": "Pids limit",
+                       "description": "Most processes and threads a container may hold."},
+        **TIMEOUT_SCHEMA,
+        "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
+                             "label": "Output cap (bytes)",
+                             "description": "Cap on stdout and stderr each."},
+        **NETWORK_SCHEMA,
+        **GPU_SCHEMA,  # gpu (off | all | indices; SANDBOX_GPU_ENABLED=true = all), gpu_tenant_cap
+        "gpu_network": {"type": "boolean", "default": False, "label": "GPU network",
+                        "description": "Allow the configured network (open if none) in GPU containers (also "
+                                       "SANDBOX_GPU_NETWORK_ENABLED=true)."},
+        "preload": {"type": "string", "default": "auto", "label": "Preload modules",
+                    "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a list."},
+        "docker_host": {"type": "string", "default": "", "label": "Docker host",
+                        "placeholder": "unix:///var/run/docker.sock",
+                        "description": "Engine URL; empty = DOCKER_HOST or the local socket."},
+        **POLICY_SCHEMA,
+    }
+
+
+def engine_availability() -> tuple[bool, str]:
+    """dockerd answers, runsc is registered and the default image exists (cached per process)."""
+    key = os.environ.get("DOCKER_HOST", "")
+    hit = _availability_cache.get(key)
+    if hit and time.monotonic() - hit[0] < AVAILABILITY_TTL:
+        return hit[1]
+    result = _probe()
+    _availability_cache[key] = (time.monotonic(), result)
+    return result
+
+
+def _probe() -> tuple[bool, str]:
+    try:
+        client = docker_client(timeout=3)
+    except Exception as e:  # noqa: BLE001
+        return False, f"docker engine not reachable: {e}"
+    try:
+        info = client.info()
+        if "runsc" not in (info.get("Runtimes") or {}):
+            return False, ("runsc is not registered with dockerd (tier gvisor unavailable); "
+                           "configure docker with runtime=runc for tier container")
+        try:
+            client.images.get(DEFAULT_IMAGE)
+        except Exception:  # noqa: BLE001
+            return False, f"image {DEFAULT_IMAGE} is missing: run `execbox image build python`"
+        return True, f"docker {info.get('ServerVersion')} with runsc; image {DEFAULT_IMAGE}"
+    except Exception as e:  # noqa: BLE001
+        return False, f"docker engine not usable: {e}"
+    finally:
+        client.close()
