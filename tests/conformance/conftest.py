@@ -102,7 +102,7 @@ def _aliyun(stack: list[Any]) -> Any:
     return p
 
 
-@pytest.fixture(scope="session", params=PROVIDERS)
+@pytest.fixture(scope="module", params=PROVIDERS)
 def conformance_provider(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
     name = request.param
     stack: list[Any] = []

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import SessionNotFoundError
 from .registry import SessionRecord
-from .workspace import check_name, remove_workspace, workspace_dirs
+from .workspace import check_name, mounted, remove_workspace, workspace_dirs
 
 if TYPE_CHECKING:
     from .manager import Session, SessionManager
@@ -91,9 +91,13 @@ class LifecycleMixin:
         on_disk = workspace_dirs(self.workspaces_root)  # before reading the rows: a row always
         known = {(r.tenant_id, r.session_id) for r in self.registry.list()}  # precedes its directory
         for tenant, session, path in on_disk:
-            if (tenant, session) not in known:
-                log.info("removing workspace %s: no session in the registry", path)
-                remove_workspace(path)
+            if (tenant, session) in known:
+                continue
+            if mounted(path):  # a live box (possibly another service's on a shared root) uses it
+                log.warning("leaving workspace %s: no session in the registry, but it is mounted", path)
+                continue
+            log.info("removing workspace %s: no session in the registry", path)
+            remove_workspace(path)
         orphans = getattr(self._current_or_none(), "remove_orphans", None)
         if orphans is not None:
             try:
