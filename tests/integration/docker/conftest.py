@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import warnings
 
 import pytest
 
@@ -58,6 +59,20 @@ def docker_engine():
         if not (left or vols) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
+    # Unused warm-pool spares (never handed to user code) left by a provider that was not shut
+    # down in order are removed and reported; any other leftover (a session or one-shot box) fails.
+    spares = [c for c in left if (c.labels or {}).get("execbox.pooled") == "true"
+              and not (c.labels or {}).get("execbox.session")]
+    if spares:
+        names = {c.name for c in spares}
+        warnings.warn(f"removed unused warm-pool containers left behind: {sorted(names)}", stacklevel=1)
+        for c in spares:
+            c.remove(force=True, v=True)
+        vols = [v for v in vols if v.name.replace("execbox-ws-", "execbox-", 1) not in names]
+        for v in client.volumes.list(filters={"label": me}):
+            if v.name.replace("execbox-ws-", "execbox-", 1) in names:
+                v.remove(force=True)
+        left = [c for c in left if c.name not in names]
     client.close()
     assert not left and not vols, f"left behind: {[c.name for c in left]} {[v.name for v in vols]}"
 
