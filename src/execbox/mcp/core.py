@@ -11,11 +11,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..agent.paths import PathViolation, check_syntax
-from ..errors import InvalidConfigError, PathError, SessionNotFoundError
+from ..errors import InvalidConfigError, SessionNotFoundError
 from ..models import ExecutionResult, FileInfo, GrepMatch, Language, TextPage
 from ..providers.base import OutputCallback, SandboxProvider
 from ..service.executions import RunService, RunSpec
+from ..service.routes.sandbox import check_path  # the same early path check as the HTTP routes
 from ..service.sessions import SessionManager, check_name
 
 DEFAULT_MAX_TIMEOUT = 300.0
@@ -27,16 +27,6 @@ class Caller:
 
     tenant_id: str
     token_id: str | None = None
-
-
-def check_path(value: str | None, field: str) -> None:
-    """The agent's one path validator, applied before anything reaches a box."""
-    if value is None or value in ("", "."):
-        return
-    try:
-        check_syntax(value)
-    except PathViolation as e:
-        raise PathError(str(e), details={"field": field}) from None
 
 
 class ServiceCore:

@@ -106,7 +106,7 @@ def _decode(content: str | None, content_b64: str | None, field: str, limit: int
                                  details={"field": f"{field}content_b64"}) from None
 
 
-def _path(value: str | None, field: str) -> None:
+def check_path(value: str | None, field: str) -> None:
     """Early check with the one path validator, so a bad path or pattern never reaches a box."""
     if value is None or value in ("", "."):
         return
@@ -194,7 +194,7 @@ def _respond(request: Request, spec: RunSpec, stream: bool) -> Any:
 @router.post("/read", response_model=TextPageOut, summary="Read a text file, paged by lines")
 def read(body: ReadRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
-    _path(body.path, "path")
+    check_path(body.path, "path")
     with _sessions(request).session(tenant, body.session_id) as s:
         return s.provider.read_file(s.instance_id, body.path, body.offset, body.limit).to_dict()  # type: ignore[union-attr, arg-type]
 
@@ -202,7 +202,7 @@ def read(body: ReadRequest, request: Request, principal: Principal = Depends(req
 @router.post("/read_binary", response_model=BinaryOut, summary="Read a file's bytes (artifacts)")
 def read_binary(body: ReadBinaryRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
-    _path(body.path, "path")
+    check_path(body.path, "path")
     with _sessions(request).session(tenant, body.session_id) as s:
         data = s.provider.read_bytes(s.instance_id, body.path)  # type: ignore[union-attr, arg-type]
     return {"path": body.path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
@@ -212,7 +212,7 @@ def read_binary(body: ReadBinaryRequest, request: Request, principal: Principal 
 @router.post("/write", response_model=FileInfoOut, summary="Write a file (content or content_b64)")
 def write(body: WriteRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
-    _path(body.path, "path")
+    check_path(body.path, "path")
     data = _decode(body.content, body.content_b64, "", request.app.state.settings.max_file_bytes)
     with _sessions(request).session(tenant, body.session_id) as s:
         return s.provider.write_file(s.instance_id, body.path, data, body.mode).to_dict()  # type: ignore[union-attr, arg-type]
@@ -221,8 +221,8 @@ def write(body: WriteRequest, request: Request, principal: Principal = Depends(r
 @router.post("/grep", response_model=GrepOut, summary="Search file contents with a regular expression")
 def grep(body: GrepRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
-    _path(body.path, "path")
-    _path(body.glob, "glob")
+    check_path(body.path, "path")
+    check_path(body.glob, "glob")
     with _sessions(request).session(tenant, body.session_id) as s:
         found = s.provider.grep(s.instance_id, body.pattern, body.path, body.glob, body.max_results)  # type: ignore[union-attr, arg-type]
     return {"matches": [m.to_dict() for m in found]}
@@ -231,7 +231,7 @@ def grep(body: GrepRequest, request: Request, principal: Principal = Depends(req
 @router.post("/glob", response_model=GlobOut, summary="Match workspace paths against a glob pattern")
 def glob(body: GlobRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
-    _path(body.pattern, "pattern")
+    check_path(body.pattern, "pattern")
     with _sessions(request).session(tenant, body.session_id) as s:
         return {"paths": s.provider.glob(s.instance_id, body.pattern)}  # type: ignore[union-attr, arg-type]
 
@@ -239,7 +239,7 @@ def glob(body: GlobRequest, request: Request, principal: Principal = Depends(req
 @router.post("/list", response_model=FilesOut, summary="List a workspace directory")
 def list_files(body: ListRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
-    _path(body.path, "path")
+    check_path(body.path, "path")
     with _sessions(request).session(tenant, body.session_id) as s:
         found = s.provider.list_files(s.instance_id, body.path, body.recursive)  # type: ignore[union-attr, arg-type]
     return {"files": [f.to_dict() for f in found]}
@@ -309,7 +309,7 @@ def copy_files(body: CopyRequest, request: Request, tenant_id: str = _name_path(
     limit = request.app.state.settings.max_file_bytes
     files: dict[str, str | bytes] = {}
     for i, item in enumerate(body.files):
-        _path(item.path, f"files.{i}.path")
+        check_path(item.path, f"files.{i}.path")
         if item.path in files:
             raise InvalidConfigError(f"files[{i}].path {item.path!r} appears twice",
                                      details={"field": f"files.{i}.path"})
