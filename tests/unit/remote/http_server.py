@@ -22,7 +22,14 @@ class ThreadedServer:
         self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.server.run()
+        except BaseException as exc:  # reported by start(), not lost in the thread
+            self.error = exc
 
     @property
     def url(self) -> str:
@@ -34,7 +41,9 @@ class ThreadedServer:
             deadline = time.monotonic() + 15
             while not self.server.started:
                 if time.monotonic() > deadline or not self.thread.is_alive():
-                    raise RuntimeError("test server did not start")
+                    alive = self.thread.is_alive()
+                    why = repr(self.error) if self.error else ("timeout" if alive else "thread ended")
+                    raise RuntimeError(f"test server on port {self.port} did not start: {why}")
                 time.sleep(0.02)
         return self
 
