@@ -1,7 +1,7 @@
 """The service calls the MCP tools make, scoped to one tenant.
 
-Runs go through the service's run path (quota slot, session or one-shot box, metrics, log,
-audit); file tools use the session manager like the HTTP routes do. Nothing here knows MCP.
+Runs and file tools go through the service's run path (quota slot, session or one-shot box,
+metrics, log, audit), like the HTTP routes. Nothing here knows MCP.
 """
 
 from __future__ import annotations
@@ -148,37 +148,37 @@ class ServiceCore:
     def read_file(self, caller: Caller, session_id: str, path: str, offset: int, limit: int) -> TextPage:
         check_path(path, "path")
         self.require_session(caller, session_id)
-        with self.sessions.session(caller.tenant_id, session_id) as s:
-            return s.provider.read_file(s.instance_id, path, offset, limit)  # type: ignore[union-attr, arg-type]
+        return self.runs.file_op(caller.tenant_id, session_id, "read_file", path, caller.token_id,
+                                 lambda p, i: p.read_file(i, path, offset, limit))
 
     def read_bytes(self, caller: Caller, session_id: str, path: str) -> bytes:
         check_path(path, "path")
         self.require_session(caller, session_id)
-        with self.sessions.session(caller.tenant_id, session_id) as s:
-            return s.provider.read_bytes(s.instance_id, path)  # type: ignore[union-attr, arg-type]
+        return self.runs.file_op(caller.tenant_id, session_id, "read_bytes", path, caller.token_id,
+                                 lambda p, i: p.read_bytes(i, path))
 
     def write_file(self, caller: Caller, session_id: str, path: str, content: str | bytes, mode: str) -> FileInfo:
         check_path(path, "path")
         self.require_session(caller, session_id)
-        with self.sessions.session(caller.tenant_id, session_id) as s:
-            return s.provider.write_file(s.instance_id, path, content, mode)  # type: ignore[union-attr, arg-type]
+        return self.runs.file_op(caller.tenant_id, session_id, "write_file", path, caller.token_id,
+                                 lambda p, i: p.write_file(i, path, content, mode))
 
     def list_files(self, caller: Caller, session_id: str, path: str, recursive: bool) -> list[FileInfo]:
         check_path(path, "path")
         self.require_session(caller, session_id)
-        with self.sessions.session(caller.tenant_id, session_id) as s:
-            return s.provider.list_files(s.instance_id, path, recursive)  # type: ignore[union-attr, arg-type]
+        return self.runs.file_op(caller.tenant_id, session_id, "list_files", path, caller.token_id,
+                                 lambda p, i: p.list_files(i, path, recursive))
 
     def glob(self, caller: Caller, session_id: str, pattern: str) -> list[str]:
         check_path(pattern, "pattern")
         self.require_session(caller, session_id)
-        with self.sessions.session(caller.tenant_id, session_id) as s:
-            return s.provider.glob(s.instance_id, pattern)  # type: ignore[union-attr, arg-type]
+        return self.runs.file_op(caller.tenant_id, session_id, "glob", pattern, caller.token_id,
+                                 lambda p, i: p.glob(i, pattern))
 
     def grep(self, caller: Caller, session_id: str, pattern: str, path: str, glob: str | None,
              max_results: int) -> list[GrepMatch]:
         check_path(path, "path")
         check_path(glob, "glob")
         self.require_session(caller, session_id)
-        with self.sessions.session(caller.tenant_id, session_id) as s:
-            return s.provider.grep(s.instance_id, pattern, path, glob, max_results)  # type: ignore[union-attr, arg-type]
+        return self.runs.file_op(caller.tenant_id, session_id, "grep", path, caller.token_id,
+                                 lambda p, i: p.grep(i, pattern, path, glob, max_results))

@@ -1,7 +1,9 @@
-"""One execution through the service: quota slot, session or one-shot box, run, metrics, log, audit.
+"""One operation through the service: quota slot, session or one-shot box, run, metrics, log, audit.
 
 Routes describe *what* to run (a closure over the provider call); this module owns the order of
-the surrounding steps so plain and streamed requests behave the same.
+the surrounding steps so plain and streamed requests behave the same. Workspace file operations
+(HTTP file routes, MCP file tools, the E2B-compatible filesystem) take the same path through
+``RunService.file_op``, so quotas, metrics and the audit log cover them too.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import SandboxError
 from ..models import ExecutionResult
@@ -22,6 +24,13 @@ from .streaming import Emit, RunHandle
 
 ProviderCall = Callable[[SandboxProvider, str, bool, OutputCallback | None], ExecutionResult]
 """(provider, instance_id, one_shot, on_output) -> result."""
+
+T = TypeVar("T")
+FileCall = Callable[[SandboxProvider, str], T]
+"""(provider, instance_id) -> whatever the file operation returns."""
+
+FILE_LANGUAGE = "files"
+"""The ``language`` label and audit value of a file operation (it runs no interpreter)."""
 
 
 @dataclass
@@ -99,9 +108,34 @@ class RunService:
                      memory_mb(result.metadata), result.error_code)
         return result
 
+    def file_op(self, tenant_id: str, session_id: str, operation: str, path: str, token_id: str | None,
+                call: FileCall[T]) -> T:
+        """One workspace file operation on a session's box, counted like a run.
+
+        The same per-tenant execution slot (SB008 beyond ``tenant_max_executions``), the same
+        ``execbox_executions`` metric (language ``files``) and one audit record whose ``code`` is
+        the path (so ``audit_code`` shows which file; the hash is of the path)."""
+        spec = RunSpec(tenant_id, session_id, operation, FILE_LANGUAGE, path, token_id, _no_call)
+        provider_name, instance_id = "", None
+        started = time.monotonic()
+        try:
+            with self.sessions.execution_slot(tenant_id), \
+                    self.sessions.session(tenant_id, session_id) as s:
+                assert s.provider is not None and s.instance_id is not None
+                provider_name, instance_id = s.provider.name, s.instance_id
+                out = call(s.provider, s.instance_id)
+        except Exception as e:  # an SB error, or a protocol error raised by the caller's call
+            code = e.code if isinstance(e, SandboxError) else None
+            self._record(spec, provider_name, instance_id, started, "error", None, None, code)
+            raise
+        self._record(spec, provider_name, instance_id, started, "success", None, None, None)
+        return out
+
     def _record(self, spec: RunSpec, provider: str, instance_id: str | None, started: float, status: str,
                 exit_code: int | None, mem: float | None, error_code: str | None) -> None:
         seconds = time.monotonic() - started
+        if spec.language == FILE_LANGUAGE:
+            self.metrics.file_operations.labels(spec.operation, status).inc()
         self.metrics.observe_execution(provider or "none", spec.language, status, seconds)
         self.oplog.execution(
             tenant_id=spec.tenant_id, session_id=spec.session_id, provider=provider or "none",
@@ -131,6 +165,10 @@ class RunService:
                                "details": {"instance_id": result.metadata.get("instance_id")}})
 
         return work
+
+
+def _no_call(*_: Any) -> ExecutionResult:  # a file operation's spec carries no run
+    raise AssertionError("file operations do not run code")
 
 
 class _Cancelled(Exception):

@@ -46,6 +46,9 @@ class ServiceMetrics:
         self.duration = Histogram(
             "execbox_execution_duration_seconds", "Wall time of executions as seen by the service",
             ["provider", "language"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.file_operations = Counter(
+            "execbox_file_operations", "Workspace file operations by operation and status",
+            ["operation", "status"], registry=self.registry)
         self.errors = Counter("execbox_errors", "Error responses by SB code", ["code"], registry=self.registry)
         self.rate_limited = Counter(
             "execbox_rate_limit_rejections", "Requests rejected by a per-tenant limit", ["limit"],

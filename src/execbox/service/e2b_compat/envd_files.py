@@ -60,8 +60,8 @@ class EnvdFiles:
         rel = to_workspace(request.query_params.get("path") or "")
 
         def read() -> bytes:
-            with self.state.sessions.session(sb.tenant_id, sb.session_id) as s:
-                return s.provider.read_bytes(s.instance_id, rel)
+            return self.state.runs.file_op(sb.tenant_id, sb.session_id, "read_bytes", rel, sb.token_id,
+                                           lambda p, i: p.read_bytes(i, rel))
 
         data = await anyio.to_thread.run_sync(read)
         return Response(data, media_type="application/octet-stream")
@@ -95,13 +95,16 @@ class EnvdFiles:
                 return envd_error(400, f"gzip body is corrupt: {e}")
             files[to_workspace(target)] = data
 
+        def put(prov: Any, instance_id: str) -> None:
+            if len(files) == 1:
+                (p, d), = files.items()
+                prov.write_file(instance_id, p, d, "overwrite")
+            else:
+                prov.write_files(instance_id, dict(files))
+
         def write() -> None:
-            with self.state.sessions.session(sb.tenant_id, sb.session_id) as s:
-                if len(files) == 1:
-                    (p, d), = files.items()
-                    s.provider.write_file(s.instance_id, p, d, "overwrite")
-                else:
-                    s.provider.write_files(s.instance_id, dict(files))
+            op = "write_file" if len(files) == 1 else "write_files"
+            self.state.runs.file_op(sb.tenant_id, sb.session_id, op, ",".join(files), sb.token_id, put)
 
         await anyio.to_thread.run_sync(write)
         return JSONResponse([{"name": posixpath.basename(p), "type": "file", "path": to_e2b(p)} for p in files])

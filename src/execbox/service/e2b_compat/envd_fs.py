@@ -58,12 +58,15 @@ class FilesystemService:
         return self.state.e2b
 
     async def _call(self, sb: E2BSandbox, op: str, *args: Any) -> Any:
+        def call(provider: Any, instance_id: str) -> Any:
+            fn = getattr(provider, op, None)
+            if fn is None:
+                raise ConnectError(Code.UNIMPLEMENTED, f"provider {provider.name!r} has no {op}")
+            return fn(instance_id, *args)
+
         def go() -> Any:
-            with self.state.sessions.session(sb.tenant_id, sb.session_id) as s:
-                fn = getattr(s.provider, op, None)
-                if fn is None:
-                    raise ConnectError(Code.UNIMPLEMENTED, f"provider {s.provider.name!r} has no {op}")
-                return fn(s.instance_id, *args)
+            path = str(args[0]) if args else "."
+            return self.state.runs.file_op(sb.tenant_id, sb.session_id, op, path, sb.token_id, call)
 
         try:
             return await anyio.to_thread.run_sync(go)

@@ -195,16 +195,17 @@ def _respond(request: Request, spec: RunSpec, stream: bool) -> Any:
 def read(body: ReadRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.path, "path")
-    with _sessions(request).session(tenant, body.session_id) as s:
-        return s.provider.read_file(s.instance_id, body.path, body.offset, body.limit).to_dict()  # type: ignore[union-attr, arg-type]
+    page = _runs(request).file_op(tenant, body.session_id, "read_file", body.path, principal.token_id,
+                                  lambda p, i: p.read_file(i, body.path, body.offset, body.limit))
+    return page.to_dict()
 
 
 @router.post("/read_binary", response_model=BinaryOut, summary="Read a file's bytes (artifacts)")
 def read_binary(body: ReadBinaryRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.path, "path")
-    with _sessions(request).session(tenant, body.session_id) as s:
-        data = s.provider.read_bytes(s.instance_id, body.path)  # type: ignore[union-attr, arg-type]
+    data = _runs(request).file_op(tenant, body.session_id, "read_bytes", body.path, principal.token_id,
+                                  lambda p, i: p.read_bytes(i, body.path))
     return {"path": body.path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
             "content_b64": base64.b64encode(data).decode()}
 
@@ -214,8 +215,9 @@ def write(body: WriteRequest, request: Request, principal: Principal = Depends(r
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.path, "path")
     data = _decode(body.content, body.content_b64, "", request.app.state.settings.max_file_bytes)
-    with _sessions(request).session(tenant, body.session_id) as s:
-        return s.provider.write_file(s.instance_id, body.path, data, body.mode).to_dict()  # type: ignore[union-attr, arg-type]
+    info = _runs(request).file_op(tenant, body.session_id, "write_file", body.path, principal.token_id,
+                                  lambda p, i: p.write_file(i, body.path, data, body.mode))
+    return info.to_dict()
 
 
 @router.post("/grep", response_model=GrepOut, summary="Search file contents with a regular expression")
@@ -223,8 +225,8 @@ def grep(body: GrepRequest, request: Request, principal: Principal = Depends(req
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.path, "path")
     check_path(body.glob, "glob")
-    with _sessions(request).session(tenant, body.session_id) as s:
-        found = s.provider.grep(s.instance_id, body.pattern, body.path, body.glob, body.max_results)  # type: ignore[union-attr, arg-type]
+    found = _runs(request).file_op(tenant, body.session_id, "grep", body.path, principal.token_id,
+                                   lambda p, i: p.grep(i, body.pattern, body.path, body.glob, body.max_results))
     return {"matches": [m.to_dict() for m in found]}
 
 
@@ -232,16 +234,17 @@ def grep(body: GrepRequest, request: Request, principal: Principal = Depends(req
 def glob(body: GlobRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.pattern, "pattern")
-    with _sessions(request).session(tenant, body.session_id) as s:
-        return {"paths": s.provider.glob(s.instance_id, body.pattern)}  # type: ignore[union-attr, arg-type]
+    paths = _runs(request).file_op(tenant, body.session_id, "glob", body.pattern, principal.token_id,
+                                   lambda p, i: p.glob(i, body.pattern))
+    return {"paths": paths}
 
 
 @router.post("/list", response_model=FilesOut, summary="List a workspace directory")
 def list_files(body: ListRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.path, "path")
-    with _sessions(request).session(tenant, body.session_id) as s:
-        found = s.provider.list_files(s.instance_id, body.path, body.recursive)  # type: ignore[union-attr, arg-type]
+    found = _runs(request).file_op(tenant, body.session_id, "list_files", body.path, principal.token_id,
+                                   lambda p, i: p.list_files(i, body.path, body.recursive))
     return {"files": [f.to_dict() for f in found]}
 
 
@@ -314,6 +317,6 @@ def copy_files(body: CopyRequest, request: Request, tenant_id: str = _name_path(
             raise InvalidConfigError(f"files[{i}].path {item.path!r} appears twice",
                                      details={"field": f"files.{i}.path"})
         files[item.path] = _decode(item.content, item.content_b64, f"files.{i}.", limit)
-    with _sessions(request).session(tenant, session_id) as s:
-        written = s.provider.write_files(s.instance_id, files)  # type: ignore[union-attr, arg-type]
+    written = _runs(request).file_op(tenant, session_id, "write_files", ",".join(files), principal.token_id,
+                                     lambda p, i: p.write_files(i, files))
     return {"files": [f.to_dict() for f in written]}
