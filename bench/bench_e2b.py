@@ -66,7 +66,7 @@ def lifecycle_rows(n: int, url: str, token: str) -> list[Row]:
     """create -> run_code -> kill, n times with each client; one row per step."""
     from e2b_code_interpreter import Sandbox
 
-    from execbox.client import RemoteSandbox
+    from execbox import RemoteSandbox
 
     times: dict[str, list[float]] = {k: [] for k in ("e2b create", "e2b kill", "own create", "own close")}
     wall = {k: 0.0 for k in times}
@@ -99,7 +99,7 @@ def lifecycle_rows(n: int, url: str, token: str) -> list[Row]:
 def run_code_rows(n: int, url: str, token: str) -> list[Row]:
     from e2b_code_interpreter import Sandbox
 
-    from execbox.client import RemoteSandbox
+    from execbox import RemoteSandbox
 
     sb = Sandbox.create(api_key=token, api_url=url, sandbox_url=url)
     own = RemoteSandbox.create(url, token)

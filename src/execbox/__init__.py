@@ -1,7 +1,10 @@
 """execbox: run untrusted Python, JavaScript and bash in isolated per-tenant workspaces.
 
-Public API (imported lazily so that ``import execbox.agent`` stays stdlib-only and fast):
-``execute_code``, ``Sandbox``, ``get_sandbox``, the models and the SB error classes.
+This package root is the public interface (imported lazily so that ``import execbox.agent``
+stays stdlib-only and fast): ``execute_code``, ``get_sandbox``, the sandboxes ``Sandbox``
+(in-process providers), ``RemoteSandbox`` (an execbox service over HTTP) and their async twins
+``AsyncSandbox`` / ``AsyncRemoteSandbox`` (all four with ``files`` and ``commands`` namespaces and
+``run_code``), the models and the SB error classes. Their internals live in ``execbox.sdk``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "execute_code": "api", "Sandbox": "api", "get_sandbox": "api", "Files": "api",
+    "execute_code": "sdk.local", "Sandbox": "sdk.local", "get_sandbox": "sdk.local", "Files": "sdk.local",
+    "AsyncSandbox": "sdk.local_async", "RemoteSandbox": "sdk.remote", "AsyncRemoteSandbox": "sdk.remote_async",
+    "CommandHandle": "sdk.commands", "AsyncCommandHandle": "sdk.commands",
     "ExecutionResult": "models", "SandboxInstance": "models", "Artifact": "models", "Language": "models",
     "Isolation": "models", "FileInfo": "models", "TextPage": "models", "GrepMatch": "models",
     "SandboxError": "errors", "ProviderNotInitializedError": "errors", "InvalidConfigError": "errors",
@@ -24,10 +29,14 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import Files, Sandbox, execute_code, get_sandbox  # noqa: F401
     from .errors import *  # noqa: F403
     from .models import *  # noqa: F403
     from .providers.base import SandboxProvider  # noqa: F401
+    from .sdk.commands import AsyncCommandHandle, CommandHandle  # noqa: F401
+    from .sdk.local import Files, Sandbox, execute_code, get_sandbox  # noqa: F401
+    from .sdk.local_async import AsyncSandbox  # noqa: F401
+    from .sdk.remote import RemoteSandbox  # noqa: F401
+    from .sdk.remote_async import AsyncRemoteSandbox  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -38,8 +38,8 @@ def executor(
     """Serve RAGFlow's executor API (POST /run, GET /healthz) on the active provider."""
     import uvicorn
 
-    from ..api import get_sandbox
     from ..models import Isolation
+    from ..sdk.local import get_sandbox
     from ..service.routes.executor_compat import ExecutorAuth, create_executor_app, is_loopback
 
     public = not is_loopback(host)

@@ -54,7 +54,7 @@ def run(
     The exit status is the program's (124 on timeout, 2 on an execbox error). The value main()
     returns is printed to stderr as `result: <json>` (stdout stays the program's own).
     """
-    from ..api import execute_code
+    from ..sdk.local import execute_code
     from ..settings import parse_duration
 
     try:
@@ -103,7 +103,7 @@ EXEC_FIELDS = {"code", "language", "timeout", "arguments", "provider", "config",
 
 def handle_exec_request(request: Any) -> dict[str, Any]:
     """The body of ``execbox exec --json``: validate, run once, return the JSON reply."""
-    from ..api import Sandbox
+    from ..sdk.local import Sandbox
     from ..settings import parse_duration
 
     if not isinstance(request, dict):

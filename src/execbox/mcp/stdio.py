@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 from mcp.server.stdio import stdio_server
 
-from ..api import get_sandbox
 from ..providers.base import SandboxProvider
+from ..sdk.local import get_sandbox
 from ..service.config import ServiceSettings
 from ..service.executions import RunService
 from ..service.logs import OperationLog

@@ -8,8 +8,7 @@ import shutil
 
 import pytest
 
-from execbox import execute_code
-from execbox.client import RemoteSandbox
+from execbox import RemoteSandbox, execute_code
 from tests.conftest import require
 
 from .conftest import Service, error_of
@@ -168,7 +167,7 @@ def test_execute_code_by_url(service: Service) -> None:
 def test_async_client(service: Service) -> None:
     import asyncio
 
-    from execbox.client import AsyncRemoteSandbox
+    from execbox import AsyncRemoteSandbox
 
     async def go() -> tuple[str, str, list[str]]:
         async with await AsyncRemoteSandbox.create(service.url, service.tenant_a) as sb:

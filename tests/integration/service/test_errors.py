@@ -164,7 +164,7 @@ def test_no_provider_is_503(service_factory) -> None:
 
 
 def test_connection_refused_client_error() -> None:
-    from execbox.client import RemoteSandbox
+    from execbox import RemoteSandbox
     from execbox.errors import ConnectionFailedError
 
     with pytest.raises(ConnectionFailedError):

@@ -64,7 +64,7 @@ def test_sdk_and_cli_show_and_change_session_state(service_factory) -> None:
     import json
     import subprocess
 
-    from execbox.client import RemoteSandbox
+    from execbox import RemoteSandbox
 
     from .test_serve_cli import EXECBOX
 

@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from execbox.client import iter_events
+from execbox.sdk.wire import iter_events
 
 from .conftest import Service
 

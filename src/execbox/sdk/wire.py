@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from .errors import ConnectionFailedError, SandboxError, error_from_dict
-from .models import ExecutionResult
-from .providers.base import OutputCallback
+from ..errors import ConnectionFailedError, SandboxError, error_from_dict
+from ..models import ExecutionResult
+from ..providers.base import OutputCallback
 
 API_PREFIX = "/v1/sandbox"
 DEFAULT_HTTP_TIMEOUT = 30.0

@@ -15,12 +15,18 @@ the local Sandbox does, although the service answers it with 408/422.
 from __future__ import annotations
 
 import base64
+import threading
 import uuid
 from typing import Any
 
 import httpx
 
-from ._client_wire import (
+from ..errors import ConnectionFailedError, SandboxError
+from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
+from ..providers.base import OutputCallback
+from .commands import Commands, RunFn, StopFn
+from .remote_async import AsyncRemoteSandbox
+from .wire import (
     _SSE,
     API_PREFIX,
     DEFAULT_HTTP_TIMEOUT,
@@ -33,10 +39,6 @@ from ._client_wire import (
     _StreamState,
     iter_events,
 )
-from .client_async import AsyncRemoteSandbox
-from .errors import ConnectionFailedError, SandboxError
-from .models import ExecutionResult, FileInfo, GrepMatch, TextPage
-from .providers.base import OutputCallback
 
 
 class RemoteFiles:
@@ -95,6 +97,7 @@ class RemoteSandbox:
                                                  timeout=DEFAULT_HTTP_TIMEOUT)
         self.closed = False
         self.files = RemoteFiles(self)
+        self.commands = Commands(self)
 
     @classmethod
     def create(cls, url: str, token: str | None = None, *, tenant_id: str | None = None,
@@ -132,7 +135,7 @@ class RemoteSandbox:
 
     # -- execution --------------------------------------------------------------------------
     def _run(self, op: str, body: dict[str, Any], timeout: float | None,
-             on_output: OutputCallback | None) -> ExecutionResult:
+             on_output: OutputCallback | None, cut: threading.Event | None = None) -> ExecutionResult:
         http_timeout = self._req.http_timeout(timeout)
         if on_output is None:
             r = self._send("POST", op, body, http_timeout)
@@ -147,7 +150,9 @@ class RemoteSandbox:
                 if r.status_code >= 400:
                     r.read()
                     return _result_or_raise(_error(r), self._fetcher)
-                for line in r.iter_lines():
+                for line in r.iter_lines():  # the service sends a keepalive every second
+                    if cut is not None and cut.is_set():  # kill(): leaving closes the stream; the
+                        raise ConnectionFailedError("the command was killed")  # service cancels the run
                     item = parser.feed(line)
                     if item is not None:
                         state.handle(*item)
@@ -166,6 +171,16 @@ class RemoteSandbox:
                     env: dict[str, str] | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
         body = self._req.scoped(command=command, timeout=timeout, cwd=cwd, env=env)
         return self._run("bash", body, timeout, on_output)
+
+    def _command_parts(self, command: str, timeout: float | None, cwd: str | None,
+                       env: dict[str, str] | None) -> tuple[RunFn, StopFn]:
+        cut = threading.Event()
+
+        def run(out: OutputCallback) -> ExecutionResult:
+            body = self._req.scoped(command=command, timeout=timeout, cwd=cwd, env=env)
+            return self._run("bash", body, timeout, out, cut)
+
+        return run, cut.set
 
     # -- lifecycle --------------------------------------------------------------------------
     # -- session state (docs/sessions.md) ----------------------------------------------------

@@ -1,4 +1,4 @@
-"""AsyncRemoteSandbox: the asyncio twin of execbox.client.RemoteSandbox (same methods, awaited)."""
+"""AsyncRemoteSandbox: the asyncio twin of execbox.RemoteSandbox (same methods, awaited)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from typing import Any
 
 import httpx
 
-from ._client_wire import (
+from ..errors import ConnectionFailedError, SandboxError, error_from_dict
+from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
+from ..providers.base import OutputCallback
+from .commands import AsyncCommands, AsyncRunFn, AsyncStopFn
+from .wire import (
     _SSE,
     API_PREFIX,
     DEFAULT_HTTP_TIMEOUT,
@@ -21,9 +25,6 @@ from ._client_wire import (
     _result_or_raise,
     _StreamState,
 )
-from .errors import ConnectionFailedError, SandboxError, error_from_dict
-from .models import ExecutionResult, FileInfo, GrepMatch, TextPage
-from .providers.base import OutputCallback
 
 
 class AsyncRemoteFiles:
@@ -81,6 +82,7 @@ class AsyncRemoteSandbox:
                                                       timeout=DEFAULT_HTTP_TIMEOUT)
         self.closed = False
         self.files = AsyncRemoteFiles(self)
+        self.commands = AsyncCommands(self)
 
     @classmethod
     async def create(cls, url: str, token: str | None = None, *, tenant_id: str | None = None,
@@ -149,6 +151,13 @@ class AsyncRemoteSandbox:
                           on_output: OutputCallback | None = None) -> ExecutionResult:
         body = self._req.scoped(command=command, timeout=timeout, cwd=cwd, env=env)
         return await self._run("bash", body, timeout, on_output)
+
+    def _command_parts(self, command: str, timeout: float | None, cwd: str | None,
+                       env: dict[str, str] | None) -> tuple[AsyncRunFn, AsyncStopFn]:
+        async def run(out: OutputCallback) -> ExecutionResult:
+            return await self.run_command(command, timeout=timeout, cwd=cwd, env=env, on_output=out)
+
+        return run, None  # kill() cancels the task: the stream closes and the service cancels the run
 
     async def close(self) -> None:
         if self.closed:

@@ -1,4 +1,4 @@
-"""Public Python entry points: ``get_sandbox``, ``execute_code`` and the ``Sandbox`` session."""
+"""In-process SDK: ``get_sandbox``, ``execute_code`` and the ``Sandbox`` session (exported by ``execbox``)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import InvalidConfigError, ProviderUnavailableError
-from .models import ExecutionResult, FileInfo, GrepMatch, TextPage
-from .providers.base import OutputCallback, SandboxProvider
-from .providers.registry import create_provider, get_provider_class, strongest_available
-from .settings import sandbox_timeout, sandbox_type
+from ..errors import InvalidConfigError, ProviderUnavailableError
+from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
+from ..providers.base import OutputCallback, SandboxProvider
+from ..providers.registry import create_provider, get_provider_class, strongest_available
+from ..settings import sandbox_timeout, sandbox_type
+from .commands import Commands, RunFn, StopFn
 
 _default: dict[tuple[str, str], SandboxProvider] = {}
 _default_lock = threading.Lock()
@@ -79,7 +80,7 @@ def execute_code(code: str, language: str = "python", timeout: float | None = 30
     Artifacts come back with their bytes attached (the instance is gone afterwards).
     """
     if url is not None:
-        from .client import RemoteSandbox  # the HTTP client lives with the service
+        from .remote import RemoteSandbox  # the HTTP client lives with the service
 
         return RemoteSandbox.execute_once(url, token, code, language, timeout, arguments, tenant_id=tenant_id)
     prov, owned = _resolve_provider(provider, config)
@@ -135,6 +136,9 @@ class Sandbox:
     ...     sb.files.write("data.txt", "hello")
     ...     sb.run_code("print(open('data.txt').read())").stdout
     'hello\\n'
+
+    ``sb.commands.run(cmd)`` runs a shell command; ``background=True`` returns a CommandHandle
+    (``stdout``/``stderr`` so far, ``wait()``, ``kill()``, ``exit_code``).
     """
 
     def __init__(self, provider: SandboxProvider, instance_id: str, owns_provider: bool = False,
@@ -145,6 +149,7 @@ class Sandbox:
         self._owns_provider = owns_provider
         self.closed = False
         self.files = Files(self)
+        self.commands = Commands(self)
 
     @classmethod
     def create(cls, provider: str | SandboxProvider | None = None, *, config: Mapping[str, Any] | None = None,
@@ -181,6 +186,16 @@ class Sandbox:
         return self.provider.run_command(self.instance_id, command,
                                          timeout if timeout is not None else _default_timeout(self.provider),
                                          cwd=cwd, env=env, on_output=on_output)
+
+    def _command_parts(self, command: str, timeout: float | None, cwd: str | None,
+                       env: dict[str, str] | None) -> tuple[RunFn, StopFn]:
+        def run(out: OutputCallback) -> ExecutionResult:
+            return self.run_command(command, timeout=timeout, cwd=cwd, env=env, on_output=out)
+
+        def stop() -> None:  # the agent kills the run's process tree
+            self.provider.cancel(self.instance_id)
+
+        return run, stop
 
     def close(self) -> None:
         if self.closed:
