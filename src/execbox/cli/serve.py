@@ -28,6 +28,7 @@ def serve(
 
     from ..service.app import create_app
     from ..service.config import ServiceSettings
+    from ..service.container import state_services
     from ..service.logs import configure_json_logging
     from ..service.routes.executor_compat import ExecutorAuth, is_loopback
     from ..service.store import open_store
@@ -45,8 +46,9 @@ def serve(
             typer.echo("No API tokens existed: created an admin token (shown once, store it now):", err=True)
             typer.echo(f"  {plaintext}", err=True)
             typer.echo(f"  id {rec.id}, tenant 'default'; more with `execbox token create --tenant T`", err=True)
-        app = create_app(store=store, settings=settings)
-        provider = app.state.providers.current()
+        app = create_app(store=store, settings=settings,
+                         executor_auth=ExecutorAuth.for_bind(host) if open_run else None)
+        provider = state_services(app).providers.current()
     except SandboxError as e:
         fail(e)
     if provider.isolation.value == "none" and not is_loopback(host) and not allow_no_isolation:
@@ -54,8 +56,6 @@ def serve(
             f"provider {provider.name!r} has no isolation; refusing to serve it on {host}. Bind 127.0.0.1, "
             "configure an isolating provider (SANDBOX_TYPE=jail), or pass --allow-no-isolation",
             details={"provider": provider.name, "host": host}))
-    if open_run:
-        app.state.executor_auth = ExecutorAuth.for_bind(host)
     configure_json_logging()
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(f"execbox {app.version}: provider {provider.name} (isolation {provider.isolation.value}), "

@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import SandboxError
 from ..service.auth import AuthError, authenticate
+from ..service.container import Services
 from ..settings import parse_duration
 from .core import DEFAULT_MAX_TIMEOUT, Caller, ServiceCore
 from .server import build_server
@@ -35,23 +36,24 @@ def max_timeout_from_env() -> float:
 class McpHttpApp:
     """ASGI app: bearer auth, then the MCP SDK's streamable HTTP session manager."""
 
-    def __init__(self, app_state: Any) -> None:
-        self.state = app_state
+    def __init__(self, services: Services) -> None:
+        self.services = services
         self._core: ServiceCore | None = None
         self.server = build_server(self._resolve)
         self.manager = StreamableHTTPSessionManager(app=self.server, json_response=False,
-                                                    session_idle_timeout=app_state.settings.idle_timeout)
-
-    def lifespan(self) -> AbstractAsyncContextManager[None]:
-        return self.manager.run()
+                                                    session_idle_timeout=services.settings.idle_timeout)
 
     @property
     def core(self) -> ServiceCore:
+        """Built on first use (EXECBOX_MCP_MAX_TIMEOUT is read then)."""
         if self._core is None:
-            s = self.state.settings
-            self._core = ServiceCore(self.state.sessions, self.state.runs, s.default_timeout,
+            s = self.services.settings
+            self._core = ServiceCore(self.services.sessions, self.services.runs, s.default_timeout,
                                      max_timeout_from_env(), s.max_code_bytes)
         return self._core
+
+    def lifespan(self) -> AbstractAsyncContextManager[None]:
+        return self.manager.run()
 
     def _resolve(self, ctx: Any) -> tuple[ServiceCore, Caller, str]:
         request = getattr(ctx, "request", None)
@@ -66,7 +68,7 @@ class McpHttpApp:
         if scope["type"] != "http":
             return
         try:
-            principal = authenticate(Request(scope))
+            principal = authenticate(Request(scope), self.services.store)
         except SandboxError as e:
             await _json(send, e.http_status, e.to_dict(),
                         [(b"www-authenticate", b'Bearer realm="execbox"')] if e.http_status == 401 else [])

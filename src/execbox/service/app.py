@@ -1,13 +1,15 @@
-"""create_app(): the one FastAPI application behind `execbox serve`.
+"""create_app(): the one FastAPI application behind `execbox serve`, composed explicitly.
 
-Tests pass their own ``store``, ``providers`` (anything with current() and candidates()) and
-``settings``; production gets the store from EXECBOX_DATA_DIR / EXECBOX_DATABASE_URL and the
-active provider from ProviderManager (hot-reloaded from the settings store).
+The factory builds every collaborator (store, provider manager, session manager, metrics, audit,
+run service, egress, executor API dependencies) into one ``Services`` container
+(service/container.py) that routes read through the ``services`` dependency, then mounts the
+routers it imports directly. Tests pass their own ``store``, ``providers`` (anything with
+current() and candidates()) and ``settings``; production gets the store from EXECBOX_DATA_DIR /
+EXECBOX_DATABASE_URL and the active provider from ProviderManager (hot-reloaded from the store).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -20,13 +22,21 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
 from .. import __version__
+from ..web import tokens_api
 from .config import ServiceSettings
+from .container import Services
+from .e2b_compat import install as install_e2b
 from .egress_service import install as install_egress
 from .errors import BodyLimit, install_error_handlers
 from .executions import RunService
+from .forwarding import ForwardToOwner
 from .logs import AuditWriter, OperationLog
 from .metrics import ServiceMetrics
+from .provider_manager import ProviderManager
+from .routes import admin, executor_compat, health, sandbox
+from .routes.executor_compat import ExecutorAuth, ExecutorDeps
 from .sessions import ProviderSource, SessionManager
+from .store.sandbox_settings import SandboxSettings
 
 log = logging.getLogger("execbox.service")
 
@@ -36,30 +46,20 @@ WORKER_THREADS = 128
 WEB_STATIC = Path(__file__).resolve().parent.parent / "web" / "static"
 
 
-def _optional_router(module: str) -> Any | None:
-    """A router built by another part of the service, or None while that module does not exist yet."""
-    try:
-        return importlib.import_module(module).router
-    except ModuleNotFoundError as e:
-        if e.name == module:
-            log.warning("%s is not installed; its routes are not served", module)
-            return None
-        raise
-
-
-def _default_providers(store: Any) -> ProviderSource:
-    from .provider_manager import ProviderManager
-
-    return ProviderManager(store)
-
-
-def _mcp_app(app: FastAPI) -> Any | None:
+def _mcp_app(svc: Services) -> Any | None:
     try:
         from ..mcp.http import McpHttpApp
-    except ImportError as e:  # the optional `mcp` SDK is not installed
+    except ImportError as e:  # the optional `mcp` extra (the MCP SDK) is not installed
         log.warning("MCP endpoint disabled: %s", e)
         return None
-    return McpHttpApp(app.state)
+    return McpHttpApp(svc)
+
+
+def _sandbox_settings(store: Any, providers: ProviderSource) -> SandboxSettings:
+    """The ProviderManager's settings (one key ring) when it is the provider source, else the store's."""
+    if isinstance(providers, ProviderManager):
+        return providers.settings
+    return SandboxSettings(store)
 
 
 def _pool_statuses(providers: ProviderSource) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -88,7 +88,8 @@ def _sandbox_ids(prefix: str):  # noqa: ANN202
 
 
 def create_app(store: Any | None = None, providers: ProviderSource | None = None,
-               settings: ServiceSettings | None = None) -> FastAPI:
+               settings: ServiceSettings | None = None, executor_auth: ExecutorAuth | None = None) -> FastAPI:
+    """``executor_auth``: how RAGFlow's /run authenticates (default: the service's tokens)."""
     settings = settings or ServiceSettings.from_env()
     if store is None:
         from .store import open_store
@@ -96,16 +97,20 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
         store = open_store()
     owns_providers = providers is None
     if providers is None:
-        providers = _default_providers(store)
+        providers = ProviderManager(store)
     workspaces = settings.resolve_workspaces_dir(settings.data_dir or str(store.data_dir))
 
     metrics = ServiceMetrics()
-    sessions = SessionManager(providers, settings, workspaces, metrics,
-                              registry=getattr(store, "sessions", None))
+    sessions = SessionManager(providers, settings, workspaces, metrics, registry=store.sessions)
     metrics.bind_live(sessions.count, lambda: _pool_statuses(providers))
     audit = AuditWriter(store)
     runs = RunService(sessions, metrics, OperationLog(audit, settings.audit_code))
-    mcp_app: Any = None
+    svc = Services(settings=settings, store=store, providers=providers,
+                   sandbox_settings=_sandbox_settings(store, providers), metrics=metrics, sessions=sessions,
+                   audit=audit, runs=runs,
+                   executor=ExecutorDeps(providers, executor_auth or ExecutorAuth(), runs, store,
+                                         settings.max_code_bytes))
+    mcp_app = _mcp_app(svc)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -120,48 +125,32 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
         finally:
             await anyio.to_thread.run_sync(sessions.shutdown)
             audit.close()
-            egress_svc.close()
+            if svc.egress is not None:
+                svc.egress.close()
             if owns_providers and hasattr(providers, "shutdown"):
                 await anyio.to_thread.run_sync(providers.shutdown)
 
     app = FastAPI(title="execbox", version=__version__, lifespan=lifespan,
                   description="Multi-tenant code sandbox: run untrusted Python, JavaScript and bash in "
                               "isolated per-session workspaces. Errors: {\"error\": {code, message, details}}.")
-    app.state.store = store
-    app.state.providers = providers
-    app.state.sessions = sessions
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.audit = audit
-    app.state.runs = runs
+    app.state.services = svc  # routes read it via container.services
+    app.state.executor = svc.executor  # what the RAGFlow /run routes read (also in the standalone app)
     install_error_handlers(app)
-    egress_svc = install_egress(app, store, metrics)  # issue 14: egress audit, tenant caps, routes
-    from .forwarding import ForwardToOwner
-
+    install_egress(app, svc)  # issue 14: egress audit, tenant caps, routes
     app.add_middleware(ForwardToOwner, replica=sessions.replica)  # inside BodyLimit: bodies are bounded
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
-
-    from .routes import health, sandbox
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, metrics=metrics)
 
     app.include_router(health.router)  # first: its /healthz wins over the executor's
     app.include_router(sandbox.router, prefix="/v1/sandbox", tags=["sandbox"],
                        generate_unique_id_function=_sandbox_ids("v1_"))
     app.include_router(sandbox.router, tags=["sandbox (direct)"], generate_unique_id_function=_sandbox_ids(""))
-    admin = _optional_router("execbox.service.routes.admin")
-    if admin is not None:
-        app.include_router(admin)
-    compat = _optional_router("execbox.service.routes.executor_compat")
-    if compat is not None:  # /run; its own /healthz is for the standalone executor app (ours answers here)
-        app.include_router(_without(compat, {"/healthz"}))
-    tokens = _optional_router("execbox.web.tokens_api")  # the console's Tokens page
-    if tokens is not None:
-        app.include_router(tokens)
-    mcp_app = _mcp_app(app)
+    app.include_router(admin.router)
+    # /run; its own /healthz is for the standalone executor app (ours answers here)
+    app.include_router(_without(executor_compat.router, {"/healthz"}))
+    app.include_router(tokens_api.router)  # the console's Tokens page
     if mcp_app is not None:  # streamable HTTP MCP endpoint (execbox.mcp), bearer-token authenticated
         app.add_route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"], include_in_schema=False)
-    from .e2b_compat import install as install_e2b
-
-    install_e2b(app)  # E2B-compatible control plane + sandbox URL (docs/e2b-compat.md)
+    install_e2b(app, svc)  # E2B-compatible control plane + sandbox URL (docs/e2b-compat.md)
     if WEB_STATIC.is_dir():
         app.mount("/admin", StaticFiles(directory=WEB_STATIC, html=True), name="admin-console")
     return app

@@ -8,10 +8,12 @@ route); the token itself never appears in an error or a log.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from ..errors import InvalidConfigError
+from .container import Services, services
 
 
 class AuthError(InvalidConfigError):
@@ -45,13 +47,13 @@ def bearer_token(request: Request) -> str | None:
     return value.strip()
 
 
-def authenticate(request: Request) -> Principal:
+def authenticate(request: Request, store: Any) -> Principal:
+    """The caller of ``request`` by its bearer token, checked against ``store.tokens``."""
     token = bearer_token(request)
     if token is None:
         raise AuthError("missing bearer token: send 'Authorization: Bearer <token>' "
                         "(create one with `execbox token create`)",
                         details={"header": "Authorization"})
-    store = getattr(request.app.state, "store", None)
     if store is None:
         raise AuthError("authentication is not configured on this server (no settings store)")
     record = store.tokens.verify(token)
@@ -60,16 +62,16 @@ def authenticate(request: Request) -> Principal:
     return Principal(token_id=record.id, tenant_id=record.tenant_id, role=record.role)
 
 
-def require_token(request: Request) -> Principal:
+def require_token(request: Request, svc: Services = Depends(services)) -> Principal:
     """FastAPI dependency: any valid token."""
-    principal = authenticate(request)
+    principal = authenticate(request, svc.store)
     request.state.principal = principal
     return principal
 
 
-def require_admin(request: Request) -> Principal:
+def require_admin(request: Request, svc: Services = Depends(services)) -> Principal:
     """FastAPI dependency: an admin token (tenant tokens get 403)."""
-    principal = require_token(request)
+    principal = require_token(request, svc)
     if not principal.is_admin:
         raise ForbiddenError("this endpoint needs an admin token",
                              details={"role": principal.role, "required_role": "admin"})

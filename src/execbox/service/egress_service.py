@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import sessionmaker
 
 from ..egress import audit
 from . import egress_hook
 from .store.egress_store import EgressAuditRepo, EgressAuditWriter, TenantCaps
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .container import Services
 
 
 @dataclass
@@ -23,13 +26,15 @@ class EgressService:
         self.writer.close()
 
 
-def install(app: Any, store: Any, metrics: Any) -> EgressService:
+def install(app: Any, services: Services) -> EgressService:
+    """Build the egress service into ``services.egress`` and mount its routes."""
+    store = services.store
     repo = EgressAuditRepo(sessionmaker(store.engine, expire_on_commit=False))
     svc = EgressService(repo, EgressAuditWriter(repo), TenantCaps(store.settings))
     audit.add_sink(svc.writer)
     egress_hook.caps_lookup = svc.caps.get
-    metrics.registry.register(audit.EgressCollector())
-    app.state.egress = svc
+    services.metrics.registry.register(audit.EgressCollector())
+    services.egress = svc
     from .routes import egress
 
     app.include_router(egress.router)

@@ -17,6 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import PayloadTooLargeError, SandboxError
+from .container import services
+from .metrics import ServiceMetrics
 
 log = logging.getLogger("execbox.service.errors")
 
@@ -28,9 +30,7 @@ def error_response(code: str, message: str, status: int, details: dict[str, Any]
 
 
 def _count(request: Request, code: str) -> None:
-    metrics = getattr(request.app.state, "metrics", None)
-    if metrics is not None:
-        metrics.errors.labels(code).inc()
+    services(request).metrics.errors.labels(code).inc()
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -93,9 +93,10 @@ def install_error_handlers(app: FastAPI) -> None:
 class BodyLimit:
     """ASGI middleware: refuse bodies over ``max_bytes`` with 413 (declared length or counted stream)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: ServiceMetrics) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.metrics = metrics
 
     def _too_large(self) -> PayloadTooLargeError:
         return PayloadTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes",
@@ -130,8 +131,5 @@ class BodyLimit:
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         err = self._too_large()
         response = JSONResponse(err.to_dict(), status_code=413, headers={"Connection": "close"})
-        app = scope.get("app")
-        metrics = getattr(getattr(app, "state", None), "metrics", None)
-        if metrics is not None:
-            metrics.errors.labels(err.code).inc()
+        self.metrics.errors.labels(err.code).inc()
         await response(scope, receive, send)

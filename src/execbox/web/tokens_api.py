@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidConfigError
 from ..service.auth import Principal, require_admin
+from ..service.container import services
 
 router = APIRouter(prefix="/api/admin/tokens", tags=["admin tokens"])
 
@@ -39,14 +40,14 @@ class TokenCreate(BaseModel):
 def list_tokens(request: Request, include_revoked: bool = Query(default=False),
                 principal: Principal = Depends(require_admin)) -> dict[str, Any]:
     """Tokens, never whole: ``token`` is prefix...last4; ``current`` marks the caller's own."""
-    records = request.app.state.store.tokens.list(include_revoked=include_revoked)
+    records = services(request).store.tokens.list(include_revoked=include_revoked)
     return {"tokens": [{**r.to_dict(), "current": r.id == principal.token_id} for r in records]}
 
 
 @router.post("", status_code=201)
 def create_token(body: TokenCreate, request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
     """Create a token; ``secret`` holds its plaintext, in this response only."""
-    rec, plaintext = request.app.state.store.tokens.create(body.tenant_id, body.role, body.name)
+    rec, plaintext = services(request).store.tokens.create(body.tenant_id, body.role, body.name)
     return {"token": {**rec.to_dict(), "current": False}, "secret": plaintext,
             "message": "Store this token now: it is not shown again"}
 
@@ -58,7 +59,7 @@ def revoke_token(request: Request, token_id: str = Path(pattern=r"^tok_[0-9a-f]{
     if token_id == principal.token_id:
         raise OwnTokenError("this is the token you are signed in with; revoke it from another admin token",
                             details={"field": "token_id"})
-    store = request.app.state.store
+    store = services(request).store
     if not store.tokens.revoke(token_id):
         raise UnknownTokenError(f"no active token with id {token_id!r}", details={"field": "token_id"})
     rec = store.tokens.get(token_id)

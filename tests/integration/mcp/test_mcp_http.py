@@ -194,7 +194,7 @@ def test_tenant_a_cannot_reach_tenant_b_session(service) -> None:
     assert sid not in {s["session_id"] for s in out["list"].structured_content["sessions"]}
     assert out["close"].is_error
     assert not any("b-private" in r.uri for r in out["resources"])
-    assert service.app.state.sessions.get("tenant-b", sid) is not None  # B's session untouched
+    assert service.app.state.services.sessions.get("tenant-b", sid) is not None  # B's session untouched
 
 
 def test_handshake_client_session_maps_to_one_execbox_session_closed_on_end(service) -> None:
@@ -207,4 +207,4 @@ def test_handshake_client_session_maps_to_one_execbox_session_closed_on_end(serv
             return r1.structured_content["session_id"]
 
     sid = run_async(go)
-    assert service.app.state.sessions.get("tenant-a", sid) is None  # closed when the MCP session ended
+    assert service.app.state.services.sessions.get("tenant-a", sid) is None  # closed when the MCP session ended

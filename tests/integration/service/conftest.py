@@ -72,7 +72,7 @@ class Service:
 
     def jail_instances(self, *instance_ids: str) -> list[str]:
         """Which of these instances the provider still holds (a one-shot's must be gone)."""
-        provider = self.app.state.providers.current()
+        provider = self.app.state.services.providers.current()
         live = {i.instance_id for i in provider.list_instances()}
         return [i for i in instance_ids if i in live]
 

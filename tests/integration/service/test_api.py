@@ -34,13 +34,13 @@ def test_bare_paths_serve_the_same_api(service: Service) -> None:
 
 def test_one_shot_execute_gets_a_fresh_box_each_time(service: Service) -> None:
     c = service.a
-    sessions_before = service.app.state.sessions.count()
+    sessions_before = service.app.state.services.sessions.count()
     first = c.post("/v1/sandbox/execute", json={"code": "open('x','w').write('1'); print('ok')"}).json()
     second = c.post("/v1/sandbox/execute",
                     json={"code": "import os; print(os.path.exists('x'))"}).json()
     assert first["stdout"] == "ok\n" and second["stdout"] == "False\n"
     assert first["session_id"] is None and first["metadata"]["instance_id"] != second["metadata"]["instance_id"]
-    assert service.app.state.sessions.count() == sessions_before  # one-shots hold no session
+    assert service.app.state.services.sessions.count() == sessions_before  # one-shots hold no session
     assert not service.jail_instances(first["metadata"]["instance_id"], second["metadata"]["instance_id"])
 
 
@@ -194,7 +194,7 @@ def test_openapi_lists_both_mounts(service: Service, prefix: str) -> None:
 
 
 def test_remote_close_destroys_with_admin_token_and_leaves_reaping_to_tenants(service: Service) -> None:
-    sessions = service.app.state.sessions
+    sessions = service.app.state.services.sessions
     with RemoteSandbox.create(service.url, service.admin, tenant_id="tenant-b", session_id="closing") as sb:
         sb.run_code("1")
         assert sessions.get("tenant-b", "closing") is not None

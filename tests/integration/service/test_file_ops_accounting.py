@@ -28,7 +28,7 @@ def test_a_file_write_shows_in_metrics_and_the_audit_log(service_factory) -> Non
     assert m[(fo, (("operation", "read_file"), ("status", "error")))] == 1
     ex = (("language", "files"), ("provider", "jail"), ("status", "success"))
     assert m[("execbox_executions_total", ex)] == 2
-    svc.app.state.audit.flush()
+    svc.app.state.services.audit.flush()
     rows = svc.store.audit.list(tenant_id="tenant-a")
     assert [(r["operation"], r["status"], r["code"], r["error_code"]) for r in rows] == [
         ("read_file", "error", "missing.txt", "SB002"),
@@ -45,7 +45,7 @@ def test_a_file_write_over_the_tenant_quota_is_refused_and_nothing_is_written(se
     held, release = threading.Event(), threading.Event()
 
     def busy() -> None:  # the tenant's one execution slot is taken (a run in progress)
-        with svc.app.state.sessions.execution_slot("tenant-a"):
+        with svc.app.state.services.sessions.execution_slot("tenant-a"):
             held.set()
             release.wait(30)
 

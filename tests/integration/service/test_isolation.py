@@ -53,12 +53,12 @@ def test_tenant_cannot_list_or_destroy_sessions(service: Service, b_secret: str)
     assert r.status_code == 403
     r = service.a.delete("/v1/sandbox/sessions/tenant-a/vault")  # even its own: admin only
     assert r.status_code == 403
-    assert service.app.state.sessions.get("tenant-b", "vault") is not None
+    assert service.app.state.services.sessions.get("tenant-b", "vault") is not None
 
 
 def test_code_in_a_box_cannot_reach_other_workspaces(service: Service, b_secret: str) -> None:
     """From inside tenant A's box, search the whole visible filesystem for B's secret."""
-    host_ws = service.app.state.sessions.get("tenant-b", "vault").workspace
+    host_ws = service.app.state.services.sessions.get("tenant-b", "vault").workspace
     code = f"""
 import os
 hits = []

@@ -46,14 +46,14 @@ def test_readyz_is_503_when_the_store_is_unreachable(service_factory) -> None:
     from execbox.service.store import Store
 
     svc: Service = service_factory()
-    good = svc.app.state.store
+    good = svc.app.state.services.store
     # a store whose database does not answer (nothing listens on port 1)
-    svc.app.state.store = Store(create_engine("postgresql+psycopg://x@127.0.0.1:1/x"), good.data_dir)
+    svc.app.state.services.store = Store(create_engine("postgresql+psycopg://x@127.0.0.1:1/x"), good.data_dir)
     try:
         r = svc.client().get("/readyz")
         assert r.status_code == 503 and "store" in r.json()["error"]["details"]["reasons"]
     finally:
-        svc.app.state.store = good
+        svc.app.state.services.store = good
 
 
 def test_metrics_count_executions_durations_sessions_and_errors(service_factory) -> None:
@@ -93,7 +93,7 @@ def test_execution_log_has_the_ragflow_fields_and_never_the_code(service: Servic
 def test_audit_table_records_facts_and_code_only_when_enabled(service_factory) -> None:
     plain: Service = service_factory()
     plain.a.post("/v1/sandbox/bash", json={"command": "echo AUDIT-ME", "session_id": "au"})
-    plain.app.state.audit.flush()
+    plain.app.state.services.audit.flush()
     [row] = plain.store.audit.list(tenant_id="tenant-a")
     assert row["operation"] == "run_command" and row["language"] == "bash" and row["status"] == "success"
     assert row["provider"] == "jail" and row["exit_code"] == 0 and row["code"] is None
@@ -103,7 +103,7 @@ def test_audit_table_records_facts_and_code_only_when_enabled(service_factory) -
     full: Service = service_factory(audit_code=True)
     for i in range(3):  # written in batches: every record lands, in order
         full.a.post("/v1/sandbox/bash", json={"command": f"echo AUDIT-ME-{i}", "session_id": "au"})
-    full.app.state.audit.flush()
+    full.app.state.services.audit.flush()
     rows = full.store.audit.list(tenant_id="tenant-a")
     assert [r["code"] for r in rows] == ["echo AUDIT-ME-2", "echo AUDIT-ME-1", "echo AUDIT-ME-0"]
     assert rows[0]["created_at"] > rows[2]["created_at"]

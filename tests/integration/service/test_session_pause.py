@@ -22,7 +22,7 @@ def test_pause_stops_the_box_keeps_files_and_resume_brings_the_same_session_back
     svc: Service = service_factory()
     c = svc.a
     assert c.post("/v1/sandbox/write", json={"session_id": "p", "path": "f", "content": "paused"}).status_code == 200
-    s = svc.app.state.sessions.get("tenant-a", "p")
+    s = svc.app.state.services.sessions.get("tenant-a", "p")
     instance = s.instance_id
     r = c.post("/v1/sandbox/sessions/tenant-a/p/pause")
     assert r.status_code == 200, r.text
@@ -57,7 +57,7 @@ def test_expired_paused_sessions_are_deleted_and_idle_ones_paused(service_factor
     assert os.path.isdir(ws)
     assert _wait(lambda: svc.store.sessions.get("tenant-a", "idle") is None, 8)  # retention ran out
     assert _wait(lambda: not os.path.exists(ws), 5)
-    assert svc.app.state.sessions.get("tenant-a", "idle") is None
+    assert svc.app.state.services.sessions.get("tenant-a", "idle") is None
 
 
 def test_sdk_and_cli_show_and_change_session_state(service_factory) -> None:
@@ -97,11 +97,11 @@ def test_sdk_and_cli_show_and_change_session_state(service_factory) -> None:
 def test_a_draining_replica_refuses_new_work_with_sb009(service_factory) -> None:
     svc: Service = service_factory()
     assert svc.a.post("/v1/sandbox/execute", json={"session_id": "dr", "code": "print(1)"}).status_code == 200
-    svc.app.state.sessions._draining = True  # what shutdown() sets first on SIGTERM
+    svc.app.state.services.sessions._draining = True  # what shutdown() sets first on SIGTERM
     try:
         for body in ({"session_id": "dr", "code": "print(1)"}, {"code": "print(1)"}):
             r = svc.a.post("/v1/sandbox/execute", json=body)
             assert r.status_code == 503 and error_of(r)["code"] == "SB009"
             assert error_of(r)["details"]["reason"] == "draining"
     finally:
-        svc.app.state.sessions._draining = False
+        svc.app.state.services.sessions._draining = False

@@ -25,13 +25,14 @@ def test_idle_sessions_are_reaped_with_their_box_and_workspace(service_factory) 
     busy = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/execute", json={
         "code": "import time; time.sleep(2.5)", "session_id": "busy"}))
     busy.start()
-    s = svc.app.state.sessions.get("tenant-a", "idle")
+    s = svc.app.state.services.sessions.get("tenant-a", "idle")
     provider, instance_id, workspace = s.provider, s.instance_id, s.workspace
     assert os.path.isdir(workspace) and provider.instance_alive(instance_id)
-    assert _wait(lambda: svc.app.state.sessions.get("tenant-a", "idle") is None, 5), svc.app.state.sessions.list()
+    sessions = svc.app.state.services.sessions
+    assert _wait(lambda: sessions.get("tenant-a", "idle") is None, 5), sessions.list()
     assert _wait(lambda: not os.path.exists(workspace), 5)
     assert not provider.instance_alive(instance_id)
-    assert svc.app.state.sessions.get("tenant-a", "busy") is not None  # running: never reaped mid-run
+    assert svc.app.state.services.sessions.get("tenant-a", "busy") is not None  # running: never reaped mid-run
     busy.join()
     metrics = svc.client().get("/metrics").text
     assert "execbox_sessions_reaped_total 1.0" in metrics or "execbox_sessions_reaped_total 2.0" in metrics
@@ -71,7 +72,7 @@ def test_concurrent_executions_per_tenant_are_rate_limited(service_factory) -> N
     t = threading.Thread(target=slow)
     t.start()
     started.wait()
-    assert _wait(lambda: svc.app.state.sessions._running.get("tenant-a") == 1, 5)
+    assert _wait(lambda: svc.app.state.services.sessions._running.get("tenant-a") == 1, 5)
     r = svc.a.post("/v1/sandbox/execute", json={"code": "print(1)"})
     assert r.status_code == 429
     err = error_of(r)
@@ -100,7 +101,7 @@ def test_executions_in_one_session_are_serialized(service: Service) -> None:
 def test_dead_box_is_reported_once_then_recreated_with_its_workspace(service: Service) -> None:
     c = service.a
     c.post("/v1/sandbox/write", json={"session_id": "phoenix", "path": "keep.txt", "content": "survives"})
-    s = service.app.state.sessions.get("tenant-a", "phoenix")
+    s = service.app.state.services.sessions.get("tenant-a", "phoenix")
     first_instance = s.instance_id
     s.provider._instances[first_instance].box.kill()  # the box dies between requests (OOM killer, crash)
     r = c.post("/v1/sandbox/execute", json={"code": "print(1)", "session_id": "phoenix"})
@@ -110,13 +111,13 @@ def test_dead_box_is_reported_once_then_recreated_with_its_workspace(service: Se
     r = c.post("/v1/sandbox/execute", json={"code": "print(open('keep.txt').read())", "session_id": "phoenix"})
     assert r.status_code == 200 and r.json()["stdout"] == "survives\n"
     assert r.json()["metadata"]["instance_id"] != first_instance
-    assert service.app.state.sessions.get("tenant-a", "phoenix").boxes_started == 2
+    assert service.app.state.services.sessions.get("tenant-a", "phoenix").boxes_started == 2
 
 
 def test_box_dying_mid_run_is_sb009_once(service: Service) -> None:
     c = service.a
     c.post("/v1/sandbox/write", json={"session_id": "crash", "path": "keep.txt", "content": "still here"})
-    s = service.app.state.sessions.get("tenant-a", "crash")
+    s = service.app.state.services.sessions.get("tenant-a", "crash")
     box = s.provider._instances[s.instance_id].box
     threading.Timer(0.5, box.kill).start()
     r = c.post("/v1/sandbox/execute", json={"code": "import time; time.sleep(20)", "session_id": "crash"})
@@ -137,7 +138,7 @@ def test_shutdown_stops_every_box_and_keeps_sessions_for_the_next_start(jail_pro
         t.start()
     for t in threads:
         t.join()
-    assert svc.app.state.sessions.count() == 3
+    assert svc.app.state.services.sessions.count() == 3
     svc.stop()
     assert {i.instance_id for i in jail_provider.list_instances()} - before == set()  # no box left
     # the sessions survive in the registry with their workspaces (one-shots leave nothing)
@@ -152,10 +153,10 @@ def test_requests_queued_on_a_busy_session_are_bounded_per_tenant(service_factor
     slow = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/execute", json={
         "code": "import time; time.sleep(1.5)", "session_id": "q"}))
     slow.start()
-    assert _wait(lambda: svc.app.state.sessions._inflight.get("tenant-a") == 1, 5)
+    assert _wait(lambda: svc.app.state.services.sessions._inflight.get("tenant-a") == 1, 5)
     queued = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"}))
     queued.start()
-    assert _wait(lambda: svc.app.state.sessions._inflight.get("tenant-a") == 2, 5)
+    assert _wait(lambda: svc.app.state.services.sessions._inflight.get("tenant-a") == 2, 5)
     r = svc.a.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"})
     assert r.status_code == 429 and error_of(r)["details"]["reason"] == "tenant_max_requests"
     assert svc.b.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"}).status_code == 404  # B unaffected

@@ -63,7 +63,7 @@ def test_sb_errors_before_the_run_are_error_events_or_statuses(service: Service)
     r = service.a.post("/v1/sandbox/execute", json={"code": "1", "language": "cobol", "stream": True})
     assert r.status_code == 400  # validated before the stream starts: a real status
     service.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "sse-dead"})
-    s = service.app.state.sessions.get("tenant-a", "sse-dead")
+    s = service.app.state.services.sessions.get("tenant-a", "sse-dead")
     s.provider._instances[s.instance_id].box.kill()
     events = _events(service.a, "/v1/sandbox/execute", {"code": "1", "stream": True, "session_id": "sse-dead"})
     assert [e for e, _ in events] == ["error"] and events[0][1]["code"] == "SB009"

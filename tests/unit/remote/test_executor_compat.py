@@ -143,7 +143,7 @@ class Broken:
 
 def test_provider_unavailable_is_503_with_run_shape(local):
     app = create_executor_app(local, owns_provider=False)
-    app.state.providers = Broken()
+    app.state.executor.providers = Broken()
     c = TestClient(app)
     r = c.post("/run", json={"code_b64": b64("print(1)")})
     assert r.status_code == 503
@@ -177,7 +177,7 @@ def test_inside_execbox_serve_run_needs_a_store_token(local, tmp_path):
         assert r.status_code == 200 and r.json()["result"]["value"] == "served"
         assert c.get("/healthz").json()["status"] == "ok"
         # it went through the service's execution path: counted like any other execution
-        sample = app.state.metrics.registry.get_sample_value(
+        sample = app.state.services.metrics.registry.get_sample_value(
             "execbox_executions_total", {"provider": "local", "language": "python", "status": "success"})
         assert sample == 1.0
         art = c.post("/run", headers={"Authorization": f"Bearer {token}"}, json={

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
@@ -9,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from execbox.errors import SandboxError
 from execbox.service.auth import Principal, require_admin, require_token
+from execbox.service.container import services
 from execbox.service.store import open_store
 
 
@@ -16,7 +19,8 @@ from execbox.service.store import open_store
 def client(tmp_path):
     store = open_store(tmp_path)
     app = FastAPI()
-    app.state.store = store
+    # the auth dependencies read the token store from the app's Services; only the store matters here
+    app.dependency_overrides[services] = lambda: SimpleNamespace(store=store)
 
     @app.exception_handler(SandboxError)
     async def _err(_req, exc: SandboxError):

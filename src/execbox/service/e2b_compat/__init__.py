@@ -8,7 +8,7 @@ facade: every operation is a session, run or file call of the same service the H
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -24,6 +24,9 @@ from .interpreter import Interpreter
 from .registry import E2BSandbox, Registry
 from .sandbox_http import SandboxRouter
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..container import Services
+
 __all__ = ["install"]
 
 
@@ -35,14 +38,13 @@ def _bound(handler: Any, sb: E2BSandbox) -> Any:
     return app
 
 
-def install(app: FastAPI) -> None:
-    """Mount the E2B control plane and the sandbox router on execbox's app."""
-    state = app.state
-    state.e2b = Registry(state.sessions)
-    process_app = ProcessASGIApplication(ProcessService(state), codecs=strict_codecs())
-    fs_app = FilesystemASGIApplication(FilesystemService(state), codecs=strict_codecs())
-    files = EnvdFiles(state)
-    interpreter = Interpreter(state)
+def install(app: FastAPI, services: Services) -> None:
+    """Mount the E2B control plane and the sandbox router on execbox's app (``services.e2b`` set)."""
+    services.e2b = Registry(services.sessions)
+    process_app = ProcessASGIApplication(ProcessService(services), codecs=strict_codecs())
+    fs_app = FilesystemASGIApplication(FilesystemService(services), codecs=strict_codecs())
+    files = EnvdFiles(services)
+    interpreter = Interpreter(services)
 
     def envd(sb: E2BSandbox, scope: dict[str, Any]) -> Any:
         path = scope.get("path", "")
@@ -56,4 +58,4 @@ def install(app: FastAPI) -> None:
         return _bound(interpreter, sb)
 
     app.include_router(router)
-    app.add_middleware(SandboxRouter, registry=lambda: state.e2b, envd=envd, jupyter=jupyter)
+    app.add_middleware(SandboxRouter, registry=services.e2b, envd=envd, jupyter=jupyter)

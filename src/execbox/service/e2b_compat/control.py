@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ...errors import SandboxError
 from ..auth import Principal
+from ..container import services
 from .registry import MAX_TIMEOUT, E2BSandbox, Registry, new_sandbox_id
 
 router = APIRouter(tags=["e2b (control plane)"], include_in_schema=False)
@@ -45,15 +46,16 @@ def principal(request: Request) -> Principal:
     if not token:
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else None
-    store = getattr(request.app.state, "store", None)
-    record = store.tokens.verify(token) if token and store is not None else None
+    record = services(request).store.tokens.verify(token) if token else None
     if record is None:
         raise E2BError(401, "invalid or missing API key (use an execbox token as E2B_API_KEY)")
     return Principal(token_id=record.id, tenant_id=record.tenant_id, role=record.role)
 
 
 def registry(request: Request) -> Registry:
-    return request.app.state.e2b
+    reg = services(request).e2b
+    assert reg is not None, "e2b_compat.install() sets services.e2b"
+    return reg
 
 
 async def _json(request: Request) -> dict[str, Any]:
@@ -109,7 +111,7 @@ async def create(request: Request) -> Response:
         sb = E2BSandbox(new_sandbox_id(), who.tenant_id, template,
                         _str_map(body.get("metadata"), "metadata"), _str_map(body.get("envVars"), "envVars"),
                         time.time() + _timeout(body.get("timeout")), token_id=who.token_id)
-        sessions = request.app.state.sessions
+        sessions = services(request).sessions
 
         def start_box() -> None:
             with sessions.session(sb.tenant_id, sb.session_id):

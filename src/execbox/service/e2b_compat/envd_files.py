@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from starlette.datastructures import UploadFile
@@ -20,6 +20,8 @@ from .registry import E2BSandbox
 from .sandbox_http import TooLarge, envd_error, read_capped
 from .workspace import PathRefused, to_e2b, to_workspace
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..container import Services
 
 def sandbox_error(e: SandboxError) -> Response:
     status = e.http_status if 400 <= e.http_status < 600 else 500
@@ -36,8 +38,8 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 
 
 class EnvdFiles:
-    def __init__(self, app_state: Any) -> None:
-        self.state = app_state
+    def __init__(self, services: Services) -> None:
+        self.svc = services
 
     async def __call__(self, sb: E2BSandbox, request: Request) -> Response:
         path, method = request.url.path.rstrip("/") or "/", request.method
@@ -60,14 +62,14 @@ class EnvdFiles:
         rel = to_workspace(request.query_params.get("path") or "")
 
         def read() -> bytes:
-            return self.state.runs.file_op(sb.tenant_id, sb.session_id, "read_bytes", rel, sb.token_id,
+            return self.svc.runs.file_op(sb.tenant_id, sb.session_id, "read_bytes", rel, sb.token_id,
                                            lambda p, i: p.read_bytes(i, rel))
 
         data = await anyio.to_thread.run_sync(read)
         return Response(data, media_type="application/octet-stream")
 
     async def upload(self, sb: E2BSandbox, request: Request) -> Response:
-        limit = self.state.settings.max_file_bytes
+        limit = self.svc.settings.max_file_bytes
         files: dict[str, bytes] = {}
         ctype = request.headers.get("content-type", "")
         target = request.query_params.get("path")
@@ -104,7 +106,7 @@ class EnvdFiles:
 
         def write() -> None:
             op = "write_file" if len(files) == 1 else "write_files"
-            self.state.runs.file_op(sb.tenant_id, sb.session_id, op, ",".join(files), sb.token_id, put)
+            self.svc.runs.file_op(sb.tenant_id, sb.session_id, op, ",".join(files), sb.token_id, put)
 
         await anyio.to_thread.run_sync(write)
         return JSONResponse([{"name": posixpath.basename(p), "type": "file", "path": to_e2b(p)} for p in files])

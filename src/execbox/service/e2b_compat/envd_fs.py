@@ -13,7 +13,7 @@ import asyncio
 import posixpath
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from connectrpc.code import Code
@@ -27,6 +27,9 @@ from .envd_gen.filesystem import filesystem_pb as pb
 from .envd_process import connect_error, sandbox_for
 from .registry import E2BSandbox, Registry
 from .workspace import PathRefused, to_e2b, to_workspace
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..container import Services
 
 WATCH_POLL_SECONDS = 0.2
 MAX_WATCHERS = 64
@@ -50,12 +53,12 @@ def _rel(path: str) -> str:
 
 
 class FilesystemService:
-    def __init__(self, app_state: Any) -> None:
-        self.state = app_state
+    def __init__(self, services: Services) -> None:
+        self.svc = services
 
     @property
     def reg(self) -> Registry:
-        return self.state.e2b
+        return self.svc.e2b
 
     async def _call(self, sb: E2BSandbox, op: str, *args: Any) -> Any:
         def call(provider: Any, instance_id: str) -> Any:
@@ -66,7 +69,7 @@ class FilesystemService:
 
         def go() -> Any:
             path = str(args[0]) if args else "."
-            return self.state.runs.file_op(sb.tenant_id, sb.session_id, op, path, sb.token_id, call)
+            return self.svc.runs.file_op(sb.tenant_id, sb.session_id, op, path, sb.token_id, call)
 
         try:
             return await anyio.to_thread.run_sync(go)

@@ -14,7 +14,7 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -27,6 +27,9 @@ from ..executions import RunSpec
 from .envd_gen.process import process_pb as pb
 from .registry import E2BSandbox, Registry
 from .workspace import PathRefused, to_workspace
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..container import Services
 
 _SHELLS = {"/bin/bash", "bash", "/bin/sh", "sh", "/usr/bin/bash"}
 _pids = itertools.count(1000)
@@ -119,12 +122,12 @@ def _end(result: ExecutionResult | None, error: str | None) -> pb.ProcessEvent:
 
 
 class ProcessService:
-    def __init__(self, app_state: Any) -> None:
-        self.state = app_state
+    def __init__(self, services: Services) -> None:
+        self.svc = services
 
     @property
     def reg(self) -> Registry:
-        return self.state.e2b
+        return self.svc.e2b
 
     async def list(self, request: pb.ListRequest, ctx: Any) -> pb.ListResponse:
         sb = sandbox_for(self.reg, ctx)
@@ -170,7 +173,7 @@ class ProcessService:
             result, error = None, None
             try:
                 spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, call)
-                result = self.state.runs.run(spec, on_output)
+                result = self.svc.runs.run(spec, on_output)
             except SandboxError as e:
                 error = f"{e.code}: {e.message}"
             except Exception as e:  # noqa: BLE001 - reported in the end event; the server stays up

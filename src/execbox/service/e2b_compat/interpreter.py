@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -27,6 +27,9 @@ from .cells import display_result, error_from_stderr, python_cell
 from .registry import E2BSandbox
 from .sandbox_http import TooLarge, envd_error, read_json
 from .workspace import HOME
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..container import Services
 
 LANGUAGES = {"python": "python", "py": "python", "javascript": "javascript", "js": "javascript",
              "typescript": None, "ts": None, "r": None, "java": None, "bash": "bash", "sh": "bash"}
@@ -78,12 +81,12 @@ def _line(kind: str, **fields: Any) -> bytes:
 
 
 class Interpreter:
-    def __init__(self, app_state: Any) -> None:
-        self.state = app_state
+    def __init__(self, services: Services) -> None:
+        self.svc = services
 
     async def __call__(self, sb: E2BSandbox, request: Request) -> Response:
         path, method = request.url.path.rstrip("/") or "/", request.method
-        limit = self.state.settings.max_request_bytes
+        limit = self.svc.settings.max_request_bytes
         try:
             if path == "/execute" and method == "POST":
                 return await self.execute(sb, await read_json(request, limit))
@@ -136,7 +139,7 @@ class Interpreter:
                 raise ValueError("language does not match the context's language")
         else:
             ctx = contexts_of(sb).default(_language(body.get("language")))
-        settings = self.state.settings
+        settings = self.svc.settings
         if len(code.encode("utf-8", "surrogatepass")) > settings.max_code_bytes:
             return envd_error(413, f"code is larger than {settings.max_code_bytes} bytes")
         return StreamingResponse(self._stream(sb, ctx, code), media_type="application/x-ndjson")
@@ -187,7 +190,7 @@ class Interpreter:
                                          None, **kwargs)
 
         spec = RunSpec(sb.tenant_id, sb.session_id, "execute_code", language, code, sb.token_id, call)
-        result = self.state.runs.run(spec, on_output)
+        result = self.svc.runs.run(spec, on_output)
         ctx.executions += 1
         lines: list[bytes] = []
         lines.extend(self._figures(sb, result))
@@ -207,7 +210,7 @@ class Interpreter:
         if not images:
             return []
         out = []
-        with self.state.sessions.session(sb.tenant_id, sb.session_id) as s:
+        with self.svc.sessions.session(sb.tenant_id, sb.session_id) as s:
             for art in images:
                 data = s.provider.read_bytes(s.instance_id, art.path or art.name)
                 key = {"image/png": "png", "image/jpeg": "jpeg"}.get(art.mime_type, "svg")

@@ -61,7 +61,7 @@ async def _send_response(resp: Response, scope: dict[str, Any], receive: Any, se
 class SandboxRouter:
     """ASGI middleware: requests addressed to an E2B sandbox go to its envd/interpreter handlers."""
 
-    def __init__(self, app: ASGIApp, registry: Callable[[], Registry],
+    def __init__(self, app: ASGIApp, registry: Registry,
                  envd: Callable[[E2BSandbox, dict[str, Any]], ASGIApp | None],
                  jupyter: Callable[[E2BSandbox, dict[str, Any]], ASGIApp | None]) -> None:
         self.app = app
@@ -76,7 +76,7 @@ class SandboxRouter:
             await self.app(scope, receive, send)
             return
         sid, port = target
-        sb = self.registry().get(sid)
+        sb = self.registry.get(sid)
         if sb is None:  # E2B's edge answers 502 for a sandbox that is gone; the SDK reads it so
             await _send_response(envd_error(502, f"sandbox {sid} not found (killed or timed out)"),
                                  scope, receive, send)

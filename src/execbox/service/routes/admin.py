@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...errors import ConnectionFailedError, InvalidConfigError, SandboxError
 from ...providers import registry
 from ..auth import Principal, require_admin
+from ..container import services
 from ..provider_probe import probe
 from ..store.sandbox_settings import SandboxSettings
 
@@ -47,14 +48,7 @@ class FallbackBody(BaseModel):
 
 def sandbox_settings(request: Request) -> SandboxSettings:
     """The ProviderManager's settings when the app has one (shared key ring), else the store's."""
-    holder = getattr(request.app.state, "providers", None)
-    settings = getattr(holder, "settings", None)
-    if isinstance(settings, SandboxSettings):
-        return settings
-    cached = getattr(request.app.state, "sandbox_settings", None)
-    if cached is None:
-        cached = request.app.state.sandbox_settings = SandboxSettings(request.app.state.store)
-    return cached
+    return services(request).sandbox_settings
 
 
 def _known(name: str) -> str:
@@ -100,8 +94,8 @@ def get_config(request: Request, _: Principal = Depends(require_admin)) -> dict[
     """``{"active", "fallback", "<provider>": {...}}``: stored values or schema defaults, secrets redacted."""
     settings = sandbox_settings(request)
     out: dict[str, Any] = {"active": settings.active(), "fallback": settings.fallback()}
-    holder = getattr(request.app.state, "providers", None)
-    if out["active"] is None and holder is not None and hasattr(holder, "active_name"):
+    holder = services(request).providers
+    if out["active"] is None and hasattr(holder, "active_name"):
         try:
             out["zero_config"] = {"provider": holder.active_name, "note": holder.selection_note}
         except SandboxError as e:
@@ -171,9 +165,10 @@ def set_fallback(body: FallbackBody, request: Request, _: Principal = Depends(re
 @router.get("/status")
 def status(request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
     """What this process serves right now: the provider current() returns, its health, versions."""
-    holder = request.app.state.providers
+    svc = services(request)
+    holder = svc.providers
     out: dict[str, Any] = {"configured_active": sandbox_settings(request).active(),
-                           "store": {"url": request.app.state.store.url, "ok": request.app.state.store.ping()}}
+                           "store": {"url": svc.store.url, "ok": svc.store.ping()}}
     try:
         provider = holder.current()
         out["serving"] = {"provider": provider.name, "isolation": str(getattr(provider.isolation, "value", "")),
@@ -195,4 +190,4 @@ def audit(request: Request, limit: int = 100, tenant_id: str | None = None,
     """Newest audit entries first (the code itself only when SANDBOX_AUDIT_CODE is on)."""
     if not 1 <= limit <= 1000:
         raise InvalidConfigError("limit must be between 1 and 1000", details={"fields": {"limit": "1..1000"}})
-    return {"data": request.app.state.store.audit.list(limit=limit, tenant_id=tenant_id)}
+    return {"data": services(request).store.audit.list(limit=limit, tenant_id=tenant_id)}

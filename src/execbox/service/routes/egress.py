@@ -17,6 +17,7 @@ from ...egress import audit as egress_audit
 from ...errors import InvalidConfigError, SessionNotFoundError
 from .. import egress_hook
 from ..auth import Principal, require_admin, require_token
+from ..container import services
 from ..schemas import ERROR_RESPONSES
 from .sandbox import NAME_PATTERN, tenant_for
 
@@ -35,7 +36,7 @@ class NetworkIn(BaseModel):
 
 
 def _service(request: Request) -> Any:
-    svc = getattr(request.app.state, "egress", None)
+    svc = services(request).egress
     if svc is None:
         raise InvalidConfigError("egress audit store is not configured", details={})
     return svc
@@ -74,7 +75,7 @@ def delete_cap(request: Request, tenant_id: str = _name(), _: Principal = Depend
 
 def _live(request: Request, principal: Principal, tenant_id: str, session_id: str) -> Any:
     tenant = tenant_for(principal, tenant_id)
-    s = request.app.state.sessions.get(tenant, session_id)
+    s = services(request).sessions.get(tenant, session_id)
     if s is None or s.provider is None or s.instance_id is None:
         raise SessionNotFoundError(f"no live session {tenant}/{session_id}",
                                    details={"tenant_id": tenant, "session_id": session_id})

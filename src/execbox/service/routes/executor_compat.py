@@ -6,8 +6,8 @@ active provider (jail by default) with a fresh box per call, ``memory_used_kb`` 
 failures of the runner itself get a real HTTP status plus the SB error, and the response says
 which ``isolation`` tier ran the code.
 
-Served inside ``execbox serve`` (through the service's one-shot path: ``app.state.runs``, so
-quotas, metrics and the audit log apply; the provider is ``app.state.providers.current()``) and
+Served inside ``execbox serve`` (through the service's one-shot path: ``ExecutorDeps.runs``, so
+quotas, metrics and the audit log apply; the provider is ``ExecutorDeps.providers.current()``) and
 standalone by ``create_executor_app`` for ``execbox executor --port 9385``.
 """
 
@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -132,7 +132,7 @@ def is_loopback(host: str) -> bool:
 @dataclass(frozen=True)
 class ExecutorAuth:
     """How /run authenticates. ``open``: no token (loopback bind or explicit flag).
-    ``token``: a static bearer token; otherwise tokens come from ``app.state.store``."""
+    ``token``: a static bearer token; otherwise tokens come from ``ExecutorDeps.store``."""
 
     open: bool = False
     token: str | None = None
@@ -143,9 +143,30 @@ class ExecutorAuth:
         return cls(open=not token and (allow_unauthenticated or is_loopback(host)), token=token or None)
 
 
+@dataclass
+class ExecutorDeps:
+    """What /run and /healthz need: built by create_app (inside the service: ``runs`` set, so
+    quotas, metrics and audit apply) or by create_executor_app (standalone: one provider)."""
+
+    providers: Any
+    """Anything with ``current()``: the service's ProviderManager, or StaticProviders."""
+    auth: ExecutorAuth = field(default_factory=ExecutorAuth)
+    runs: Any = None
+    """The service's RunService; None in the standalone app (runs go straight to the provider)."""
+    store: Any = None
+    """Token store for per-tenant tokens; None in the standalone app."""
+    max_code_bytes: int | None = None
+
+
+def executor_deps(request: Request) -> ExecutorDeps:
+    """The app's ExecutorDeps (``app.state.executor``)."""
+    return request.app.state.executor
+
+
 def authorize(request: Request) -> tuple[str, str | None]:
     """(tenant, token id) a /run request runs as; raises 401 (SB002) without a valid token."""
-    auth = getattr(request.app.state, "executor_auth", None) or ExecutorAuth()
+    deps = executor_deps(request)
+    auth = deps.auth
     if auth.open:
         return EXECUTOR_TENANT, None
     if auth.token:
@@ -153,7 +174,7 @@ def authorize(request: Request) -> tuple[str, str | None]:
         if given is None or not hmac.compare_digest(given.encode(), auth.token.encode()):
             raise AuthError("missing or invalid bearer token for /run", details={"header": "Authorization"})
         return EXECUTOR_TENANT, None
-    principal = authenticate(request)
+    principal = authenticate(request, deps.store)
     return principal.tenant_id, principal.token_id
 
 
@@ -174,7 +195,7 @@ class StaticProviders:
 
 
 def _current_provider(request: Request) -> SandboxProvider:
-    holder = getattr(request.app.state, "providers", None)
+    holder = executor_deps(request).providers
     if holder is None:
         raise ProviderNotInitializedError("no sandbox provider is configured for /run")
     return holder.current()
@@ -268,12 +289,11 @@ async def run(request: Request) -> JSONResponse:
         req = RunRequest.model_validate(payload)
     except ValidationError as e:
         return validation_response(e.errors(include_url=False, include_input=False))
-    runs = getattr(request.app.state, "runs", None)
+    deps = executor_deps(request)
     try:
-        if runs is not None:
-            settings = getattr(request.app.state, "settings", None)
-            body = await run_in_threadpool(run_in_service, runs, req, tenant_id, token_id,
-                                           getattr(settings, "max_code_bytes", None))
+        if deps.runs is not None:
+            body = await run_in_threadpool(run_in_service, deps.runs, req, tenant_id, token_id,
+                                           deps.max_code_bytes)
         else:
             provider = _current_provider(request)
             body = await run_in_threadpool(run_once, provider, req, tenant_id)
@@ -300,8 +320,7 @@ def create_executor_app(provider: SandboxProvider, *, auth: ExecutorAuth | None 
 
     app = FastAPI(title="execbox executor", description="RAGFlow executor_manager compatible /run API",
                   version="1", lifespan=lifespan)
-    app.state.providers = StaticProviders(provider)
-    app.state.executor_auth = auth or ExecutorAuth(open=True)
+    app.state.executor = ExecutorDeps(StaticProviders(provider), auth or ExecutorAuth(open=True))
     app.include_router(router)
 
     @app.exception_handler(SandboxError)

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from ...errors import SandboxError
+from ..container import services
 from ..schemas import ErrorBody
 
 router = APIRouter(tags=["health"])
@@ -33,10 +34,9 @@ async def healthz() -> Any:
 
 
 def _readiness(request: Request) -> tuple[int, dict[str, Any]]:
-    state = request.app.state
+    state = services(request)
     reasons: dict[str, str] = {}
-    store = getattr(state, "store", None)
-    if store is None or not store.ping():
+    if not state.store.ping():
         reasons["store"] = "the settings store is not reachable"
     provider_name, isolation = "", ""
     try:
@@ -65,5 +65,5 @@ async def readyz(request: Request) -> Any:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(request: Request) -> Response:
-    m = request.app.state.metrics
+    m = services(request).metrics
     return Response(m.render(), media_type=m.content_type)

@@ -20,6 +20,7 @@ from ...models import Language
 from ...providers.base import OutputCallback, SandboxProvider
 from .. import egress_hook
 from ..auth import ForbiddenError, Principal, require_admin, require_token
+from ..container import services
 from ..executions import RunService, RunSpec, result_body
 from ..schemas import (
     ERROR_RESPONSES,
@@ -74,11 +75,11 @@ def tenant_for(principal: Principal, tenant_id: str | None) -> str:
 
 
 def _sessions(request: Request) -> SessionManager:
-    return request.app.state.sessions
+    return services(request).sessions
 
 
 def _runs(request: Request) -> RunService:
-    return request.app.state.runs
+    return services(request).runs
 
 
 def _check_size(text: str, field: str, limit: int) -> None:
@@ -135,7 +136,7 @@ def _timeout(provider: SandboxProvider, asked: float | None, default: float) -> 
              summary="Run code (python, javascript, bash) in a session or one-shot")
 def execute(body: ExecuteRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
-    settings = request.app.state.settings
+    settings = services(request).settings
     _check_size(body.code, "code", settings.max_code_bytes)
     language = Language.parse(body.language).value
     if body.context_id is not None and body.session_id is None:
@@ -161,7 +162,7 @@ def execute(body: ExecuteRequest, request: Request, principal: Principal = Depen
              summary="Run a shell command in a session's workspace or one-shot")
 def bash(body: BashRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
-    settings = request.app.state.settings
+    settings = services(request).settings
     _check_size(body.command, "command", settings.max_code_bytes)
     if not body.command.strip():
         raise InvalidConfigError("command must not be empty", details={"field": "command"})
@@ -214,7 +215,7 @@ def read_binary(body: ReadBinaryRequest, request: Request, principal: Principal 
 def write(body: WriteRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.path, "path")
-    data = _decode(body.content, body.content_b64, "", request.app.state.settings.max_file_bytes)
+    data = _decode(body.content, body.content_b64, "", services(request).settings.max_file_bytes)
     info = _runs(request).file_op(tenant, body.session_id, "write_file", body.path, principal.token_id,
                                   lambda p, i: p.write_file(i, body.path, data, body.mode))
     return info.to_dict()
@@ -309,7 +310,7 @@ def resume_session(request: Request, tenant_id: str = _name_path(), session_id: 
 def copy_files(body: CopyRequest, request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
                principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, tenant_id)
-    limit = request.app.state.settings.max_file_bytes
+    limit = services(request).settings.max_file_bytes
     files: dict[str, str | bytes] = {}
     for i, item in enumerate(body.files):
         check_path(item.path, f"files.{i}.path")
