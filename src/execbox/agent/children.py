@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import contexts, executor, paths, privsep, procs, protocol, runners
+from . import contexts, paths, privsep, procs, protocol, pump, runners
 
 LANGS = ("python", "javascript", "bash")
 ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "python3": "python",
@@ -100,7 +100,7 @@ class Children:
         spec = self._exec_request(req)
         self.seq += 1
         prefix = f"figure-{self.seq}"
-        cap = int(req.get("output_cap") or executor.DEFAULT_OUTPUT_CAP)
+        cap = int(req.get("output_cap") or pump.DEFAULT_OUTPUT_CAP)
         emit = None
         if req.get("stream"):
             def emit(name: str, text: str) -> None:
@@ -108,7 +108,7 @@ class Children:
         context_id = req.get("context_id")
         if context_id is not None and spec["language"] != "python":
             raise RequestError("context_id is supported for python only", field="context_id")
-        before = executor.snapshot(self.artifacts)
+        before = pump.snapshot(self.artifacts)
         start = time.monotonic()
         ctx_note: dict[str, Any] = {}
         read_fds: tuple[int, ...] = ()
@@ -127,8 +127,8 @@ class Children:
             else:
                 watch, kill, read_fds = self._start_oneshot(spec, req, prefix)
             out_r, err_r, res_r = read_fds
-            streams = [executor.Stream("stdout", out_r, cap, emit), executor.Stream("stderr", err_r, cap, emit)]
-            out = executor.pump(
+            streams = [pump.Stream("stdout", out_r, cap, emit), pump.Stream("stderr", err_r, cap, emit)]
+            out = pump.pump(
                 watch, streams, res_r, start + spec["timeout"], self.wake_r, self.proto_in,
                 lambda data: self._on_control(rid, data), self.on_wake, kill,
             )
@@ -146,10 +146,10 @@ class Children:
             ctx_note["context_note"] = (f"context {context_id!r} was killed "
                                         f"({'timeout' if out['timed_out'] else 'ended'}); "
                                         "its state is lost and the next run starts fresh")
-        result, oom_marker = executor.parse_result(out["result_raw"])
+        result, oom_marker = pump.parse_result(out["result_raw"])
         stderr = streams[1].text()
-        oom = oom_marker or executor.looks_oom(stderr, out["exit"])
-        artifacts = executor.collect_artifacts(self.artifacts, before, "artifacts",
+        oom = oom_marker or pump.looks_oom(stderr, out["exit"])
+        artifacts = pump.collect_artifacts(self.artifacts, before, "artifacts",
                                                bool(req.get("inline_artifacts")))
         return {
             "stdout": streams[0].text(), "stderr": stderr,
@@ -229,7 +229,7 @@ class Children:
                 os.close(fd)
             except OSError:
                 pass
-        executor.kill_quietly(spare.pid, keep=self._keep_pids())
+        pump.kill_quietly(spare.pid, keep=self._keep_pids())
 
     def _child_run(self, job: dict[str, Any], res_w: int) -> None:
         """Body of a one-shot child once its job arrived; never returns."""
@@ -303,7 +303,7 @@ class Children:
                 procs.kill_tree(pid, keep=self._keep_pids())
             return info
 
-        return executor.Watch(pid=pid, is_done=reap_and_clean), kill, (spare.out_r, spare.err_r, spare.res_r)
+        return pump.Watch(pid=pid, is_done=reap_and_clean), kill, (spare.out_r, spare.err_r, spare.res_r)
 
     def _context_pids(self) -> set[int]:
         return {c.pid for c in self.contexts.values()}
@@ -337,7 +337,7 @@ class Children:
     def _drop_context(self, context_id: str) -> None:
         ctx = self.contexts.pop(context_id, None)
         if ctx is not None:
-            executor.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on
+            pump.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on
             ctx.sock.close()
             self.reset_contexts.add(context_id)
 
@@ -379,6 +379,6 @@ class Children:
             return None
 
         def kill() -> None:
-            executor.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
+            pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
 
-        return executor.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note
+        return pump.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note

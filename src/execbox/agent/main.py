@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from . import contexts, executor, fileops, fsextra, privsep, procs, protocol
+from . import contexts, fileops, fsextra, privsep, procs, protocol, pump
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
 
 AGENT_VERSION = "1"
@@ -146,7 +146,7 @@ class Agent(Children):
     def shutdown(self) -> None:
         self._discard_spare()
         for ctx in list(self.contexts.values()):
-            executor.kill_quietly(ctx.pid)
+            pump.kill_quietly(ctx.pid)
         procs.kill_tree(os.getpid(), include_root=False)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
