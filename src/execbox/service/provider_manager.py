@@ -65,7 +65,7 @@ def _fingerprint(config: dict[str, Any]) -> str:
 
 
 class ProviderManager:
-    """Holds the providers built from the store (``app.state.providers``)."""
+    """Holds the providers built from the store (``Services.providers``)."""
 
     def __init__(self, store: Store, *, keyring: KeyRing | None = None, env: Mapping[str, str] | None = None,
                  seed_file: Path | None = None, seed: bool = True, check_interval: float | None = None,
