@@ -58,11 +58,17 @@ def _attach(image: str) -> tuple[int, int]:
     """(fd, number) of a free loop device now backed by ``image`` (autoclear); caller closes fd."""
     img = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
-        ctl = os.open(LOOP_CONTROL, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            ctl = os.open(LOOP_CONTROL, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise LoopUnsupported(e.errno, f"{LOOP_CONTROL}: {e.strerror}") from None
         try:
             for _ in range(32):  # another process may take the free device between the two calls
                 n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
-                dev = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    dev = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
+                except FileNotFoundError:  # no devtmpfs node for it (some containers): let the tools try
+                    raise LoopUnsupported(errno.ENOENT, f"/dev/loop{n} does not exist") from None
                 info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR,
                                     os.path.basename(image).encode()[:63], b"", b"", 0, 0)
                 try:
