@@ -127,7 +127,10 @@ class CpuMeter:
         try:
             with open(os.path.join(self.V1, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-            os.rmdir(self.path)
+            # where cpu and cpuacct share a hierarchy the jail put its box parent inside ours
+            for sub in ("execbox", ""):
+                if os.path.isdir(os.path.join(self.path, sub)):
+                    os.rmdir(os.path.join(self.path, sub))
         except OSError:
             pass
         self.path = None
