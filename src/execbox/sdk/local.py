@@ -80,7 +80,7 @@ def execute_code(code: str, language: str = "python", timeout: float | None = 30
     Artifacts come back with their bytes attached (the instance is gone afterwards).
     """
     if url is not None:
-        from .remote import RemoteSandbox  # the HTTP client lives with the service
+        from .remote import RemoteSandbox  # imported late: httpx only when a URL is given
 
         return RemoteSandbox.execute_once(url, token, code, language, timeout, arguments, tenant_id=tenant_id)
     prov, owned = _resolve_provider(provider, config)

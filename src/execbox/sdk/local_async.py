@@ -6,10 +6,9 @@ worker thread; output callbacks are called from that thread, as with the sync Sa
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
-
-import anyio.to_thread
 
 from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
 from ..providers.base import OutputCallback, SandboxProvider
@@ -20,7 +19,7 @@ T = TypeVar("T")
 
 
 def _thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
-    return anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    return asyncio.to_thread(fn, *args, **kwargs)
 
 
 class AsyncFiles:
