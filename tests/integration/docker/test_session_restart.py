@@ -11,7 +11,7 @@ import time
 import httpx
 
 from execbox.service.store import open_store
-from tests.integration.service.conftest import traversable_tmpdir
+from tests.integration.service.conftest import registry_workspaces, traversable_tmpdir
 from tests.integration.service.test_serve_cli import EXECBOX, _serve, _wait_ready
 from tests.integration.service.test_session_restart import _term
 
@@ -28,7 +28,8 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> Non
     subprocess.run([EXECBOX, "config", "set", "docker", "runtime=runc", "pool_size=0", "--activate"],
                    env=env, check=True, capture_output=True, timeout=120)
     auth = {"Authorization": f"Bearer {tenant}"}
-    label = f"execbox.registry={ws}"
+    root = registry_workspaces(ws, os.path.join(base, "data"))
+    label = f"execbox.registry={root}"
     stray = None
     try:
         proc, url = _serve(env)
@@ -43,7 +44,7 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> Non
         (container,) = docker_engine.containers.list(filters={"label": label})
         assert container.status == "running"  # detached, not removed
         image = container.attrs["Config"]["Image"]
-        stray = docker_engine.containers.create(image, command=["sleep", "60"], labels={"execbox.registry": ws})
+        stray = docker_engine.containers.create(image, command=["sleep", "60"], labels={"execbox.registry": root})
 
         proc, url = _serve(env)
         try:

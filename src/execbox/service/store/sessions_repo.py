@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 from sqlalchemy import case, delete, func, or_, select, text, update
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..sessions.registry import ACTIVE, HELD, SessionRecord, new_id, quota_error
 from .models import Replica, SessionRow, SystemSetting
-from .repos import LOCK_ROW, _lock_for_write
+from .repos import LOCK_ROW, REGISTRY_ID_ROW, _lock_for_write
 
 CREATE_LOCK = 0x65786273  # "exbs": advisory lock key serialising session creates (quota counts)
 
@@ -45,6 +46,24 @@ class SqlSessionRegistry:
         self._dialect = self._engine.dialect.name
         # Single-statement writes need no BEGIN/COMMIT round trips: the statement is the transaction.
         self._auto = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def identity(self) -> str:
+        """This registry's id, made once per database (under the store's write lock, so replicas
+        starting together agree). It names the directory holding this registry's workspaces:
+        services on one host with different databases never touch each other's. Written with
+        update_time 0 so it does not bump the settings version (no hot reload)."""
+        with self._sessions() as s:
+            value = s.scalar(select(SystemSetting.value).where(SystemSetting.name == REGISTRY_ID_ROW))
+        if value:
+            return value
+        with self._sessions.begin() as s:
+            _lock_for_write(s)
+            value = s.scalar(select(SystemSetting.value).where(SystemSetting.name == REGISTRY_ID_ROW))
+            if not value:
+                value = "reg-" + uuid.uuid4().hex[:12]
+                s.add(SystemSetting(name=REGISTRY_ID_ROW, source="store", data_type="string", value=value,
+                                    update_time=0.0))
+            return value
 
     def _lock_rows(self, s: Session) -> None:
         """SQLite has no row locks: take its database write lock first (a no-op elsewhere)."""
