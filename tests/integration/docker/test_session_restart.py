@@ -1,6 +1,7 @@
-"""A Docker session survives a restart of a real `execbox serve`: SIGTERM leaves its container
-running, the next start re-attaches to the agent over a new attach stream, and the Python
-context's globals are still there. A labelled container no registry row knows is removed."""
+"""A Docker session (runc and gVisor's runsc) survives a restart of a real `execbox serve`: SIGTERM
+leaves its container running, the next start re-attaches to the agent over a new attach stream,
+and the Python context's globals are still there. A labelled container no registry row knows is
+removed."""
 
 from __future__ import annotations
 
@@ -9,14 +10,19 @@ import subprocess
 import time
 
 import httpx
+import pytest
 
 from execbox.service.store import open_store
+from tests.conftest import require
+from tests.integration.docker.conftest import runtimes_of
 from tests.integration.service.conftest import registry_workspaces, traversable_tmpdir
 from tests.integration.service.test_serve_cli import EXECBOX, _serve, _wait_ready
 from tests.integration.service.test_session_restart import _term
 
 
-def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> None:
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_docker_session_keeps_its_context_across_a_restart(docker_engine, runtime: str) -> None:
+    require(runtime in runtimes_of(docker_engine), f"docker runtime {runtime}")
     base = traversable_tmpdir("execbox-dkrestart-")
     ws = os.path.join(base, "ws")
     env = {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, "data"), "EXECBOX_WORKSPACES_DIR": ws,
@@ -25,7 +31,7 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> Non
     with open_store(data_dir=os.path.join(base, "data")) as store:
         _, tenant = store.tokens.create("t1")
         _, admin = store.tokens.create("ops", role="admin")
-    subprocess.run([EXECBOX, "config", "set", "docker", "runtime=runc", "pool_size=0", "--activate"],
+    subprocess.run([EXECBOX, "config", "set", "docker", f"runtime={runtime}", "pool_size=0", "--activate"],
                    env=env, check=True, capture_output=True, timeout=120)
     auth = {"Authorization": f"Bearer {tenant}"}
     root = registry_workspaces(ws, os.path.join(base, "data"))

@@ -5,7 +5,7 @@ the service has a store: they survive restarts and are shared by replicas). The 
 this replica's: a session is used under a lock per session, its box is created on first use,
 and a warm request touches no database (last-used times are flushed by the heartbeat).
 Bounded globally (SB004/503) and per tenant (SB008/429), counted from the registry. The
-workspace is a host directory under <workspaces>/<tenant>/<session>, so a box that dies, a
+workspace is a host directory, <workspaces>/<registry id>/<tenant>/<session>, so a box that dies, a
 pause and a restart all keep the files; a dead box is reported once (SB009).
 Restart, drain, pause/resume and expiry are in ``lifecycle.py``.
 """
