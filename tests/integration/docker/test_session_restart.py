@@ -73,7 +73,7 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine, runtim
             r = httpx.delete(f"{url}/v1/sandbox/sessions/t1/d", headers={"Authorization": f"Bearer {admin}"},
                              timeout=60)
             assert r.status_code == 200
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 90  # runsc teardown on a loaded host is slow
             while _labelled(docker_engine, label) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert _labelled(docker_engine, label) == []  # rm removes it
