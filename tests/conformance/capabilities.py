@@ -56,12 +56,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "jail": {},
     "docker-runc": {},
-    "docker-runsc": {
-        "javascript_main_arguments": RUNSC_NODE,
-        "exit_codes": RUNSC_NODE + " (the case includes process.exit)",
-        "daemon_ends_with_timeout": ("open defect found by this suite: under runsc (ptrace) a double-forked, setsid "
-                                     "daemon keeps running after its run times out; runc and the jail kill it"),
-    },
+    "docker-runsc": {},
     "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
     "self_managed": {
         "python_dunder_main_script": RAGFLOW_MAIN,

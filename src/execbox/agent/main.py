@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from . import contexts, executor, fileops, fsextra, privsep, procs, protocol
+from . import contexts, executor, fileops, fsextra, pidns, privsep, procs, protocol
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
 
 AGENT_VERSION = "1"
@@ -105,6 +105,7 @@ class Agent(Children):
             "pid": os.getpid(), "uid": os.getuid(), "python": sys.version.split()[0],
             "languages": self.languages(), "preloaded": self.preloaded, "workspace": self.ws,
             "subreaper": self.subreaper, "privsep": privsep.mode(),
+            "pid_ns": pidns.enabled(),
             "startup_ms": round((time.monotonic() - self.t0) * 1000, 1),
         })
         self.make_spare()
@@ -209,8 +210,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preload", default="auto", help="'auto', 'none' or comma-separated modules")
     parser.add_argument("--limits", default="{}", help="JSON rlimits applied to every child")
     parser.add_argument("--run-as", default="", help="UID:GID for user code when started as root")
+    parser.add_argument("--pid-ns", action="store_true",
+                        help="run every child in a PID namespace of its own (needs CAP_SYS_ADMIN; runsc boxes)")
     ns = parser.parse_args(argv)
     privsep.enter_agent(privsep.parse_run_as(ns.run_as))
+    if ns.pid_ns and privsep.active() is not None:  # the namespace needs root at start
+        pidns.setup()
     if ns.preload == "auto":
         preload = list(AUTO_PRELOAD)
     elif ns.preload in ("", "none"):
