@@ -16,6 +16,7 @@ pytestmark = pytest.mark.docker
 def test_user_code_cannot_reach_the_agent_or_the_kernel_surface(provider, instance):
     box = provider._instances[instance].box
     assert box.hello["privsep"] == "uid"
+    assert box.hello["pid_ns"] is (provider.runtime != "runc")  # gVisor: user code's own PID namespace
     out = run_battery(provider, instance)
     assert_contained(out, signals_refused=True, proc_access_checked=provider.runtime == "runc")
     assert out["uid"] == [1000, 1000] and out["agent_uids"][0] == "0"
