@@ -65,6 +65,9 @@ def enabled() -> bool:
 def setup() -> None:
     """Once at agent start, after privsep.enter_agent (real uid 0). Raises when impossible."""
     global proc_fd, init_pid
+    if _root_is_shared():
+        raise OSError("--pid-ns: '/' is a shared mount (a host, not a container): the namespace's "
+                      "/proc would be mounted over everyone's")
     euid = os.geteuid()
     fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     ready_r, ready_w = os.pipe()
@@ -89,6 +92,15 @@ def setup() -> None:
         os.close(fd)
         raise OSError(f"pid namespace init failed: {answer.decode(errors='replace') or 'died'}")
     proc_fd, init_pid = fd, pid
+
+
+def _root_is_shared() -> bool:
+    """True when '/' is in a shared peer group (a host's root; container roots are private)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return any(line.split()[4] == "/" and " shared:" in line.split(" - ", 1)[0] for line in f)
+    except (OSError, IndexError):
+        return True
 
 
 def _init(ready_w: int) -> None:
