@@ -45,8 +45,6 @@ RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines i
 DRIFT = ("drift: the remote wrapper (providers/remote_code.py) still re-implements the runner instead of "
          "running the agent's own (issue 19, part 1)")
 NO_FILE_LIST = "the provider has no list_files/glob/grep (needs the agent's file operations in the remote box)"
-RUNSC_NODE = ("open defect found by this suite: under runsc (ptrace, 256m box) node aborts in "
-              "node_platform.cc creating its worker threads (SIGABRT) before running any code")
 NO_BASH = "the AgentRun code interpreter runs python and javascript only"
 
 UNSUPPORTED: dict[str, dict[str, str]] = {
