@@ -128,7 +128,7 @@ def test_stale_resources_of_dead_process_are_removed(docker_engine):
     p = DockerProvider()
     p.initialize({"runtime": "runc", "pool_size": 0})
     try:
-        names = {x.name for x in docker_engine.containers.list(all=True)}
+        names = {x.name for x in docker_engine.containers.list(all=True, ignore_removed=True)}
         assert c.name not in names
         assert vol.name not in {v.name for v in docker_engine.volumes.list()}
     finally:
@@ -188,7 +188,7 @@ def test_gpu_opt_in_flags(docker_engine, monkeypatch):
 
 
 def test_owner_label_identifies_this_process():
-    from execbox.providers.docker import owner_id, owner_is_gone
+    from execbox.boxes.docker_owner import owner_id, owner_is_gone
 
     assert not owner_is_gone(owner_id())
     assert owner_is_gone(owner_id().rsplit(":", 1)[0] + ":0")
