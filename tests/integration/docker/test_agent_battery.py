@@ -2,7 +2,8 @@
 
 User code runs as uid 1000 while the agent keeps real uid 0 (agent/privsep.py), and the boxes'
 seccomp profile (boxes/oci_seccomp.py) is enforced by runc in the kernel and by gVisor in its
-sentry (runtime registered with --oci-seccomp)."""
+sentry (runtime registered with --oci-seccomp). Under runsc user code also has a PID namespace
+of its own (agent/pidns.py): the battery then finds no process of the agent's at all."""
 
 from __future__ import annotations
 
