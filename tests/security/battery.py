@@ -2,7 +2,8 @@
 
 User code tries to reach the in-box agent (read its environment and memory, signal it, trace
 it), every other process of another uid it can see (environ, fd list, signal, ptrace) and the
-kernel surface behind them (new user/mount namespaces, mount, keyctl, bpf, perf_event_open). ``run_battery`` returns what each attempt got; ``assert_contained`` states
+kernel surface behind them (new user/mount namespaces, mount, keyctl, bpf, perf_event_open).
+``run_battery`` returns what each attempt got; ``assert_contained`` states
 what every backend must answer, with the one documented difference: in the jail the agent is
 pid 1 of the box's pid namespace and user code shares its uid, so the kernel accepts a
 signal and drops it (a namespace init gets only the signals it handles, and the agent handles
