@@ -82,6 +82,7 @@ class JailBox(ProcessBox):
         self.box_dir = box_dir
         self.keep_workspace = ws.caller_dir is not None
         self.started_at = time.time()
+        self.runtime: Runtime | None = None
         self.survivors: list[int] = []
         self.stderr: Tail | None = None  # last KB of bwrap's and the agent's own stderr
         self.net: jail_net.JailNet | None = None  # set when the box has network egress
@@ -226,7 +227,8 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             limits["nproc"] = settings.pids
         spec = bwrap.BoxSpec(
             runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=settings.etc_dir,
-            env=bwrap.box_env(), agent_limits=limits, seccomp_fd=seccomp_fd, workspace_host=ws.bind_src,
+            env={**bwrap.box_env(), **settings.runtime.env()}, agent_limits=limits, seccomp_fd=seccomp_fd,
+            workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
             device_args=list(settings.device_args),
         )
@@ -264,6 +266,7 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
         raise
     os.close(seccomp_fd)
     box = JailBox(name, proc, ws, limits, cg, box_dir, lease)
+    box.runtime = settings.runtime  # what it mounts (result metadata names NAME@vN)
     box.net = jn
     box.stderr = stderr_tail
     try:

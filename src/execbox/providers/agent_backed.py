@@ -83,6 +83,7 @@ class Instance:
     executions: int = 0
     from_pool: bool = False
     egress: EgressPolicy | None = None  # effective network policy (None: the provider's cap)
+    runtime: str | None = None  # runtime template asked for at create_instance (None: the provider's)
 
 
 class AgentBackedProvider(SandboxProvider):
@@ -100,6 +101,12 @@ class AgentBackedProvider(SandboxProvider):
     @abstractmethod
     def start_box(self, workspace: str | None = None) -> Box:
         """Start a box with its agent ready; ``workspace`` reuses an existing host directory."""
+
+    def start_box_with_runtime(self, workspace: str | None, runtime: str) -> Box:
+        """Start a box that runs runtime template ``runtime``; backends without templates refuse."""
+        raise InvalidConfigError(f"provider {self.name!r} does not support runtime templates "
+                                 f"(runtime={runtime!r}); they work on the jail provider",
+                                 details={"provider": self.name, "field": "runtime", "value": runtime})
 
     def applied_limits(self) -> dict[str, Any]:
         return {"timeout": self.config.get("timeout"), "max_output_bytes": self.output_cap}
@@ -136,17 +143,20 @@ class AgentBackedProvider(SandboxProvider):
         return self._pool.status() if self._pool else None
 
     def create_instance(self, template: str = "python", *, tenant_id: str = "default",
-                        session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
+                        session_id: str | None = None, workspace: str | None = None,
+                        runtime: str | None = None) -> SandboxInstance:
+        """``runtime`` names a runtime template (``NAME`` or ``NAME@vN``) for this instance only."""
         self._require_initialized()
         self.admit(tenant_id)
         instance_id = make_instance_id(tenant_id, session_id)
         box = None
-        if self._pool is not None and workspace is None:
+        runtime = runtime or None
+        if self._pool is not None and workspace is None and runtime is None:
             box = self._pool.take(self.warm_pool_wait)
         from_pool = box is not None
         if box is None:
             try:
-                box = self.start_box(workspace)
+                box = self.start_box(workspace) if runtime is None else self.start_box_with_runtime(workspace, runtime)
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -154,7 +164,7 @@ class AgentBackedProvider(SandboxProvider):
                                             details={"provider": self.name}) from e
         if workspace is not None or session_id is not None:
             box.keep_workspace = workspace is not None
-        inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool)
+        inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool, runtime=runtime)
         self._bind_egress(inst)
         with self._lock:
             self._instances[instance_id] = inst
