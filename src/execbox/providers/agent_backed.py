@@ -231,6 +231,13 @@ class AgentBackedProvider(SandboxProvider):
             if link is not None:
                 link.set_policy(before or self.egress_cap)
 
+    def install_packages(self, instance_id: str, pip: list[str] | None = None, npm: list[str] | None = None,
+                         timeout: float | None = None) -> dict[str, Any]:
+        """pip/npm packages into the instance's workspace, through the egress gateway (providers/install.py)."""
+        from .install import run_install
+
+        return run_install(self, instance_id, pip, npm, timeout)
+
     def destroy_instance(self, instance_id: str) -> bool:
         with self._lock:
             inst = self._instances.pop(instance_id, None)
