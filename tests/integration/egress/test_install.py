@@ -102,3 +102,34 @@ def test_size_cap_and_box_without_network(net_jail, sbox, pkgs, monkeypatch):
             p.install_packages(iid, pip=[pkgs["py"]])
     finally:
         p.shutdown()
+
+
+def test_install_over_http_with_remote_sandbox(fakenet, pkgs, monkeypatch):
+    from execbox.client import RemoteSandbox
+    from tests.integration.service.conftest import error_of, start_service
+
+    monkeypatch.setenv("EXECBOX_PIP_INDEX_URL", pkgs["pip"])
+    monkeypatch.setenv("EXECBOX_NPM_REGISTRY", pkgs["npm"])
+    p = jail_with("allowlist", [])
+    svc = start_service(p)
+    try:
+        with RemoteSandbox(svc.url, svc.tenant_a, session_id="inst-http") as sb:
+            out = sb.install(pip=[pkgs["py"]], npm=[pkgs["js"]])
+            assert out["installed"] and out["session_id"] == "inst-http" and out["egress_run_id"]
+            r = sb.run_code(f"import {pkgs['py']} as m\nprint(m.answer())")
+            assert r.stdout.strip() == "42", r
+            with pytest.raises(InvalidConfigError) as e:
+                sb.install(pip=["no-such-pkg-http"])
+            assert e.value.http_status == 404 and "no-such-pkg-http" in e.value.message
+        r = svc.b.post("/v1/sandbox/sessions/tenant-a/inst-http/install", json={"pip": [pkgs["py"]]})
+        assert r.status_code == 403  # another tenant's session
+        r = svc.a.post("/v1/sandbox/sessions/tenant-a/inst-http/install", json={"pip": ["--index-url=x"]})
+        assert r.status_code == 400 and error_of(r)["code"] == "SB002" and "--index-url=x" in error_of(r)["message"]
+        assert svc.a.get("/api/admin/runtimes").status_code == 403
+        rts = svc.root.get("/api/admin/runtimes").json()["data"]
+        assert rts[0]["name"] == "system"
+        r = svc.root.get("/api/admin/runtimes/never-built-x")
+        assert r.status_code == 400 and "never-built-x" in error_of(r)["message"]
+    finally:
+        svc.stop()
+        p.shutdown()
