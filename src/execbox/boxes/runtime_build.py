@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 from . import runtime as rt
@@ -100,8 +101,12 @@ def _stream(argv: list[str], report: rt.Progress, lo: float, hi: float, what: st
 
 def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None, *, base: str | None = None,
           progress: rt.Progress | None = None, python: str = rt.SYSTEM_PYTHON, index_url: str | None = None,
-          registry: str | None = None) -> Runtime:
-    """Build a new immutable version of runtime template ``name`` and make it current."""
+          registry: str | None = None, docker: Any = None) -> Runtime:
+    """Build a new immutable version of runtime template ``name`` and make it current.
+
+    ``docker``: a docker client; the version is then also built as the image
+    ``execbox/runtime-<name>:v<N>`` for the docker provider (before it becomes current).
+    """
     pip, npm = list(pip or []), list(npm or [])
     rt.check_name(name)
     if name == rt.SYSTEM:
@@ -121,6 +126,7 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
     os.makedirs(top, mode=0o755, exist_ok=True)
     rt._make_traversable(rt.runtimes_dir())
     work = tempfile.mkdtemp(prefix=".build-", dir=top)
+    temp_tag: str | None = None
     os.chmod(work, 0o755)
     try:
         if parent is not None:
@@ -157,11 +163,27 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
         with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(info, f, indent=1)
         _read_only(work)
+        if docker is not None:
+            from .runtime_docker import build_image
+
+            report("building the Docker image", 0.96)
+            env = Runtime(name, "", work, info["packages"], info["npm"]).env()
+            temp_tag = build_image(docker, work, name, f"execbox/runtime-{name}:build-{os.getpid()}", env)
         version = _publish(top, work)
+        if temp_tag:
+            from .runtime_docker import image_name, retag
+
+            retag(docker, temp_tag, image_name(name, version))
+            temp_tag = None
         report(f"{name}@{version} ready", 1.0)
     except BaseException:
         make_writable(work)
         shutil.rmtree(work, ignore_errors=True)
+        if temp_tag:
+            try:
+                docker.images.remove(temp_tag)
+            except Exception:  # noqa: BLE001 - best effort: a leftover build tag is harmless
+                pass
         raise
     return rt.resolve(f"{name}@{version}")
 

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from ..boxes import runtime as rt
+from ..errors import SandboxError
 
 runtime_app = typer.Typer(help="Runtime templates: versioned, immutable package sets (pip + npm) that boxes "
                                "run with (jail config `runtime=NAME`, or runtime=NAME per session/run).",
@@ -25,8 +26,19 @@ def _fail(e: Exception) -> typer.Exit:
 
 
 def _build(name: str, pip: list[str], npm: list[str], base: str | None, index_url: str | None,
-           registry: str | None) -> None:
+           registry: str | None, docker: bool = False) -> None:
     from ..boxes.runtime_build import build
+
+    client = None
+    if docker:
+        from ..providers.docker_config import docker_client
+
+        try:
+            client = docker_client()
+            client.ping()
+        except Exception as e:  # noqa: BLE001
+            console.print(f"[red]error (SB009):[/red] docker engine not reachable: {e}")
+            raise typer.Exit(3) from None
 
     columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[name]}"), BarColumn(),
                TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
@@ -39,8 +51,9 @@ def _build(name: str, pip: list[str], npm: list[str], base: str | None, index_ur
             progress.update(task, completed=fraction, description=message[:80])
 
         try:
-            made = build(name, pip, npm, base=base, progress=report, index_url=index_url, registry=registry)
-        except rt.RuntimeNotUsable as e:
+            made = build(name, pip, npm, base=base, progress=report, index_url=index_url, registry=registry,
+                         docker=client)
+        except SandboxError as e:
             progress.stop()
             raise _fail(e) from None
     console.print(f"runtime [bold]{made.ref}[/bold] built in {time.monotonic() - started:.1f}s at "
@@ -58,10 +71,12 @@ def build_cmd(
                                   help="pip index (internal mirror); default: pip's own configuration"),
     registry: str = typer.Option(None, "--npm-registry", envvar="EXECBOX_NPM_REGISTRY",
                                  help="npm registry (internal mirror); default: npm's own configuration"),
+    docker: bool = typer.Option(False, "--docker", help="Also build the image execbox/runtime-NAME:vN for the "
+                                                        "docker provider (needs `execbox image build python`)"),
 ) -> None:
     """Build a new version of NAME (v1, v2, ...) and make it current. Versions never change once
     built; a failed build leaves the previous version current. Wheels only, no install scripts."""
-    _build(name, pip, npm, base, index_url, registry)
+    _build(name, pip, npm, base, index_url, registry, docker)
 
 
 @runtime_app.command("install", hidden=True)
