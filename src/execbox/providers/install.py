@@ -171,7 +171,7 @@ def index_hosts(pip_url: str | None, npm_url: str | None, pip: bool, npm: bool) 
 def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: list[str] | None,
                 timeout: float | None = None) -> dict[str, Any]:
     """Install into a live instance's workspace; raises an SB error naming the package or index."""
-    from .agent_backed import _egress_link
+    from .agent_egress import egress_link
 
     pip, npm = list(pip or []), list(npm or [])
     if not pip and not npm:
@@ -179,7 +179,7 @@ def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: lis
     check_specs(pip, npm)
     pip_url, npm_url = pip_index_url(), npm_registry()
     inst = provider._get(instance_id)
-    link = _egress_link(inst.box)
+    link = egress_link(inst.box)
     if link is None:
         raise InvalidConfigError(
             f"provider {provider.name!r} started this box without network, so it cannot reach a package index; "
