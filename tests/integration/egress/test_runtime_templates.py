@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from execbox.boxes import runtime
 from execbox.cli import app
+from execbox.errors import InvalidConfigError
 from tests import pkgindex
+from tests.integration.docker.conftest import docker_engine  # noqa: F401 - fixture
 
 from .conftest import jail_with
 
@@ -101,9 +103,34 @@ def test_bad_input_is_refused_naming_it(index, tpl_name):
         runtime.resolve_runtime("never-built-x")
     p = jail_with("none")
     try:
-        from execbox.errors import InvalidConfigError
-
         with pytest.raises(InvalidConfigError, match="never-built-x"):
             p.create_instance(runtime="never-built-x")
     finally:
         p.shutdown()
+
+
+def test_template_as_docker_image_for_runc_boxes(index, tpl_name, docker_engine):  # noqa: F811
+    from execbox.boxes.runtime_docker import image_name
+    from execbox.providers.docker import DockerProvider
+
+    res = _build(tpl_name, index, "--pip", index["py"], "--npm", index["js"], "--docker")
+    assert res.exit_code == 0, res.output
+    tag = image_name(tpl_name, "v1")
+    try:
+        p = DockerProvider()
+        p.initialize({"runtime": "runc", "pool_size": 0, "preload": "none"})
+        try:
+            inst = p.create_instance(runtime=tpl_name)
+            assert inst.metadata["runtime"] == f"{tpl_name}@v1"
+            r = p.execute_code(inst.instance_id, f"import {index['py']} as t\nprint(t.hello('ctr'))", "python", 30)
+            assert r.exit_code == 0 and r.stdout.strip() == "hello ctr from tinypkg", r
+            r = p.execute_code(inst.instance_id, f"console.log(require('{index['js']}').get('/d'))",
+                               "javascript", 30)
+            assert r.exit_code == 0 and r.stdout.strip() == "fake axios GET /d", r
+            with pytest.raises(InvalidConfigError, match="no Docker image"):
+                assert _build(tpl_name, index, "--pip", index["py"]).exit_code == 0  # v2 without --docker
+                p.create_instance(runtime=tpl_name)
+        finally:
+            p.shutdown()
+    finally:
+        docker_engine.images.remove(tag, force=True)
