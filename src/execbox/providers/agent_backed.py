@@ -298,7 +298,16 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, SandboxProvider):
         result = self._to_result(inst, value, time.monotonic() - started, oom)
         if run_id is not None:
             result.metadata["egress_run_id"] = run_id
+        ref = self.runtime_ref(inst)
+        if ref:
+            result.metadata["runtime"] = ref
         return result
+
+    @staticmethod
+    def runtime_ref(inst: Instance) -> str | None:
+        """``NAME@vN`` of the runtime template the instance's box runs (None: not a template)."""
+        ref = getattr(getattr(inst.box, "runtime", None), "ref", None)
+        return ref or inst.runtime
 
     def _to_result(self, inst: Instance, v: dict[str, Any], wall: float, oom: bool) -> ExecutionResult:
         import json

@@ -182,8 +182,7 @@ class JailProvider(AgentBackedProvider):
 
     def _instance_metadata(self, inst) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         meta = super()._instance_metadata(inst)
-        box_rt = getattr(inst.box, "runtime", None)
-        meta["runtime"] = box_rt.ref if box_rt is not None else (self._settings.runtime.ref if self._settings else None)
+        meta["runtime"] = self.runtime_ref(inst) or (self._settings.runtime.ref if self._settings else None)
         pool = self.pool_status()
         if pool is not None:
             meta["pool"] = {k: pool[k] for k in ("size", "ready", "healthy", "last_error")}

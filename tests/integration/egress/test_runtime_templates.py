@@ -134,3 +134,32 @@ def test_template_as_docker_image_for_runc_boxes(index, tpl_name, docker_engine)
             p.shutdown()
     finally:
         docker_engine.images.remove(tag, force=True)
+
+
+def test_runtime_per_session_and_run_over_http(index, tpl_name):
+    from tests.integration.service.conftest import error_of, start_service
+
+    assert _build(tpl_name, index, "--pip", index["py"]).exit_code == 0
+    p = jail_with("none")
+    svc = start_service(p)
+    code = f"import {index['py']} as t\nprint(t.VALUE)"
+    try:
+        r = svc.a.post("/v1/sandbox/execute", json={"code": code, "session_id": "rt1", "runtime": tpl_name})
+        assert r.status_code == 200 and r.json()["stdout"].strip() == "tinypkg 1.0", r.text
+        assert r.json()["metadata"]["runtime"] == f"{tpl_name}@v1"
+        r = svc.a.post("/v1/sandbox/bash", json={"command": "echo $NODE_PATH", "session_id": "rt1"})
+        assert r.status_code == 200 and r.json()["metadata"]["runtime"] == f"{tpl_name}@v1"  # kept
+        r = svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "rt1", "runtime": "system"})
+        assert r.status_code == 409 and error_of(r)["code"] == "SB002", r.text
+        assert svc.a.get("/v1/sandbox/sessions/tenant-a/rt1").json()["runtime"] == tpl_name
+        r = svc.a.post("/v1/sandbox/execute", json={"code": code, "runtime": f"{tpl_name}@v1"})  # one-shot
+        assert r.status_code == 200 and r.json()["stdout"].strip() == "tinypkg 1.0", r.text
+        r = svc.a.post("/v1/sandbox/execute", json={"code": code})  # the provider's default runtime
+        assert r.status_code == 200 and "ModuleNotFoundError" in r.json()["stderr"]
+        r = svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "rt2", "runtime": "never-built-x"})
+        assert r.status_code == 400 and "never-built-x" in error_of(r)["message"], r.text
+        r = svc.a.post("/v1/sandbox/execute", json={"code": "1", "runtime": "../etc"})
+        assert r.status_code == 400
+    finally:
+        svc.stop()
+        p.shutdown()
