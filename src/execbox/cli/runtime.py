@@ -21,7 +21,7 @@ console = Console()
 
 def _fail(e: Exception) -> typer.Exit:
     code = getattr(e, "code", "SB002")
-    console.print(f"[red]error ({code}):[/red] {e}", soft_wrap=True)
+    console.print(f"[red]error ({code}):[/red] {getattr(e, 'message', e)}", soft_wrap=True)
     return typer.Exit(2)
 
 

@@ -91,7 +91,7 @@ class JailProvider(AgentBackedProvider):
         try:
             runtime.resolve(config.get("runtime"))
         except runtime.RuntimeNotUsable as e:
-            return False, f"runtime: {e}"
+            return False, f"runtime: {e.message}"
         ok, message = gpu_config_error(config)
         if not ok:
             return ok, message
@@ -232,7 +232,7 @@ class JailProvider(AgentBackedProvider):
         try:
             out["runtime_system"] = {"ok": True, "detail": runtime.system_runtime().python}
         except runtime.RuntimeNotUsable as e:
-            out["runtime_system"] = {"ok": False, "detail": str(e)}
+            out["runtime_system"] = {"ok": False, "detail": e.message}
         try:
             names = [str(r["name"]) for r in runtime.list_runtimes()]
             out["runtimes"] = {"ok": True, "detail": ", ".join(names)}

@@ -1,4 +1,5 @@
-"""Sandbox runtimes: built by `execbox runtime install`, mounted read-only, heavy imports preloaded."""
+"""Sandbox runtimes: built by `execbox runtime install` (old spelling of `runtime build`), mounted
+read-only, heavy imports preloaded."""
 
 from __future__ import annotations
 
