@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Mapping
@@ -155,6 +156,9 @@ class Sandbox:
         prov, owned = _resolve_provider(provider, config)
         try:
             extra = {"runtime": runtime} if runtime else {}
+            if runtime and "runtime" not in inspect.signature(prov.create_instance).parameters:
+                raise InvalidConfigError(f"provider {prov.name!r} does not support runtime templates "
+                                         f"(runtime={runtime!r})", details={"field": "runtime"})
             inst = prov.create_instance(template=template, tenant_id=tenant_id, session_id=session_id, **extra)
         except BaseException:
             if owned:

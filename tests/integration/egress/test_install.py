@@ -133,3 +133,16 @@ def test_install_over_http_with_remote_sandbox(fakenet, pkgs, monkeypatch):
     finally:
         svc.stop()
         p.shutdown()
+
+
+def test_sandbox_install_library_api(net_jail, pkgs, monkeypatch):
+    from execbox.api import Sandbox
+
+    monkeypatch.setenv("EXECBOX_PIP_INDEX_URL", pkgs["pip"])
+    with Sandbox.create(net_jail, session_id="install-lib") as sb:
+        out = sb.install(pip=[f"{pkgs['py']}==2.0"])
+        assert out["installed"] and out["pip"] == [f"{pkgs['py']}==2.0"]
+        r = sb.run_code(f"import {pkgs['py']} as m\nprint(m.answer())")
+        assert r.stdout.strip() == "42", r
+    with pytest.raises(Exception, match="closed"):
+        sb.install(pip=[pkgs["py"]])
