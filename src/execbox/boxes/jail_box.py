@@ -25,7 +25,7 @@ from typing import Any
 from . import bwrap, cgroups, jail_net, quota, seccomp, uids
 from .box import READY_TIMEOUT, ProcessBox
 from .quota import Workspace
-from .runtime import Runtime, jail_dir
+from .runtime import PIP_MOUNT, Runtime, jail_dir, staged_pip
 from .stderr_sink import Tail, sink
 
 log = logging.getLogger("execbox.jail")
@@ -236,6 +236,9 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             spec.share_net = True
             spec.etc_dir = jail_net.staged_etc_net()
             spec.extra_ro = [*spec.extra_ro, *jail_net.extra_mounts(spec.etc_dir, jn)]
+            pip_root = staged_pip()  # in-session installs (providers/install.py)
+            if pip_root:
+                spec.extra_ro.append((pip_root, PIP_MOUNT))
             spec.env.update(jn.box_env())
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
         err_r, err_w = os.pipe2(os.O_CLOEXEC)

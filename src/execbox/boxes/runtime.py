@@ -35,6 +35,7 @@ MANIFEST = "execbox-runtime.json"
 CURRENT = "current"  # symlink to the version new boxes mount
 WORKSPACE_IN_BOX = "/workspace"
 SESSION_SITE = f"{WORKSPACE_IN_BOX}/.execbox/python"  # where sb.install(pip=...) puts packages
+PIP_MOUNT = "/opt/execbox/pip"  # a read-only copy of pip for in-session installs (boxes with network)
 
 
 def jail_dir() -> str:
@@ -254,6 +255,40 @@ def staged_agent() -> str:
         shutil.copyfile(os.path.join(src, fn), os.path.join(pkg, fn))
         os.chmod(os.path.join(pkg, fn), 0o644)
     open(os.path.join(pkg, ".complete"), "w").close()
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another process staged it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    for d in (jail_dir(), os.path.dirname(root)):
+        _make_traversable(d)
+    return root
+
+
+def staged_pip() -> str | None:
+    """A read-only copy of execbox's own pip (pure Python, vendors its dependencies) as
+    ``<dir>/pip``; returns ``<dir>``, or None when pip is not installed. Boxes with network mount
+    it at PIP_MOUNT so in-session installs work on any image that has python3."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pip")
+    if spec is None or not spec.origin:
+        return None
+    src = os.path.dirname(spec.origin)
+    with open(os.path.join(src, "__init__.py"), encoding="utf-8") as f:
+        version = (re.search(r'__version__ = "([^"]+)"', f.read()) or [None, "unknown"])[1]
+    root = os.path.join(jail_dir(), "pip", re.sub(r"[^A-Za-z0-9.]", "_", version))
+    if os.path.isfile(os.path.join(root, ".complete")):
+        return root
+    os.makedirs(os.path.dirname(root), mode=0o755, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".pip-", dir=os.path.dirname(root))
+    os.chmod(tmp, 0o755)
+    shutil.copytree(src, os.path.join(tmp, "pip"), ignore=shutil.ignore_patterns("__pycache__"))
+    for dirpath, dirnames, filenames in os.walk(tmp):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+        for fn in filenames:
+            os.chmod(os.path.join(dirpath, fn), 0o644)
+    open(os.path.join(tmp, ".complete"), "w").close()
     try:
         os.rename(tmp, root)
     except OSError:  # another process staged it first

@@ -40,6 +40,8 @@ NPM_HOSTS = ("registry.npmjs.org:443",)
 PROGRAM = r'''
 import os, re, shutil, subprocess, tempfile
 
+PIP_MOUNT = "/opt/execbox/pip"
+
 NET_ERRORS = ("Failed to establish a new connection", "Max retries exceeded", "Could not fetch URL",
               "Name or service not known", "Temporary failure in name resolution", "Connection refused",
               "ConnectionError", "ReadTimeoutError", "ECONNREFUSED", "ENOTFOUND", "ETIMEDOUT", "EAI_AGAIN",
@@ -108,6 +110,8 @@ def main(pip, npm, pip_args, pip_index, registry, site, workspace, max_bytes, to
         steps = []
         if pip:
             py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
+            if os.path.isdir(os.path.join(PIP_MOUNT, "pip")):  # execbox's copy of pip, else the system's
+                env["PYTHONPATH"] = PIP_MOUNT
             steps.append(("pip", pip, [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                                        "--no-cache-dir", "--progress-bar", "off", "--retries", "0", "--timeout",
                                        "15", "--target", os.path.join(stage, "py"), *pip_args, "--", *pip]))

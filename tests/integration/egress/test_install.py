@@ -9,6 +9,7 @@ import pytest
 
 from execbox.errors import ConnectionFailedError, InvalidConfigError, PayloadTooLargeError
 from tests import pkgindex
+from tests.integration.docker.conftest import docker_engine  # noqa: F401 - fixture
 
 from .conftest import audited, jail_with
 
@@ -146,3 +147,23 @@ def test_sandbox_install_library_api(net_jail, pkgs, monkeypatch):
         assert r.stdout.strip() == "42", r
     with pytest.raises(Exception, match="closed"):
         sb.install(pip=[pkgs["py"]])
+
+
+def test_install_in_a_docker_runc_box(fakenet, pkgs, monkeypatch, docker_engine):  # noqa: F811
+    from execbox.providers.docker import DockerProvider
+
+    monkeypatch.setenv("EXECBOX_PIP_INDEX_URL", pkgs["pip"])
+    monkeypatch.setenv("EXECBOX_NPM_REGISTRY", pkgs["npm"])
+    p = DockerProvider()
+    p.initialize({"runtime": "runc", "pool_size": 0, "preload": "none", "network": "allowlist",
+                  "network_allow": [fakenet.name("www")]})
+    try:
+        iid = p.create_instance(session_id="install-d").instance_id
+        out = p.install_packages(iid, pip=[pkgs["py"]])  # execbox's pip, mounted read-only in the box
+        assert out["installed"], out
+        r = p.execute_code(iid, f"import {pkgs['py']} as m\nprint(m.answer())", "python", 30)
+        assert r.exit_code == 0 and r.stdout.strip() == "42", r
+        with pytest.raises(InvalidConfigError, match="npm is not available"):
+            p.install_packages(iid, npm=[pkgs["js"]])  # the worker image has node but no npm
+    finally:
+        p.shutdown()
