@@ -9,7 +9,6 @@ import pytest
 
 from execbox.errors import ConnectionFailedError, InvalidConfigError, PayloadTooLargeError
 from tests import pkgindex
-from tests.integration.docker.conftest import docker_engine  # noqa: F401 - fixture
 
 from .conftest import audited, jail_with
 
@@ -149,7 +148,7 @@ def test_sandbox_install_library_api(net_jail, pkgs, monkeypatch):
         sb.install(pip=[pkgs["py"]])
 
 
-def test_install_in_a_docker_runc_box(fakenet, pkgs, monkeypatch, docker_engine):  # noqa: F811
+def test_install_in_a_docker_runc_box(fakenet, pkgs, monkeypatch, docker_engine):
     from execbox.providers.docker import DockerProvider
 
     monkeypatch.setenv("EXECBOX_PIP_INDEX_URL", pkgs["pip"])

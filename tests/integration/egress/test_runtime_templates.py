@@ -13,7 +13,6 @@ from execbox.boxes import runtime
 from execbox.cli import app
 from execbox.errors import InvalidConfigError
 from tests import pkgindex
-from tests.integration.docker.conftest import docker_engine  # noqa: F401 - fixture
 
 from .conftest import jail_with
 
@@ -109,7 +108,7 @@ def test_bad_input_is_refused_naming_it(index, tpl_name):
         p.shutdown()
 
 
-def test_template_as_docker_image_for_runc_boxes(index, tpl_name, docker_engine):  # noqa: F811
+def test_template_as_docker_image_for_runc_boxes(index, tpl_name, docker_engine):
     from execbox.boxes.runtime_docker import image_name
     from execbox.providers.docker import DockerProvider
 
