@@ -26,7 +26,7 @@ from .agent_client import AgentClient
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
 from .docker_oom import OOM_SETTLE_SECONDS, at_memory_limit, exit_state, oom_file, read_oom_kills
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
-from .runtime import PIP_MOUNT, SESSION_SITE, staged_pip
+from .runtime import PIP_MOUNT, RUNTIME_MOUNT, SESSION_SITE, staged_pip
 
 log = logging.getLogger("execbox.docker")
 
@@ -161,7 +161,9 @@ class ContainerSpec:
             "ulimits": [],
         }
         # in-session installs land here (providers/install.py); the agent puts them on sys.path
-        kwargs["environment"] = {"PYTHONPATH": SESSION_SITE, "NODE_PATH": f"{WORKSPACE}/node_modules"}
+        # (and a runtime template image's node_modules, which this overrides the image's NODE_PATH for)
+        kwargs["environment"] = {"PYTHONPATH": SESSION_SITE,
+                                 "NODE_PATH": f"{WORKSPACE}/node_modules:{RUNTIME_MOUNT}/node_modules"}
         if self.egress is not None and self.egress.mode != "none":
             from .docker_net import DNS_OPTS
 
