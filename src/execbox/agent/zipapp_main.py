@@ -1,0 +1,44 @@
+"""``__main__`` of the agent zipapp uploaded into cloud sandboxes (see agent/oneshot.py).
+
+A zip cannot hold files that other programs open by path (node opens js_runner.js), so the first
+run extracts the archive next to itself (``agent-<hash>.pyz`` -> ``agent-<hash>/``), atomically:
+concurrent first runs each extract to a private directory and only one rename wins. The hash in
+the name versions the code, so a sandbox never runs a stale agent. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import zipfile
+
+
+def extracted(pyz: str) -> str:
+    """The directory the archive's packages are importable from, extracting it on first use."""
+    dest = pyz[:-4] if pyz.endswith(".pyz") else pyz + ".d"
+    if not os.path.isfile(os.path.join(dest, "execbox_agent", "main.py")):
+        tmp = f"{dest}.{os.getpid()}.tmp"
+        with zipfile.ZipFile(pyz) as z:
+            z.extractall(tmp)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another run extracted it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def main() -> int:
+    pyz = os.path.abspath(sys.argv[0])
+    sys.path[:] = [extracted(pyz)] + [p for p in sys.path if os.path.abspath(p or ".") != pyz]
+    from execbox_agent import main as agent_main
+    from execbox_agent import oneshot
+
+    if sys.argv[1:2] == ["oneshot"]:
+        return oneshot.main(sys.argv[2:])
+    agent_main.main(sys.argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
