@@ -28,10 +28,10 @@ from ..errors import (
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from .agent_files import AgentFilesMixin
 from .base import OutputCallback, SandboxProvider, check_run_inputs, check_timeout
+from .cloud_errors import is_connect_error, mask_secrets
 from .e2b_config import MIN_SANDBOX_TTL, config_error, config_schema
 from .e2b_config import sdk as _sdk
 from .remote_agent import FILE_OP_TIMEOUT, RemoteAgent, shell_quote
-from .remote_code import is_connect_error, mask_secrets
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.e2b")
