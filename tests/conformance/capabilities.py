@@ -37,14 +37,12 @@ CASES: dict[str, str] = {
 
 NEEDS_MATPLOTLIB = "the provider's default runtime has no matplotlib"
 NO_CGROUP = "no cgroup: memory is capped by RLIMIT_AS, so a bomb is a MemoryError (exit 1), not an OOM kill"
-FAKE_CLOUD = "the test fake runs code as plain host subprocesses (no box): limits are the cloud's own"
+FAKE_CLOUD = ("the test fake runs code as host processes with no memory or pids limit (a real cloud VM has its "
+              "own); the bomb would hit the test machine")
 REMOTE_EXECUTOR = "RAGFlow's /run API has no files, contexts or sessions"
 
 RAGFLOW_LANGS = "RAGFlow's /run API runs python and nodejs only (no bash)"
 RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines it"
-DRIFT = ("drift: the remote wrapper (providers/remote_code.py) still re-implements the runner instead of "
-         "running the agent's own (issue 19, part 1)")
-NO_FILE_LIST = "the provider has no list_files/glob/grep (needs the agent's file operations in the remote box)"
 RUNSC_NODE = ("open defect found by this suite: under runsc (ptrace, 256m box) node aborts in "
               "node_platform.cc creating its worker threads (SIGABRT) before running any code")
 NO_BASH = "the AgentRun code interpreter runs python and javascript only"
@@ -78,39 +76,20 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "plots": NEEDS_MATPLOTLIB + " (the test's remote execbox runs the jail's system runtime)",
     },
     "e2b": {
-        "python_non_json_result": DRIFT,
-        "python_dunder_main_script": DRIFT,
-        "exit_codes": DRIFT,
-        "binary_output": DRIFT,
-        "stdout_cap": DRIFT,
-        "stderr_cap": DRIFT,
-        "file_operations": NO_FILE_LIST,
-        "path_traversal_refused": DRIFT + "; a symlink leaving the workspace is followed",
         "memory_bomb": FAKE_CLOUD,
         "fork_bomb": FAKE_CLOUD,
-        "timeout_sigterm_ignored": FAKE_CLOUD,
-        "background_ends_with_run": FAKE_CLOUD,
-        "daemon_ends_with_timeout": FAKE_CLOUD,
-        "python_contexts": "E2B contexts are not mapped yet (execute_code runs in the default context)",
-        "plots": FAKE_CLOUD,
+        "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
     "aliyun": {
-        "python_non_json_result": DRIFT,
-        "python_dunder_main_script": DRIFT,
         "bash_script": NO_BASH,
         "exit_codes": NO_BASH,
-        "binary_output": DRIFT,
-        "stdout_cap": DRIFT,
-        "stderr_cap": DRIFT,
-        "file_operations": NO_FILE_LIST,
         "path_traversal_refused": NO_BASH + " (the check makes symlinks with bash)",
+        "background_ends_with_run": NO_BASH + " (the check backgrounds a bash loop)",
         "memory_bomb": FAKE_CLOUD,
         "fork_bomb": FAKE_CLOUD,
-        "timeout_sigterm_ignored": FAKE_CLOUD,
-        "background_ends_with_run": FAKE_CLOUD,
-        "daemon_ends_with_timeout": FAKE_CLOUD,
-        "python_contexts": "AgentRun contexts are not mapped yet",
-        "plots": FAKE_CLOUD,
+        "python_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
+        "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
 }
 
