@@ -1,9 +1,12 @@
 """``__main__`` of the agent zipapp uploaded into cloud sandboxes (see agent/oneshot.py).
 
 A zip cannot hold files that other programs open by path (node opens js_runner.js), so the first
-run extracts the archive next to itself (``agent-<hash>.pyz`` -> ``agent-<hash>/``), atomically:
-concurrent first runs each extract to a private directory and only one rename wins. The hash in
-the name versions the code, so a sandbox never runs a stale agent. Stdlib only.
+run extracts the archive to ``/tmp/<its name without .pyz>/`` and removes the uploaded archive
+(it was staged in the workspace, the one place every cloud's file API can write). Later runs
+start that directory (``python3 /tmp/execbox-agent-<hash> oneshot ...``), which holds this file
+as ``__main__.py``. Extraction is atomic: concurrent first runs each extract to a private
+directory and only one rename wins. The hash in the name versions the code, so a sandbox never
+runs a stale agent. Stdlib only.
 """
 
 from __future__ import annotations
@@ -13,10 +16,15 @@ import shutil
 import sys
 import zipfile
 
+INSTALL_DIR = "/tmp"
+
 
 def extracted(pyz: str) -> str:
-    """The directory the archive's packages are importable from, extracting it on first use."""
-    dest = pyz[:-4] if pyz.endswith(".pyz") else pyz + ".d"
+    """The directory the agent package is importable from, extracting the archive on first use."""
+    if os.path.isdir(pyz):
+        return pyz
+    name = os.path.basename(pyz).lstrip(".")  # staged as a dot file in the workspace
+    dest = os.path.join(INSTALL_DIR, name[:-4] if name.endswith(".pyz") else name + ".d")
     if not os.path.isfile(os.path.join(dest, "execbox_agent", "main.py")):
         tmp = f"{dest}.{os.getpid()}.tmp"
         with zipfile.ZipFile(pyz) as z:
@@ -25,6 +33,10 @@ def extracted(pyz: str) -> str:
             os.rename(tmp, dest)
         except OSError:  # another run extracted it first
             shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.unlink(pyz)  # staged in the user's workspace: leave it clean
+    except OSError:
+        pass
     return dest
 
 

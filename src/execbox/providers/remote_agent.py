@@ -1,8 +1,11 @@
 """Running the execbox agent inside cloud sandboxes (E2B, AgentRun) that we do not start ourselves.
 
-The agent package is uploaded once per sandbox as a zipapp under a hash-versioned path
-(``/tmp/execbox-agent-<sha>.pyz``); each request is a JSON file uploaded next to it and one
-``python3 <pyz> oneshot`` run (agent/oneshot.py), whose stdout carries the agent's events and
+The agent package is uploaded once per sandbox as a zipapp with a hash-versioned name, staged
+in the workspace (``<workdir>/.execbox-agent-<sha>.pyz``: the one directory every cloud's file
+API, execbox's own E2B endpoint included, can write); its first run installs it to
+``/tmp/execbox-agent-<sha>/`` and removes the staged file (agent/zipapp_main.py). Each request
+is a JSON file staged the same way (the agent deletes it before running anything) and one
+``python3 ... oneshot`` run (agent/oneshot.py), whose stdout carries the agent's events and
 reply as JSON lines. Argument/result encoding, the ``__main__`` rule, output and artifact caps,
 automatic plots, path validation and error codes are therefore the agent's own: no second copy
 of runner logic exists on the host.
@@ -17,6 +20,7 @@ import functools
 import hashlib
 import io
 import json
+import threading
 import time
 import uuid
 import zipfile
@@ -31,7 +35,7 @@ from .agent_result import result_from_reply
 from .base import OutputCallback
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-REMOTE_DIR = "/tmp"
+INSTALL_DIR = "/tmp"  # agent/zipapp_main.py's INSTALL_DIR
 PYTHON = "python3"
 OUTPUT_CAP = 1024 * 1024  # the agent's default: the same cap as every self-hosted provider
 GRACE = 15.0  # seconds past a run's own timeout before the transport gives up on the command
@@ -64,8 +68,13 @@ def bundle() -> tuple[str, bytes]:
     return hashlib.sha256(data).hexdigest()[:16], data
 
 
-def bundle_path() -> str:
-    return f"{REMOTE_DIR}/execbox-agent-{bundle()[0]}.pyz"
+def bundle_name() -> str:
+    return f"execbox-agent-{bundle()[0]}"
+
+
+def installed_path() -> str:
+    """Where the agent lives in a sandbox once its first run installed it."""
+    return f"{INSTALL_DIR}/{bundle_name()}"
 
 
 class RemoteAgent:
@@ -73,23 +82,36 @@ class RemoteAgent:
 
     def __init__(self, transport: Transport, workspace: str, provider: str) -> None:
         self.transport = transport
-        self.workspace = workspace
+        self.workspace = workspace.rstrip("/") or "/"
         self.provider = provider
         self.uploaded = False
+        self._install = threading.Lock()  # concurrent first requests: one uploads and installs
+
+    def staged_path(self, name: str) -> str:
+        return f"{self.workspace.rstrip('/')}/.{name}"
 
     def call(self, op: str, params: dict[str, Any], timeout: float = FILE_OP_TIMEOUT,
              on_output: OutputCallback | None = None) -> Any:
         """One agent request; its value, or the agent's error as the typed SB exception."""
-        request_path = f"{REMOTE_DIR}/execbox-request-{uuid.uuid4().hex}.json"
+        if self.uploaded:
+            return self._call(op, params, timeout, on_output, install=False)
+        with self._install:
+            return self._call(op, params, timeout, on_output, install=not self.uploaded)
+
+    def _call(self, op: str, params: dict[str, Any], timeout: float, on_output: OutputCallback | None,
+              install: bool) -> Any:
+        request_path = self.staged_path(f"execbox-request-{uuid.uuid4().hex}.json")
         files = {request_path: json.dumps({**params, "op": op}).encode()}
-        if not self.uploaded:
-            files[bundle_path()] = bundle()[1]
+        program = installed_path()
+        if install:
+            program = self.staged_path(f"{bundle_name()}.pyz")
+            files[program] = bundle()[1]
         self.transport.upload(files)
-        self.uploaded = True
         lines = _LineReader(on_output)
-        stdout = self.transport.run([PYTHON, bundle_path(), "oneshot", "--workspace", self.workspace, request_path],
+        stdout = self.transport.run([PYTHON, program, "oneshot", "--workspace", self.workspace, request_path],
                                     timeout, lines.feed if on_output is not None else None)
         reply = _reply(stdout)
+        self.uploaded = reply is not None  # no reply: maybe the sandbox lost /tmp; install again next time
         if reply is None:
             raise ProviderUnavailableError(
                 f"{self.provider}: the agent in the sandbox gave no reply", details={
@@ -157,4 +179,4 @@ def python_cell(argv: list[str]) -> str:
             "_y.stdout.flush()\n")
 
 
-__all__ = ["RemoteAgent", "Transport", "bundle", "bundle_path", "python_cell", "shell_quote"]
+__all__ = ["RemoteAgent", "Transport", "bundle", "installed_path", "python_cell", "shell_quote"]

@@ -85,7 +85,7 @@ def test_python_main_result_separate_from_stdout(provider, fake):
 
 
 def test_agent_uploaded_once_per_sandbox_under_a_hash_versioned_path(provider, fake):
-    from execbox.providers.remote_agent import bundle, bundle_path
+    from execbox.providers.remote_agent import bundle, installed_path
 
     state, _ = fake
     seen = len(state.uploaded)
@@ -94,12 +94,10 @@ def test_agent_uploaded_once_per_sandbox_under_a_hash_versioned_path(provider, f
         sb = state.sandboxes[inst.metadata["sandbox_id"]]
         for i in range(3):
             assert provider.execute_code(inst.instance_id, f"print({i})", "python", 10).stdout == f"{i}\n"
-        assert bundle()[0] in bundle_path()
         uploads = [p for p in state.uploaded[seen:] if p.endswith(".pyz")]
-        assert uploads == [bundle_path()]  # once, not per run
-        with open(state.map_path(sb, bundle_path()), "rb") as f:
-            assert f.read() == bundle()[1]
-        assert not [p for p in os.listdir(sb.tmp) if p.startswith("execbox-request-")]  # requests removed
+        assert uploads == [f"/home/user/.execbox-agent-{bundle()[0]}.pyz"]  # once, not per run
+        assert os.path.isdir(state.map_path(sb, installed_path()))
+        assert sorted(os.listdir(sb.root)) == ["artifacts"]  # staged archive and requests removed
     finally:
         provider.destroy_instance(inst.instance_id)
 

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -20,31 +19,33 @@ import pytest
 from execbox.errors import PathError, ProviderUnavailableError
 from execbox.providers import remote_agent
 from execbox.providers.cloud_errors import is_connect_error, mask_secrets
-from execbox.providers.remote_agent import RemoteAgent, bundle, bundle_path, python_cell, shell_quote
+from execbox.providers.remote_agent import RemoteAgent, bundle, installed_path, python_cell, shell_quote
 from tests.conftest import require
+
+from .fake_e2b import HOME, map_sandbox_path, sandbox_argv
 
 
 class LocalTransport:
-    """Uploads into a directory standing for the sandbox's /tmp; runs argv as a local process."""
+    """A local sandbox: bubblewrap with a home at /home/user and its own /tmp, like a cloud VM."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
+    def __init__(self, root: Path) -> None:
+        self.home, self.tmp = root / "home", root / "tmp"
+        self.home.mkdir()
+        self.tmp.mkdir()
         self.uploads: list[str] = []
         self.runs = 0
-
-    def local(self, path: str) -> str:
-        assert path.startswith("/tmp/"), path
-        return str(self.tmp / path[len("/tmp/"):])
 
     def upload(self, files: dict[str, bytes]) -> None:
         for path, data in files.items():
             self.uploads.append(path)
-            Path(self.local(path)).write_bytes(data)
+            local = map_sandbox_path({HOME: str(self.home), "/tmp": str(self.tmp)}, path)
+            assert local is not None, path
+            Path(local).write_bytes(data)
 
     def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> str:
         self.runs += 1
-        argv = [sys.executable if a == "python3" else self.local(a) if a.startswith("/tmp/") else a for a in argv]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout).stdout
+        out = subprocess.run(sandbox_argv(str(self.home), str(self.tmp), argv), capture_output=True, text=True,
+                             timeout=timeout, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}).stdout
         if on_stdout is not None:
             for i in range(0, len(out), 7):  # in odd chunks, as a streaming exec API delivers them
                 on_stdout(out[i:i + 7])
@@ -53,8 +54,8 @@ class LocalTransport:
 
 @pytest.fixture
 def agent(tmp_path: Path) -> RemoteAgent:
-    (tmp_path / "tmp").mkdir()
-    return RemoteAgent(LocalTransport(tmp_path / "tmp"), str(tmp_path / "ws"), "test")
+    require(shutil.which("bwrap") is not None, "bwrap")
+    return RemoteAgent(LocalTransport(tmp_path), HOME, "test")
 
 
 def _exec(agent: RemoteAgent, code: str, language: str = "python", **kw):
@@ -65,7 +66,7 @@ def _exec(agent: RemoteAgent, code: str, language: str = "python", **kw):
 
 def test_bundle_is_the_agent_package_and_versioned_by_its_hash():
     digest, data = bundle()
-    assert bundle_path() == f"/tmp/execbox-agent-{digest}.pyz"
+    assert installed_path() == f"/tmp/execbox-agent-{digest}"
     with zipfile.ZipFile(__import__("io").BytesIO(data)) as z:
         names = set(z.namelist())
     agent_dir = Path(remote_agent.AGENT_DIR)
@@ -74,13 +75,22 @@ def test_bundle_is_the_agent_package_and_versioned_by_its_hash():
     assert bundle() == (digest, data)  # built once, identical every time (fixed zip timestamps)
 
 
-def test_uploaded_once_then_one_request_file_per_call(agent):
+def test_uploaded_once_installed_in_tmp_and_the_workspace_left_clean(agent):
     transport = agent.transport
     for i in range(3):
         assert _exec(agent, f"print({i})").stdout == f"{i}\n"
     pyz = [u for u in transport.uploads if u.endswith(".pyz")]
-    assert pyz == [bundle_path()] and transport.runs == 3
-    assert not [p for p in os.listdir(transport.tmp) if p.startswith("execbox-request-")]  # each run removed it
+    assert pyz == [f"{HOME}/.execbox-agent-{bundle()[0]}.pyz"] and transport.runs == 3
+    assert {"__main__.py", "execbox_agent"} <= set(os.listdir(transport.tmp / installed_path().split("/")[-1]))
+    assert sorted(os.listdir(transport.home)) == ["artifacts"]  # staged archive and requests removed
+
+
+def test_a_sandbox_that_lost_the_agent_gets_it_again(agent):
+    assert _exec(agent, "print(1)").stdout == "1\n"
+    shutil.rmtree(agent.transport.tmp / installed_path().split("/")[-1])
+    with pytest.raises(ProviderUnavailableError, match="gave no reply"):
+        _exec(agent, "print(2)")
+    assert _exec(agent, "print(3)").stdout == "3\n"
 
 
 def test_results_are_the_agents_own(agent):
@@ -122,7 +132,9 @@ def test_agent_errors_are_typed_and_a_missing_reply_is_sb009(agent):
         def run(self, argv, timeout, on_stdout):
             return "not json\n"
 
-    silent = RemoteAgent(Silent(agent.transport.tmp), agent.workspace, "test")
+    root = agent.transport.tmp.parent / "silent"
+    root.mkdir()
+    silent = RemoteAgent(Silent(root), agent.workspace, "test")
     with pytest.raises(ProviderUnavailableError, match="gave no reply"):
         silent.call("ping", {})
 
