@@ -293,7 +293,7 @@ class _Transport:
         except Exception as e:  # noqa: BLE001
             raise self.provider._map_error(e, "upload to the sandbox") from e
 
-    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> str:
+    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> tuple[str, str]:
         try:
             raw = self.sandbox.context.execute(code=python_cell(argv), language="python",
                                                timeout=max(1, min(HARD_TIMEOUT, int(round(timeout)))))
@@ -310,4 +310,6 @@ class _Transport:
         stdout = "\n".join(str(i.get("text", "")).rstrip("\n") for i in items if i.get("type") == "stdout")
         if on_stdout is not None:
             on_stdout(stdout + "\n")
-        return stdout
+        stderr = "\n".join(str(i.get("text") or i.get("traceback") or "") for i in items
+                           if i.get("type") in ("stderr", "error"))
+        return stdout, stderr

@@ -173,7 +173,7 @@ class E2BProvider(AgentFilesMixin, SandboxProvider):
             agent = self._agents.get(instance_id)
             if agent is None:
                 agent = self._agents[instance_id] = RemoteAgent(_Transport(self, sandbox), self.config["workdir"],
-                                                                self.name)
+                                                                self.name, runs_in_workspace=True)
         return agent
 
     def _call(self, agent: RemoteAgent, op: str, params: dict[str, Any], timeout: float = FILE_OP_TIMEOUT,
@@ -221,16 +221,17 @@ class _Transport:
         except Exception as e:  # noqa: BLE001
             raise self.provider._map_error(e, "upload to the sandbox") from e
 
-    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> str:
+    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> tuple[str, str]:
         from e2b.sandbox.commands.command_handle import CommandExitException
 
         kwargs: dict[str, Any] = {"timeout": timeout, "cwd": self.provider.config["workdir"]}
         if on_stdout is not None:
             kwargs["on_stdout"] = on_stdout
         try:
-            return self.sandbox.commands.run(shell_quote(argv), **kwargs).stdout
+            res = self.sandbox.commands.run(shell_quote(argv), **kwargs)
+            return res.stdout, res.stderr
         except CommandExitException as e:  # the agent's reply (an error one) is still on stdout
-            return e.stdout
+            return e.stdout, e.stderr
         except Exception as e:  # noqa: BLE001
             if _is_timeout(e):
                 raise ProviderUnavailableError(f"e2b: the agent did not answer within {timeout:g}s",

@@ -48,8 +48,8 @@ class Transport(Protocol):
     def upload(self, files: dict[str, bytes]) -> None:
         """Write each absolute sandbox path -> bytes."""
 
-    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> str:
-        """Run ``argv`` in the sandbox; return everything it wrote to stdout."""
+    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> tuple[str, str]:
+        """Run ``argv`` in the sandbox; return everything it wrote to (stdout, stderr)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,10 +80,15 @@ def installed_path() -> str:
 class RemoteAgent:
     """The agent of one cloud sandbox: uploads itself on first use, then one command per request."""
 
-    def __init__(self, transport: Transport, workspace: str, provider: str) -> None:
+    def __init__(self, transport: Transport, workspace: str, provider: str, *, runs_in_workspace: bool = False) -> None:
+        """``runs_in_workspace``: the transport runs commands with the workspace as their working
+        directory, so they get workspace paths relative to it. That is what works where the file
+        API's path for the workspace is not the path commands see (execbox's E2B endpoint maps
+        /home/user to its box's /workspace)."""
         self.transport = transport
         self.workspace = workspace.rstrip("/") or "/"
         self.provider = provider
+        self.runs_in_workspace = runs_in_workspace
         self.uploaded = False
         self._install = threading.Lock()  # concurrent first requests: one uploads and installs
 
@@ -107,15 +112,18 @@ class RemoteAgent:
             program = self.staged_path(f"{bundle_name()}.pyz")
             files[program] = bundle()[1]
         self.transport.upload(files)
+        argv = [PYTHON, program, "oneshot", "--workspace", self.workspace, request_path]
+        if self.runs_in_workspace:
+            argv = [self._relative(a) for a in argv]
         lines = _LineReader(on_output)
-        stdout = self.transport.run([PYTHON, program, "oneshot", "--workspace", self.workspace, request_path],
-                                    timeout, lines.feed if on_output is not None else None)
+        stdout, stderr = self.transport.run(argv, timeout, lines.feed if on_output is not None else None)
         reply = _reply(stdout)
         self.uploaded = reply is not None  # no reply: maybe the sandbox lost /tmp; install again next time
         if reply is None:
             raise ProviderUnavailableError(
                 f"{self.provider}: the agent in the sandbox gave no reply", details={
-                    "provider": self.provider, "op": op, "stdout_tail": stdout[-500:]})
+                    "provider": self.provider, "op": op, "stdout_tail": stdout[-500:],
+                    "stderr_tail": stderr[-1000:]})
         if not reply.get("ok"):
             raise agent_error(reply.get("error") or {})
         return reply.get("value")
@@ -129,6 +137,14 @@ class RemoteAgent:
         started = time.monotonic()
         value = self.call("exec", request, timeout + GRACE, on_output)
         return result_from_reply(value, metadata, oom=False, wall=time.monotonic() - started, fetch=fetch)
+
+
+    def _relative(self, path: str) -> str:
+        if path == self.workspace:
+            return "."
+        if path.startswith(self.workspace + "/"):
+            return "./" + path[len(self.workspace) + 1:]
+        return path
 
 
 class _LineReader:

@@ -42,14 +42,15 @@ class LocalTransport:
             assert local is not None, path
             Path(local).write_bytes(data)
 
-    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> str:
+    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> tuple[str, str]:
         self.runs += 1
-        out = subprocess.run(sandbox_argv(str(self.home), str(self.tmp), argv), capture_output=True, text=True,
-                             timeout=timeout, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}).stdout
+        p = subprocess.run(sandbox_argv(str(self.home), str(self.tmp), argv), capture_output=True, text=True,
+                           timeout=timeout, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
+        out = p.stdout
         if on_stdout is not None:
             for i in range(0, len(out), 7):  # in odd chunks, as a streaming exec API delivers them
                 on_stdout(out[i:i + 7])
-        return out
+        return out, p.stderr
 
 
 @pytest.fixture
@@ -130,13 +131,14 @@ def test_agent_errors_are_typed_and_a_missing_reply_is_sb009(agent):
 
     class Silent(LocalTransport):
         def run(self, argv, timeout, on_stdout):
-            return "not json\n"
+            return "not json\n", "python3: oops\n"
 
     root = agent.transport.tmp.parent / "silent"
     root.mkdir()
     silent = RemoteAgent(Silent(root), agent.workspace, "test")
-    with pytest.raises(ProviderUnavailableError, match="gave no reply"):
+    with pytest.raises(ProviderUnavailableError, match="gave no reply") as e:
         silent.call("ping", {})
+    assert e.value.details["stderr_tail"] == "python3: oops\n"
 
 
 def test_javascript_and_bash_run_through_the_agent(agent):
