@@ -7,8 +7,10 @@ here must pass the case exactly like the jail does.
 
 from __future__ import annotations
 
-PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "kubernetes", "self_managed", "e2b", "aliyun"]
-"""Conformance ids: registry names, with docker split by OCI runtime."""
+PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "kubernetes", "self_managed", "self_managed-run", "e2b",
+             "aliyun"]
+"""Conformance ids: registry names, with docker split by OCI runtime and self_managed by its ``api``
+(``self_managed``: api execbox, the remote is an execbox service; ``self_managed-run``: RAGFlow's /run)."""
 
 CASES: dict[str, str] = {
     "python_main_arguments": "main(**arguments) is called; its JSON value travels in `result`, not stdout",
@@ -61,7 +63,8 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
                                      "daemon keeps running after its run times out; runc and the jail kill it"),
     },
     "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
-    "self_managed": {
+    "self_managed": {},  # api: execbox, against a real `execbox serve` (jail, sci runtime)
+    "self_managed-run": {
         "python_dunder_main_script": RAGFLOW_MAIN,
         "bash_script": RAGFLOW_LANGS,
         "exit_codes": RAGFLOW_LANGS,

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import require
 from tests.integration.docker.conftest import docker_engine, runtimes_of  # noqa: F401 - fixture
+from tests.integration.e2b_compat.conftest import e2b_server  # noqa: F401 - fixture
 from tests.integration.kubernetes.conftest import fake_apiserver  # noqa: F401 - fixture
 from tests.integration.remote.conftest import executor_server, server_provider  # noqa: F401 - fixtures
 from tests.unit.remote.http_server import ThreadedServer
@@ -59,12 +60,19 @@ def _kubernetes(request: pytest.FixtureRequest) -> Any:
     return p
 
 
-def _self_managed(request: pytest.FixtureRequest) -> Any:
+def _self_managed(request: pytest.FixtureRequest, api: str) -> Any:
+    """api "run": RAGFlow's /run contract on execbox's executor; "execbox": a real `execbox serve`
+    (jail, sci runtime) through its own sandbox API, admin token so sessions are deleted."""
     from execbox.providers.self_managed import SelfManagedProvider
 
-    srv = request.getfixturevalue("executor_server")
     p = SelfManagedProvider()
-    p.initialize({"endpoint": srv.url, "timeout": 30, "max_retries": 0})
+    if api == "run":
+        srv = request.getfixturevalue("executor_server")
+        p.initialize({"endpoint": srv.url, "timeout": 30, "max_retries": 0})
+    else:
+        srv = request.getfixturevalue("e2b_server")
+        p.initialize({"endpoint": srv.url, "timeout": 30, "max_retries": 0, "api": "execbox",
+                      "api_key": srv.admin_token})
     return p
 
 
@@ -118,7 +126,9 @@ def conformance_provider(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
     elif name == "kubernetes":
         p = _kubernetes(request)
     elif name == "self_managed":
-        p = _self_managed(request)
+        p = _self_managed(request, "execbox")
+    elif name == "self_managed-run":
+        p = _self_managed(request, "run")
     elif name == "e2b":
         p = _e2b(stack)
     elif name == "aliyun":
