@@ -8,9 +8,10 @@ here must pass the case exactly like the jail does.
 from __future__ import annotations
 
 PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "kubernetes", "self_managed", "self_managed-run", "e2b",
-             "aliyun"]
+             "e2b-execbox", "aliyun"]
 """Conformance ids: registry names, with docker split by OCI runtime and self_managed by its ``api``
-(``self_managed``: api execbox, the remote is an execbox service; ``self_managed-run``: RAGFlow's /run)."""
+(``self_managed``: api execbox, the remote is an execbox service; ``self_managed-run``: RAGFlow's /run)
+and e2b by its cloud (``e2b``: the fake of E2B's APIs; ``e2b-execbox``: execbox's E2B-compatible endpoint)."""
 
 CASES: dict[str, str] = {
     "python_main_arguments": "main(**arguments) is called; its JSON value travels in `result`, not stdout",
@@ -47,6 +48,8 @@ RAGFLOW_LANGS = "RAGFlow's /run API runs python and nodejs only (no bash)"
 RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines it"
 RUNSC_NODE = ("open defect found by this suite: under runsc (ptrace, 256m box) node aborts in "
               "node_platform.cc creating its worker threads (SIGABRT) before running any code")
+E2B_EXECBOX_OUTPUT = ("open defect: execbox's E2B endpoint caps a command's output at 1 MiB, so the uploaded "
+                      "agent's reply carrying 1 MiB of the run's output is cut and lost (SB009)")
 NO_BASH = "the AgentRun code interpreter runs python and javascript only"
 
 UNSUPPORTED: dict[str, dict[str, str]] = {
@@ -83,6 +86,16 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "fork_bomb": FAKE_CLOUD,
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
+    },
+    "e2b-execbox": {
+        "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "stdout_cap": E2B_EXECBOX_OUTPUT,
+        "stderr_cap": E2B_EXECBOX_OUTPUT,
+        "memory_bomb": ("open defect: the uploaded agent runs inside the execbox box's own agent; the box's cgroup "
+                        "OOM-kills the run (exit -9) but the inner agent cannot see the cgroup's OOM events, so "
+                        "the result has no SB006"),
+        "plots": ("open defect: execbox's E2B endpoint runs commands with the box's system python3, not the "
+                  "runtime's python that has matplotlib"),
     },
     "aliyun": {
         "bash_script": NO_BASH,

@@ -94,6 +94,16 @@ def _e2b(stack: list[Any]) -> Any:
     return p
 
 
+def _e2b_execbox(request: pytest.FixtureRequest) -> Any:
+    """The e2b provider against execbox's own E2B-compatible endpoint: no fake in between."""
+    from execbox.providers.e2b import E2BProvider
+
+    srv = request.getfixturevalue("e2b_server")
+    p = E2BProvider()
+    p.initialize({"api_key": srv.token_a, "api_url": srv.url, "sandbox_url": srv.url, "timeout": 30})
+    return p
+
+
 def _aliyun(stack: list[Any]) -> Any:
     from execbox.providers.aliyun import AliyunCodeInterpreterProvider
     from tests.unit.remote.fake_agentrun import FakeAgentRun, create_fake_agentrun_app, install_fake_control_plane
@@ -131,6 +141,8 @@ def conformance_provider(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
         p = _self_managed(request, "run")
     elif name == "e2b":
         p = _e2b(stack)
+    elif name == "e2b-execbox":
+        p = _e2b_execbox(request)
     elif name == "aliyun":
         p = _aliyun(stack)
     else:
