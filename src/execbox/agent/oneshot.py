@@ -40,7 +40,11 @@ def run(request: dict[str, Any], workspace: str, limits: dict[str, Any]) -> int:
         try:
             os.dup2(req_r, 0)
             os.dup2(rep_w, 1)
-            for fd in (req_r, req_w, rep_r, rep_w):
+            # Not our stderr: the command must end when this driver does, not when the agent
+            # has finished its shutdown in the background.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            for fd in (req_r, req_w, rep_r, rep_w, devnull):
                 os.close(fd)
             from . import main as agent_main
 
@@ -65,14 +69,15 @@ def run(request: dict[str, Any], workspace: str, limits: dict[str, Any]) -> int:
                 _emit(msg)
                 if "ok" in msg and msg.get("id") == REQUEST_ID:
                     replied = True
-        if replied:
-            protocol.write_frame(req_w, {"id": REQUEST_ID + 1, "op": "shutdown"})
     except OSError:
         pass
     finally:
+        # EOF on its input: the agent shuts down (ends leftover children) on its own. The run's
+        # processes already ended with the run, so nobody waits for that.
         os.close(req_w)
         os.close(rep_r)
-        os.waitpid(pid, 0)
+        if not replied:
+            os.waitpid(pid, 0)
     if not replied:
         _emit({"id": REQUEST_ID, "ok": False, "error": {
             "code": "SB009", "status": 503, "message": "the agent ended without a reply", "details": {}}})
