@@ -14,7 +14,6 @@ import pytest
 
 from tests.conftest import require
 from tests.integration.docker.conftest import runtimes_of
-from tests.integration.e2b_compat.conftest import e2b_server  # noqa: F401 - fixture
 from tests.integration.kubernetes.conftest import fake_apiserver  # noqa: F401 - fixture
 from tests.integration.remote.conftest import executor_server, server_provider  # noqa: F401 - fixtures
 from tests.unit.remote.http_server import ThreadedServer
