@@ -46,8 +46,6 @@ REMOTE_EXECUTOR = "RAGFlow's /run API has no files, contexts or sessions"
 
 RAGFLOW_LANGS = "RAGFlow's /run API runs python and nodejs only (no bash)"
 RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines it"
-RUNSC_NODE = ("open defect found by this suite: under runsc (ptrace, 256m box) node aborts in "
-              "node_platform.cc creating its worker threads (SIGABRT) before running any code")
 E2B_EXECBOX_OUTPUT = ("open defect: execbox's E2B endpoint caps a command's output at 1 MiB, so the uploaded "
                       "agent's reply carrying 1 MiB of the run's output is cut and lost (SB009)")
 NO_BASH = "the AgentRun code interpreter runs python and javascript only"
@@ -59,12 +57,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "jail": {},
     "docker-runc": {},
-    "docker-runsc": {
-        "javascript_main_arguments": RUNSC_NODE,
-        "exit_codes": RUNSC_NODE + " (the case includes process.exit)",
-        "daemon_ends_with_timeout": ("open defect found by this suite: under runsc (ptrace) a double-forked, setsid "
-                                     "daemon keeps running after its run times out; runc and the jail kill it"),
-    },
+    "docker-runsc": {},
     "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
     "self_managed": {},  # api: execbox, against a real `execbox serve` (jail, sci runtime)
     "self_managed-run": {
