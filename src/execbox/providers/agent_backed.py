@@ -27,7 +27,6 @@ from ..errors import (
     SessionNotFoundError,
 )
 from ..models import (
-    Artifact,
     ExecutionResult,
     Language,
     SandboxInstance,
@@ -36,6 +35,7 @@ from ..models import (
 from ..policy import AstPolicy
 from .agent_egress import AgentEgressMixin, egress_link
 from .agent_files import AgentFilesMixin
+from .agent_result import result_from_reply
 from .base import OutputCallback, SandboxProvider, check_code_and_arguments, check_timeout
 from .schema import check_config
 
@@ -310,47 +310,19 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, SandboxProvider):
         return ref or inst.runtime
 
     def _to_result(self, inst: Instance, v: dict[str, Any], wall: float, oom: bool) -> ExecutionResult:
-        import json
-
-        res = v.get("result")
-        result_value = json.loads(res["json"]) if res and res.get("present") else None
         metadata: dict[str, Any] = {
             "provider": self.name,
             "isolation": self.isolation.value,
             "instance_id": inst.instance_id,
-            "language": v.get("language"),
             "limits": self.applied_limits(),
-            "peak_memory_kb": v.get("peak_memory_kb"),
-            "result_present": bool(res and res.get("present")),
-            "result_type": res.get("type") if res else None,
-            "host_overhead_ms": round((wall - float(v.get("execution_time", 0.0))) * 1000, 3),
             "network": (inst.egress or self.egress_cap).to_dict(),
         }
-        if v.get("signal"):
-            metadata["signal"] = v["signal"]
-        for key in ("context_id", "context_new", "context_restarted", "context_reset", "context_note",
-                    "context_executions", "cancelled"):
-            if v.get(key) is not None:
-                metadata[key] = v[key]
         warnings = self.warnings()
         if self.selection_note:
             metadata["selection_note"] = self.selection_note
         if warnings:
             metadata["warnings"] = warnings
-        if v.get("timed_out"):
-            metadata["error_code"] = "SB005"
-            metadata["error_message"] = "execution timed out; the process tree was killed"
-        elif oom:
-            metadata["error_code"] = "SB006"
-            metadata["error_message"] = "execution ran out of memory"
-        fetch = self._artifact_fetcher(inst.instance_id)
-        artifacts = [Artifact.from_dict(a, fetch) for a in v.get("artifacts") or []]
-        return ExecutionResult(
-            stdout=v.get("stdout", ""), stderr=v.get("stderr", ""), exit_code=int(v.get("exit_code", -1)),
-            execution_time=float(v.get("execution_time", 0.0)), metadata=metadata,
-            timed_out=bool(v.get("timed_out")), truncated=bool(v.get("truncated")), result=result_value,
-            artifacts=artifacts,
-        )
+        return result_from_reply(v, metadata, oom=oom, wall=wall, fetch=self._artifact_fetcher(inst.instance_id))
 
     def _artifact_fetcher(self, instance_id: str):
         return lambda path: self.read_bytes(instance_id, path)

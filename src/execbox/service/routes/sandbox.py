@@ -113,7 +113,7 @@ def check_path(value: str | None, field: str) -> None:
     try:
         check_syntax(value)
     except PathViolation as e:
-        raise PathError(str(e), details={"field": field}) from None
+        raise PathError(str(e), details={"field": field, "violation": e.reason}) from None
 
 
 def _artifact_url(request: Request) -> str:
