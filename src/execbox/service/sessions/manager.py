@@ -348,7 +348,7 @@ class SessionManager(AdminMixin, LifecycleMixin):
         container = (inst.metadata or {}).get("container_id") or (inst.metadata or {}).get("container")
         if container:
             handle["container_id"] = container
-        self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=template,
+        self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=s.runtime,
                              box_handle=handle, contexts_lost=s.contexts_lost, expires_at=None,
                              owner=self.replica, lease_expires=time.time() + self.settings.lease_ttl)
 
