@@ -33,7 +33,7 @@ from .forwarding import ForwardToOwner
 from .logs import AuditWriter, OperationLog
 from .metrics import ServiceMetrics
 from .provider_manager import ProviderManager
-from .routes import admin, executor_compat, health, sandbox
+from .routes import admin, executor_compat, health, packages, sandbox
 from .routes.executor_compat import ExecutorAuth, ExecutorDeps
 from .sessions import ProviderSource, SessionManager
 from .store.sandbox_settings import SandboxSettings
@@ -147,6 +147,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     app.include_router(admin.router)
     # /run; its own /healthz is for the standalone executor app (ours answers here)
     app.include_router(_without(executor_compat.router, {"/healthz"}))
+    app.include_router(packages.router)  # runtimes + in-session install
     app.include_router(tokens_api.router)  # the console's Tokens page
     if mcp_app is not None:  # streamable HTTP MCP endpoint (execbox.mcp), bearer-token authenticated
         app.add_route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"], include_in_schema=False)
