@@ -57,6 +57,12 @@ class Children:
                 pass
         for ctx in self.contexts.values():
             ctx.sock.close()
+        for bg in self.bg.procs.values():  # EOF on a background stdin must not wait for us
+            if bg.stdin_w is not None:
+                try:
+                    os.close(bg.stdin_w)
+                except OSError:
+                    pass
         if self.spare is not None:  # another child must not feed or read the waiting spare
             for fd in (self.spare.ctl_w, self.spare.out_r, self.spare.err_r, self.spare.res_r):
                 try:
@@ -168,6 +174,8 @@ class Children:
                 cancel = True
             elif msg.get("op") == "cancel":
                 continue
+            elif msg.get("op") in protocol.INLINE_OPS:
+                self.handle(msg)  # background-process ops never wait for the run to end
             else:
                 self.pending.append(msg)
         if not data:
@@ -309,8 +317,8 @@ class Children:
         return {c.pid for c in self.contexts.values()}
 
     def _keep_pids(self) -> set[int]:
-        """Children that outlive a run: contexts and the waiting spare."""
-        keep = self._context_pids()
+        """Children that outlive a run: contexts, background processes and the waiting spare."""
+        keep = self._context_pids() | self.bg.pids()
         if self.spare is not None:
             keep.add(self.spare.pid)
         return keep

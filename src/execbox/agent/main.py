@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from . import contexts, executor, fileops, fsextra, privsep, procs, protocol
+from . import background, contexts, executor, fileops, fsextra, privsep, procs, protocol
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
 
 AGENT_VERSION = "1"
@@ -60,6 +60,7 @@ class Agent(Children):
         self.preloaded = self._preload(preload)
         self.seq = 0
         self.spare: Spare | None = None
+        self.bg = background.Background(self)
         # Everything imported so far is shared with every fork: keep the collector from touching
         # (and so copying) those pages in each child.
         gc.collect()
@@ -130,7 +131,7 @@ class Agent(Children):
                 raise RequestError(f"unknown operation {op!r}", field="op")
             value = handler(self, rid, req)
             self.send({"id": rid, "ok": True, "value": value})
-        except (RequestError, fileops.FileOpError) as e:
+        except (RequestError, fileops.FileOpError, background.BackgroundError) as e:
             self.send({"id": rid, "ok": False, "error": {
                 "code": e.code, "status": e.status, "message": str(e), "details": e.details}})
         except Exception as e:  # noqa: BLE001 - report, keep serving
@@ -149,6 +150,7 @@ class Agent(Children):
             executor.kill_quietly(ctx.pid)
         procs.kill_tree(os.getpid(), include_root=False)
         shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(self.bg.dir, ignore_errors=True)
 
     # -- files ------------------------------------------------------------------------------
     def op_files(self, rid: Any, req: dict[str, Any]) -> Any:
@@ -200,6 +202,7 @@ OPS = {
         "files.read", "files.read_bytes", "files.write", "files.write_many", "files.list",
         "files.glob", "files.grep", "files.delete")},
     **{name: (lambda agent, rid, req: fsextra.handle(agent.ws, req)) for name in fsextra.OPS},
+    **{name: (lambda agent, rid, req, fn=fn: fn(agent.bg, req)) for name, fn in background.OPS.items()},
 }
 
 

@@ -40,6 +40,7 @@ from ..models import (
     make_instance_id,
 )
 from ..policy import AstPolicy
+from .agent_procs import BackgroundProcesses
 from .base import OutputCallback, SandboxProvider, check_code_and_arguments, check_timeout
 from .schema import check_config
 
@@ -85,7 +86,7 @@ class Instance:
     egress: EgressPolicy | None = None  # effective network policy (None: the provider's cap)
 
 
-class AgentBackedProvider(SandboxProvider):
+class AgentBackedProvider(BackgroundProcesses, SandboxProvider):
     warm_pool_wait = 0.0  # seconds create_instance waits for a pooled box before starting one
     egress_cap: EgressPolicy = EgressPolicy()  # the provider's network policy; sessions only narrow it
 

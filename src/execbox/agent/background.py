@@ -1,0 +1,233 @@
+"""Background processes: tracked children that run while the agent serves other requests.
+
+``exec`` holds the agent until the run ends; a background process (envd's process.Start, the
+E2B SDK's ``commands.run(background=True)``) must not. ``proc.start`` forks a child running
+``bash -c CMD`` and answers at once with its pid. Its stdout/stderr go to files in a private
+directory (no pipe the single-threaded agent would have to drain while it is busy), its stdin is
+a pipe the agent keeps the write end of. The host then polls (``proc.poll``: new output from an
+offset, and the exit once all output was read), writes stdin (``proc.input``, ``proc.close_stdin``),
+signals (``proc.signal``) and lists (``proc.list``). These ops are answered even while an ``exec``
+runs (see ``protocol.INLINE_OPS``). Background children are kept out of the one-shot runs'
+clean-up (``Children._keep_pids``) and die with the box like every other child.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import paths, privsep, procs
+
+MAX_PROCESSES = 64
+POLL_CHUNK = 256 * 1024  # bytes of each stream one poll returns at most
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT,
+           "SIGHUP": signal.SIGHUP, "SIGQUIT": signal.SIGQUIT, "SIGUSR1": signal.SIGUSR1,
+           "SIGUSR2": signal.SIGUSR2}
+
+
+class BackgroundError(Exception):
+    def __init__(self, message: str, status: int = 400, code: str = "SB002", **details: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.details = status, code, details
+
+
+@dataclass
+class BgProc:
+    pid: int
+    command: str
+    out_path: str
+    err_path: str
+    stdin_w: int | None
+    started: float
+    status: int | None = None  # wait status once reaped
+
+
+class Background:
+    """The agent's table of background processes (one per box)."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.procs: dict[int, BgProc] = {}
+        self.dir = tempfile.mkdtemp(prefix="execbox-bg-")  # 0700: not the user code's to read
+
+    def pids(self) -> set[int]:
+        return set(self.procs)
+
+    # -- requests ---------------------------------------------------------------------------
+    def start(self, req: dict[str, Any]) -> dict[str, Any]:
+        agent = self.agent
+        command = req.get("command")
+        if not isinstance(command, str) or not command.strip() or "\x00" in command:
+            raise BackgroundError("command must be a non-empty string", field="command")
+        env_in = req.get("env") or {}
+        if not isinstance(env_in, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
+            for k, v in env_in.items()
+        ):
+            raise BackgroundError("env must map names to string values", field="env")
+        try:
+            cwd = paths.resolve(agent.ws, req.get("cwd") or ".")
+        except paths.PathViolation as e:
+            raise BackgroundError(str(e), field="cwd", violation=e.reason) from None
+        if not os.path.isdir(cwd):
+            raise BackgroundError(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
+        self.reap()
+        if len(self.procs) >= MAX_PROCESSES:
+            raise BackgroundError(f"too many background processes (max {MAX_PROCESSES})", status=429,
+                                  code="SB008", field="command")
+        env = dict(os.environ)
+        env.update(env_in)
+        stamp = f"{time.monotonic_ns()}"
+        out_path = os.path.join(self.dir, f"{stamp}.out")
+        err_path = os.path.join(self.dir, f"{stamp}.err")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        out_fd = os.open(out_path, flags, 0o600)
+        err_fd = os.open(err_path, flags, 0o600)
+        in_r, in_w = os.pipe() if req.get("stdin") else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None)
+        pid = os.fork()
+        if pid == 0:  # the child: becomes `bash -c CMD` with the sandbox user's rights
+            try:
+                agent.child_prepare()
+                for sig in privsep.IGNORED_SIGNALS:
+                    signal.signal(sig, signal.SIG_DFL)
+                os.dup2(in_r, 0)
+                os.dup2(out_fd, 1)
+                os.dup2(err_fd, 2)
+                os.chdir(cwd)
+                procs.apply_rlimits(agent.limits)
+                os.execve(agent.bash, [agent.bash, "--noprofile", "--norc", "-c", command], env)
+            except BaseException:  # noqa: BLE001
+                os._exit(127)
+        for fd in (out_fd, err_fd, in_r):
+            os.close(fd)
+        if in_w is not None:
+            os.set_blocking(in_w, False)
+        self.procs[pid] = BgProc(pid, command, out_path, err_path, in_w, time.time())
+        return {"pid": pid}
+
+    def _get(self, req: dict[str, Any]) -> BgProc:
+        pid = req.get("pid")
+        proc = self.procs.get(pid) if isinstance(pid, int) else None
+        if proc is None:
+            raise BackgroundError(f"no background process {pid!r}", status=404, field="pid")
+        return proc
+
+    def poll(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Output past the given offsets; ``exited`` only once all output has been returned."""
+        proc = self._get(req)
+        self.reap()
+        exited = proc.status is not None  # read the exit first: output written before it is in the files
+        out, out_more = _read_from(proc.out_path, int(req.get("stdout_offset") or 0))
+        err, err_more = _read_from(proc.err_path, int(req.get("stderr_offset") or 0))
+        value: dict[str, Any] = {"stdout_b64": base64.b64encode(out).decode(),
+                                 "stderr_b64": base64.b64encode(err).decode(), "exited": False}
+        if exited and not out_more and not err_more:
+            assert proc.status is not None
+            code, sig = procs.decode_status(proc.status)
+            value.update(exited=True, exit_code=code, signal=sig)
+            self._forget(proc)
+        return value
+
+    def write_input(self, req: dict[str, Any]) -> dict[str, Any]:
+        proc = self._get(req)
+        if proc.stdin_w is None:
+            raise BackgroundError(f"process {proc.pid} has no stdin (start it with stdin enabled)",
+                                  status=409, field="pid")
+        try:
+            data = base64.b64decode(str(req.get("data_b64") or ""), validate=True)
+        except ValueError:
+            raise BackgroundError("data_b64 must be base64", field="data_b64") from None
+        view = memoryview(data)
+        deadline = time.monotonic() + 2.0
+        while view:
+            try:
+                view = view[os.write(proc.stdin_w, view):]
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise BackgroundError(f"stdin of process {proc.pid} is full (it does not read)",
+                                          status=429, code="SB008", written=len(data) - len(view)) from None
+                time.sleep(0.005)
+            except BrokenPipeError:
+                raise BackgroundError(f"process {proc.pid} closed its stdin", status=409) from None
+        return {"written": len(data)}
+
+    def close_input(self, req: dict[str, Any]) -> dict[str, Any]:
+        proc = self._get(req)
+        if proc.stdin_w is not None:
+            os.close(proc.stdin_w)
+            proc.stdin_w = None
+        return {}
+
+    def send_signal(self, req: dict[str, Any]) -> dict[str, Any]:
+        proc = self._get(req)
+        name = str(req.get("signal") or "SIGKILL").upper()
+        sig = SIGNALS.get(name)
+        if sig is None:
+            raise BackgroundError(f"unsupported signal {name!r}", field="signal", allowed=sorted(SIGNALS))
+        if proc.status is not None:
+            return {"signalled": False}
+        if sig == signal.SIGKILL:
+            procs.kill_tree(proc.pid, keep=self.agent._keep_pids() - {proc.pid})
+        else:
+            try:
+                os.killpg(proc.pid, sig)  # the child called setsid: its group is its whole job
+            except OSError:
+                return {"signalled": False}
+        return {"signalled": True}
+
+    def list(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.reap()
+        return {"processes": [{"pid": p.pid, "command": p.command, "started": p.started,
+                               "running": p.status is None} for p in self.procs.values()]}
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def reap(self) -> None:
+        """Move exit statuses of our children from the agent's reaped table onto their entries."""
+        self.agent.on_wake()
+        for proc in self.procs.values():
+            if proc.status is None and proc.pid in self.agent.exited:
+                proc.status, _ = self.agent.exited.pop(proc.pid)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # what it left running in its group ends too
+                except OSError:
+                    pass
+
+    def _forget(self, proc: BgProc) -> None:
+        self.procs.pop(proc.pid, None)
+        if proc.stdin_w is not None:
+            try:
+                os.close(proc.stdin_w)
+            except OSError:
+                pass
+        for path in (proc.out_path, proc.err_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _read_from(path: str, offset: int) -> tuple[bytes, bool]:
+    """Up to POLL_CHUNK bytes from ``offset``; True when more is already there."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, offset))
+            data = f.read(POLL_CHUNK)
+    except OSError:
+        return b"", False
+    return data, max(0, offset) + len(data) < size
+
+
+OPS = {
+    "proc.start": Background.start,
+    "proc.poll": Background.poll,
+    "proc.input": Background.write_input,
+    "proc.close_stdin": Background.close_input,
+    "proc.signal": Background.send_signal,
+    "proc.list": Background.list,
+}

@@ -1,0 +1,50 @@
+"""Background processes in agent-backed boxes: start, poll, stdin, signal, list.
+
+A mixin for :class:`~execbox.providers.agent_backed.AgentBackedProvider`. Each method is one
+short agent request (``proc.*``, see ``execbox.agent.background``); the agent answers them even
+while an ``exec`` runs in the same box, and the host's agent client sends them beside it, so a
+long-running process never holds the box. Callers (the E2B envd process service) poll for output.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+PROC_OP_TIMEOUT = 30.0
+
+
+class BackgroundProcesses:
+    """Needs ``_get`` and ``_call`` from AgentBackedProvider."""
+
+    supports_background_processes = True
+
+    def _proc(self, instance_id: str, op: str, params: dict[str, Any]) -> Any:
+        inst = self._get(instance_id)  # type: ignore[attr-defined]
+        return self._call(inst, op, params, timeout=PROC_OP_TIMEOUT)  # type: ignore[attr-defined]
+
+    def start_process(self, instance_id: str, command: str, *, cwd: str | None = None,
+                      env: dict[str, str] | None = None, stdin: bool = False) -> int:
+        """Start ``bash -c command`` in the box; returns its pid there at once."""
+        value = self._proc(instance_id, "proc.start",
+                           {"command": command, "cwd": cwd, "env": env or {}, "stdin": bool(stdin)})
+        return int(value["pid"])
+
+    def poll_process(self, instance_id: str, pid: int, stdout_offset: int, stderr_offset: int) -> dict[str, Any]:
+        """New output (bytes) past the offsets; ``exited`` with ``exit_code``/``signal`` once all is read."""
+        v = self._proc(instance_id, "proc.poll",
+                       {"pid": pid, "stdout_offset": stdout_offset, "stderr_offset": stderr_offset})
+        return {**v, "stdout": base64.b64decode(v.pop("stdout_b64", "")),
+                "stderr": base64.b64decode(v.pop("stderr_b64", ""))}
+
+    def process_input(self, instance_id: str, pid: int, data: bytes) -> None:
+        self._proc(instance_id, "proc.input", {"pid": pid, "data_b64": base64.b64encode(data).decode()})
+
+    def close_process_input(self, instance_id: str, pid: int) -> None:
+        self._proc(instance_id, "proc.close_stdin", {"pid": pid})
+
+    def signal_process(self, instance_id: str, pid: int, signal: str = "SIGKILL") -> bool:
+        return bool(self._proc(instance_id, "proc.signal", {"pid": pid, "signal": signal}).get("signalled"))
+
+    def list_processes(self, instance_id: str) -> list[dict[str, Any]]:
+        return list(self._proc(instance_id, "proc.list", {}).get("processes") or [])

@@ -1,0 +1,100 @@
+"""Background processes in the agent: they run beside exec, files and each other (local provider)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from execbox.errors import SandboxError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def box():
+    from execbox.providers.local import LocalProvider
+
+    p = LocalProvider()
+    p.initialize({"max_memory": "512m"})
+    inst = p.create_instance("python")
+    yield p, inst.instance_id
+    p.shutdown()
+
+
+def _wait_exit(p, iid, pid, timeout=20.0) -> tuple[bytes, bytes, dict]:
+    out = err = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = p.poll_process(iid, pid, len(out), len(err))
+        out += v["stdout"]
+        err += v["stderr"]
+        if v["exited"]:
+            return out, err, v
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not end: {out!r} {err!r}")
+
+
+def test_output_exit_code_env_and_cwd(box) -> None:
+    p, iid = box
+    p.write_file(iid, "sub/f.txt", "x")
+    pid = p.start_process(iid, "echo out; echo err >&2; echo $GREETING; ls; exit 3", cwd="sub",
+                          env={"GREETING": "hej"})
+    out, err, v = _wait_exit(p, iid, pid)
+    assert (out, err, v["exit_code"]) == (b"out\nhej\nf.txt\n", b"err\n", 3)
+    with pytest.raises(SandboxError) as gone:  # reported once, then forgotten
+        p.poll_process(iid, pid, 0, 0)
+    assert gone.value.http_status == 404
+
+
+def test_runs_while_exec_holds_the_agent(box) -> None:
+    """A 3 s exec runs; meanwhile a background process starts, streams, takes stdin and is listed."""
+    p, iid = box
+    result = {}
+    runner = threading.Thread(target=lambda: result.setdefault(
+        "r", p.execute_code(iid, "import time; time.sleep(3); print('slow done')", "python", timeout=30)))
+    runner.start()
+    time.sleep(0.5)  # the exec is running now
+    t0 = time.monotonic()
+    pid = p.start_process(iid, "read line; echo got:$line; cat", stdin=True)
+    assert pid in [q["pid"] for q in p.list_processes(iid)]
+    p.process_input(iid, pid, b"hello\n")
+    p.process_input(iid, pid, b"more bytes\n")
+    p.close_process_input(iid, pid)  # EOF ends `cat`
+    out, _, v = _wait_exit(p, iid, pid)
+    assert time.monotonic() - t0 < 2.0, "the background process waited for the exec"
+    assert runner.is_alive()
+    assert out == b"got:hello\nmore bytes\n" and v["exit_code"] == 0
+    runner.join(30)
+    assert result["r"].stdout == "slow done\n"
+
+
+def test_signal_kills_the_whole_job_and_exec_does_not_reap_it(box) -> None:
+    p, iid = box
+    pid = p.start_process(iid, "sleep 61.234 & echo started; wait")
+    v = p.poll_process(iid, pid, 0, 0)
+    # an exec ending cleans up its own leftovers, never a background process
+    assert p.execute_code(iid, "print(1)", "python").stdout == "1\n"
+    assert pid in [q["pid"] for q in p.list_processes(iid) if q["running"]]
+    assert p.signal_process(iid, pid, "SIGKILL") is True
+    _, _, v = _wait_exit(p, iid, pid)
+    assert v["exited"] and v["signal"] == 9
+    r = p.run_command(iid, "pgrep -f 'sleep 61.23[4]' || echo none")
+    assert r.stdout.strip() == "none"
+
+
+def test_bad_requests(box) -> None:
+    p, iid = box
+    with pytest.raises(SandboxError) as e:
+        p.start_process(iid, "true", cwd="../../etc")
+    assert e.value.code == "SB002"
+    pid = p.start_process(iid, "sleep 30")
+    with pytest.raises(SandboxError) as e:  # started without stdin
+        p.process_input(iid, pid, b"x")
+    assert e.value.http_status == 409
+    with pytest.raises(SandboxError):
+        p.signal_process(iid, pid, "SIGBOGUS")
+    assert p.signal_process(iid, pid, "SIGTERM") is True
+    _, _, v = _wait_exit(p, iid, pid)
+    assert v["signal"] == 15
