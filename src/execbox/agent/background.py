@@ -89,6 +89,7 @@ class Background:
         out_fd = os.open(out_path, flags, 0o600)
         err_fd = os.open(err_path, flags, 0o600)
         in_r, in_w = os.pipe() if req.get("stdin") else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None)
+        sync_r, sync_w = os.pipe()  # both CLOEXEC: EOF on sync_r once the child exec'd bash
         pid = os.fork()
         if pid == 0:  # the child: becomes `bash -c CMD` with the sandbox user's rights
             try:
@@ -101,10 +102,24 @@ class Background:
                 os.chdir(cwd)
                 procs.apply_rlimits(agent.limits)
                 os.execve(agent.bash, [agent.bash, "--noprofile", "--norc", "-c", command], env)
-            except BaseException:  # noqa: BLE001
-                os._exit(127)
-        for fd in (out_fd, err_fd, in_r):
+            except BaseException as e:  # noqa: BLE001
+                try:
+                    os.write(sync_w, f"{type(e).__name__}: {e}".encode()[:500])
+                finally:
+                    os._exit(127)
+        for fd in (out_fd, err_fd, in_r, sync_w):
             os.close(fd)
+        # Wait for the exec: until then the child has the agent's signal dispositions, and a
+        # signal sent right after this reply would be lost.
+        failure = b""
+        while chunk := os.read(sync_r, 512):
+            failure += chunk
+        os.close(sync_r)
+        if failure:
+            if in_w is not None:
+                os.close(in_w)
+            raise BackgroundError(f"could not start the process: {failure.decode(errors='replace')}",
+                                  status=503, code="SB009")
         if in_w is not None:
             os.set_blocking(in_w, False)
         self.procs[pid] = BgProc(pid, command, out_path, err_path, in_w, time.time())
