@@ -117,6 +117,43 @@ def test_commands_foreground_background_kill(sbx) -> None:
     assert sbx.commands.run("echo after").stdout == "after\n"  # the session is usable again
 
 
+def test_stdin_send_and_close(sbx) -> None:
+    handle = sbx.commands.run("read a; echo first:$a; cat; echo eof", background=True, stdin=True)
+    sbx.commands.send_stdin(handle.pid, "one\n")
+    sbx.commands.send_stdin(handle.pid, b"two\nthree\n")
+    sbx.commands.close_stdin(handle.pid)  # EOF ends `cat`
+    r = handle.wait()
+    assert (r.stdout, r.exit_code) == ("first:one\ntwo\nthree\neof\n", 0)
+    quiet = sbx.commands.run("sleep 20", background=True)  # stdin not asked for
+    with pytest.raises(e2b.SandboxException):
+        sbx.commands.send_stdin(quiet.pid, "x")
+    assert sbx.commands.kill(quiet.pid) is True
+
+
+def test_background_command_does_not_hold_the_sandbox(sbx) -> None:
+    """While a background command streams and a 3 s cell runs, commands and files still answer."""
+    lines: list[str] = []
+    handle = sbx.commands.run("for i in $(seq 1 100); do echo beat $i; sleep 0.1; done", background=True)
+    listener = threading.Thread(target=lambda: _wait_quietly(handle, lines.append), daemon=True)
+    listener.start()
+    cell: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: cell.setdefault(
+        "ex", sbx.run_code("import time\ntime.sleep(3)\n'slept'")), daemon=True)
+    started = time.monotonic()
+    runner.start()
+    time.sleep(0.5)
+    seen_before = len(lines)
+    r = sbx.commands.run("echo beside")  # a second process while the cell and the loop run
+    assert r.stdout == "beside\n"
+    assert time.monotonic() - started < 2.5, "the command waited for the cell"
+    time.sleep(0.5)
+    assert len(lines) > seen_before, "background output stopped while the cell ran"
+    runner.join(30)
+    assert cell["ex"].text == "'slept'"
+    assert sbx.commands.kill(handle.pid) is True
+    listener.join(30)
+
+
 def test_command_timeout_ends_the_run(sbx) -> None:
     started = time.monotonic()
     with pytest.raises((e2b.TimeoutException, e2b.CommandExitException)):

@@ -1,9 +1,11 @@
-"""envd's process service (Connect RPC, process.Process) over execbox's run_command.
+"""envd's process service (Connect RPC, process.Process).
 
-A started process is one streamed ``run_command`` in the sandbox's session, through the service's
-Executor (quota slot, metrics, audit). Its output events fan out to the Start stream and to any
-Connect stream; SendSignal cancels the run in its box (the agent kills the whole process tree).
-stdin, PTY and resizing are not supported yet and answer UNIMPLEMENTED.
+On agent-backed providers a started process is one of the agent's background processes
+(``envd_bg``): it runs beside run_code, file operations and other processes, takes stdin
+(SendInput, StreamInput, CloseStdin) and signals, and its pid is its pid in the box. On other
+providers it is one streamed ``run_command`` through the service's RunService (quota slot,
+metrics, audit) holding the session, without stdin. Output events fan out to the Start stream and
+to any Connect stream. PTY and resizing are not supported yet and answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio.to_thread
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from protobuf import Oneof
@@ -24,6 +27,7 @@ from ...errors import SandboxError
 from ...models import ExecutionResult
 from ...providers.base import OutputCallback, SandboxProvider
 from ..executions import RunSpec
+from . import envd_bg
 from .envd_gen.process import process_pb as pb
 from .registry import E2BSandbox, Registry
 from .workspace import PathRefused, to_workspace
@@ -65,6 +69,7 @@ class Proc:
     tag: str | None
     provider: SandboxProvider | None = None
     instance_id: str | None = None
+    background: bool = False  # an agent background process: pid is the box pid
     done: bool = False
     subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -152,6 +157,29 @@ class ProcessService:
         command = shell_command(cfg)
         env = {**sb.env_vars, **dict(cfg.envs)}
         timeout = max(1.0, min(sb.end_at - time.time(), (ctx.timeout_ms or 3_600_000) / 1000))
+        try:
+            provider, instance_id = await anyio.to_thread.run_sync(envd_bg.resolve_box, self.state, sb)
+        except SandboxError as e:
+            raise connect_error(e) from None
+        if getattr(provider, "supports_background_processes", False):
+            stdin = request.stdin is None or bool(request.stdin)  # unset means on (older SDKs)
+            try:
+                pid = await anyio.to_thread.run_sync(lambda: provider.start_process(
+                    instance_id, command, cwd=None if cwd in (None, ".") else cwd, env=env, stdin=stdin))
+            except SandboxError as e:
+                raise connect_error(e) from None
+            bg = Proc(pid, cfg, request.tag, provider, instance_id, background=True)
+            events = bg.subscribe()
+            procs_of(sb)[pid] = bg
+            spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, None)  # type: ignore[arg-type]
+            envd_bg.start_follower(self.state, sb, bg, time.monotonic() + timeout, spec,
+                                   lambda: procs_of(sb).pop(pid, None))
+            yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
+            while True:
+                event = await events.get()
+                if event is None:
+                    return
+                yield pb.StartResponse(event=event)
         proc = Proc(next(_pids), cfg, request.tag)
         queue = proc.subscribe()
         procs_of(sb)[proc.pid] = proc
@@ -201,18 +229,59 @@ class ProcessService:
     async def send_signal(self, request: pb.SendSignalRequest, ctx: Any) -> pb.SendSignalResponse:
         sb = sandbox_for(self.reg, ctx)
         proc = self._find(sb, request.process)
-        if proc.provider is not None and proc.instance_id is not None:
+        if proc.background:
+            await self._bg(proc, "signal_process", envd_bg.signal_name(request.signal.value))
+        elif proc.provider is not None and proc.instance_id is not None:
             proc.provider.cancel(proc.instance_id)  # SIGTERM and SIGKILL both end the run's process tree
         return pb.SendSignalResponse()
+
+    async def _bg(self, proc: Proc, method: str, *args: Any) -> Any:
+        """One background-process request to the process's box (never through the session)."""
+        if not proc.background:
+            raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by this sandbox's provider")
+        fn = getattr(proc.provider, method)
+        try:
+            return await anyio.to_thread.run_sync(lambda: fn(proc.instance_id, proc.pid, *args))
+        except SandboxError as e:
+            raise connect_error(e) from None
+
+    @staticmethod
+    def _stdin_bytes(inp: pb.ProcessInput | None) -> bytes:
+        sel = inp.input if inp is not None else None
+        if sel is None:
+            return b""
+        if sel.field != "stdin":
+            raise ConnectError(Code.UNIMPLEMENTED, "PTY input is not supported by execbox yet")
+        return bytes(sel.value)
 
     async def update(self, request: pb.UpdateRequest, ctx: Any) -> pb.UpdateResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "PTY resize is not supported by execbox yet")
 
     async def stream_input(self, request: Any, ctx: Any) -> pb.StreamInputResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")
+        sb = sandbox_for(self.reg, ctx)
+        proc: Proc | None = None
+        async for msg in request:
+            event = msg.event
+            if event is None or event.field == "keepalive":
+                continue
+            if event.field == "start":
+                proc = self._find(sb, event.value.process)
+            elif proc is None:
+                raise ConnectError(Code.INVALID_ARGUMENT, "the first StreamInput message must select a process")
+            else:
+                data = self._stdin_bytes(event.value.input)
+                if data:
+                    await self._bg(proc, "process_input", data)
+        return pb.StreamInputResponse()
 
     async def send_input(self, request: pb.SendInputRequest, ctx: Any) -> pb.SendInputResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")
+        proc = self._find(sandbox_for(self.reg, ctx), request.process)
+        data = self._stdin_bytes(request.input)
+        if data:
+            await self._bg(proc, "process_input", data)
+        return pb.SendInputResponse()
 
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx: Any) -> pb.CloseStdinResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")
+        proc = self._find(sandbox_for(self.reg, ctx), request.process)
+        await self._bg(proc, "close_process_input")
+        return pb.CloseStdinResponse()
