@@ -244,6 +244,17 @@ def test_lifecycle_info_list_timeout_kill(e2b_env: Server) -> None:
         e2b.Sandbox.connect(sb.sandbox_id)
 
 
+def test_templates_map_to_runtimes(e2b_env: Server) -> None:
+    with pytest.raises(e2b.SandboxException) as missing:
+        e2b.Sandbox.create(template="no-such-template", timeout=30)
+    assert "404" in str(missing.value) and "not found" in str(missing.value)
+    sb = ci.Sandbox.create(template="sci", timeout=30)  # the jail runtime the provider runs
+    try:
+        assert sb.run_code("import numpy\nint(numpy.int64(7))").text == "7"
+    finally:
+        sb.kill()
+
+
 def test_timeout_expiry_kills(e2b_env: Server) -> None:
     sb = e2b.Sandbox.create(timeout=2)
     deadline = time.monotonic() + 20

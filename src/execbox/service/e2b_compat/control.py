@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from ...errors import SandboxError
 from ..auth import Principal
 from .registry import MAX_TIMEOUT, E2BSandbox, Registry, new_sandbox_id
+from .templates import TemplateRefused, runtime_for
 
 router = APIRouter(tags=["e2b (control plane)"], include_in_schema=False)
 
@@ -112,6 +113,10 @@ async def create(request: Request) -> Response:
         sessions = request.app.state.sessions
 
         def start_box() -> None:
+            try:
+                runtime_for(template, sessions.providers.current())
+            except TemplateRefused as e:
+                raise E2BError(e.status, e.message) from None
             with sessions.session(sb.tenant_id, sb.session_id):
                 pass  # created on first use: the box starts now, so create fails loudly here
 
