@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import contexts, executor, paths, privsep, procs, protocol, runners
+from . import contexts, executor, js_contexts, paths, privsep, procs, protocol, runners
 
 LANGS = ("python", "javascript", "bash")
 ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "python3": "python",
@@ -57,6 +57,12 @@ class Children:
                 pass
         for ctx in self.contexts.values():
             ctx.sock.close()
+        for js in self.js_contexts.values():
+            for fd in js.fds():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         for bg in self.bg.procs.values():  # EOF on a background stdin must not wait for us
             if bg.stdin_w is not None:
                 try:
@@ -112,14 +118,22 @@ class Children:
             def emit(name: str, text: str) -> None:
                 self.send({"id": rid, "event": name, "data": text})
         context_id = req.get("context_id")
-        if context_id is not None and spec["language"] != "python":
-            raise RequestError("context_id is supported for python only", field="context_id")
+        if context_id is not None and spec["language"] not in ("python", "javascript"):
+            raise RequestError("context_id is supported for python and javascript", field="context_id")
         before = executor.snapshot(self.artifacts)
         start = time.monotonic()
         ctx_note: dict[str, Any] = {}
         read_fds: tuple[int, ...] = ()
+        js_state: dict[str, Any] | None = None
         try:
-            if context_id is not None:
+            if context_id is not None and spec["language"] == "javascript":
+                watch, kill, ctx_note, js_state = js_contexts.run_in_context(self, str(context_id), spec, req)
+                res_r, res_w = os.pipe()  # results come with the context's reply, not on a pipe
+                os.close(res_w)
+                read_fds = (res_r,)
+                js = self.js_contexts[str(context_id)]
+                out_r, err_r = js.out_r, js.err_r
+            elif context_id is not None:
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
                 res_r, res_w = os.pipe()
@@ -132,7 +146,8 @@ class Children:
                         os.close(fd)
             else:
                 watch, kill, read_fds = self._start_oneshot(spec, req, prefix)
-            out_r, err_r, res_r = read_fds
+            if js_state is None:
+                out_r, err_r, res_r = read_fds
             streams = [executor.Stream("stdout", out_r, cap, emit), executor.Stream("stderr", err_r, cap, emit)]
             out = executor.pump(
                 watch, streams, res_r, start + spec["timeout"], self.wake_r, self.proto_in,
@@ -152,7 +167,8 @@ class Children:
             ctx_note["context_note"] = (f"context {context_id!r} was killed "
                                         f"({'timeout' if out['timed_out'] else 'ended'}); "
                                         "its state is lost and the next run starts fresh")
-        result, oom_marker = executor.parse_result(out["result_raw"])
+        result, oom_marker = executor.parse_result(
+            out["result_raw"] if js_state is None else js_state.get("result_raw", b""))
         stderr = streams[1].text()
         oom = oom_marker or executor.looks_oom(stderr, out["exit"])
         artifacts = executor.collect_artifacts(self.artifacts, before, "artifacts",
@@ -318,15 +334,18 @@ class Children:
 
     def _keep_pids(self) -> set[int]:
         """Children that outlive a run: contexts, background processes and the waiting spare."""
-        keep = self._context_pids() | self.bg.pids()
+        keep = self._context_pids() | self.bg.pids() | {c.pid for c in self.js_contexts.values()}
         if self.spare is not None:
             keep.add(self.spare.pid)
         return keep
 
-    def _spawn_context(self, context_id: str) -> contexts.Context:
-        if len(self.contexts) >= contexts.MAX_CONTEXTS:
+    def _check_context_room(self) -> None:
+        if len(self.contexts) + len(self.js_contexts) >= contexts.MAX_CONTEXTS:
             raise RequestError(f"too many contexts (max {contexts.MAX_CONTEXTS}); reset one first",
                                status=429, code="SB008", field="context_id")
+
+    def _spawn_context(self, context_id: str) -> contexts.Context:
+        self._check_context_room()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:
@@ -343,6 +362,10 @@ class Children:
         return ctx
 
     def _drop_context(self, context_id: str) -> None:
+        js = self.js_contexts.pop(context_id, None)
+        if js is not None:
+            js_contexts.close(js, self._keep_pids())
+            self.reset_contexts.add(context_id)
         ctx = self.contexts.pop(context_id, None)
         if ctx is not None:
             executor.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on

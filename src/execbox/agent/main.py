@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from . import background, contexts, executor, fileops, fsextra, privsep, procs, protocol
+from . import background, contexts, executor, fileops, fsextra, js_contexts, privsep, procs, protocol
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
 
 AGENT_VERSION = "1"
@@ -52,6 +52,7 @@ class Agent(Children):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         self.exited: dict[int, tuple[int, Any]] = {}
         self.contexts: dict[str, contexts.Context] = {}
+        self.js_contexts: dict[str, js_contexts.JsContext] = {}
         self.reset_contexts: set[str] = set()
         self.frames = protocol.FrameBuffer()
         self.pending: collections.deque[dict[str, Any]] = collections.deque()
@@ -148,6 +149,8 @@ class Agent(Children):
         self._discard_spare()
         for ctx in list(self.contexts.values()):
             executor.kill_quietly(ctx.pid)
+        for js in list(self.js_contexts.values()):
+            executor.kill_quietly(js.pid)
         procs.kill_tree(os.getpid(), include_root=False)
         shutil.rmtree(self.tmp, ignore_errors=True)
         shutil.rmtree(self.bg.dir, ignore_errors=True)
@@ -184,11 +187,11 @@ class Agent(Children):
         raise RequestError(f"unknown operation {op!r}", field="op")
 
     def op_ping(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
-        return {"pong": True, "pid": os.getpid(), "contexts": sorted(self.contexts)}
+        return {"pong": True, "pid": os.getpid(), "contexts": sorted({*self.contexts, *self.js_contexts})}
 
     def op_context_reset(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
         cid = str(req.get("context_id"))
-        existed = cid in self.contexts
+        existed = cid in self.contexts or cid in self.js_contexts
         self._drop_context(cid)
         self.reset_contexts.discard(cid)
         return {"reset": existed}

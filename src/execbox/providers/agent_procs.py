@@ -48,3 +48,9 @@ class BackgroundProcesses:
 
     def list_processes(self, instance_id: str) -> list[dict[str, Any]]:
         return list(self._proc(instance_id, "proc.list", {}).get("processes") or [])
+
+    def reset_context(self, instance_id: str, context_id: str) -> bool:
+        """End a Python or JavaScript context (its globals are gone); False if it did not exist."""
+        inst = self._get(instance_id)  # type: ignore[attr-defined]
+        value = self._call(inst, "context.reset", {"context_id": context_id}, timeout=PROC_OP_TIMEOUT)  # type: ignore[attr-defined]
+        return bool(value.get("reset"))

@@ -74,6 +74,19 @@ def test_run_code_javascript(sbx) -> None:
     assert ex.error is not None and ex.error.name == "TypeError" and "bad thing" in ex.error.value
 
 
+def test_javascript_contexts_keep_state(sbx) -> None:
+    sbx.run_code("var counter = 40; const double = (n) => n * 2", language="javascript")
+    ex = sbx.run_code("counter += 1; double(counter)", language="javascript")
+    assert ex.error is None and ex.text == "82"
+    ctx = sbx.create_code_context(language="javascript")
+    assert sbx.run_code("typeof counter", context=ctx).text == "undefined"  # contexts are separate
+    sbx.run_code("globalThis.seen = await_me = 'x'", context=ctx)
+    assert sbx.run_code("new Promise(r => setTimeout(() => r(seen + '!'), 20))", context=ctx).text == "x!"
+    sbx.restart_code_context(ctx)
+    assert sbx.run_code("typeof seen", context=ctx).text == "undefined"
+    sbx.remove_code_context(ctx)
+
+
 def test_code_contexts(sbx) -> None:
     ctx = sbx.create_code_context(language="python")
     assert ctx.id in [c.id for c in sbx.list_code_contexts()]

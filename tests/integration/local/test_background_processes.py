@@ -98,3 +98,24 @@ def test_bad_requests(box) -> None:
     assert p.signal_process(iid, pid, "SIGTERM") is True
     _, _, v = _wait_exit(p, iid, pid)
     assert v["signal"] == 15
+
+
+def test_javascript_contexts_keep_globals_and_restart_after_timeout(box) -> None:
+    import shutil
+
+    from tests.conftest import require
+
+    require(shutil.which("node") is not None, "node (JavaScript contexts)")
+    p, iid = box
+    r = p.execute_code(iid, "var a = 41; let b = 1; function f() { return a + b }; console.log('set')",
+                       "javascript", context_id="js1")
+    assert (r.stdout, r.exit_code, r.metadata.get("context_new")) == ("set\n", 0, True)
+    r = p.execute_code(iid, "console.error('e'); f()", "javascript", context_id="js1")
+    assert (r.stderr, r.result, r.metadata.get("context_new")) == ("e\n", 42, None)
+    assert p.execute_code(iid, "typeof a", "javascript", context_id="js2").result == "undefined"
+    r = p.execute_code(iid, "while (true) {}", "javascript", timeout=1, context_id="js1")
+    assert r.timed_out and r.metadata.get("context_reset")
+    r = p.execute_code(iid, "typeof f", "javascript", context_id="js1")
+    assert r.result == "undefined" and r.metadata.get("context_restarted")
+    assert p.reset_context(iid, "js2") is True
+    assert p.reset_context(iid, "js2") is False
