@@ -144,6 +144,8 @@ class AgentBackedProvider(BackgroundProcesses, SandboxProvider):
         box = None
         if self._pool is not None and workspace is None:
             box = self._pool.take(self.warm_pool_wait)
+        elif self._pool is not None and workspace is not None:
+            box = self.adopt_pooled(self._pool, workspace)
         from_pool = box is not None
         if box is None:
             try:

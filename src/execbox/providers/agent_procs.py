@@ -1,4 +1,4 @@
-"""Background processes in agent-backed boxes: start, poll, stdin, signal, list.
+"""Background processes in agent-backed boxes: start, poll, stdin, signal, list; pooled session boxes.
 
 A mixin for :class:`~execbox.providers.agent_backed.AgentBackedProvider`. Each method is one
 short agent request (``proc.*``, see ``execbox.agent.background``); the agent answers them even
@@ -18,6 +18,31 @@ class BackgroundProcesses:
     """Needs ``_get`` and ``_call`` from AgentBackedProvider."""
 
     supports_background_processes = True
+
+    def can_adopt_workspace(self, workspace: str) -> bool:
+        """Whether a warm pooled box may become the box of a session with this (new) workspace."""
+        return False
+
+    def adopt_pooled(self, pool: Any, workspace: str) -> Any:
+        """A warm box from ``pool`` made the box of a new session's ``workspace``, or None (cold start).
+
+        Sessions bind their own workspace, so pooled boxes (started without one) were only for
+        one-shot runs; a backend whose boxes can adopt a workspace (the jail: its fresh quota
+        image becomes the session's) turns session start into a pool hit.
+        """
+        if not self.can_adopt_workspace(workspace):
+            return None
+        box = pool.take(0.0)
+        if box is None:
+            return None
+        adopt = getattr(box, "adopt_workspace", None)
+        try:
+            if adopt is not None and adopt(workspace):
+                return box
+        except OSError:
+            pass
+        box.destroy()
+        return None
 
     def _proc(self, instance_id: str, op: str, params: dict[str, Any]) -> Any:
         inst = self._get(instance_id)  # type: ignore[attr-defined]

@@ -152,6 +152,13 @@ class JailProvider(AgentBackedProvider):
                                               details={"provider": self.name})
         return start_jail_box(self._settings, workspace)
 
+    def can_adopt_workspace(self, workspace: str) -> bool:
+        """A new session's empty workspace on the boxes' filesystem can take a warm pooled box."""
+        from ..boxes import quota
+        from ..boxes.jail_box import boxes_dir
+
+        return quota.loop_quota_possible()[0] and quota.dir_adoptable(workspace, boxes_dir())
+
     def shutdown(self) -> None:
         super().shutdown()
         if not drain():
