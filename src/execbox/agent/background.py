@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import paths, privsep, procs
+from . import paths, privsep, procs, pty_relay
 
 MAX_PROCESSES = 64
 POLL_CHUNK = 256 * 1024  # bytes of each stream one poll returns at most
@@ -45,6 +45,7 @@ class BgProc:
     stdin_w: int | None
     started: float
     status: int | None = None  # wait status once reaped
+    ctl_w: int | None = None  # a PTY relay's window-size pipe
 
 
 class Background:
@@ -88,7 +89,13 @@ class Background:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         out_fd = os.open(out_path, flags, 0o600)
         err_fd = os.open(err_path, flags, 0o600)
-        in_r, in_w = os.pipe() if req.get("stdin") else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None)
+        pty = req.get("pty")
+        if pty is not None and not isinstance(pty, dict):
+            raise BackgroundError("pty must be an object {cols, rows}", field="pty")
+        want_stdin = bool(req.get("stdin")) or pty is not None
+        in_r, in_w = os.pipe() if want_stdin else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None)
+        ctl_r, ctl_w = os.pipe() if pty is not None else (-1, None)
+        argv = [agent.bash, "--noprofile", "--norc", "-c", command]
         sync_r, sync_w = os.pipe()  # both CLOEXEC: EOF on sync_r once the child exec'd bash
         pid = os.fork()
         if pid == 0:  # the child: becomes `bash -c CMD` with the sandbox user's rights
@@ -96,19 +103,24 @@ class Background:
                 agent.child_prepare()
                 for sig in privsep.IGNORED_SIGNALS:
                     signal.signal(sig, signal.SIG_DFL)
+                if pty is not None:
+                    os.close(sync_w)  # the relay is running: start() may answer
+                    pty_relay.relay_main(argv, env, cwd, pty, out_fd, in_r, ctl_r,
+                                         lambda: procs.apply_rlimits(agent.limits))
                 os.dup2(in_r, 0)
                 os.dup2(out_fd, 1)
                 os.dup2(err_fd, 2)
                 os.chdir(cwd)
                 procs.apply_rlimits(agent.limits)
-                os.execve(agent.bash, [agent.bash, "--noprofile", "--norc", "-c", command], env)
+                os.execve(agent.bash, argv, env)
             except BaseException as e:  # noqa: BLE001
                 try:
                     os.write(sync_w, f"{type(e).__name__}: {e}".encode()[:500])
                 finally:
                     os._exit(127)
-        for fd in (out_fd, err_fd, in_r, sync_w):
-            os.close(fd)
+        for fd in (out_fd, err_fd, in_r, sync_w, ctl_r):
+            if fd >= 0:
+                os.close(fd)
         # Wait for the exec: until then the child has the agent's signal dispositions, and a
         # signal sent right after this reply would be lost.
         failure = b""
@@ -116,13 +128,14 @@ class Background:
             failure += chunk
         os.close(sync_r)
         if failure:
-            if in_w is not None:
-                os.close(in_w)
+            for fd in (in_w, ctl_w):
+                if fd is not None:
+                    os.close(fd)
             raise BackgroundError(f"could not start the process: {failure.decode(errors='replace')}",
                                   status=503, code="SB009")
         if in_w is not None:
             os.set_blocking(in_w, False)
-        self.procs[pid] = BgProc(pid, command, out_path, err_path, in_w, time.time())
+        self.procs[pid] = BgProc(pid, command, out_path, err_path, in_w, time.time(), ctl_w=ctl_w)
         return {"pid": pid}
 
     def _get(self, req: dict[str, Any]) -> BgProc:
@@ -178,6 +191,16 @@ class Background:
             proc.stdin_w = None
         return {}
 
+    def resize(self, req: dict[str, Any]) -> dict[str, Any]:
+        proc = self._get(req)
+        if proc.ctl_w is None:
+            raise BackgroundError(f"process {proc.pid} has no terminal", status=409, field="pid")
+        cols, rows = req.get("cols"), req.get("rows")
+        if not all(isinstance(v, int) and 0 < v < 10000 for v in (cols, rows)):
+            raise BackgroundError("cols and rows must be positive integers", field="cols")
+        os.write(proc.ctl_w, f"{cols} {rows}\n".encode())
+        return {}
+
     def send_signal(self, req: dict[str, Any]) -> dict[str, Any]:
         proc = self._get(req)
         name = str(req.get("signal") or "SIGKILL").upper()
@@ -214,11 +237,12 @@ class Background:
 
     def _forget(self, proc: BgProc) -> None:
         self.procs.pop(proc.pid, None)
-        if proc.stdin_w is not None:
-            try:
-                os.close(proc.stdin_w)
-            except OSError:
-                pass
+        for fd in (proc.stdin_w, proc.ctl_w):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         for path in (proc.out_path, proc.err_path):
             try:
                 os.unlink(path)
@@ -245,4 +269,5 @@ OPS = {
     "proc.close_stdin": Background.close_input,
     "proc.signal": Background.send_signal,
     "proc.list": Background.list,
+    "proc.resize": Background.resize,
 }

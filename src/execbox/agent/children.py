@@ -64,11 +64,12 @@ class Children:
                 except OSError:
                     pass
         for bg in self.bg.procs.values():  # EOF on a background stdin must not wait for us
-            if bg.stdin_w is not None:
-                try:
-                    os.close(bg.stdin_w)
-                except OSError:
-                    pass
+            for fd in (bg.stdin_w, bg.ctl_w):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
         if self.spare is not None:  # another child must not feed or read the waiting spare
             for fd in (self.spare.ctl_w, self.spare.out_r, self.spare.err_r, self.spare.res_r):
                 try:

@@ -49,18 +49,27 @@ class BackgroundProcesses:
         return self._call(inst, op, params, timeout=PROC_OP_TIMEOUT)  # type: ignore[attr-defined]
 
     def start_process(self, instance_id: str, command: str, *, cwd: str | None = None,
-                      env: dict[str, str] | None = None, stdin: bool = False) -> int:
-        """Start ``bash -c command`` in the box; returns its pid there at once."""
-        value = self._proc(instance_id, "proc.start",
-                           {"command": command, "cwd": cwd, "env": env or {}, "stdin": bool(stdin)})
-        return int(value["pid"])
+                      env: dict[str, str] | None = None, stdin: bool = False,
+                      pty: tuple[int, int] | None = None) -> int:
+        """Start ``bash -c command`` in the box; returns its pid there at once.
+
+        ``pty=(cols, rows)`` runs it on a pseudo-terminal: its output is one stream (stdout) and
+        stdin is the terminal's input.
+        """
+        params: dict[str, Any] = {"command": command, "cwd": cwd, "env": env or {}, "stdin": bool(stdin)}
+        if pty is not None:
+            params["pty"] = {"cols": int(pty[0]), "rows": int(pty[1])}
+        return int(self._proc(instance_id, "proc.start", params)["pid"])
+
+    def resize_process(self, instance_id: str, pid: int, cols: int, rows: int) -> None:
+        self._proc(instance_id, "proc.resize", {"pid": pid, "cols": cols, "rows": rows})
 
     def poll_process(self, instance_id: str, pid: int, stdout_offset: int, stderr_offset: int) -> dict[str, Any]:
         """New output (bytes) past the offsets; ``exited`` with ``exit_code``/``signal`` once all is read."""
         v = self._proc(instance_id, "proc.poll",
                        {"pid": pid, "stdout_offset": stdout_offset, "stderr_offset": stderr_offset})
-        return {**v, "stdout": base64.b64decode(v.pop("stdout_b64", "")),
-                "stderr": base64.b64decode(v.pop("stderr_b64", ""))}
+        out, err = v.pop("stdout_b64", ""), v.pop("stderr_b64", "")
+        return {**v, "stdout": base64.b64decode(out), "stderr": base64.b64decode(err)}
 
     def process_input(self, instance_id: str, pid: int, data: bytes) -> None:
         self._proc(instance_id, "proc.input", {"pid": pid, "data_b64": base64.b64encode(data).decode()})

@@ -167,6 +167,21 @@ def test_background_command_does_not_hold_the_sandbox(sbx) -> None:
     listener.join(30)
 
 
+def test_pty_create_input_resize_exit(sbx) -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    term = sbx.pty.create(PtySize(rows=30, cols=100), timeout=60)
+    sbx.pty.send_stdin(term.pid, b"stty size; tty\n")
+    sbx.pty.resize(term.pid, PtySize(rows=40, cols=120))
+    sbx.pty.send_stdin(term.pid, b"sleep 0.2; stty size; exit 7\n")
+    chunks: list[bytes] = []
+    with pytest.raises(e2b.CommandExitException) as ended:
+        term.wait(on_pty=chunks.append)
+    text = b"".join(chunks).decode(errors="replace")
+    assert ended.value.exit_code == 7
+    assert "/dev/pts/" in text and "40 120" in text, text
+
+
 def test_command_timeout_ends_the_run(sbx) -> None:
     started = time.monotonic()
     with pytest.raises((e2b.TimeoutException, e2b.CommandExitException)):

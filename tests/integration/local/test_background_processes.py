@@ -119,3 +119,18 @@ def test_javascript_contexts_keep_globals_and_restart_after_timeout(box) -> None
     assert r.result == "undefined" and r.metadata.get("context_restarted")
     assert p.reset_context(iid, "js2") is True
     assert p.reset_context(iid, "js2") is False
+
+
+def test_pty_process_has_a_terminal_and_takes_resizes(box) -> None:
+    p, iid = box
+    pid = p.start_process(iid, "stty size; read line; stty size; echo got:$line; exit 4", pty=(100, 30))
+    time.sleep(0.2)
+    p.resize_process(iid, pid, 120, 40)
+    p.process_input(iid, pid, b"typed\n")
+    out, err, v = _wait_exit(p, iid, pid)
+    assert err == b"" and v["exit_code"] == 4  # a terminal has one output stream
+    assert out.replace(b"\r\n", b"\n").endswith(b"40 120\ngot:typed\n"), out
+    assert out.startswith(b"30 100\r\n")
+    with pytest.raises(SandboxError) as e:  # no terminal, nothing to resize
+        p.resize_process(iid, p.start_process(iid, "sleep 5"), 80, 24)
+    assert e.value.http_status == 409

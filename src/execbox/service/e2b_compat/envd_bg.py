@@ -97,7 +97,7 @@ def follow(state: Any, sb: Any, proc: Any, deadline: float, spec: RunSpec, forge
             chunk = v[stream]
             if chunk:
                 got = True
-                proc.publish(_data(stream, chunk))
+                proc.publish(_data("pty" if proc.pty and stream == "stdout" else stream, chunk))
                 if off_key == "out":
                     out_off += len(chunk)
                 else:

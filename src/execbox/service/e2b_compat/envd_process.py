@@ -4,8 +4,9 @@ On agent-backed providers a started process is one of the agent's background pro
 (``envd_bg``): it runs beside run_code, file operations and other processes, takes stdin
 (SendInput, StreamInput, CloseStdin) and signals, and its pid is its pid in the box. On other
 providers it is one streamed ``run_command`` through the service's RunService (quota slot,
-metrics, audit) holding the session, without stdin. Output events fan out to the Start stream and
-to any Connect stream. PTY and resizing are not supported yet and answer UNIMPLEMENTED.
+metrics, audit) holding the session, without stdin or PTY. Output events fan out to the Start
+stream and to any Connect stream. A PTY process runs behind the agent's pty relay; its output is
+sent as pty data, SendInput's stdin/pty bytes are its terminal input and Update resizes it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Proc:
     provider: SandboxProvider | None = None
     instance_id: str | None = None
     background: bool = False  # an agent background process: pid is the box pid
+    pty: bool = False  # on a pseudo-terminal: output travels as pty data
     done: bool = False
     subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -148,8 +150,6 @@ class ProcessService:
     async def start(self, request: pb.StartRequest, ctx: Any):  # noqa: ANN201
         sb = sandbox_for(self.reg, ctx)
         cfg = request.process or pb.ProcessConfig()
-        if request.pty is not None:
-            raise ConnectError(Code.UNIMPLEMENTED, "PTY is not supported by execbox yet")
         try:
             cwd = to_workspace(cfg.cwd) if cfg.cwd else None
         except PathRefused as e:
@@ -161,14 +161,18 @@ class ProcessService:
             provider, instance_id = await anyio.to_thread.run_sync(envd_bg.resolve_box, self.state, sb)
         except SandboxError as e:
             raise connect_error(e) from None
+        pty = None
+        if request.pty is not None:
+            size = request.pty.size
+            pty = (size.cols if size else 80, size.rows if size else 24)
         if getattr(provider, "supports_background_processes", False):
             stdin = request.stdin is None or bool(request.stdin)  # unset means on (older SDKs)
             try:
                 pid = await anyio.to_thread.run_sync(lambda: provider.start_process(
-                    instance_id, command, cwd=None if cwd in (None, ".") else cwd, env=env, stdin=stdin))
+                    instance_id, command, cwd=None if cwd in (None, ".") else cwd, env=env, stdin=stdin, pty=pty))
             except SandboxError as e:
                 raise connect_error(e) from None
-            bg = Proc(pid, cfg, request.tag, provider, instance_id, background=True)
+            bg = Proc(pid, cfg, request.tag, provider, instance_id, background=True, pty=pty is not None)
             events = bg.subscribe()
             procs_of(sb)[pid] = bg
             spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, None)  # type: ignore[arg-type]
@@ -180,6 +184,8 @@ class ProcessService:
                 if event is None:
                     return
                 yield pb.StartResponse(event=event)
+        if pty is not None:
+            raise ConnectError(Code.UNIMPLEMENTED, "PTY needs an agent-backed provider (jail, Docker, Kubernetes)")
         proc = Proc(next(_pids), cfg, request.tag)
         queue = proc.subscribe()
         procs_of(sb)[proc.pid] = proc
@@ -250,12 +256,16 @@ class ProcessService:
         sel = inp.input if inp is not None else None
         if sel is None:
             return b""
-        if sel.field != "stdin":
-            raise ConnectError(Code.UNIMPLEMENTED, "PTY input is not supported by execbox yet")
-        return bytes(sel.value)
+        return bytes(sel.value)  # stdin or pty bytes: a PTY process's stdin is its terminal
 
     async def update(self, request: pb.UpdateRequest, ctx: Any) -> pb.UpdateResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "PTY resize is not supported by execbox yet")
+        proc = self._find(sandbox_for(self.reg, ctx), request.process)
+        size = request.pty.size if request.pty is not None else None
+        if size is not None:
+            if not proc.pty:
+                raise ConnectError(Code.FAILED_PRECONDITION, "the process has no terminal")
+            await self._bg(proc, "resize_process", size.cols, size.rows)
+        return pb.UpdateResponse()
 
     async def stream_input(self, request: Any, ctx: Any) -> pb.StreamInputResponse:
         sb = sandbox_for(self.reg, ctx)
