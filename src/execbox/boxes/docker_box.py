@@ -4,16 +4,14 @@ The container is created with every limit up front (network none, memory/CPU/pid
 root, tmpfs /tmp, per-box workspace volume, non-root, no capabilities, no-new-privileges), the
 attach stream is opened *before* start so the agent's ready frame cannot be missed, and the
 stream is demultiplexed here (no TTY: Docker prefixes each chunk with an 8-byte header).
-Never ``docker exec``: one long-lived stream per box. Also here: the owner labels that let a
-restarted service find and remove what a dead execbox process left on the engine.
+Never ``docker exec``: one long-lived stream per box. Owner labels live in docker_owner.py, OOM
+detection in docker_oom.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 import select
 import socket
 import struct
@@ -26,15 +24,11 @@ from ..errors import InstanceCreationError
 from . import oci_seccomp
 from .agent_client import AgentClient
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
+from .docker_oom import OOM_SETTLE_SECONDS, at_memory_limit, exit_state, oom_file, read_oom_kills
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
 
 log = logging.getLogger("execbox.docker")
 
-LABEL_PREFIX = "execbox."
-OWNER_LABEL = "execbox.owner"
-REGISTRY_LABEL = "execbox.registry"
-"""Set on a session's container when a persistent session registry tracks it (value: the
-workspaces root that registry's sessions live under); such a container survives a restart."""
 STDOUT, STDERR = 1, 2
 STDERR_TAIL = 8192
 
@@ -206,7 +200,7 @@ class DockerBox(Box):
         self.transport = transport
         self.remover: Callable[[Callable[[], None]], None] | None = None
         self.keep_workspace = spec.host_workspace is not None
-        self._oom_file = _oom_file(container_id)
+        self._oom_file = oom_file(container_id)
         self._oom_seen = 0
         self.claimed_by: dict[str, str] = {}
         self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
@@ -218,8 +212,8 @@ class DockerBox(Box):
 
     def oom_events(self) -> int:
         """OOM kills in the container's memory cgroup; from container state once it has exited."""
-        count = _read_oom_kills(self._oom_file) if self._oom_file else None
-        if self.client.dead and not count and self._oom_file and _at_memory_limit(self._oom_file):
+        count = read_oom_kills(self._oom_file) if self._oom_file else None
+        if self.client.dead and not count and self._oom_file and at_memory_limit(self._oom_file):
             # gVisor's sentry can kill the sandbox at its memory limit without a host OOM kill: a box
             # that died with its peak at the limit ran out of memory.
             count = 1
@@ -314,7 +308,7 @@ def start_container(docker_client: Any, spec: ContainerSpec,
             client.wait_ready(ready_timeout)
         except InstanceCreationError as e:
             tail = transport.stderr_tail.decode("utf-8", "replace")[-2000:]
-            raise InstanceCreationError(f"{e.message}; {_exit_state(api, container_id)}; "
+            raise InstanceCreationError(f"{e.message}; {exit_state(api, container_id)}; "
                                         f"agent stderr: {tail or '(empty)'}",
                                         details={"container": spec.name, "runtime": spec.runtime}) from None
         return box
@@ -373,128 +367,3 @@ def reattach_container(docker_client: Any, container_id: str, workspace: str | N
     box = DockerBox(spec.name, client, docker_client, attrs["Id"], spec, transport)
     box.keep_workspace = workspace is not None
     return box
-
-
-def _exit_state(api: Any, container_id: str) -> str:
-    """Why a container stopped, from its state (exit code, OOM, engine error)."""
-    try:
-        st = api.inspect_container(container_id)["State"]
-    except Exception as e:  # noqa: BLE001
-        return f"container state unknown ({e})"
-    parts = [f"container {st.get('Status')}", f"exit code {st.get('ExitCode')}"]
-    if st.get("OOMKilled"):
-        parts.append("OOM-killed")
-    if st.get("Error"):
-        parts.append(f"engine error: {st['Error']}")
-    return ", ".join(parts)
-
-
-def _oom_file(container_id: str) -> str | None:
-    for path in (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.oom_control",
-                 f"/sys/fs/cgroup/docker/{container_id}/memory.events",
-                 f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.events"):
-        if os.path.exists(path):
-            return path
-    return None
-
-
-def _read_oom_kills(path: str) -> int | None:
-    try:
-        with open(path, encoding="ascii") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    m = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
-    return int(m.group(1)) if m else None
-
-
-MEMORY_LIMIT_FRACTION = 0.95
-"""A dead box whose peak memory reached this share of its limit is counted as out of memory."""
-
-
-def _at_memory_limit(oom_file: str) -> bool:
-    """Whether the container's memory cgroup peaked at its limit (v1 and v2 file names)."""
-    d = os.path.dirname(oom_file)
-    for peak_name, limit_name in (("memory.max_usage_in_bytes", "memory.limit_in_bytes"),
-                                  ("memory.peak", "memory.max")):
-        try:
-            with open(os.path.join(d, peak_name), encoding="ascii") as fh:
-                peak = int(fh.read().strip())
-            with open(os.path.join(d, limit_name), encoding="ascii") as fh:
-                raw = fh.read().strip()
-        except (OSError, ValueError):
-            continue
-        if not raw.isdigit():
-            return False  # "max": no limit to reach
-        return peak >= int(raw) * MEMORY_LIMIT_FRACTION
-    return False
-
-
-def _proc_start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def owner_id(pid: int | None = None) -> str:
-    """``host:pid:start-time``: identifies this process, robust against pid reuse."""
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}:{pid}:{_proc_start_time(pid)}"
-
-
-def owner_is_gone(owner: str) -> bool:
-    """True when ``owner`` names a process on this host that no longer exists."""
-    try:
-        host, pid, start = owner.rsplit(":", 2)
-    except ValueError:
-        return False
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    return _proc_start_time(int(pid)) != start
-
-
-def labelled_resources(client: Any, label_filter: str) -> tuple[list[Any], list[Any]]:
-    """(containers incl. stopped, volumes) matching a Docker label filter."""
-    return (client.containers.list(all=True, filters={"label": label_filter}, ignore_removed=True),
-            client.volumes.list(filters={"label": label_filter}))
-
-
-OOM_SETTLE_SECONDS = 5
-"""How long a dead box's container may take to stop before its OOM state is read."""
-
-
-def remove_all(objects: list[Any]) -> int:
-    removed = 0
-    for obj in objects:
-        try:
-            obj.remove(force=True)
-            removed += 1
-        except Exception as e:  # noqa: BLE001 - gone already, or in use for a moment
-            log.warning("removing %s failed: %s", getattr(obj, "name", obj), e)
-    return removed
-
-
-def remove_stale(client: Any, me: str) -> int:
-    """Remove containers, then volumes, labelled by an execbox process that no longer exists."""
-    containers, volumes = labelled_resources(client, OWNER_LABEL)
-
-    def stale(labels: dict[str, str] | None) -> bool:
-        owner = (labels or {}).get(OWNER_LABEL, "")
-        if (labels or {}).get(REGISTRY_LABEL):
-            return False  # a registered session's box outlives its process: the registry decides
-        return bool(owner) and owner != me and owner_is_gone(owner)
-
-    removed = remove_all([c for c in containers if stale(c.labels)])
-    removed += remove_all([v for v in volumes if stale(v.attrs.get("Labels"))])
-    if removed:
-        log.info("docker: removed %d stale containers/volumes of dead execbox processes", removed)
-    return removed
-
-
-def safe_name(*parts: str) -> str:
-    """A container/volume name from free-form ids: [a-zA-Z0-9_.-] only, bounded length."""
-    text = "-".join(re.sub(r"[^a-zA-Z0-9_.-]", "_", p)[:40] for p in parts if p)
-    return text[:120]
-

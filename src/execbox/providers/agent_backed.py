@@ -7,21 +7,18 @@ SB error mapping live here once.
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..boxes.agent_client import BoxDied
 from ..boxes.box import Box
 from ..boxes.pool import BoxPool
-from ..egress.policy import EgressPolicy, parse_policy
+from ..egress.policy import EgressPolicy
 from ..errors import (
     InstanceCreationError,
     InvalidConfigError,
@@ -32,14 +29,13 @@ from ..errors import (
 from ..models import (
     Artifact,
     ExecutionResult,
-    FileInfo,
-    GrepMatch,
     Language,
     SandboxInstance,
-    TextPage,
     make_instance_id,
 )
 from ..policy import AstPolicy
+from .agent_egress import AgentEgressMixin, egress_link
+from .agent_files import AgentFilesMixin
 from .agent_procs import BackgroundProcesses
 from .base import OutputCallback, SandboxProvider, check_code_and_arguments, check_timeout
 from .schema import check_config
@@ -86,9 +82,8 @@ class Instance:
     egress: EgressPolicy | None = None  # effective network policy (None: the provider's cap)
 
 
-class AgentBackedProvider(BackgroundProcesses, SandboxProvider):
+class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses, SandboxProvider):
     warm_pool_wait = 0.0  # seconds create_instance waits for a pooled box before starting one
-    egress_cap: EgressPolicy = EgressPolicy()  # the provider's network policy; sessions only narrow it
 
     def __init__(self) -> None:
         super().__init__()
@@ -176,53 +171,6 @@ class AgentBackedProvider(BackgroundProcesses, SandboxProvider):
             "from_pool": inst.from_pool, "workspace": inst.box.workspace, **inst.box.info(),
             "network": self.effective_network(inst.instance_id, inst),
         }
-
-    # -- network egress ---------------------------------------------------------------------
-    def _bind_egress(self, inst: Instance) -> None:
-        """A box handed to an instance: its audit records name the tenant/session; provider policy."""
-        link = _egress_link(inst.box)
-        if link is not None:
-            link.tenant_id, link.session_id = inst.tenant_id, inst.session_id
-            link.set_policy(inst.egress or self.egress_cap)
-
-    def effective_network(self, instance_id: str, inst: Instance | None = None) -> dict[str, Any]:
-        inst = inst or self._get(instance_id)
-        return (inst.egress or self.egress_cap).to_dict()
-
-    def set_network_policy(self, instance_id: str, network: Any, allow: Any = None,
-                           tenant_cap: EgressPolicy | None = None) -> dict[str, Any]:
-        """Narrow a live instance's network policy (never widen); takes effect for new connections.
-
-        The request is validated (SB002 naming a bad entry), then checked against the provider's
-        policy and the tenant's cap (403 naming what is wider); nothing changes on any error.
-        """
-        inst = self._get(instance_id)
-        requested = parse_policy(network, allow)
-        effective = self.egress_cap.narrow(requested)
-        if tenant_cap is not None:
-            tenant_cap.narrow(requested)
-        current = inst.egress or self.egress_cap
-        effective = current.narrow(effective)
-        link = _egress_link(inst.box)
-        if link is not None:
-            link.set_policy(effective)
-        inst.egress = effective
-        return effective.to_dict()
-
-    @contextmanager
-    def network_for_run(self, instance_id: str, network: Any, allow: Any = None,
-                        tenant_cap: EgressPolicy | None = None) -> Iterator[dict[str, Any]]:
-        """Narrow the instance's policy for one run, then put the previous one back."""
-        inst = self._get(instance_id)
-        before = inst.egress
-        effective = self.set_network_policy(instance_id, network, allow, tenant_cap)
-        try:
-            yield effective
-        finally:
-            inst.egress = before
-            link = _egress_link(inst.box)
-            if link is not None:
-                link.set_policy(before or self.egress_cap)
 
     def destroy_instance(self, instance_id: str) -> bool:
         with self._lock:
@@ -329,7 +277,7 @@ class AgentBackedProvider(BackgroundProcesses, SandboxProvider):
         request = {**params, "timeout": seconds, "output_cap": self.output_cap, "stream": on_output is not None,
                    "inline_artifacts": inline_artifacts}
         started = time.monotonic()
-        link = _egress_link(inst.box)
+        link = egress_link(inst.box)
         run_id = uuid.uuid4().hex[:16] if link is not None else None
         if link is not None:
             link.run_id = run_id  # egress audit rows of this run carry it
@@ -394,60 +342,3 @@ class AgentBackedProvider(BackgroundProcesses, SandboxProvider):
     def cancel(self, instance_id: str) -> bool:
         inst = self._instances.get(instance_id)
         return bool(inst and inst.box.client.cancel())
-
-    # -- files ------------------------------------------------------------------------------
-    def read_file(self, instance_id: str, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        v = self._call(self._get(instance_id), "files.read", {"path": path, "offset": offset, "limit": limit})
-        return TextPage(**v)
-
-    def read_bytes(self, instance_id: str, path: str) -> bytes:
-        v = self._call(self._get(instance_id), "files.read_bytes", {"path": path})
-        return base64.b64decode(v["content_b64"])
-
-    def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
-        v = self._call(self._get(instance_id), "files.write", {"path": path, "mode": mode, **_content(content)})
-        return FileInfo(**v)
-
-    def write_files(self, instance_id: str, files: dict[str, str | bytes]) -> list[FileInfo]:
-        items = [{"path": p, **_content(c)} for p, c in files.items()]
-        v = self._call(self._get(instance_id), "files.write_many", {"files": items})
-        return [FileInfo(**f) for f in v["files"]]
-
-    def list_files(self, instance_id: str, path: str = ".", recursive: bool = False) -> list[FileInfo]:
-        v = self._call(self._get(instance_id), "files.list", {"path": path, "recursive": recursive})
-        return [FileInfo(**f) for f in v["files"]]
-
-    def delete_path(self, instance_id: str, path: str) -> None:
-        """Remove a file or a directory tree (the E2B facade's files.remove)."""
-        self._call(self._get(instance_id), "files.delete", {"path": path})
-
-    def make_dir(self, instance_id: str, path: str) -> bool:
-        """Create a directory and its parents; False when it already existed."""
-        return bool(self._call(self._get(instance_id), "files.mkdir", {"path": path})["created"])
-
-    def move_path(self, instance_id: str, source: str, destination: str) -> str:
-        return self._call(self._get(instance_id), "files.move",
-                          {"source": source, "destination": destination})["path"]
-
-    def glob(self, instance_id: str, pattern: str) -> list[str]:
-        return self._call(self._get(instance_id), "files.glob", {"pattern": pattern})["paths"]
-
-    def grep(self, instance_id: str, pattern: str, path: str = ".", glob: str | None = None,
-             max_results: int = 100) -> list[GrepMatch]:
-        v = self._call(self._get(instance_id), "files.grep",
-                       {"pattern": pattern, "path": path, "glob": glob, "max_results": max_results})
-        return [GrepMatch(**m) for m in v["matches"]]
-
-
-def _egress_link(box: Box) -> Any:
-    """The box's gateway attachment (egress/gateway.BoxLink) when it has network, else None."""
-    net = getattr(box, "net", None)
-    return getattr(net, "link", None)
-
-
-def _content(content: str | bytes) -> dict[str, str]:
-    if isinstance(content, bytes):
-        return {"content_b64": base64.b64encode(content).decode()}
-    if isinstance(content, str):
-        return {"content": content}
-    raise InvalidConfigError("content must be str or bytes", details={"field": "content"})

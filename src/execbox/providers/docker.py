@@ -17,42 +17,37 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..boxes import oci_seccomp
-from ..boxes.docker_box import (
+from ..boxes.docker_box import ContainerSpec, DockerBox, start_container
+from ..boxes.docker_owner import (
     OWNER_LABEL,
-    ContainerSpec,
-    DockerBox,
     labelled_resources,
     owner_id,
     owner_is_gone,
     remove_all,
     remove_stale,
     safe_name,
-    start_container,
 )
 from ..boxes.gpu import GpuPlan, parse_gpu
 from ..egress.policy import EgressPolicy, parse_policy
 from ..egress.schema import check_network_config, policy_from_config
 from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
-from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
+from ..models import Isolation, SandboxInstance, make_instance_id
 from ..settings import parse_bool
 from .agent_backed import AgentBackedProvider, Instance
-from .base import OutputCallback
 from .docker_config import config_schema, docker_client, engine_availability, runsc_host_pids
 from .docker_sessions import DockerSessionsMixin
+from .docker_spares import DockerSparesMixin
 from .gpu_config import docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
 NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
 log = logging.getLogger("execbox.provider.docker")
 
-WARM_CONTEXT = "__execbox_warm__"
-CONTEXT_KEYS = ("context_id", "context_new", "context_restarted", "context_reset", "context_note",
-                "context_executions")
 PROVIDER_LABEL = "execbox.provider_uid"  # one provider object: its shutdown sweeps only its own
 __all__ = ["DockerProvider", "docker_client", "owner_id", "owner_is_gone", "runsc_host_pids"]
 
 
-class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
+class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider):
     name = "docker"
     display_name = "Docker (gVisor)"
     description = ("Hardened containers from a warm pool: gVisor (runsc) when registered with the "
@@ -255,70 +250,6 @@ class DockerProvider(DockerSessionsMixin, AgentBackedProvider):
                 box.destroy()
                 raise
         return box
-
-    def _prewarm(self, box: DockerBox) -> None:
-        """Spawn a fresh, unused Python context (a spare child) for the box's next stateless run.
-
-        Forking the preloaded agent is the slow part of a run under gVisor's ptrace platform
-        (~150 ms); a child forked ahead of time serves the run in a few ms. It is created empty
-        inside this box, so it holds nothing but the preloaded modules, and serves one run only.
-        """
-        with self._warm_lock:
-            self._warm_seq += 1
-            cid = f"{WARM_CONTEXT}{self._warm_seq}"
-        box.client.call("exec", {"language": "python", "code": "", "context_id": cid,
-                                 "timeout": 60.0, "output_cap": 4096, "stream": False,
-                                 "inline_artifacts": False}, timeout=90.0)
-        box.warm_context = cid
-
-    def _release_spare_later(self, box: DockerBox, used: str) -> None:
-        """A session box keeps running after its first run: end the used spare in the background.
-
-        Spares are not re-forked between session runs: measured under runsc, turning spares
-        over on every run leaked sandbox memory until the box hit its cgroup limit."""
-        def release() -> None:
-            if box.destroyed or box.client.dead:
-                return
-            try:
-                box.client.call("context.reset", {"context_id": used}, timeout=30.0)
-            except Exception as e:  # noqa: BLE001 - the box is going away anyway
-                log.debug("releasing the spare of %s failed: %s", box.name, e)
-
-        warmer = self._warmer
-        if warmer is not None:
-            try:
-                warmer.submit(release)
-            except RuntimeError:  # shutting down
-                pass
-
-    def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
-                     arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
-                     on_output: OutputCallback | None = None, inline_artifacts: bool = False) -> ExecutionResult:
-        """The first stateless Python run of a pooled box uses its spare pre-forked child; every
-        other run forks the agent as usual."""
-        inst = self._instances.get(instance_id)
-        box = inst.box if inst is not None and isinstance(inst.box, DockerBox) else None
-        stateless_python = False
-        if context_id is None and box is not None:
-            try:
-                stateless_python = Language.parse(language) is Language.PYTHON
-            except SandboxError:
-                pass
-        warm = None
-        if stateless_python and box is not None and box.warm_context:
-            warm, box.warm_context = box.warm_context, None
-        try:
-            result = super().execute_code(instance_id, code, language, timeout, arguments,
-                                          context_id=warm or context_id, on_output=on_output,
-                                          inline_artifacts=inline_artifacts)
-        finally:
-            if warm is not None and box is not None and inst is not None and inst.session_id is not None:
-                self._release_spare_later(box, warm)
-        if warm is not None:
-            for key in CONTEXT_KEYS:
-                result.metadata.pop(key, None)
-            result.metadata["warm_start"] = True
-        return result
 
     def _remove_later(self, job: Any) -> None:
         reaper = self._reaper

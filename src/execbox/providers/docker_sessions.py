@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..boxes.docker_box import REGISTRY_LABEL, reattach_container
+from ..boxes.docker_box import reattach_container
+from ..boxes.docker_owner import REGISTRY_LABEL
 from ..models import SandboxInstance, make_instance_id
 from .agent_backed import Instance
 

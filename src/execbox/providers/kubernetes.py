@@ -36,10 +36,11 @@ from ..errors import (
 from ..models import Isolation, SandboxInstance, make_instance_id
 from .agent_backed import AGENT_GRACE, AgentBackedProvider, Instance
 from .kubernetes_schema import SECRET_ENV, config_problem, config_schema
+from .kubernetes_sweep import PodSweeperMixin
 
 log = logging.getLogger("execbox.provider.kubernetes")
 
-class KubernetesProvider(AgentBackedProvider):
+class KubernetesProvider(PodSweeperMixin, AgentBackedProvider):
     name = "kubernetes"
     display_name = "Kubernetes pods"
     description = "Hardened pods on a cluster (gVisor with runtime_class=gvisor), warm pool per template."
@@ -337,56 +338,6 @@ class KubernetesProvider(AgentBackedProvider):
             reaper.submit(job)
         except RuntimeError:  # shutting down
             job()
-
-    # -- hygiene ----------------------------------------------------------------------------
-    def sweep(self) -> int:
-        """Delete this template's ended, expired and stuck pods (any replica's); mark lost local boxes dead."""
-        if self.api is None:
-            return 0
-        # Boxes first, pods second: a box registered after the listing must not look deleted.
-        with self._lock:
-            boxes = [i.box for i in self._instances.values()]
-        for pool in (self._pool, *self._named_pools.values()):  # pooled ones: discarded at take, then replaced
-            boxes += list(getattr(pool, "_ready", ()))
-        labels = {t.name for t in self.templates.values()}
-        pods = [p for p in self.api.list_pods("app.kubernetes.io/managed-by=execbox")
-                if (p.metadata.labels or {}).get(ks.L_TEMPLATE) in labels]
-        now = time.time()
-        seen: dict[str, Any] = {p.metadata.name: p for p in pods}
-        for box in boxes:
-            if isinstance(box, PodBox) and not box.destroyed:
-                pod = seen.get(box.name)
-                reason = "pod deleted" if pod is None else pod_failure(pod)
-                if reason and box.pod_status in (None, "pod deleted"):
-                    box.pod_status = reason  # kept for the error the box's caller gets
-                    box.client.dead = box.client.dead or reason
-        removed = 0
-        failed_since = {}
-        for pod in pods:
-            ann = pod.metadata.annotations or {}
-            failure = pod_failure(pod)
-            if failure:  # ended pods stay a moment, so whoever waits on one can still read why it ended
-                failed_since[pod.metadata.name] = self._failed_since.get(pod.metadata.name, now)
-                failure = failure if now - failed_since[pod.metadata.name] >= self.failed_grace else None
-            expires = float(ann.get(ks.A_EXPIRES) or 0)
-            created = pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else now
-            stuck = not pod_ready(pod) and now - created > 2 * float(self.config["ready_timeout"])
-            if failure or (expires and now > expires) or stuck:
-                if self.api.delete_pod(pod.metadata.name):
-                    removed += 1
-                    log.info("kubernetes: swept pod %s (%s)", pod.metadata.name,
-                             failure or ("stuck before ready" if stuck else "expired"))
-        self._failed_since = failed_since
-        return removed
-
-    def _sweep_loop(self) -> None:
-        while not self._stop.wait(float(self.config["sweep_interval"])):
-            try:
-                self.sweep()
-            except SandboxError as e:
-                log.warning("kubernetes: sweep failed: %s", e.message)
-            except Exception:  # noqa: BLE001 - the sweeper must survive anything
-                log.exception("kubernetes: sweep failed")
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -48,7 +48,20 @@ def docker_engine():
         require(os.geteuid() == 0 and images.shutil.which("debootstrap") is not None,
                 "debootstrap (to build the worker image)")
         images.build_image(client, spec)
-    yield client
+    from execbox.providers.docker import PROVIDER_LABEL, DockerProvider
+
+    created_by: dict[str, str] = {}  # provider uid -> the test that built it, to name a leak's source
+    original_init = DockerProvider.__init__
+
+    def recording_init(self) -> None:
+        original_init(self)
+        created_by[self.uid] = os.environ.get("PYTEST_CURRENT_TEST", "?")
+
+    DockerProvider.__init__ = recording_init  # type: ignore[method-assign]
+    try:
+        yield client
+    finally:
+        DockerProvider.__init__ = original_init  # type: ignore[method-assign]
     from execbox.providers.docker import OWNER_LABEL, owner_id
 
     me = f"{OWNER_LABEL}={owner_id()}"
@@ -65,7 +78,9 @@ def docker_engine():
               and not (c.labels or {}).get("execbox.session")]
     if spares:
         names = {c.name for c in spares}
-        warnings.warn(f"removed unused warm-pool containers left behind: {sorted(names)}", stacklevel=1)
+        sources = sorted({created_by.get((c.labels or {}).get(PROVIDER_LABEL, ""), "?") for c in spares})
+        warnings.warn(f"removed unused warm-pool containers left behind: {sorted(names)}, by providers "
+                      f"built in {sources}", stacklevel=1)
         for c in spares:
             c.remove(force=True, v=True)
         vols = [v for v in vols if v.name.replace("execbox-ws-", "execbox-", 1) not in names]

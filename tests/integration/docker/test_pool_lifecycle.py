@@ -188,7 +188,7 @@ def test_gpu_opt_in_flags(docker_engine, monkeypatch):
 
 
 def test_owner_label_identifies_this_process():
-    from execbox.providers.docker import owner_id, owner_is_gone
+    from execbox.boxes.docker_owner import owner_id, owner_is_gone
 
     assert not owner_is_gone(owner_id())
     assert owner_is_gone(owner_id().rsplit(":", 1)[0] + ":0")

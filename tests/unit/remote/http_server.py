@@ -19,7 +19,11 @@ class ThreadedServer:
     """uvicorn serving ``app`` in a daemon thread; ``stop()`` ends it."""
 
     def __init__(self, app, port: int | None = None) -> None:
-        self.port = port or free_port()
+        # Bound here and handed to uvicorn: no window in which another process can take the port.
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port or 0))
+        self.port = self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=2))
         self.error: BaseException | None = None
@@ -27,7 +31,7 @@ class ThreadedServer:
 
     def _run(self) -> None:
         try:
-            self.server.run()
+            self.server.run(sockets=[self.sock])
         except BaseException as exc:  # reported by start(), not lost in the thread
             self.error = exc
 
@@ -38,7 +42,7 @@ class ThreadedServer:
     def start(self, wait: bool = True) -> ThreadedServer:
         self.thread.start()
         if wait:
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + 30
             while not self.server.started:
                 if time.monotonic() > deadline or not self.thread.is_alive():
                     alive = self.thread.is_alive()
@@ -50,3 +54,4 @@ class ThreadedServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        self.sock.close()

@@ -1,0 +1,69 @@
+"""Why a container died: its engine state and its memory cgroup's OOM counters.
+
+Kept apart from the box because gVisor and the kernel report an out-of-memory death in
+different places (host cgroup counters, the engine's OOMKilled flag, or only a peak at the limit).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+OOM_SETTLE_SECONDS = 5
+"""How long a dead box's container may take to stop before its OOM state is read."""
+
+
+def exit_state(api: Any, container_id: str) -> str:
+    """Why a container stopped, from its state (exit code, OOM, engine error)."""
+    try:
+        st = api.inspect_container(container_id)["State"]
+    except Exception as e:  # noqa: BLE001
+        return f"container state unknown ({e})"
+    parts = [f"container {st.get('Status')}", f"exit code {st.get('ExitCode')}"]
+    if st.get("OOMKilled"):
+        parts.append("OOM-killed")
+    if st.get("Error"):
+        parts.append(f"engine error: {st['Error']}")
+    return ", ".join(parts)
+
+
+def oom_file(container_id: str) -> str | None:
+    for path in (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.oom_control",
+                 f"/sys/fs/cgroup/docker/{container_id}/memory.events",
+                 f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.events"):
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def read_oom_kills(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    m = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+MEMORY_LIMIT_FRACTION = 0.95
+"""A dead box whose peak memory reached this share of its limit is counted as out of memory."""
+
+
+def at_memory_limit(oom_file: str) -> bool:
+    """Whether the container's memory cgroup peaked at its limit (v1 and v2 file names)."""
+    d = os.path.dirname(oom_file)
+    for peak_name, limit_name in (("memory.max_usage_in_bytes", "memory.limit_in_bytes"),
+                                  ("memory.peak", "memory.max")):
+        try:
+            with open(os.path.join(d, peak_name), encoding="ascii") as fh:
+                peak = int(fh.read().strip())
+            with open(os.path.join(d, limit_name), encoding="ascii") as fh:
+                raw = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+        if not raw.isdigit():
+            return False  # "max": no limit to reach
+        return peak >= int(raw) * MEMORY_LIMIT_FRACTION
+    return False

@@ -1,0 +1,71 @@
+"""Workspace file operations of agent-backed providers: each one is a single request to the agent.
+
+The agent (agent/fileops.py) validates every path and does the I/O; this side only encodes
+arguments and maps results to models.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from ..errors import InvalidConfigError
+from ..models import FileInfo, GrepMatch, TextPage
+
+
+class AgentFilesMixin:
+    """Needs ``_get(instance_id)`` and ``_call(inst, op, params)`` from AgentBackedProvider."""
+
+    _get: Any
+    _call: Any
+
+    def read_file(self, instance_id: str, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
+        v = self._call(self._get(instance_id), "files.read", {"path": path, "offset": offset, "limit": limit})
+        return TextPage(**v)
+
+    def read_bytes(self, instance_id: str, path: str) -> bytes:
+        v = self._call(self._get(instance_id), "files.read_bytes", {"path": path})
+        return base64.b64decode(v["content_b64"])
+
+    def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
+        v = self._call(self._get(instance_id), "files.write", {"path": path, "mode": mode, **_content(content)})
+        return FileInfo(**v)
+
+    def write_files(self, instance_id: str, files: dict[str, str | bytes]) -> list[FileInfo]:
+        items = [{"path": p, **_content(c)} for p, c in files.items()]
+        v = self._call(self._get(instance_id), "files.write_many", {"files": items})
+        return [FileInfo(**f) for f in v["files"]]
+
+    def list_files(self, instance_id: str, path: str = ".", recursive: bool = False) -> list[FileInfo]:
+        v = self._call(self._get(instance_id), "files.list", {"path": path, "recursive": recursive})
+        return [FileInfo(**f) for f in v["files"]]
+
+    def delete_path(self, instance_id: str, path: str) -> None:
+        """Remove a file or a directory tree (the E2B facade's files.remove)."""
+        self._call(self._get(instance_id), "files.delete", {"path": path})
+
+    def make_dir(self, instance_id: str, path: str) -> bool:
+        """Create a directory and its parents; False when it already existed."""
+        return bool(self._call(self._get(instance_id), "files.mkdir", {"path": path})["created"])
+
+    def move_path(self, instance_id: str, source: str, destination: str) -> str:
+        return self._call(self._get(instance_id), "files.move",
+                          {"source": source, "destination": destination})["path"]
+
+    def glob(self, instance_id: str, pattern: str) -> list[str]:
+        return self._call(self._get(instance_id), "files.glob", {"pattern": pattern})["paths"]
+
+    def grep(self, instance_id: str, pattern: str, path: str = ".", glob: str | None = None,
+             max_results: int = 100) -> list[GrepMatch]:
+        v = self._call(self._get(instance_id), "files.grep",
+                       {"pattern": pattern, "path": path, "glob": glob, "max_results": max_results})
+        return [GrepMatch(**m) for m in v["matches"]]
+
+
+
+def _content(content: str | bytes) -> dict[str, str]:
+    if isinstance(content, bytes):
+        return {"content_b64": base64.b64encode(content).decode()}
+    if isinstance(content, str):
+        return {"content": content}
+    raise InvalidConfigError("content must be str or bytes", details={"field": "content"})
