@@ -25,6 +25,9 @@ from . import paths, privsep, procs, pty_relay
 
 MAX_PROCESSES = 64
 POLL_CHUNK = 256 * 1024  # bytes of each stream one poll returns at most
+BACKLOG_STOP = 8 * 1024 * 1024  # unread output at which the job is paused (SIGSTOP) ...
+BACKLOG_CONT = 1024 * 1024  # ... and below which it continues: a pipe's back-pressure, on files
+PUNCH_EVERY = 1024 * 1024  # free output the host has read (the files live on the box's tmpfs)
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT,
            "SIGHUP": signal.SIGHUP, "SIGQUIT": signal.SIGQUIT, "SIGUSR1": signal.SIGUSR1,
            "SIGUSR2": signal.SIGUSR2}
@@ -45,6 +48,9 @@ class BgProc:
     stdin_w: int | None
     started: float
     status: int | None = None  # wait status once reaped
+    paused: bool = False  # stopped by us until the host reads its backlog
+    discard: bool = False  # killed by the host: its exit is reported without draining the output
+    punched: tuple[int, int] = (0, 0)  # bytes of stdout/stderr already freed
     ctl_w: int | None = None  # a PTY relay's window-size pipe
 
 
@@ -150,16 +156,36 @@ class Background:
         proc = self._get(req)
         self.reap()
         exited = proc.status is not None  # read the exit first: output written before it is in the files
-        out, out_more = _read_from(proc.out_path, int(req.get("stdout_offset") or 0))
-        err, err_more = _read_from(proc.err_path, int(req.get("stderr_offset") or 0))
+        out_off, err_off = max(0, int(req.get("stdout_offset") or 0)), max(0, int(req.get("stderr_offset") or 0))
+        self._free_read(proc, out_off, err_off)
+        out, out_more, out_size = _read_from(proc.out_path, out_off)
+        err, err_more, err_size = _read_from(proc.err_path, err_off)
+        self._pace(proc, max(out_size - out_off - len(out), err_size - err_off - len(err)))
         value: dict[str, Any] = {"stdout_b64": base64.b64encode(out).decode(),
                                  "stderr_b64": base64.b64encode(err).decode(), "exited": False}
-        if exited and not out_more and not err_more:
+        if exited and (proc.discard or (not out_more and not err_more)):
             assert proc.status is not None
             code, sig = procs.decode_status(proc.status)
             value.update(exited=True, exit_code=code, signal=sig)
             self._forget(proc)
         return value
+
+    def _free_read(self, proc: BgProc, out_off: int, err_off: int) -> None:
+        """Punch out what the host has already read: offsets stay valid, the tmpfs pages go."""
+        done_out, done_err = proc.punched
+        if out_off - done_out >= PUNCH_EVERY:
+            done_out = _punch(proc.out_path, out_off) or done_out
+        if err_off - done_err >= PUNCH_EVERY:
+            done_err = _punch(proc.err_path, err_off) or done_err
+        proc.punched = (done_out, done_err)
+
+    def _pace(self, proc: BgProc, backlog: int) -> None:
+        if proc.status is not None:
+            return
+        if not proc.paused and backlog > BACKLOG_STOP:
+            proc.paused = _killpg(proc.pid, signal.SIGSTOP)
+        elif proc.paused and backlog < BACKLOG_CONT:
+            proc.paused = not _killpg(proc.pid, signal.SIGCONT)
 
     def write_input(self, req: dict[str, Any]) -> dict[str, Any]:
         proc = self._get(req)
@@ -210,13 +236,13 @@ class Background:
         if proc.status is not None:
             return {"signalled": False}
         if sig == signal.SIGKILL:
+            proc.discard = True  # whatever it still had buffered is not worth waiting for
             procs.kill_tree(proc.pid, keep=self.agent._keep_pids() - {proc.pid})
-        else:
-            try:
-                os.killpg(proc.pid, sig)  # the child called setsid: its group is its whole job
-            except OSError:
-                return {"signalled": False}
-        return {"signalled": True}
+            return {"signalled": True}
+        ok = _killpg(proc.pid, sig)  # the child called setsid: its group is its whole job
+        if ok and proc.paused:  # a paused job must see the signal now
+            proc.paused = not _killpg(proc.pid, signal.SIGCONT)
+        return {"signalled": ok}
 
     def list(self, req: dict[str, Any]) -> dict[str, Any]:
         self.reap()
@@ -250,16 +276,46 @@ class Background:
                 pass
 
 
-def _read_from(path: str, offset: int) -> tuple[bytes, bool]:
-    """Up to POLL_CHUNK bytes from ``offset``; True when more is already there."""
+def _read_from(path: str, offset: int) -> tuple[bytes, bool, int]:
+    """Up to POLL_CHUNK bytes from ``offset``; True when more is already there; the file size."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            f.seek(max(0, offset))
+            f.seek(offset)
             data = f.read(POLL_CHUNK)
     except OSError:
-        return b"", False
-    return data, max(0, offset) + len(data) < size
+        return b"", False, 0
+    return data, offset + len(data) < size, size
+
+
+def _killpg(pid: int, sig: int) -> bool:
+    try:
+        os.killpg(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+
+
+def _punch(path: str, upto: int) -> int:
+    """Free ``[0, upto)`` of ``path`` (page-aligned) keeping its size; the new freed mark, or 0."""
+    end = upto & ~4095
+    if end <= 0:
+        return 0
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            return end if libc.fallocate(fd, _FALLOC_PUNCH, 0, end) == 0 else 0
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        return 0
 
 
 OPS = {

@@ -33,7 +33,7 @@ def _wait_exit(p, iid, pid, timeout=20.0) -> tuple[bytes, bytes, dict]:
         if v["exited"]:
             return out, err, v
         time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not end: {out!r} {err!r}")
+    raise AssertionError(f"process {pid} did not end: {out[-2000:]!r} {err[-2000:]!r}")
 
 
 def test_output_exit_code_env_and_cwd(box) -> None:
@@ -134,3 +134,22 @@ def test_pty_process_has_a_terminal_and_takes_resizes(box) -> None:
     with pytest.raises(SandboxError) as e:  # no terminal, nothing to resize
         p.resize_process(iid, p.start_process(iid, "sleep 5"), 80, 24)
     assert e.value.http_status == 409
+
+
+def test_a_flood_is_paused_until_read_and_read_output_is_freed(box, tmp_path) -> None:
+    from execbox.agent.background import _punch
+
+    p, iid = box
+    pid = p.start_process(iid, "yes 0123456789012345678901234567890123456789")
+    p.poll_process(iid, pid, 0, 0)
+    time.sleep(0.3)  # far more than BACKLOG_STOP is written meanwhile
+    p.poll_process(iid, pid, 0, 0)
+    with open(f"/proc/{pid}/stat") as f:
+        assert f.read().rsplit(")", 1)[1].split()[0] == "T"  # stopped until the host catches up
+    assert p.signal_process(iid, pid, "SIGKILL") is True  # ends it at once, backlog dropped
+    assert _wait_exit(p, iid, pid, timeout=10)[2]["signal"] == 9
+    f = tmp_path / "out"
+    f.write_bytes(b"x" * (4 << 20))
+    assert _punch(str(f), (2 << 20) + 100) == 2 << 20
+    st = f.stat()
+    assert st.st_size == 4 << 20 and st.st_blocks * 512 <= (2 << 20) + 65536
