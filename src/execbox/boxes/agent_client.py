@@ -161,6 +161,10 @@ class AgentClient:
                 try:
                     msg = self._next_for(rid, deadline)
                 except TimeoutError:
+                    if not track:  # the agent is busy with a long ordinary request, not gone
+                        raise ProviderUnavailableError(
+                            f"{self.box_name} did not answer {op} within {timeout:.0f}s (busy)",
+                            details={"box": self.box_name, "op": op, "busy": True}) from None
                     self.dead = f"no reply to {op} within {timeout:.0f}s"
                     with self.mail_cond:
                         self.mail_cond.notify_all()

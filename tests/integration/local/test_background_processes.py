@@ -153,3 +153,15 @@ def test_a_flood_is_paused_until_read_and_read_output_is_freed(box, tmp_path) ->
     assert _punch(str(f), (2 << 20) + 100) == 2 << 20
     st = f.stat()
     assert st.st_size == 4 << 20 and st.st_blocks * 512 <= (2 << 20) + 65536
+
+
+def test_a_late_process_reply_is_not_a_dead_box(box) -> None:
+    """A proc.* op that times out (the agent busy with a long file op) fails alone; the box lives."""
+    from execbox.errors import ProviderUnavailableError
+
+    p, iid = box
+    client = p._instances[iid].box.client
+    with pytest.raises(ProviderUnavailableError) as busy:
+        client.call("proc.list", timeout=0)
+    assert busy.value.details.get("busy") is True and not client.dead
+    assert p.list_processes(iid) is not None and p.execute_code(iid, "print(2)", "python").stdout == "2\n"

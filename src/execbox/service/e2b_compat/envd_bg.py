@@ -86,6 +86,9 @@ def follow(state: Any, sb: Any, proc: Any, deadline: float, spec: RunSpec, forge
             error = "the sandbox was killed"
             break
         except SandboxError as e:
+            if e.details.get("busy"):  # the agent is in a long file operation: ask again
+                time.sleep(POLL_IDLE)
+                continue
             error = f"{e.code}: {e.message}"
             break
         except Exception as e:  # noqa: BLE001 - reported in the end event; the server stays up
