@@ -141,11 +141,16 @@ def test_a_flood_is_paused_until_read_and_read_output_is_freed(box, tmp_path) ->
 
     p, iid = box
     pid = p.start_process(iid, "yes 0123456789012345678901234567890123456789")
-    p.poll_process(iid, pid, 0, 0)
-    time.sleep(0.3)  # far more than BACKLOG_STOP is written meanwhile
-    p.poll_process(iid, pid, 0, 0)
-    with open(f"/proc/{pid}/stat") as f:
-        assert f.read().rsplit(")", 1)[1].split()[0] == "T"  # stopped until the host catches up
+
+    def state() -> str:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    deadline = time.monotonic() + 30
+    while state() != "T" and time.monotonic() < deadline:  # nothing read: the backlog grows
+        time.sleep(0.1)
+        p.poll_process(iid, pid, 0, 0)
+    assert state() == "T"  # stopped until the host catches up
     assert p.signal_process(iid, pid, "SIGKILL") is True  # ends it at once, backlog dropped
     assert _wait_exit(p, iid, pid, timeout=10)[2]["signal"] == 9
     f = tmp_path / "out"
