@@ -49,22 +49,20 @@ def test_output_exit_code_env_and_cwd(box) -> None:
 
 
 def test_runs_while_exec_holds_the_agent(box) -> None:
-    """A 3 s exec runs; meanwhile a background process starts, streams, takes stdin and is listed."""
+    """A 4 s exec runs; meanwhile a background process starts, streams, takes stdin and is listed."""
     p, iid = box
     result = {}
     runner = threading.Thread(target=lambda: result.setdefault(
-        "r", p.execute_code(iid, "import time; time.sleep(3); print('slow done')", "python", timeout=30)))
+        "r", p.execute_code(iid, "import time; time.sleep(4); print('slow done')", "python", timeout=30)))
     runner.start()
     time.sleep(0.5)  # the exec is running now
-    t0 = time.monotonic()
     pid = p.start_process(iid, "read line; echo got:$line; cat", stdin=True)
     assert pid in [q["pid"] for q in p.list_processes(iid)]
     p.process_input(iid, pid, b"hello\n")
     p.process_input(iid, pid, b"more bytes\n")
     p.close_process_input(iid, pid)  # EOF ends `cat`
     out, _, v = _wait_exit(p, iid, pid)
-    assert time.monotonic() - t0 < 2.0, "the background process waited for the exec"
-    assert runner.is_alive()
+    assert runner.is_alive(), "the background process waited for the exec"
     assert out == b"got:hello\nmore bytes\n" and v["exit_code"] == 0
     runner.join(30)
     assert result["r"].stdout == "slow done\n"
