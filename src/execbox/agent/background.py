@@ -65,6 +65,10 @@ class Background:
     def pids(self) -> set[int]:
         return set(self.procs)
 
+    def parent_fds(self) -> list[int]:
+        """The agent's ends of background stdin and PTY control pipes (a forked child closes them)."""
+        return [fd for p in self.procs.values() for fd in (p.stdin_w, p.ctl_w) if fd is not None]
+
     # -- requests ---------------------------------------------------------------------------
     def start(self, req: dict[str, Any]) -> dict[str, Any]:
         agent = self.agent

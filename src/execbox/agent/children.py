@@ -57,19 +57,11 @@ class Children:
                 pass
         for ctx in self.contexts.values():
             ctx.sock.close()
-        for js in self.js_contexts.values():
-            for fd in js.fds():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        for bg in self.bg.procs.values():  # EOF on a background stdin must not wait for us
-            for fd in (bg.stdin_w, bg.ctl_w):
-                if fd is not None:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+        for fd in [fd for js in self.js_contexts.values() for fd in js.fds()] + self.bg.parent_fds():
+            try:  # a JS context's pipes; background stdin: EOF must not wait for this child
+                os.close(fd)
+            except OSError:
+                pass
         if self.spare is not None:  # another child must not feed or read the waiting spare
             for fd in (self.spare.ctl_w, self.spare.out_r, self.spare.err_r, self.spare.res_r):
                 try:
