@@ -67,7 +67,7 @@ def docker_engine():
     me = f"{OWNER_LABEL}={owner_id()}"
     deadline = time.monotonic() + 30
     while True:
-        left = client.containers.list(all=True, filters={"label": me})
+        left = client.containers.list(all=True, filters={"label": me}, ignore_removed=True)
         vols = client.volumes.list(filters={"label": me})
         if not (left or vols) or time.monotonic() > deadline:
             break
@@ -78,7 +78,7 @@ def docker_engine():
               and not (c.labels or {}).get("execbox.session")]
     if spares:
         names = {c.name for c in spares}
-        sources = sorted({created_by.get((c.labels or {}).get(PROVIDER_LABEL, ""), "?") for c in spares})
+        sources = sorted({created_by.get((c.labels or {}).get(PROVIDER_LABEL, ""), f"? {c.labels}") for c in spares})
         warnings.warn(f"removed unused warm-pool containers left behind: {sorted(names)}, by providers "
                       f"built in {sources}", stacklevel=1)
         for c in spares:

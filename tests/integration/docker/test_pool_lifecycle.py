@@ -128,7 +128,7 @@ def test_stale_resources_of_dead_process_are_removed(docker_engine):
     p = DockerProvider()
     p.initialize({"runtime": "runc", "pool_size": 0})
     try:
-        names = {x.name for x in docker_engine.containers.list(all=True)}
+        names = {x.name for x in docker_engine.containers.list(all=True, ignore_removed=True)}
         assert c.name not in names
         assert vol.name not in {v.name for v in docker_engine.volumes.list()}
     finally:

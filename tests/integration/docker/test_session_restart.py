@@ -16,6 +16,10 @@ from tests.integration.service.test_serve_cli import EXECBOX, _serve, _wait_read
 from tests.integration.service.test_session_restart import _term
 
 
+def _labelled(client, label: str) -> list:
+    return client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
+
+
 def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> None:
     base = traversable_tmpdir("execbox-dkrestart-")
     ws = os.path.join(base, "ws")
@@ -40,7 +44,7 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> Non
             assert r.status_code == 200, r.text
         finally:
             _term(proc)
-        (container,) = docker_engine.containers.list(filters={"label": label})
+        (container,) = docker_engine.containers.list(filters={"label": label}, ignore_removed=True)
         assert container.status == "running"  # detached, not removed
         image = container.attrs["Config"]["Image"]
         stray = docker_engine.containers.create(image, command=["sleep", "60"], labels={"execbox.registry": ws})
@@ -56,20 +60,20 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine) -> Non
                 proc.send_signal(subprocess.signal.SIGTERM)
                 raise AssertionError(f"{r.json()}\n{proc.communicate(timeout=60)[1][-3000:]}")
             assert "session" not in r.json()["metadata"]  # nothing was lost
-            ids = [k.id for k in docker_engine.containers.list(all=True, filters={"label": label})]
+            ids = [k.id for k in _labelled(docker_engine, label)]
             assert ids == [container.id]  # the stray one was removed at start
             stray = None
             r = httpx.delete(f"{url}/v1/sandbox/sessions/t1/d", headers={"Authorization": f"Bearer {admin}"},
                              timeout=60)
             assert r.status_code == 200
             deadline = time.monotonic() + 30
-            while docker_engine.containers.list(all=True, filters={"label": label}) and time.monotonic() < deadline:
+            while _labelled(docker_engine, label) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert docker_engine.containers.list(all=True, filters={"label": label}) == []  # rm removes it
+            assert _labelled(docker_engine, label) == []  # rm removes it
         finally:
             _term(proc)
     finally:
-        for k in docker_engine.containers.list(all=True, filters={"label": label}):
+        for k in _labelled(docker_engine, label):
             k.remove(force=True)
         if stray is not None:
             try:
