@@ -176,8 +176,11 @@ class ProcessService:
             events = bg.subscribe()
             procs_of(sb)[pid] = bg
             spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, None)  # type: ignore[arg-type]
-            envd_bg.start_follower(self.state, sb, bg, time.monotonic() + timeout, spec,
-                                   lambda: procs_of(sb).pop(pid, None))
+            def forget() -> None:
+                if procs_of(sb).get(pid) is bg:  # never a later process that got the same pid
+                    procs_of(sb).pop(pid, None)
+
+            envd_bg.start_follower(self.state, sb, bg, time.monotonic() + timeout, spec, forget)
             yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
             while True:
                 event = await events.get()
