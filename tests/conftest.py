@@ -7,6 +7,8 @@ import shutil
 
 import pytest
 
+pytest_plugins = ["tests.docker_engine"]  # one session-wide dockerd fixture for every suite
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 

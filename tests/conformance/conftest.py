@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import require
-from tests.integration.docker.conftest import docker_engine, runtimes_of  # noqa: F401 - fixture
+from tests.integration.docker.conftest import runtimes_of
 from tests.integration.kubernetes.conftest import fake_apiserver  # noqa: F401 - fixture
 from tests.integration.remote.conftest import executor_server, server_provider  # noqa: F401 - fixtures
 from tests.unit.remote.http_server import ThreadedServer

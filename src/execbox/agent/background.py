@@ -16,12 +16,10 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from . import paths, privsep, procs, pty_relay
+from . import paths, privsep, procs
 
 MAX_PROCESSES = 64
 POLL_CHUNK = 256 * 1024  # bytes of each stream one poll returns at most
@@ -39,19 +37,19 @@ class BackgroundError(Exception):
         self.status, self.code, self.details = status, code, details
 
 
-@dataclass
 class BgProc:
-    pid: int
-    command: str
-    out_path: str
-    err_path: str
-    stdin_w: int | None
-    started: float
-    status: int | None = None  # wait status once reaped
-    paused: bool = False  # stopped by us until the host reads its backlog
-    discard: bool = False  # killed by the host: its exit is reported without draining the output
-    punched: tuple[int, int] = (0, 0)  # bytes of stdout/stderr already freed
-    ctl_w: int | None = None  # a PTY relay's window-size pipe
+    # A plain class, not a dataclass: the agent's imports are on every box's start-up path.
+    __slots__ = ("pid", "command", "out_path", "err_path", "stdin_w", "started", "status", "ctl_w", "paused",
+                 "discard", "punched")
+
+    def __init__(self, pid: int, command: str, out_path: str, err_path: str, stdin_w: int | None,
+                 started: float, ctl_w: int | None = None) -> None:
+        self.pid, self.command, self.out_path, self.err_path = pid, command, out_path, err_path
+        self.stdin_w, self.started, self.ctl_w = stdin_w, started, ctl_w
+        self.status: int | None = None  # wait status once reaped
+        self.paused = False  # stopped by us until the host reads its backlog
+        self.discard = False  # killed by the host: its exit is reported without draining the output
+        self.punched = (0, 0)  # bytes of stdout/stderr already freed
 
 
 class Background:
@@ -60,7 +58,16 @@ class Background:
     def __init__(self, agent: Any) -> None:
         self.agent = agent
         self.procs: dict[int, BgProc] = {}
-        self.dir = tempfile.mkdtemp(prefix="execbox-bg-")  # 0700: not the user code's to read
+        self._dir: str | None = None
+
+    @property
+    def dir(self) -> str:
+        """Output files: inside the agent's own 0700 temp dir (made on first use, gone at shutdown)."""
+        if self._dir is None:
+            path = os.path.join(self.agent.tmp, "background")
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            self._dir = path
+        return self._dir
 
     def pids(self) -> set[int]:
         return set(self.procs)
@@ -114,6 +121,8 @@ class Background:
                 for sig in privsep.IGNORED_SIGNALS:
                     signal.signal(sig, signal.SIG_DFL)
                 if pty is not None:
+                    from . import pty_relay  # noqa: PLC0415 - terminals only: off the start-up path
+
                     os.close(sync_w)  # the relay is running: start() may answer
                     pty_relay.relay_main(argv, env, cwd, pty, out_fd, in_r, ctl_r,
                                          lambda: procs.apply_rlimits(agent.limits))

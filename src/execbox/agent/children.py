@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 from . import contexts, executor, js_contexts, paths, privsep, procs, protocol, runners
@@ -22,15 +20,13 @@ ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "py
            "py": "python", "sh": "bash", "shell": "bash"}
 
 
-@dataclass
 class Spare:
     """A forked child waiting for its one-shot job on ``ctl_w``."""
 
-    pid: int
-    out_r: int
-    err_r: int
-    res_r: int
-    ctl_w: int
+    __slots__ = ("pid", "out_r", "err_r", "res_r", "ctl_w")
+
+    def __init__(self, pid: int, out_r: int, err_r: int, res_r: int, ctl_w: int) -> None:
+        self.pid, self.out_r, self.err_r, self.res_r, self.ctl_w = pid, out_r, err_r, res_r, ctl_w
 
 
 class RequestError(Exception):
@@ -339,6 +335,8 @@ class Children:
 
     def _spawn_context(self, context_id: str) -> contexts.Context:
         self._check_context_room()
+        import socket  # noqa: PLC0415 - contexts only: kept off the box's start-up path
+
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:
@@ -378,6 +376,8 @@ class Children:
                 note["context_note"] = "this context was restarted after a timeout; earlier state is gone"
         ctx.executions += 1
         note["context_executions"] = ctx.executions
+        import socket  # noqa: PLC0415 - loaded once the first context started
+
         socket.send_fds(ctx.sock, [b"x"], list(write_fds))
         protocol.write_frame(ctx.sock.fileno(), {
             "code": spec["code"], "arguments": spec["arguments"], "cwd": spec["cwd"],

@@ -9,25 +9,29 @@ same id starts from empty globals and says so.
 from __future__ import annotations
 
 import os
-import socket
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import protocol, runners
+
+if TYPE_CHECKING:
+    import socket
 
 MAX_CONTEXTS = 16
 
 
-@dataclass
 class Context:
-    context_id: str
-    pid: int
-    sock: socket.socket
-    executions: int = 0
+    # Plain class (no dataclasses, no socket at import time): the agent's imports are on every
+    # box's start-up path, and contexts are only needed by sessions that use them.
+    __slots__ = ("context_id", "pid", "sock", "executions")
+
+    def __init__(self, context_id: str, pid: int, sock: socket.socket) -> None:
+        self.context_id, self.pid, self.sock = context_id, pid, sock
+        self.executions = 0
 
 
 def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> None:
     """Body of a context child: serve executions until the socket closes."""
+    import socket  # noqa: PLC0415 - already loaded by the agent that forked this child
     globs: dict[str, Any] = {"__name__": "__main__"}
     devnull = os.open(os.devnull, os.O_RDWR)
     while True:

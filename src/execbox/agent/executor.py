@@ -8,15 +8,12 @@ when the deadline passes.
 from __future__ import annotations
 
 import codecs
-import hashlib
 import json
-import mimetypes
 import os
 import selectors
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import procs
@@ -28,15 +25,16 @@ DRAIN_GRACE = 0.2
 OOM_MARKERS = ("JavaScript heap out of memory", "MemoryError", "Cannot allocate memory", "std::bad_alloc")
 
 
-@dataclass
 class Stream:
-    name: str
-    fd: int
-    cap: int
-    emit: Callable[[str, str], None] | None
-    data: bytearray = field(default_factory=bytearray)
-    truncated: bool = False
-    decoder: Any = None
+    # A plain class, not a dataclass: importing dataclasses pulls in inspect, tokenize and dis,
+    # several ms of every box start (the agent's imports are on the box's start-up path).
+    __slots__ = ("name", "fd", "cap", "emit", "data", "truncated", "decoder")
+
+    def __init__(self, name: str, fd: int, cap: int, emit: Callable[[str, str], None] | None) -> None:
+        self.name, self.fd, self.cap, self.emit = name, fd, cap, emit
+        self.data = bytearray()
+        self.truncated = False
+        self.decoder: Any = None
 
     def feed(self, chunk: bytes) -> None:
         room = self.cap - len(self.data)
@@ -55,15 +53,19 @@ class Stream:
         return self.data.decode("utf-8", errors="replace")
 
 
-@dataclass
 class Watch:
     """What the pump waits on: the process to watch and how to learn it finished."""
 
-    pid: int
-    is_done: Callable[[], dict[str, Any] | None]  # returns the exit info once finished
-    extra_fds: list[int] = field(default_factory=list)  # e.g. a context's control socket
-    on_extra: Callable[[int], None] | None = None
-    persistent: bool = False  # the output pipes outlive the run (a JS context): drain, do not wait for EOF
+    __slots__ = ("pid", "is_done", "extra_fds", "on_extra", "persistent")
+
+    def __init__(self, pid: int, is_done: Callable[[], dict[str, Any] | None],
+                 extra_fds: list[int] | None = None, on_extra: Callable[[int], None] | None = None,
+                 persistent: bool = False) -> None:
+        self.pid = pid
+        self.is_done = is_done  # returns the exit info once finished
+        self.extra_fds = extra_fds if extra_fds is not None else []  # e.g. a context's control socket
+        self.on_extra = on_extra
+        self.persistent = persistent  # the output pipes outlive the run (a JS context): drain, no EOF wait
 
 
 def snapshot(directory: str) -> dict[str, tuple[int, int]]:
@@ -88,7 +90,12 @@ def collect_artifacts(directory: str, before: dict[str, tuple[int, int]], ws_rel
                       inline: bool) -> list[dict[str, Any]]:
     after = snapshot(directory)
     changed = sorted(k for k, v in after.items() if before.get(k) != v)[:MAX_ARTIFACTS]
-    out = []
+    out: list[dict[str, Any]] = []
+    if not changed:
+        return out
+    import hashlib  # noqa: PLC0415 - only when a run wrote files: off the box's start-up path
+    import mimetypes  # noqa: PLC0415
+
     budget = INLINE_ARTIFACT_CAP
     for rel in changed:
         path = os.path.join(directory, rel)

@@ -12,7 +12,6 @@ import fnmatch
 import os
 import re
 import stat
-import tempfile
 from typing import Any
 
 from . import paths
@@ -116,6 +115,8 @@ def _stage(ws: str, path: str, data: bytes, append: bool) -> tuple[str, str]:
         raise FileOpError(f"{path!r} is a directory", path=path)
     if append and os.path.lexists(real):
         data = read_bytes(ws, path) + data
+    import tempfile  # noqa: PLC0415 - pulls in shutil and random: kept off the box's start-up path
+
     fd, tmp = tempfile.mkstemp(prefix=".execbox-", dir=parent)
     try:
         with os.fdopen(fd, "wb") as f:

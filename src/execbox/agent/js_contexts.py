@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import executor, privsep, procs
@@ -21,16 +20,15 @@ from . import executor, privsep, procs
 JS_CONTEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js_context.js")
 
 
-@dataclass
 class JsContext:
-    context_id: str
-    pid: int
-    out_r: int
-    err_r: int
-    req_w: int
-    rep_r: int
-    executions: int = 0
-    reply_buf: bytearray = field(default_factory=bytearray)
+    # A plain class, not a dataclass: the agent's imports are on every box's start-up path.
+    __slots__ = ("context_id", "pid", "out_r", "err_r", "req_w", "rep_r", "executions", "reply_buf")
+
+    def __init__(self, context_id: str, pid: int, out_r: int, err_r: int, req_w: int, rep_r: int) -> None:
+        self.context_id, self.pid = context_id, pid
+        self.out_r, self.err_r, self.req_w, self.rep_r = out_r, err_r, req_w, rep_r
+        self.executions = 0
+        self.reply_buf = bytearray()
 
     def fds(self) -> tuple[int, int, int, int]:
         return (self.out_r, self.err_r, self.req_w, self.rep_r)

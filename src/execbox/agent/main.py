@@ -7,17 +7,14 @@ code prints can corrupt the stream, and children close those fds before running 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import gc
 import importlib
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from typing import Any
@@ -42,10 +39,10 @@ class Agent(Children):
         self.ws = os.path.realpath(workspace)
         self.artifacts = os.path.join(self.ws, "artifacts")
         os.makedirs(self.artifacts, exist_ok=True)
-        self.tmp = tempfile.mkdtemp(prefix="execbox-agent-")
+        self.tmp = _private_tmpdir()
         self.limits = limits
-        self.node = shutil.which("node") or shutil.which("nodejs")
-        self.bash = shutil.which("bash") or "/bin/bash"
+        self.node = _which("node") or _which("nodejs")
+        self.bash = _which("bash") or "/bin/bash"
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -152,8 +149,9 @@ class Agent(Children):
         for js in list(self.js_contexts.values()):
             executor.kill_quietly(js.pid)
         procs.kill_tree(os.getpid(), include_root=False)
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        shutil.rmtree(self.bg.dir, ignore_errors=True)
+        import shutil  # noqa: PLC0415 - once, at exit
+
+        shutil.rmtree(self.tmp, ignore_errors=True)  # background output files included
 
     # -- files ------------------------------------------------------------------------------
     def op_files(self, rid: Any, req: dict[str, Any]) -> Any:
@@ -209,21 +207,77 @@ OPS = {
 }
 
 
+# -- start-up helpers: stdlib-light on purpose (every import here is paid on every box start) --
+OPTIONS = {
+    "--workspace": "directory the box's code works in (required)",
+    "--preload": "'auto', 'none' or comma-separated modules (default auto)",
+    "--limits": "JSON rlimits applied to every child (default {})",
+    "--run-as": "UID:GID for user code when started as root",
+}
+USAGE = "usage: execbox-agent --workspace DIR [--preload P] [--limits JSON] [--run-as UID:GID]"
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    """The agent's fixed options (``--name value`` or ``--name=value``); exit 2 on anything else.
+
+    Not argparse: importing it (with gettext and textwrap) costs more than the agent's own code,
+    and the argv always comes from execbox's own backends.
+    """
+    out = {"--preload": "auto", "--limits": "{}", "--run-as": ""}
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in ("-h", "--help"):
+            print(USAGE + "".join(f"\n  {k:12} {v}" for k, v in OPTIONS.items()), file=sys.stderr)
+            raise SystemExit(0)
+        if name not in OPTIONS:
+            raise SystemExit(f"{USAGE}\nexecbox-agent: unknown argument {argv[i]!r}")
+        if not eq:
+            i += 1
+            if i >= len(argv):
+                raise SystemExit(f"{USAGE}\nexecbox-agent: {name} needs a value")
+            value = argv[i]
+        out[name] = value
+        i += 1
+    if "--workspace" not in out:
+        raise SystemExit(f"{USAGE}\nexecbox-agent: --workspace is required")
+    return out
+
+
+def _which(name: str) -> str | None:
+    """``shutil.which`` without importing shutil (and with it bz2, lzma, fnmatch)."""
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(d or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _private_tmpdir() -> str:
+    """A fresh 0700 directory under $TMPDIR, like ``tempfile.mkdtemp`` (which imports random,
+    shutil and weakref)."""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    for _ in range(100):
+        path = os.path.join(base, f"execbox-agent-{os.urandom(6).hex()}")
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free agent temp directory under {base}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="execbox-agent")
-    parser.add_argument("--workspace", required=True)
-    parser.add_argument("--preload", default="auto", help="'auto', 'none' or comma-separated modules")
-    parser.add_argument("--limits", default="{}", help="JSON rlimits applied to every child")
-    parser.add_argument("--run-as", default="", help="UID:GID for user code when started as root")
-    ns = parser.parse_args(argv)
-    privsep.enter_agent(privsep.parse_run_as(ns.run_as))
-    if ns.preload == "auto":
+    opts = parse_args(sys.argv[1:] if argv is None else list(argv))
+    privsep.enter_agent(privsep.parse_run_as(opts["--run-as"]))
+    choice = opts["--preload"]
+    if choice == "auto":
         preload = list(AUTO_PRELOAD)
-    elif ns.preload in ("", "none"):
+    elif choice in ("", "none"):
         preload = []
     else:
-        preload = [p for p in ns.preload.split(",") if p]
-    agent = Agent(ns.workspace, preload, json.loads(ns.limits))
+        preload = [p for p in choice.split(",") if p]
+    agent = Agent(opts["--workspace"], preload, json.loads(opts["--limits"]))
     try:
         agent.serve()
     except (BrokenPipeError, EOFError):

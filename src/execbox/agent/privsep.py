@@ -27,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
@@ -39,8 +39,7 @@ IGNORED_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM,
 """Signals the agent never needs: ignored, so user code cannot stop it with them."""
 
 
-@dataclass(frozen=True)
-class RunAs:
+class RunAs(NamedTuple):  # not a dataclass: dataclasses would import inspect on every box start
     uid: int
     gid: int
 

@@ -1,6 +1,6 @@
 """Start, kill and clean up one jail box: cgroup + workspace quota + seccomp + bubblewrap.
 
-Start order: create the cgroup and the quota-limited workspace, then fork bwrap from one
+Start order: create the cgroup and the quota-limited workspace, then fork bwrap from a
 long-lived spawner thread (``--die-with-parent`` ties a box to the *thread* that forked it,
 so a box started from a short-lived request thread would die with that thread). The forked
 child joins the box's cgroup and, when execbox runs as root, drops to an unprivileged host
@@ -41,7 +41,9 @@ def host_uid() -> int:
     """
     return uids.configured_range().first
 
-_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-jail-spawn")
+# Two long-lived spawner threads (they never exit while the process runs, so --die-with-parent
+# holds): a fork of the service for one box does not hold up the next under concurrent starts.
+_spawner = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-jail-spawn")
 _reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-jail-reap")
 _counter = itertools.count(1)
 _pending_lock = threading.Lock()

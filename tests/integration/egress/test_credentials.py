@@ -7,7 +7,6 @@ import json
 import pytest
 
 from tests.conftest import require
-from tests.integration.docker.conftest import docker_engine  # noqa: F401 - fixture
 
 from .conftest import audited
 
@@ -79,7 +78,7 @@ def test_jail_credential_injection(fakenet, upstream_ca):
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
-def test_docker_credential_injection(fakenet, upstream_ca, docker_engine, runtime):  # noqa: F811
+def test_docker_credential_injection(fakenet, upstream_ca, docker_engine, runtime):
     from execbox.providers.docker import NET_RUNTIME, DockerProvider
 
     if runtime == "runsc":

@@ -7,13 +7,12 @@ import json
 import pytest
 
 from tests.conftest import require
-from tests.integration.docker.conftest import docker_engine  # noqa: F401 - fixture
 
 from .test_jail_egress import NODE_FETCH, PY_FETCH
 
 
 @pytest.fixture(scope="module", params=["runc", "runsc"])
-def dprov(request, fakenet, docker_engine):  # noqa: F811
+def dprov(request, fakenet, docker_engine):
     from execbox.providers.docker import DockerProvider
 
     runtimes = docker_engine.info().get("Runtimes") or {}

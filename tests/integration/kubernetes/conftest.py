@@ -16,13 +16,12 @@ import pytest
 
 from execbox.boxes import k8s_spec as ks
 from tests.conftest import require
-from tests.integration.docker.conftest import docker_engine  # noqa: F401 - re-exported fixture
 
 SECRET = "k8s-test-secret-0123456789abcdef"
 
 
 @pytest.fixture(scope="session")
-def fake_apiserver(docker_engine, tmp_path_factory):  # noqa: F811
+def fake_apiserver(docker_engine, tmp_path_factory):
     require(importlib.util.find_spec("kubernetes") is not None,
             "the kubernetes client (pip install 'execbox[kubernetes]')")
     from tests.integration.kubernetes.fake_apiserver import FakeApiServer

@@ -1,0 +1,122 @@
+"""The jail's cheaper start path (issue 21): syscall loop mounts, staged agent bytecode.
+
+Each test checks behaviour a box relies on, so a faster path that lost a mount flag, leaked a
+loop device or stopped falling back to the tools fails here. Speed itself is measured in bench/.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import time
+
+import pytest
+
+from execbox.boxes import loopdev, quota, runtime
+from tests.conftest import require
+from tests.integration.jail.conftest import make_provider
+
+
+def _loop_ready() -> None:
+    require(quota.loop_quota_possible()[0], f"loop-mounted workspace quota ({quota.loop_quota_possible()[1]})")
+
+
+def _mount_options(path: str) -> set[str] | None:
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == target:
+                return set(fields[5].split(","))
+    return None
+
+
+def _wait_no_loop(image: str, timeout: float = 5.0) -> list[str]:
+    end = time.monotonic() + timeout
+    while (devs := loopdev.backing_devices(image)) and time.monotonic() < end:
+        time.sleep(0.02)
+    return devs
+
+
+@pytest.fixture
+def image(tmp_path):
+    _loop_ready()
+    img = str(tmp_path / "ws.img")
+    quota.sparse_copy(quota._template(16 * 1024 * 1024), img)
+    mnt = str(tmp_path / "mnt")
+    os.mkdir(mnt)
+    yield img, mnt
+    quota.unmount(mnt)
+
+
+def test_syscall_mount_has_the_flags_and_quota_and_frees_its_loop_device(image):
+    img, mnt = image
+    loopdev.mount_image(img, mnt)
+    opts = _mount_options(mnt)
+    assert opts is not None and {"nosuid", "nodev", "noatime"} <= opts
+    assert loopdev.backing_devices(img), "sysfs must name the loop device backing the image"
+    with pytest.raises(OSError) as e:  # the image size is the quota
+        with open(os.path.join(mnt, "big"), "wb") as f:
+            f.write(b"\0" * (32 * 1024 * 1024))
+    assert e.value.errno == errno.ENOSPC
+    assert loopdev.unmount(mnt)
+    assert _mount_options(mnt) is None
+    assert _wait_no_loop(img) == [], "autoclear must release the loop device after the unmount"
+
+
+def test_falls_back_to_mount8_when_loop_configure_is_refused(image, monkeypatch):
+    img, mnt = image
+    monkeypatch.setattr(loopdev, "LOOP_CONFIGURE", 0x4CFF)  # an ioctl the loop driver rejects
+    monkeypatch.setattr(quota, "_syscalls", True)
+    quota.mount_image(img, mnt)
+    assert quota._syscalls is False  # remembered: later boxes go straight to the tools
+    opts = _mount_options(mnt)
+    assert opts is not None and {"nosuid", "nodev", "noatime"} <= opts
+    quota.unmount(mnt)
+    assert _mount_options(mnt) is None
+    assert _wait_no_loop(img) == []
+
+
+def test_box_teardown_leaves_no_loop_device_or_mount():
+    _loop_ready()
+    from execbox.boxes.jail_box import drain
+
+    p = make_provider()
+    try:
+        inst = p.create_instance()
+        box = p._instances[inst.instance_id].box
+        img, mnt = box.ws.image, box.ws.mount_dir
+        assert p.execute_code(inst.instance_id, "open('/workspace/f','w').write('x');print(1)", "python", 30).stdout \
+            == "1\n"
+        assert loopdev.backing_devices(img)
+        p.destroy_instance(inst.instance_id)
+        assert drain(30)
+        assert _mount_options(mnt) is None
+        assert not os.path.exists(img)
+        assert _wait_no_loop(img) == []
+    finally:
+        p.shutdown()
+
+
+def test_staged_agent_carries_unchecked_bytecode_that_boxes_load():
+    root = runtime.staged_agent()
+    pkg = os.path.join(root, runtime.AGENT_PACKAGE)
+    pycs = os.listdir(os.path.join(pkg, "__pycache__"))
+    assert any(n.startswith("main.") and n.endswith(".pyc") for n in pycs)
+    for n in pycs:
+        with open(os.path.join(pkg, "__pycache__", n), "rb") as f:
+            flags = struct.unpack("<I", f.read(8)[4:8])[0]
+        assert flags == 1, f"{n}: hash-based, unchecked (flags {flags})"  # PEP 552: bit 0 hash, bit 1 check
+        assert os.stat(os.path.join(pkg, "__pycache__", n)).st_mode & 0o044 == 0o044  # box uid reads it
+    p = make_provider()
+    try:
+        inst = p.create_instance()
+        code = ("import sys, os\nm = sys.modules['execbox_agent.main']\n"
+                "print(os.path.exists(m.__cached__), 'argparse' in sys.modules, 'dataclasses' in sys.modules)")
+        r = p.execute_code(inst.instance_id, code, "python", 30)
+        # the agent found its bytecode and started without the modules it no longer needs
+        assert r.stdout == "True False False\n", r.stderr
+        p.destroy_instance(inst.instance_id)
+    finally:
+        p.shutdown()
