@@ -45,8 +45,6 @@ RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines i
 DRIFT = ("drift: the remote wrapper (providers/remote_code.py) still re-implements the runner instead of "
          "running the agent's own (issue 19, part 1)")
 NO_FILE_LIST = "the provider has no list_files/glob/grep (needs the agent's file operations in the remote box)"
-RUNSC_NODE = ("open defect found by this suite: under runsc (ptrace, 256m box) node aborts in "
-              "node_platform.cc creating its worker threads (SIGABRT) before running any code")
 NO_BASH = "the AgentRun code interpreter runs python and javascript only"
 
 UNSUPPORTED: dict[str, dict[str, str]] = {
@@ -56,12 +54,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "jail": {},
     "docker-runc": {},
-    "docker-runsc": {
-        "javascript_main_arguments": RUNSC_NODE,
-        "exit_codes": RUNSC_NODE + " (the case includes process.exit)",
-        "daemon_ends_with_timeout": ("open defect found by this suite: under runsc (ptrace) a double-forked, setsid "
-                                     "daemon keeps running after its run times out; runc and the jail kill it"),
-    },
+    "docker-runsc": {},
     "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
     "self_managed": {
         "python_dunder_main_script": RAGFLOW_MAIN,

@@ -1,8 +1,9 @@
 """One attack battery for every self-hosted box (jail, Docker runc, Docker runsc).
 
 User code tries to reach the in-box agent (read its environment and memory, signal it, trace
-it) and the kernel surface behind it (new user/mount namespaces, mount, keyctl, bpf,
-perf_event_open). ``run_battery`` returns what each attempt got; ``assert_contained`` states
+it), every other process of another uid it can see (environ, fd list, signal, ptrace) and the
+kernel surface behind them (new user/mount namespaces, mount, keyctl, bpf, perf_event_open).
+``run_battery`` returns what each attempt got; ``assert_contained`` states
 what every backend must answer, with the one documented difference: in the jail the agent is
 pid 1 of the box's pid namespace and user code shares its uid, so the kernel accepts a
 signal and drops it (a namespace init gets only the signals it handles, and the agent handles
@@ -70,6 +71,43 @@ for p in os.listdir("/proc"):
         except OSError:
             pass
 out["foreign_environ_readable"] = foreign_env
+
+# 1b. every visible process of another uid: its environment, its fds, a signal, a trace
+others = {}
+for p in os.listdir("/proc"):
+    if not p.isdigit() or int(p) == me:
+        continue
+    try:
+        uids = status(p)["Uid"]
+    except (OSError, KeyError):
+        continue
+    if int(uids[0]) == os.getuid() and int(p) != agent:
+        continue
+    o = {"uids": uids}
+    try:
+        with open(f"/proc/{p}/cmdline", "rb") as f:
+            o["cmdline"] = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError as e:
+        o["cmdline"] = err(e)
+    try:
+        with open(f"/proc/{p}/environ", "rb") as f:
+            o["environ"] = sorted(e.split(b"=")[0].decode() for e in f.read().split(b"\0") if e)
+    except OSError as e:
+        o["environ"] = err(e)
+    try:
+        o["fd"] = os.listdir(f"/proc/{p}/fd")
+    except OSError as e:
+        o["fd"] = err(e)
+    try:
+        os.kill(int(p), 0)
+        o["kill"] = "OK"
+    except OSError as e:
+        o["kill"] = err(e)
+    ctypes.set_errno(0)
+    rc = libc.ptrace(16, int(p), None, None)
+    o["ptrace"] = "OK" if rc == 0 else errno.errorcode.get(ctypes.get_errno())
+    others[p] = o
+out["others"] = others
 out["agent_uids"] = status(agent)["Uid"]
 mst = status("self")
 out["caps"] = {k: int(mst[k][0], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb") if k in mst}
@@ -125,9 +163,13 @@ print(json.dumps(out))
 
 def run_battery(provider, instance_id: str) -> dict:
     box = provider._instances[instance_id].box
-    agent_pid = int(box.hello["pid"])
+    agent_pid = target = int(box.hello["pid"])
+    if box.hello.get("pid_ns"):
+        # User code has a PID namespace of its own (agent/pidns.py): the agent has no pid there;
+        # the attacks aimed at "the agent" go to the closest thing, the namespace's init.
+        target = 1
     syscalls = SYSCALLS_X86_64 if platform.machine() == "x86_64" else {}
-    code = ATTACK.replace("AGENT_PID", str(agent_pid)).replace("SYSCALLS", repr(syscalls))
+    code = ATTACK.replace("AGENT_PID", str(target)).replace("SYSCALLS", repr(syscalls))
     r = provider.execute_code(instance_id, code, "python", 60)
     assert r.exit_code == 0, (r.stdout, r.stderr[-2000:])
     out = json.loads(r.stdout)
@@ -145,9 +187,24 @@ def assert_contained(out: dict, *, signals_refused: bool, proc_access_checked: b
 
     ``proc_access_checked=False`` is gVisor (runsc 2022-12): its /proc does not apply the
     kernel's ptrace-access check to another uid's ``environ`` and ``fd`` listing (``mem`` it
-    does). There the battery asserts what that exposes: only the fixed box environment.
+    does). There user code runs in a PID namespace of its own (agent/pidns.py): the agent and
+    the container's init are not visible at all; the one process of another uid it sees is the
+    namespace's init (pid 1, real uid 0), whose environment is the fixed box environment and
+    which holds no descriptor.
     """
     agent = out["agent_pid"]
+    others = out["others"]
+    for pid, o in others.items():  # every visible process of another uid, the agent included
+        # the jail's agent shares the uid: a signal is accepted and dropped (module docstring)
+        assert o["kill"] in (("EPERM",) if signals_refused else ("EPERM", "OK")), (pid, o)
+        assert o["ptrace"] == "EPERM", (pid, o)
+        if proc_access_checked:
+            assert o["environ"] in ("EACCES", "EPERM") and o["fd"] in ("EACCES", "EPERM"), (pid, o)
+    if not proc_access_checked:
+        assert set(others) == {"1"}, others  # the agent and docker-init are out of sight
+        init = others["1"]
+        assert init["uids"][0] == "0" and init["fd"] == [], init
+        assert isinstance(init["environ"], str) or set(init["environ"]) <= BOX_ENV_KEYS, init
     for key, got in out["reads"].items():
         if not proc_access_checked and not key.endswith("/mem"):
             continue

@@ -12,6 +12,14 @@ def test_both_forms_and_defaults():
     assert opts == {"--workspace": "/workspace", "--limits": "{\"nofile\": 8}", "--preload": "auto", "--run-as": ""}
 
 
+def test_pid_ns_is_a_flag():
+    opts = agent_main.parse_args(["--workspace", "/w", "--pid-ns", "--run-as", "1000:1000"])
+    assert opts["--pid-ns"] == "1" and opts["--run-as"] == "1000:1000"
+    assert "--pid-ns" not in agent_main.parse_args(["--workspace", "/w"])
+    with pytest.raises(SystemExit):
+        agent_main.parse_args(["--workspace", "/w", "--pid-ns=yes"])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--preload", "none"], "--workspace is required"),
     (["--workspace"], "--workspace needs a value"),

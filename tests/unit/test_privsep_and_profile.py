@@ -77,3 +77,31 @@ def test_runsc_seccomp_flag_detection():
                          "runsc-plain": {"path": "/usr/bin/runsc"}}}
     assert oci_seccomp.runsc_applies_seccomp(info, "runsc")
     assert not oci_seccomp.runsc_applies_seccomp(info, "runsc-plain")
+
+
+def test_gvisor_profile_allows_only_the_agents_pid_namespace_calls():
+    """runsc boxes: unshare and mount leave the blanket deny list for rules that refuse every
+    other argument (agent/pidns.py uses exactly these); runc keeps refusing both outright."""
+    from execbox.agent import pidns
+
+    runc = oci_seccomp.profile("runc")
+    assert {"unshare", "mount"} <= set(runc["syscalls"][0]["names"])
+    assert not any(r["names"] in (["unshare"], ["mount"]) for r in runc["syscalls"])
+    gvisor = oci_seccomp.profile("runsc")
+    assert not {"unshare", "mount"} & set(gvisor["syscalls"][0]["names"])
+    assert {"setns", "umount2", "pivot_root"} <= set(gvisor["syscalls"][0]["names"])
+    rules = {r["names"][0]: r for r in gvisor["syscalls"] if r["names"] in (["unshare"], ["mount"])}
+    assert rules["unshare"]["args"] == [{"index": 0, "value": pidns.CLONE_NEWPID, "valueTwo": 0,
+                                         "op": "SCMP_CMP_NE"}]
+    assert rules["mount"]["args"] == [{"index": 3, "value": pidns.PROC_MOUNT_FLAGS, "valueTwo": 0,
+                                       "op": "SCMP_CMP_NE"}]
+    assert all(r["action"] == "SCMP_ACT_ERRNO" for r in rules.values())
+
+
+def test_pid_namespace_is_refused_where_root_is_a_shared_mount(monkeypatch):
+    from execbox.agent import pidns
+
+    monkeypatch.setattr(pidns, "_root_is_shared", lambda: True)
+    with pytest.raises(OSError, match="shared mount"):
+        pidns.setup()
+    assert not pidns.enabled() and pidns.proc_fd is None

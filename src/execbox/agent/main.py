@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any
 
-from . import background, contexts, executor, fileops, fsextra, js_contexts, privsep, procs, protocol
+from . import background, contexts, executor, fileops, fsextra, js_contexts, pidns, privsep, procs, protocol
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
 
 AGENT_VERSION = "1"
@@ -104,6 +104,7 @@ class Agent(Children):
             "pid": os.getpid(), "uid": os.getuid(), "python": sys.version.split()[0],
             "languages": self.languages(), "preloaded": self.preloaded, "workspace": self.ws,
             "subreaper": self.subreaper, "privsep": privsep.mode(),
+            "pid_ns": pidns.enabled(),
             "startup_ms": round((time.monotonic() - self.t0) * 1000, 1),
         })
         self.make_spare()
@@ -214,7 +215,10 @@ OPTIONS = {
     "--limits": "JSON rlimits applied to every child (default {})",
     "--run-as": "UID:GID for user code when started as root",
 }
-USAGE = "usage: execbox-agent --workspace DIR [--preload P] [--limits JSON] [--run-as UID:GID]"
+FLAGS = {
+    "--pid-ns": "user code in a PID namespace of its own (needs --run-as and CAP_SYS_ADMIN; runsc boxes)",
+}
+USAGE = "usage: execbox-agent --workspace DIR [--preload P] [--limits JSON] [--run-as UID:GID] [--pid-ns]"
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
@@ -228,8 +232,12 @@ def parse_args(argv: list[str]) -> dict[str, str]:
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
         if name in ("-h", "--help"):
-            print(USAGE + "".join(f"\n  {k:12} {v}" for k, v in OPTIONS.items()), file=sys.stderr)
+            print(USAGE + "".join(f"\n  {k:12} {v}" for k, v in {**OPTIONS, **FLAGS}.items()), file=sys.stderr)
             raise SystemExit(0)
+        if name in FLAGS and not eq:
+            out[name] = "1"
+            i += 1
+            continue
         if name not in OPTIONS:
             raise SystemExit(f"{USAGE}\nexecbox-agent: unknown argument {argv[i]!r}")
         if not eq:
@@ -270,6 +278,8 @@ def _private_tmpdir() -> str:
 def main(argv: list[str] | None = None) -> None:
     opts = parse_args(sys.argv[1:] if argv is None else list(argv))
     privsep.enter_agent(privsep.parse_run_as(opts["--run-as"]))
+    if "--pid-ns" in opts and privsep.active() is not None:  # the namespace needs root at start
+        pidns.setup()
     choice = opts["--preload"]
     if choice == "auto":
         preload = list(AUTO_PRELOAD)

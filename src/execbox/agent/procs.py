@@ -8,6 +8,8 @@ import resource
 import signal
 import time
 
+from . import pidns
+
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
@@ -68,20 +70,39 @@ def apply_rlimits(limits: dict[str, int | None], allow_address_space: bool = Tru
                 pass
 
 
+def _proc_listdir(rel: str) -> list[str]:
+    """List a directory of the agent's own /proc (pidns.proc_fd when user code has another)."""
+    if pidns.proc_fd is None:
+        return os.listdir(f"/proc/{rel}" if rel else "/proc")
+    fd = os.open(rel or ".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=pidns.proc_fd)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def _proc_read(rel: str) -> str:
+    if pidns.proc_fd is None:
+        with open(f"/proc/{rel}") as f:
+            return f.read()
+    with open(os.open(rel, os.O_RDONLY, dir_fd=pidns.proc_fd)) as f:
+        return f.read()
+
+
 def children_of(pid: int) -> list[int]:
     """Direct children of ``pid`` via /proc/<pid>/task/*/children, or a /proc scan."""
     kids: list[int] = []
-    task_dir = f"/proc/{pid}/task"
+    task_dir = f"{pid}/task"
     try:
-        tids = os.listdir(task_dir)
+        tids = _proc_listdir(task_dir)
     except OSError:
         return []
     found_file = False
     for tid in tids:
         try:
-            with open(f"{task_dir}/{tid}/children") as f:
-                found_file = True
-                kids.extend(int(x) for x in f.read().split())
+            text = _proc_read(f"{task_dir}/{tid}/children")
+            found_file = True
+            kids.extend(int(x) for x in text.split())
         except OSError:
             continue
     if found_file:
@@ -91,12 +112,11 @@ def children_of(pid: int) -> list[int]:
 
 def _ppid_map() -> dict[int, int]:
     out = {}
-    for name in os.listdir("/proc"):
+    for name in _proc_listdir(""):
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
+            stat = _proc_read(f"{name}/stat")
             out[int(name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
         except (OSError, ValueError, IndexError):
             continue
@@ -123,8 +143,12 @@ def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = Tr
     Repeats until nothing is left, so a fork bomb racing the kill still ends. Returns how many
     processes were signalled.
     """
-    keep = keep or set()
+    keep = set(keep or ())
     me = os.getpid()
+    reapers = [me]
+    if pidns.init_pid is not None:  # user code's PID namespace: its orphans go to its init
+        keep.add(pidns.init_pid)
+        reapers.append(pidns.init_pid)
     total = 0
     for _ in range(50):
         targets = set(descendants(pid)) if include_root or pid != me else set()
@@ -135,7 +159,7 @@ def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = Tr
             except OSError:
                 pass
         # Orphans reparented to us (we are a subreaper) belong to some execution.
-        for orphan in children_of(me):
+        for orphan in [o for r in reapers for o in children_of(r)]:
             if orphan not in keep:
                 targets.add(orphan)
                 targets.update(descendants(orphan))

@@ -120,7 +120,12 @@ class ContainerSpec:
     def command(self) -> list[str]:
         return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
                 "--preload", self.preload, "--limits", json.dumps(self.agent_limits, sort_keys=True),
-                "--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
+                "--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}", *(["--pid-ns"] if self.pid_ns else [])]
+
+    @property
+    def pid_ns(self) -> bool:
+        """gVisor: user code in a PID namespace of its own (agent/pidns.py says why)."""
+        return oci_seccomp.is_gvisor(self.runtime)
 
     def create_kwargs(self) -> dict[str, Any]:
         from docker.types import Mount
@@ -141,7 +146,7 @@ class ContainerSpec:
             # user code as SANDBOX_UID with none (agent/privsep.py), so code cannot signal,
             # trace or read the agent.
             "user": "0:0",
-            "cap_add": list(PRIVSEP_CAPS),
+            "cap_add": list(PRIVSEP_CAPS) + (["SYS_ADMIN"] if self.pid_ns else []),
             "working_dir": WORKSPACE,
             "stdin_open": True,
             "tty": False,

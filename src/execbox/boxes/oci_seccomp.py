@@ -19,6 +19,7 @@ import json
 import platform
 from typing import Any
 
+from ..agent.pidns import CLONE_NEWPID, PROC_MOUNT_FLAGS
 from .seccomp import CLONE_NAMESPACE_FLAGS, DENIED_SYSCALLS, TIOCSTI
 
 DOCKER_EXTRA_DENIED: tuple[str, ...] = (
@@ -37,7 +38,21 @@ def is_gvisor(runtime: str) -> bool:
 def profile(runtime: str = "runc") -> dict[str, Any]:
     """The profile as a dict (Docker's JSON schema, which runc and runsc both read)."""
     eperm = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
-    rules: list[dict[str, Any]] = [{"names": sorted(set(DENIED_SYSCALLS) | set(DOCKER_EXTRA_DENIED)), **eperm}]
+    denied = set(DENIED_SYSCALLS) | set(DOCKER_EXTRA_DENIED)
+    narrowed: list[dict[str, Any]] = []
+    if is_gvisor(runtime):
+        # The agent puts user code in a PID namespace of its own (agent/pidns.py): exactly
+        # unshare(CLONE_NEWPID) and a nosuid,nodev,noexec mount (its /proc) stay
+        # possible; any other flags are refused here, and user code, which holds no
+        # capability, is refused those two by the (gVisor) kernel as well.
+        denied -= {"unshare", "mount"}
+        narrowed = [
+            {"names": ["unshare"], **eperm,
+             "args": [{"index": 0, "value": CLONE_NEWPID, "valueTwo": 0, "op": "SCMP_CMP_NE"}]},
+            {"names": ["mount"], **eperm,
+             "args": [{"index": 3, "value": PROC_MOUNT_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_NE"}]},
+        ]
+    rules: list[dict[str, Any]] = [{"names": sorted(denied), **eperm}, *narrowed]
     if not is_gvisor(runtime):
         # clone3 hides its flags in memory a filter cannot read: ENOSYS makes libc fall back to
         # clone(2), whose namespace flags the rules below refuse. Not for gVisor: it has no

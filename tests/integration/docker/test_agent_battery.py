@@ -2,7 +2,8 @@
 
 User code runs as uid 1000 while the agent keeps real uid 0 (agent/privsep.py), and the boxes'
 seccomp profile (boxes/oci_seccomp.py) is enforced by runc in the kernel and by gVisor in its
-sentry (runtime registered with --oci-seccomp)."""
+sentry (runtime registered with --oci-seccomp). Under runsc user code also has a PID namespace
+of its own (agent/pidns.py): the battery then finds no process of the agent's at all."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.docker
 def test_user_code_cannot_reach_the_agent_or_the_kernel_surface(provider, instance):
     box = provider._instances[instance].box
     assert box.hello["privsep"] == "uid"
+    assert box.hello["pid_ns"] is (provider.runtime != "runc")  # gVisor: user code's own PID namespace
     out = run_battery(provider, instance)
     assert_contained(out, signals_refused=True, proc_access_checked=provider.runtime == "runc")
     assert out["uid"] == [1000, 1000] and out["agent_uids"][0] == "0"

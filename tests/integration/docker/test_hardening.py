@@ -49,7 +49,9 @@ def test_container_hardening_flags(provider, instance, docker_engine):
     hc = attrs["HostConfig"]
     assert hc["NetworkMode"] == "none" and hc["ReadonlyRootfs"] is True
     assert hc["CapDrop"] == ["ALL"] and "no-new-privileges" in hc["SecurityOpt"]
-    assert sorted(hc["CapAdd"]) == ["SETGID", "SETPCAP", "SETUID"]  # the agent's privsep only
+    # the agent's privsep only, and under runsc (gVisor's own capabilities) its PID namespace
+    privsep = ["SETGID", "SETPCAP", "SETUID"]
+    assert sorted(hc["CapAdd"]) == (privsep + ["SYS_ADMIN"] if provider.runtime == "runsc" else privsep)
     assert not any("unconfined" in o for o in hc["SecurityOpt"])
     profile = json.loads(next(o for o in hc["SecurityOpt"] if o.startswith("seccomp="))[len("seccomp="):])
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and "keyctl" in profile["syscalls"][0]["names"]
