@@ -5,6 +5,8 @@ Rows: session create + first run (new session id each time: registry create, box
 registry update, run), a warm run in an existing session (the registry is not touched: last-use
 times are flushed by the heartbeat), and the registry's own share of a create (reserve the row
 under the quota lock, then write the box handle) without the box start's noise.
+The last row is the create transaction sent one statement per round trip (BEGIN, lock, count,
+insert, COMMIT) instead of in one psycopg pipeline: what the pipeline saves, side by side.
 Target (issue 17): <= 3 ms added at p50. Starts a throw-away PostgreSQL cluster (initdb) unless
 --pg URL is given. Usage: .venv/bin/python bench/bench_sessions.py [--quick] [--pg URL]
 """
@@ -143,6 +145,13 @@ def main() -> None:
 
                 add(measure(f"registry create + update [{kind}]", create_path, n=n_reg // rounds, warmup=3,
                             baseline=base_of("registry create + update")))
+                if getattr(reg, "_pipeline", False):  # the create transaction without psycopg's pipeline
+                    reg._pipeline = False  # type: ignore[attr-defined]
+                    try:
+                        add(measure("registry create + update [postgres, no pipeline]", create_path,
+                                    n=n_reg // rounds, warmup=3, baseline="registry create + update [postgres]"))
+                    finally:
+                        reg._pipeline = True  # type: ignore[attr-defined]
                 for sid in written:
                     reg.delete("bench", sid)
         for mgr in managers.values():

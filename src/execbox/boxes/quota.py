@@ -20,6 +20,10 @@ from .runtime import jail_dir
 MKFS = "/usr/sbin/mkfs.ext4"
 MOUNT = "/usr/bin/mount"
 UMOUNT = "/usr/bin/umount"
+RELEASE_WAIT_SECONDS = 30.0
+"""How long a box start waits for the previous box's loop device on the same workspace image to be
+released. A lazy unmount's loop device lingers until the old box's last process is gone; after a
+restart (the previous service's boxes killed moments ago, a loaded host) that took over 5 s here."""
 CP = "/usr/bin/cp"
 
 
@@ -145,8 +149,8 @@ def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, 
     holds it: mounting one ext4 image twice would corrupt it.
     """
     if os.path.exists(image):
-        deadline = time.monotonic() + 5.0
-        while loop_devices(image):  # autoclear after an unmount can lag a little
+        deadline = time.monotonic() + RELEASE_WAIT_SECONDS
+        while loop_devices(image):  # autoclear after an unmount can lag (seconds on a loaded host)
             if time.monotonic() > deadline:
                 raise QuotaUnavailable(f"workspace {seed_dir} is still mounted by another box")
             time.sleep(0.05)

@@ -54,7 +54,7 @@ class ServiceSettings:
     """EXECBOX_DRAIN_TIMEOUT: seconds in-flight requests may finish after SIGTERM."""
     """The store's data directory (empty: the store's own)."""
     workspaces_dir: str = ""
-    """EXECBOX_WORKSPACES_DIR: session workspaces persist here as <tenant>/<session>.
+    """EXECBOX_WORKSPACES_DIR: session workspaces persist here as <registry id>/<tenant>/<session>.
     Empty: /var/lib/execbox/workspaces as root (boxes run as an unprivileged uid that must be able
     to traverse it, and the data dir is 0700), else <data_dir>/workspaces."""
 

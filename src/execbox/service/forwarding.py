@@ -7,11 +7,15 @@ middleware then replays the buffered request to that URL with the caller's own t
 authenticates and authorises the caller as usual) plus ``X-Execbox-Forwarded``: an HMAC-SHA256
 over replica, time, method, path and body with the shared EXECBOX_INTERNAL_SECRET. A forwarded
 request is never forwarded again (no loops), and a forged or stale header is refused (403).
-Server-sent-event responses are not forwarded (their errors arrive as an ``error`` event).
+Streamed runs (server-sent events) are forwarded too: the route checks ownership before it
+answers 200 (``SessionManager.check_owner``), and the owner's event stream is relayed chunk by
+chunk as it comes; when the caller goes away the relay closes the owner's stream, which cancels
+the run there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -115,10 +119,11 @@ class ForwardToOwner:
             for m in held:
                 await send(m)
             return
-        await self._forward(target, method, path, scope.get("query_string", b""), headers, body, send, held)
+        await self._forward(target, method, path, scope.get("query_string", b""), headers, body, receive, send,
+                            held)
 
     async def _forward(self, target: str, method: str, path: str, query: bytes, headers: dict[str, str],
-                       body: bytes, send: Send, held: list[Message]) -> None:
+                       body: bytes, receive: Receive, send: Send, held: list[Message]) -> None:
         if not self.secret:
             for m in held:  # no shared secret: the owner's name and URL are in the error already
                 await send(m)
@@ -127,18 +132,52 @@ class ForwardToOwner:
         out = {k: v for k, v in headers.items() if k not in HOP_HEADERS}
         out[HEADER] = f"{self.replica}:{stamp}:{sign(self.secret, self.replica, stamp, method, path, body)}"
         url = target.rstrip("/") + path + (f"?{query.decode('latin-1')}" if query else "")
+        async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=5.0)) as client:
+            try:
+                resp = await client.send(client.build_request(method, url, content=body, headers=out),
+                                         stream=True)
+            except httpx.HTTPError as e:
+                log.warning("forwarding %s %s to %s failed: %s", method, path, target, e)
+                for m in held:
+                    await send(m)
+                return
+            try:
+                skip = {"content-length", "transfer-encoding", "connection", "content-encoding"}
+                hdrs: list[Any] = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.items()
+                                   if k.lower() not in skip]
+                hdrs.append((b"x-execbox-served-by", target.encode("latin-1")))
+                if "text/event-stream" in resp.headers.get("content-type", ""):
+                    await send({"type": "http.response.start", "status": resp.status_code, "headers": hdrs})
+                    await _relay(resp, receive, send)
+                    return
+                content = await resp.aread()
+                hdrs.append((b"content-length", str(len(content)).encode()))
+                await send({"type": "http.response.start", "status": resp.status_code, "headers": hdrs})
+                await send({"type": "http.response.body", "body": content, "more_body": False})
+            finally:
+                await resp.aclose()
+
+
+async def _relay(resp: httpx.Response, receive: Receive, send: Send) -> None:
+    """Pass an event stream on as it comes; stop (closing the owner's stream, which cancels its
+    run) as soon as the caller disconnects."""
+
+    async def pump() -> None:
         try:
-            async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=5.0)) as client:
-                resp = await client.request(method, url, content=body, headers=out)
-        except httpx.HTTPError as e:
-            log.warning("forwarding %s %s to %s failed: %s", method, path, target, e)
-            for m in held:
-                await send(m)
-            return
-        skip = {"content-length", "transfer-encoding", "connection", "content-encoding"}
-        hdrs: list[Any] = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.items()
-                           if k.lower() not in skip]
-        hdrs.append((b"content-length", str(len(resp.content)).encode()))
-        hdrs.append((b"x-execbox-served-by", target.encode("latin-1")))
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": hdrs})
-        await send({"type": "http.response.body", "body": resp.content, "more_body": False})
+            async for chunk in resp.aiter_bytes():  # decoded: content-encoding is not passed on
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as e:  # the owner went away mid-stream: end ours, the caller sees no result
+            log.warning("forwarded stream from %s broke: %s", resp.url, e)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def caller_gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(caller_gone())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -96,6 +96,13 @@ def traversable_tmpdir(prefix: str) -> str:
     return d
 
 
+def registry_workspaces(workspaces_dir: str, data_dir: str) -> str:
+    """<workspaces dir>/<registry id>: where a service on the store in ``data_dir`` keeps its
+    session workspaces (one directory per registry, so services sharing a dir never collide)."""
+    with open_store(data_dir=data_dir) as store:
+        return os.path.join(workspaces_dir, store.sessions.identity())
+
+
 def start_service(provider: Any, settings: ServiceSettings | None = None) -> Service:
     base = traversable_tmpdir("execbox-svc-")
     workspaces = os.path.join(base, "ws")
@@ -103,7 +110,8 @@ def start_service(provider: Any, settings: ServiceSettings | None = None) -> Ser
     _, admin = store.tokens.create("ops", role="admin")
     _, ta = store.tokens.create("tenant-a")
     _, tb = store.tokens.create("tenant-b")
-    settings = (settings or ServiceSettings()).with_(workspaces_dir=workspaces)
+    settings = settings or ServiceSettings()
+    settings = settings.with_(workspaces_dir=settings.workspaces_dir or workspaces)
     # None: production wiring (ProviderManager over the store, hot-reloaded from the admin API)
     providers = None if provider is None else provider if hasattr(provider, "current") else Holder(provider)
     app = create_app(store=store, providers=providers, settings=settings)
@@ -117,7 +125,8 @@ def start_service(provider: Any, settings: ServiceSettings | None = None) -> Ser
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.01)
-    return Service(f"http://127.0.0.1:{port}", app, store, admin, ta, tb, server, thread, workspaces)
+    return Service(f"http://127.0.0.1:{port}", app, store, admin, ta, tb, server, thread,
+                   app.state.sessions.workspaces_root)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import time
 
 import httpx
 
+from execbox.client import iter_events
 from execbox.service.store import open_store
 from tests.integration.store.conftest import new_pg_database, pg_server  # noqa: F401 - fixture
 
@@ -54,6 +55,7 @@ def test_two_replicas_share_sessions_quota_and_take_over(pg_server) -> None:  # 
         assert r.json()["stdout"] == "42 shared\n" and r.headers["x-execbox-served-by"] == ua  # forwarded
         r = b.post("/v1/sandbox/read", json={"session_id": "s", "path": "f"})
         assert r.status_code == 200 and r.json()["content"] == "shared"
+        _streamed_runs_are_forwarded(b, ua)
         info = b.get("/v1/sandbox/sessions/t1/s").json()
         assert info["owner"] == "ra" and info["state"] == "running"
         # a forged internal header is refused
@@ -93,3 +95,26 @@ def test_two_replicas_share_sessions_quota_and_take_over(pg_server) -> None:  # 
         for p in (pa, pb):
             if p.poll() is None:
                 _term(p)
+
+
+def _streamed_runs_are_forwarded(b: httpx.Client, owner_url: str) -> None:
+    """A streamed run through the replica that does not own the session: the owner's events are
+    relayed as they happen, and closing the stream cancels the run at the owner."""
+    with b.stream("POST", "/v1/sandbox/execute", json={
+            "session_id": "s", "context_id": "c", "stream": True,
+            "code": "import sys\nprint(x * 6, flush=True)\nprint('e', file=sys.stderr)"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-execbox-served-by"] == owner_url
+        events = list(iter_events(r.iter_lines()))
+    assert [e for e, _ in events] == ["stdout", "stderr", "result"], events
+    assert events[0][1]["text"] == "42\n" and events[-1][1]["exit_code"] == 0
+    code = "print('first', flush=True)\nimport time\ntime.sleep(20)\nopen('late', 'w').write('1')"
+    with b.stream("POST", "/v1/sandbox/execute", json={"session_id": "s", "stream": True, "code": code}) as r:
+        for line in r.iter_lines():  # the first event arrives while the run is still sleeping
+            if "first" in line:
+                break
+        else:
+            raise AssertionError("the stream ended before the run's first output")
+    # closed mid-run: the owner cancels it (else this queues behind it for 20 s, then 'late' exists)
+    r = b.post("/v1/sandbox/execute", json={"session_id": "s", "code": "import os; print(os.path.exists('late'))"})
+    assert r.status_code == 200 and r.json()["stdout"] == "False\n", r.text

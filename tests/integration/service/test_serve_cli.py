@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from .conftest import free_port, traversable_tmpdir
+from .conftest import free_port, registry_workspaces, traversable_tmpdir
 
 EXECBOX = os.path.join(os.path.dirname(sys.executable), "execbox")
 
@@ -65,7 +65,8 @@ def test_first_start_prints_an_admin_token_once_and_serves_on_jail(jail_provider
         err = _stop(proc)
     assert "created an admin token" not in err and token not in err  # second start: nothing printed
     assert '"operation": "execute_code"' in err  # one JSON log line per execution
-    assert os.listdir(os.path.join(base, "ws", "default")) == ["cli"]  # the session survives a shutdown
+    ws = registry_workspaces(os.path.join(base, "ws"), os.path.join(base, "data"))
+    assert os.listdir(os.path.join(ws, "default")) == ["cli"]  # the session survives a shutdown
 
 
 def test_serve_refuses_the_unisolated_provider_off_loopback() -> None:

@@ -15,7 +15,7 @@ import httpx
 
 from execbox.service.store import open_store
 
-from .conftest import traversable_tmpdir
+from .conftest import registry_workspaces, traversable_tmpdir
 from .test_serve_cli import _serve, _wait_ready
 
 
@@ -68,7 +68,7 @@ def test_restart_keeps_files_reports_lost_contexts_cleans_orphans_and_marks_lost
         assert info["state"] == "running" and info["owner"] == "r-restart" and not info["contexts_lost"]
     finally:
         _term(proc)
-    ws = os.path.join(base, "ws")
+    ws = registry_workspaces(os.path.join(base, "ws"), os.path.join(base, "data"))
     assert _bwraps_under(ws) == []  # every box stopped
     # the files stay on disk: in place, or inside the workspace's quota image (jail as root)
     assert set(os.listdir(os.path.join(ws, "t1", "keep"))) & {"f", ".execbox-workspace.img"}
@@ -120,7 +120,8 @@ def test_sigterm_during_ten_runs_lets_them_finish_and_sessions_survive(jail_prov
         threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
         for t in threads:
             t.start()
-        started = [os.path.join(base, "ws", "t1", f"d{i}", "started") for i in range(10)]
+        ws = registry_workspaces(os.path.join(base, "ws"), os.path.join(base, "data"))
+        started = [os.path.join(ws, "t1", f"d{i}", "started") for i in range(10)]
         deadline = time.monotonic() + 30
         while not all(map(os.path.exists, started)) and time.monotonic() < deadline:
             time.sleep(0.05)  # SIGTERM once all ten runs are executing in their boxes
@@ -141,6 +142,6 @@ def test_sigterm_during_ten_runs_lets_them_finish_and_sessions_survive(jail_prov
         c = httpx.Client(base_url=url, headers=auth, timeout=60)
         for i in range(10):
             r = c.post("/v1/sandbox/read", json={"session_id": f"d{i}", "path": "n"})
-            assert r.status_code == 200 and r.json()["content"] == str(i)
+            assert r.status_code == 200 and r.json()["content"] == str(i), r.text
     finally:
         _term(proc)

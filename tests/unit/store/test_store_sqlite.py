@@ -54,6 +54,23 @@ def test_settings_roundtrip_and_version_strictly_increases(store):
     assert list(store.settings.all()) == ["sandbox.local"]
 
 
+def test_registry_id_is_made_once_stays_internal_and_does_not_bump_the_version(tmp_path):
+    s = open_store(tmp_path)
+    v0 = s.settings.version()
+    ident = s.sessions.identity()
+    assert ident.startswith("reg-") and s.sessions.identity() == ident
+    assert s.settings.all() == {} and s.settings.version() == v0  # no hot reload, not a setting
+    s.settings.set("xstore.y", "1")  # '_' in the internal prefix is not a LIKE wildcard
+    assert list(s.settings.all()) == ["xstore.y"]
+    s.close()
+    s2 = open_store(tmp_path)
+    assert s2.sessions.identity() == ident  # stable: it names the workspaces directory
+    s2.close()
+    other = open_store(tmp_path / "other")
+    assert other.sessions.identity() != ident
+    other.close()
+
+
 def test_set_many_is_all_or_nothing(store):
     with pytest.raises(InvalidConfigError):
         store.settings.set_many({"a": "1", "b": 2})  # type: ignore[dict-item]

@@ -179,6 +179,8 @@ def bash(body: BashRequest, request: Request, principal: Principal = Depends(req
 def _respond(request: Request, spec: RunSpec, stream: bool) -> Any:
     runs = _runs(request)
     if wants_stream(request.headers.get("accept"), stream):
+        if spec.session_id is not None:  # another replica's session: forwarded before the 200 goes out
+            runs.sessions.check_owner(spec.tenant_id, spec.session_id)
         return stream_run(runs.stream(spec, _artifact_url(request)))
     result = runs.run(spec)
     body = result_body(result, spec)

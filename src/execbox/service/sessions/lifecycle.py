@@ -32,7 +32,7 @@ class LifecycleMixin:
         its contexts; otherwise the box restarts lazily and ``contexts_lost`` says so."""
         from .manager import Session
 
-        path = self.workspace_path(rec.tenant_id, rec.session_id)
+        path = self.record_workspace(rec)
         had_box = bool(rec.box_handle.get("instance_id"))
         if had_box and rec.box_handle.get("workspace") and not os.path.isdir(path):
             self.registry.update(rec.tenant_id, rec.session_id, state="lost",
@@ -162,7 +162,7 @@ class LifecycleMixin:
         remover = getattr(self._current_or_none(), "remove_box", None)
         if remover is not None and rec.box_handle.get("container_id"):
             remover(rec.box_handle)
-        remove_workspace(self.workspace_path(tenant_id, session_id))
+        remove_workspace(self.record_workspace(rec))
         self.registry.delete(tenant_id, session_id)
         return {**rec.to_dict(), "state": "closed"}
 

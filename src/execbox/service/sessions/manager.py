@@ -5,7 +5,7 @@ the service has a store: they survive restarts and are shared by replicas). The 
 this replica's: a session is used under a lock per session, its box is created on first use,
 and a warm request touches no database (last-used times are flushed by the heartbeat).
 Bounded globally (SB004/503) and per tenant (SB008/429), counted from the registry. The
-workspace is a host directory under <workspaces>/<tenant>/<session>, so a box that dies, a
+workspace is a host directory, <workspaces>/<registry id>/<tenant>/<session>, so a box that dies, a
 pause and a restart all keep the files; a dead box is reported once (SB009).
 Restart, drain, pause/resume and expiry are in ``lifecycle.py``.
 """
@@ -103,9 +103,15 @@ class SessionManager(AdminMixin, LifecycleMixin):
                  metrics: ServiceMetrics | None = None, registry: SessionRegistry | None = None) -> None:
         self.providers = providers
         self.settings = settings
-        self.workspaces_root = workspaces_root
         self.metrics = metrics
         self.registry: SessionRegistry = registry if registry is not None else MemoryRegistry()
+        self.workspaces_base = workspaces_root
+        ident = self.registry.identity() if self.registry.persistent else None
+        self.workspaces_root = (os.path.join(workspaces_root, check_name(ident, "registry id")) if ident
+                                else workspaces_root)
+        """<workspaces dir>/<registry id>: start-up cleanup and Docker's orphan removal only ever look
+        here, so services sharing a workspaces dir (different databases) never touch each other's
+        workspaces, and equal tenant/session names never share one."""
         self.replica = settings.replica_id or socket.gethostname()
         self._sessions: dict[tuple[str, str], Session] = {}
         self._counters = TenantCounters(self._rejected)
@@ -138,6 +144,15 @@ class SessionManager(AdminMixin, LifecycleMixin):
 
     def workspace_path(self, tenant_id: str, session_id: str) -> str:
         return os.path.join(self.workspaces_root, tenant_id, session_id)
+
+    def record_workspace(self, rec: SessionRecord) -> str:
+        """Where a registry row's workspace is: its own path, or the pre-registry-id layout
+        <workspaces dir>/<tenant>/<session> a row made by an older version recorded."""
+        path = self.workspace_path(rec.tenant_id, rec.session_id)
+        legacy = os.path.join(self.workspaces_base, rec.tenant_id, rec.session_id)
+        if legacy != path and rec.box_handle.get("workspace") == legacy and os.path.isdir(legacy):
+            return legacy
+        return path
 
     # -- finding a session ------------------------------------------------------------------
     def _attach(self, tenant_id: str, session_id: str) -> Session:
@@ -192,6 +207,22 @@ class SessionManager(AdminMixin, LifecycleMixin):
             raise SessionLostError(f"session {rec.tenant_id}/{rec.session_id} is lost: its workspace is gone",
                                    details={**ids, "state": "lost"})
         return s
+
+    def check_owner(self, tenant_id: str, session_id: str) -> None:
+        """Raise SessionOwnedElsewhere when another live replica owns the session. A streamed run
+        calls this before it answers 200, so the forwarding middleware can still take the whole
+        request (and its event stream) to the owner. No database read for a session held here."""
+        check_name(tenant_id, "tenant_id")
+        check_name(session_id, "session_id")
+        if not self.registry.persistent:
+            return
+        with self._lock:
+            if (tenant_id, session_id) in self._sessions:
+                return
+        rec = self.registry.get(tenant_id, session_id)
+        if (rec is not None and rec.state not in ("lost", "closing", "closed")
+                and rec.owner not in (None, self.replica) and rec.lease_live()):
+            raise self._owned_elsewhere(rec)
 
     def _owned_elsewhere(self, rec: SessionRecord) -> SessionOwnedElsewhere:
         urls = {r["id"]: r["url"] for r in self.registry.replicas()}
@@ -324,7 +355,7 @@ class SessionManager(AdminMixin, LifecycleMixin):
             pending = self._deleting.get(s.workspace or "")
         if pending is not None:  # the previous session of this name is still being removed
             pending.wait(MOUNT_WAIT_SECONDS + 5)
-        make_workspace_dirs(self.workspaces_root, s.tenant_id, s.workspace or "")
+        make_workspace_dirs(self.workspaces_root, s.tenant_id, s.workspace or "", self.workspaces_base)
 
     def _forget(self, s: Session) -> None:
         """A session whose first box never started does not count against any limit."""

@@ -74,6 +74,11 @@ class SessionRegistry(Protocol):
 
     persistent: bool
 
+    def identity(self) -> str | None:
+        """A stable id of this registry (None: nothing persists); persistent registries keep their
+        workspaces under ``<workspaces dir>/<identity>``."""
+        ...
+
     def get(self, tenant_id: str, session_id: str) -> SessionRecord | None: ...
 
     def list(self, tenant_id: str | None = None) -> list[SessionRecord]: ...
@@ -118,6 +123,9 @@ class MemoryRegistry:
     def __init__(self) -> None:
         self._rows: dict[tuple[str, str], SessionRecord] = {}
         self._lock = threading.Lock()
+
+    def identity(self) -> str | None:
+        return None
 
     def get(self, tenant_id: str, session_id: str) -> SessionRecord | None:
         return self._rows.get((tenant_id, session_id))

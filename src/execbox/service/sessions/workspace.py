@@ -59,10 +59,10 @@ def remove_workspace(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def make_workspace_dirs(root: str, tenant_id: str, path: str) -> None:
-    """root/tenant are 0711 (a box's uid may traverse, never list); the session dir is the box's."""
+def make_workspace_dirs(root: str, tenant_id: str, path: str, base: str | None = None) -> None:
+    """base/root/tenant are 0711 (a box's uid may traverse, never list); the session dir is the box's."""
     tenant_dir = os.path.join(root, tenant_id)
-    for d in (root, tenant_dir):
+    for d in (base or root, root, tenant_dir):
         if not os.path.isdir(d):
             os.makedirs(d, exist_ok=True)
             os.chmod(d, 0o711)

@@ -51,8 +51,7 @@ class SettingsRepo:
 
     def all(self) -> dict[str, SettingRecord]:
         with self._sessions() as s:
-            rows = s.scalars(select(SystemSetting).where(SystemSetting.name != LOCK_ROW)
-                             .order_by(SystemSetting.name))
+            rows = s.scalars(select(SystemSetting).where(_NOT_INTERNAL).order_by(SystemSetting.name))
             return {r.name: _setting(r) for r in rows}
 
     def set(self, name: str, value: str, source: str = "admin", data_type: str = "json") -> float:
@@ -94,7 +93,7 @@ class SettingsRepo:
         (same data types), all in one transaction. Returns how many rows changed."""
         with self._sessions.begin() as s:
             _lock_for_write(s)
-            rows = {r.name: r for r in s.scalars(select(SystemSetting).where(SystemSetting.name != LOCK_ROW))}
+            rows = {r.name: r for r in s.scalars(select(SystemSetting).where(_NOT_INTERNAL))}
             changed = fn({n: r.value for n, r in rows.items()})
             if changed:
                 self._write(s, changed, source, "json", {n: rows[n].data_type for n in changed if n in rows})
@@ -133,7 +132,11 @@ class SettingsRepo:
         return stamp
 
 
+INTERNAL_PREFIX = "_store."
+"""Rows the store keeps for itself (the write lock, the registry id): never listed as settings."""
 LOCK_ROW = "_store.write_lock"
+REGISTRY_ID_ROW = "_store.registry_id"
+_NOT_INTERNAL = ~SystemSetting.name.startswith(INTERNAL_PREFIX, autoescape=True)
 
 
 def _lock_for_write(s: Session) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 from sqlalchemy import case, delete, func, or_, select, text, update
@@ -18,11 +19,30 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..sessions.registry import ACTIVE, HELD, SessionRecord, new_id, quota_error
 from .models import Replica, SessionRow, SystemSetting
-from .repos import LOCK_ROW, _lock_for_write
+from .repos import LOCK_ROW, REGISTRY_ID_ROW, _lock_for_write
 
 CREATE_LOCK = 0x65786273  # "exbs": advisory lock key serialising session creates (quota counts)
 
 _JSON_FIELDS = ("box_handle", "network_policy")
+
+_PG_CREATE = """
+WITH c AS (
+    SELECT coalesce(sum(CASE WHEN tenant_id = %(tenant_id)s AND session_id = %(session_id)s THEN 1 ELSE 0 END), 0)
+               AS present,
+           coalesce(sum(CASE WHEN tenant_id = %(tenant_id)s AND state = ANY(%(held)s) THEN 1 ELSE 0 END), 0) AS held,
+           coalesce(sum(CASE WHEN state = ANY(%(active)s) THEN 1 ELSE 0 END), 0) AS active
+    FROM sessions
+), ins AS (
+    INSERT INTO sessions (id, tenant_id, session_id, provider, box_handle, runtime, network_policy, state, owner,
+                          lease_expires, contexts_lost, created_at, last_used, expires_at)
+    SELECT %(id)s, %(tenant_id)s, %(session_id)s, %(provider)s, '{}', %(runtime)s, '{}', 'creating', %(owner)s,
+           %(lease_expires)s, false, %(now)s, %(now)s, NULL
+    FROM c WHERE c.present = 0 AND c.held < %(tenant_limit)s AND c.active < %(global_limit)s
+    RETURNING 1
+)
+SELECT present, held, active, (SELECT count(*) FROM ins) FROM c
+"""
+"""Count and insert in one statement (see SqlSessionRegistry._create_pg_pipeline); bound parameters only."""
 
 
 def _record(row: SessionRow) -> SessionRecord:
@@ -45,6 +65,25 @@ class SqlSessionRegistry:
         self._dialect = self._engine.dialect.name
         # Single-statement writes need no BEGIN/COMMIT round trips: the statement is the transaction.
         self._auto = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._pipeline = self._dialect == "postgresql" and self._engine.dialect.driver == "psycopg"
+
+    def identity(self) -> str:
+        """This registry's id, made once per database (under the store's write lock, so replicas
+        starting together agree). It names the directory holding this registry's workspaces:
+        services on one host with different databases never touch each other's. Written with
+        update_time 0 so it does not bump the settings version (no hot reload)."""
+        with self._sessions() as s:
+            value = s.scalar(select(SystemSetting.value).where(SystemSetting.name == REGISTRY_ID_ROW))
+        if value:
+            return value
+        with self._sessions.begin() as s:
+            _lock_for_write(s)
+            value = s.scalar(select(SystemSetting.value).where(SystemSetting.name == REGISTRY_ID_ROW))
+            if not value:
+                value = "reg-" + uuid.uuid4().hex[:12]
+                s.add(SystemSetting(name=REGISTRY_ID_ROW, source="store", data_type="string", value=value,
+                                    update_time=0.0))
+            return value
 
     def _lock_rows(self, s: Session) -> None:
         """SQLite has no row locks: take its database write lock first (a no-op elsewhere)."""
@@ -68,6 +107,14 @@ class SqlSessionRegistry:
                owner: str, lease_ttl: float, tenant_limit: int, global_limit: int) -> tuple[SessionRecord, bool]:
         """Core statements in one transaction (no ORM unit of work: this is on the create path):
         the create lock, one query for the existing row and both quota counts, the insert."""
+        if self._pipeline:
+            created = self._create_pg_pipeline(tenant_id, session_id, provider, runtime, owner, lease_ttl,
+                                               tenant_limit, global_limit)
+            if created is not None:
+                return created, True
+            existing = self.get(tenant_id, session_id)
+            if existing is not None:
+                return existing, False
         t = SessionRow.__table__
         mine = (t.c.tenant_id == tenant_id) & (t.c.session_id == session_id)
         for _ in range(2):
@@ -106,6 +153,47 @@ class SqlSessionRegistry:
             return self.create(tenant_id, session_id, provider=provider, runtime=runtime, owner=owner,
                                lease_ttl=lease_ttl, tenant_limit=tenant_limit, global_limit=global_limit)
         return existing, False
+
+    def _create_pg_pipeline(self, tenant_id: str, session_id: str, provider: str | None, runtime: str | None,
+                            owner: str, lease_ttl: float, tenant_limit: int,
+                            global_limit: int) -> SessionRecord | None:
+        """PostgreSQL with psycopg 3: the create transaction in ONE network round trip (psycopg's
+        pipeline mode): BEGIN, the create lock, then one statement that counts and inserts only
+        when the name is free and both quotas allow it, COMMIT. The statements still run one
+        after the other on the server, and in READ COMMITTED the counting statement's snapshot
+        is taken after the lock is granted, so the counts see every earlier create. Returns the
+        new record, or None when the row exists (raises the quota error otherwise)."""
+        now = time.time()
+        values = {"id": new_id(), "tenant_id": tenant_id, "session_id": session_id, "provider": provider,
+                  "runtime": runtime, "owner": owner, "lease_expires": now + lease_ttl, "now": now,
+                  "held": list(HELD), "active": list(ACTIVE), "tenant_limit": tenant_limit,
+                  "global_limit": global_limit}
+        with self._auto.connect() as conn:
+            raw = conn.connection.driver_connection
+            try:
+                with raw.pipeline():
+                    raw.execute("BEGIN")
+                    raw.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
+                    cur = raw.execute(_PG_CREATE, values)
+                    raw.execute("COMMIT")
+                present, held, active, inserted = cur.fetchone()
+            except Exception as e:
+                try:
+                    raw.execute("ROLLBACK")
+                except Exception:  # noqa: BLE001 - a broken connection: the pool discards it; raise the cause
+                    pass
+                if type(e).__name__ == "UniqueViolation":  # a create that did not take the lock: reread
+                    return None
+                raise
+        if inserted:
+            return SessionRecord(values["id"], tenant_id, session_id, "creating", provider=provider,
+                                 runtime=runtime, owner=owner, lease_expires=values["lease_expires"],
+                                 created_at=now, last_used=now)
+        if not present:
+            err = quota_error(tenant_id, int(held), int(active), tenant_limit, global_limit)
+            if err is not None:
+                raise err
+        return None
 
     def update(self, tenant_id: str, session_id: str, **fields: Any) -> bool:
         """One UPDATE statement (no read first: this is on the session-create path)."""
