@@ -154,7 +154,7 @@ def test_new_session_takes_a_warm_box_and_keeps_its_workspace(tmp_path):
     """A new session's empty workspace adopts a pooled box's image: no cold start, same persistence."""
     from execbox.boxes.jail_box import boxes_dir
 
-    p = make_provider(pool_size=1)
+    p = make_provider(pool_size=1, pool_sessions=True)
     ws = tmp_path / "sess"
     if os.stat(tmp_path).st_dev != os.stat(os.path.dirname(boxes_dir())).st_dev:  # adoption needs one fs
         ws = Path(tempfile.mkdtemp(prefix="execbox-adopt-", dir=os.path.dirname(boxes_dir()))) / "sess"
