@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-pytest_plugins = ["tests.docker_engine"]  # one session-wide dockerd fixture for every suite
+pytest_plugins = ["tests.docker_engine", "tests.e2b_server"]  # one session-wide dockerd / execbox serve for every suite
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -21,10 +21,12 @@ import time
 from dataclasses import dataclass, field
 
 SERVER = r'''
-import http.server, json, ssl, sys, threading
+import http.server, json, os, ssl, sys, threading, urllib.parse
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path.startswith("/pkgs/") and len(sys.argv) > 4:
+            return self.static(self.path[len("/pkgs/"):].split("?")[0])
         if self.path.startswith("/bytes/"):
             n = int(self.path.split("/")[2]); self.send_response(200)
             self.send_header("Content-Length", str(n)); self.end_headers()
@@ -36,9 +38,28 @@ class H(http.server.BaseHTTPRequestHandler):
                            "headers": dict(self.headers), "tls": isinstance(self.connection, ssl.SSLSocket)}).encode()
         self.send_response(200); self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def static(self, rel):
+        # a local package index: files under the root; "@@HOST@@" becomes this request's Host
+        path = os.path.realpath(os.path.join(sys.argv[4], urllib.parse.unquote(rel)))
+        if not path.startswith(os.path.realpath(sys.argv[4])):
+            return self.send_error(404)
+        if os.path.isdir(path):
+            path = os.path.join(path, "index.html")
+        if not os.path.isfile(path):
+            return self.send_error(404)
+        data = open(path, "rb").read()
+        kind = "application/octet-stream"
+        if path.endswith(".html"):
+            kind = "text/html"
+        elif path.endswith(".json") or "." not in os.path.basename(path):
+            kind = "application/json"
+        if not path.endswith((".whl", ".tgz")):
+            data = data.replace(b"@@HOST@@", (self.headers.get("Host") or "").encode())
+        self.send_response(200); self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
     do_POST = do_GET
     def log_message(self, *a): pass
-ip, cert, key = sys.argv[1:4]
+ip, cert, key = sys.argv[1:4]  # argv[4]: optional root of /pkgs/ (tests/pkgindex.py)
 plain = http.server.ThreadingHTTPServer((ip, 80), H)
 tls = http.server.ThreadingHTTPServer((ip, 443), H)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(cert, key)
@@ -97,6 +118,7 @@ class FakeNet:
     _dns: object = None
     _tmp: str = ""
     ca_file: str = ""
+    pkg_root: str = ""  # served at http(s)://<server>/pkgs/ (tests/pkgindex.py writes an index there)
     rebind_hits: dict[str, int] = field(default_factory=dict)
 
     def name(self, label: str) -> str:
@@ -141,10 +163,13 @@ def start() -> FakeNet:
         _run("ip", "-n", prefix, "link", "set", "lo", "up")
         ca, cert, key = make_ca_and_cert([f"*.{domain}", domain], server_ip, tmp)
         fn.ca_file = ca
+        fn.pkg_root = os.path.join(tmp, "pkgs")
+        os.makedirs(fn.pkg_root)
         with open(ca, encoding="ascii") as f:
             fn.ca_pem = f.read()
         fn._proc = subprocess.Popen(["ip", "netns", "exec", prefix, sys.executable, "-c", SERVER, server_ip,
-                                     cert, key], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     cert, key, fn.pkg_root],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert fn._proc.stdout is not None
         line = fn._proc.stdout.readline()
         if "ready" not in line:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Mapping
@@ -148,10 +149,17 @@ class Sandbox:
 
     @classmethod
     def create(cls, provider: str | SandboxProvider | None = None, *, config: Mapping[str, Any] | None = None,
-               tenant_id: str = "default", session_id: str | None = None, template: str = "python") -> Sandbox:
+               tenant_id: str = "default", session_id: str | None = None, template: str = "python",
+               runtime: str | None = None) -> Sandbox:
+        """``runtime``: a runtime template (``NAME`` or ``NAME@vN``, `execbox runtime build`) for this
+        sandbox only; providers without templates refuse it with SB002."""
         prov, owned = _resolve_provider(provider, config)
         try:
-            inst = prov.create_instance(template=template, tenant_id=tenant_id, session_id=session_id)
+            extra = {"runtime": runtime} if runtime else {}
+            if runtime and "runtime" not in inspect.signature(prov.create_instance).parameters:
+                raise InvalidConfigError(f"provider {prov.name!r} does not support runtime templates "
+                                         f"(runtime={runtime!r})", details={"field": "runtime"})
+            inst = prov.create_instance(template=template, tenant_id=tenant_id, session_id=session_id, **extra)
         except BaseException:
             if owned:
                 prov.shutdown()
@@ -181,6 +189,17 @@ class Sandbox:
         return self.provider.run_command(self.instance_id, command,
                                          timeout if timeout is not None else _default_timeout(self.provider),
                                          cwd=cwd, env=env, on_output=on_output)
+
+    def install(self, pip: list[str] | None = None, npm: list[str] | None = None, *,
+                timeout: float | None = None) -> dict[str, Any]:
+        """Install pip/npm packages into this sandbox's workspace through the egress gateway (the
+        index hosts are allowed for this step only); importable/require-able by the next run."""
+        self._check_open()
+        do = getattr(self.provider, "install_packages", None)
+        if do is None:
+            raise InvalidConfigError(f"provider {self.provider.name!r} does not support in-session installs",
+                                     details={"provider": self.provider.name})
+        return do(self.instance_id, pip=pip, npm=npm, timeout=timeout)
 
     def close(self) -> None:
         if self.closed:

@@ -188,6 +188,17 @@ class RemoteSandbox:
         """Start a paused session's box again under the same id (using it also resumes it)."""
         return self._session_call("POST", "/resume")
 
+    def install(self, pip: list[str] | None = None, npm: list[str] | None = None, *,
+                timeout: float | None = None) -> dict[str, Any]:
+        """pip/npm packages into the session's workspace (POST .../install); SB errors name what failed."""
+        tenant = self.tenant_id or self._whoami_tenant()
+        body = {"pip": list(pip or []), "npm": list(npm or []), "timeout": timeout}
+        r = self._send("POST", f"sessions/{tenant}/{self.session_id}/install", body,
+                       timeout=(timeout or 300) + 30)
+        if r.status_code >= 400:
+            raise _error(r)
+        return r.json()
+
     def close(self) -> None:
         if self.closed:
             return

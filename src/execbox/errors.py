@@ -141,7 +141,22 @@ ERRORS_BY_CODE: dict[str, type[SandboxError]] = {
 
 
 def error_from_dict(payload: dict[str, Any], http_status: int | None = None) -> SandboxError:
-    """Rebuild a typed error from its JSON shape (used by remote clients)."""
+    """Rebuild a typed error from its JSON shape (remote clients, the agent's error replies).
+
+    The status refines SB002 where it can (404: FileNotFoundInSandbox, 413: PayloadTooLargeError),
+    and an SB002 naming a path ``violation`` (the agent's one path validator refused it) is a
+    PathError, so a caller catches the same class whichever side of a wire raised it.
+    """
     body = payload.get("error", payload)
-    cls = ERRORS_BY_CODE.get(str(body.get("code")), SandboxError)
-    return cls(str(body.get("message", "")), details=body.get("details") or {}, http_status=http_status)
+    code = str(body.get("code"))
+    details = body.get("details") or {}
+    cls: type[SandboxError]
+    if code == "SB002" and isinstance(details, dict) and "violation" in details:
+        cls = PathError
+    else:
+        cls = _REFINED.get((code, http_status)) or ERRORS_BY_CODE.get(code, SandboxError)
+    return cls(str(body.get("message", "")), details=details, http_status=http_status)
+
+
+_REFINED: dict[tuple[str, int | None], type[SandboxError]] = {
+    ("SB002", 404): FileNotFoundInSandbox, ("SB002", 413): PayloadTooLargeError}

@@ -79,8 +79,8 @@ def test_console_is_reachable_by_keyboard(signed_in: Any) -> None:
     for _ in range(8):
         page.keyboard.press("Tab")
         names.append(page.evaluate("document.activeElement.textContent.trim()"))
-    assert names[:7] == ["Skip to content", "Providers", "Playground", "Sessions", "Tokens", "Egress",
-                         "Sign out"], names
+    assert names[:8] == ["Skip to content", "Providers", "Playground", "Sessions", "Tokens", "Egress",
+                         "Runtimes", "Sign out"], names
     for _ in range(3):
         page.keyboard.press("Shift+Tab")  # back on "Tokens"
     page.keyboard.press("Enter")

@@ -7,8 +7,11 @@ here must pass the case exactly like the jail does.
 
 from __future__ import annotations
 
-PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "kubernetes", "self_managed", "e2b", "aliyun"]
-"""Conformance ids: registry names, with docker split by OCI runtime."""
+PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "kubernetes", "self_managed", "self_managed-run", "e2b",
+             "e2b-execbox", "aliyun"]
+"""Conformance ids: registry names, with docker split by OCI runtime and self_managed by its ``api``
+(``self_managed``: api execbox, the remote is an execbox service; ``self_managed-run``: RAGFlow's /run)
+and e2b by its cloud (``e2b``: the fake of E2B's APIs; ``e2b-execbox``: execbox's E2B-compatible endpoint)."""
 
 CASES: dict[str, str] = {
     "python_main_arguments": "main(**arguments) is called; its JSON value travels in `result`, not stdout",
@@ -37,14 +40,14 @@ CASES: dict[str, str] = {
 
 NEEDS_MATPLOTLIB = "the provider's default runtime has no matplotlib"
 NO_CGROUP = "no cgroup: memory is capped by RLIMIT_AS, so a bomb is a MemoryError (exit 1), not an OOM kill"
-FAKE_CLOUD = "the test fake runs code as plain host subprocesses (no box): limits are the cloud's own"
+FAKE_CLOUD = ("the test fake runs code as host processes with no memory or pids limit (a real cloud VM has its "
+              "own); the bomb would hit the test machine")
 REMOTE_EXECUTOR = "RAGFlow's /run API has no files, contexts or sessions"
 
 RAGFLOW_LANGS = "RAGFlow's /run API runs python and nodejs only (no bash)"
 RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines it"
-DRIFT = ("drift: the remote wrapper (providers/remote_code.py) still re-implements the runner instead of "
-         "running the agent's own (issue 19, part 1)")
-NO_FILE_LIST = "the provider has no list_files/glob/grep (needs the agent's file operations in the remote box)"
+E2B_EXECBOX_OUTPUT = ("open defect: execbox's E2B endpoint caps a command's output at 1 MiB, so the uploaded "
+                      "agent's reply carrying 1 MiB of the run's output is cut and lost (SB009)")
 NO_BASH = "the AgentRun code interpreter runs python and javascript only"
 
 UNSUPPORTED: dict[str, dict[str, str]] = {
@@ -56,7 +59,8 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     "docker-runc": {},
     "docker-runsc": {},
     "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
-    "self_managed": {
+    "self_managed": {},  # api: execbox, against a real `execbox serve` (jail, sci runtime)
+    "self_managed-run": {
         "python_dunder_main_script": RAGFLOW_MAIN,
         "bash_script": RAGFLOW_LANGS,
         "exit_codes": RAGFLOW_LANGS,
@@ -71,39 +75,30 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "plots": NEEDS_MATPLOTLIB + " (the test's remote execbox runs the jail's system runtime)",
     },
     "e2b": {
-        "python_non_json_result": DRIFT,
-        "python_dunder_main_script": DRIFT,
-        "exit_codes": DRIFT,
-        "binary_output": DRIFT,
-        "stdout_cap": DRIFT,
-        "stderr_cap": DRIFT,
-        "file_operations": NO_FILE_LIST,
-        "path_traversal_refused": DRIFT + "; a symlink leaving the workspace is followed",
         "memory_bomb": FAKE_CLOUD,
         "fork_bomb": FAKE_CLOUD,
-        "timeout_sigterm_ignored": FAKE_CLOUD,
-        "background_ends_with_run": FAKE_CLOUD,
-        "daemon_ends_with_timeout": FAKE_CLOUD,
-        "python_contexts": "E2B contexts are not mapped yet (execute_code runs in the default context)",
-        "plots": FAKE_CLOUD,
+        "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
+    },
+    "e2b-execbox": {
+        "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "stdout_cap": E2B_EXECBOX_OUTPUT,
+        "stderr_cap": E2B_EXECBOX_OUTPUT,
+        "memory_bomb": ("open defect: the uploaded agent runs inside the execbox box's own agent; the box's cgroup "
+                        "OOM-kills the run (exit -9) but the inner agent cannot see the cgroup's OOM events, so "
+                        "the result has no SB006"),
+        "plots": ("open defect: execbox's E2B endpoint runs commands with the box's system python3, not the "
+                  "runtime's python that has matplotlib"),
     },
     "aliyun": {
-        "python_non_json_result": DRIFT,
-        "python_dunder_main_script": DRIFT,
         "bash_script": NO_BASH,
         "exit_codes": NO_BASH,
-        "binary_output": DRIFT,
-        "stdout_cap": DRIFT,
-        "stderr_cap": DRIFT,
-        "file_operations": NO_FILE_LIST,
         "path_traversal_refused": NO_BASH + " (the check makes symlinks with bash)",
+        "background_ends_with_run": NO_BASH + " (the check backgrounds a bash loop)",
         "memory_bomb": FAKE_CLOUD,
         "fork_bomb": FAKE_CLOUD,
-        "timeout_sigterm_ignored": FAKE_CLOUD,
-        "background_ends_with_run": FAKE_CLOUD,
-        "daemon_ends_with_timeout": FAKE_CLOUD,
-        "python_contexts": "AgentRun contexts are not mapped yet",
-        "plots": FAKE_CLOUD,
+        "python_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
+        "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
 }
 

@@ -59,12 +59,19 @@ def _kubernetes(request: pytest.FixtureRequest) -> Any:
     return p
 
 
-def _self_managed(request: pytest.FixtureRequest) -> Any:
+def _self_managed(request: pytest.FixtureRequest, api: str) -> Any:
+    """api "run": RAGFlow's /run contract on execbox's executor; "execbox": a real `execbox serve`
+    (jail, sci runtime) through its own sandbox API, admin token so sessions are deleted."""
     from execbox.providers.self_managed import SelfManagedProvider
 
-    srv = request.getfixturevalue("executor_server")
     p = SelfManagedProvider()
-    p.initialize({"endpoint": srv.url, "timeout": 30, "max_retries": 0})
+    if api == "run":
+        srv = request.getfixturevalue("executor_server")
+        p.initialize({"endpoint": srv.url, "timeout": 30, "max_retries": 0})
+    else:
+        srv = request.getfixturevalue("e2b_server")
+        p.initialize({"endpoint": srv.url, "timeout": 30, "max_retries": 0, "api": "execbox",
+                      "api_key": srv.admin_token})
     return p
 
 
@@ -83,6 +90,16 @@ def _e2b(stack: list[Any]) -> Any:
     stack.extend([mp.undo, srv.stop, state.cleanup])
     p = E2BProvider()
     p.initialize({"api_key": state.api_key, "api_url": srv.url, "sandbox_url": srv.url, "timeout": 30})
+    return p
+
+
+def _e2b_execbox(request: pytest.FixtureRequest) -> Any:
+    """The e2b provider against execbox's own E2B-compatible endpoint: no fake in between."""
+    from execbox.providers.e2b import E2BProvider
+
+    srv = request.getfixturevalue("e2b_server")
+    p = E2BProvider()
+    p.initialize({"api_key": srv.token_a, "api_url": srv.url, "sandbox_url": srv.url, "timeout": 30})
     return p
 
 
@@ -118,9 +135,13 @@ def conformance_provider(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
     elif name == "kubernetes":
         p = _kubernetes(request)
     elif name == "self_managed":
-        p = _self_managed(request)
+        p = _self_managed(request, "execbox")
+    elif name == "self_managed-run":
+        p = _self_managed(request, "run")
     elif name == "e2b":
         p = _e2b(stack)
+    elif name == "e2b-execbox":
+        p = _e2b_execbox(request)
     elif name == "aliyun":
         p = _aliyun(stack)
     else:

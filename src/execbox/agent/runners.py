@@ -68,9 +68,22 @@ def flush_stdio() -> None:
             pass
 
 
+def extend_path() -> None:
+    """Put the box's ``PYTHONPATH`` entries (in-session installs) on ``sys.path`` of this child.
+
+    The agent runs with ``-I`` (no PYTHONPATH), so a package that ``install`` added to the
+    workspace after the agent started is found here, at each run, as ``python3`` in bash finds it.
+    """
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and entry not in sys.path and os.path.isdir(entry):
+            sys.path.append(entry)
+            sys.path_importer_cache.pop(entry, None)  # a miss cached before it existed
+
+
 def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any], result_fd: int,
                artifacts_dir: str | None, figure_prefix: str) -> int:
     """Run ``code`` in ``globs``; call ``main`` per the contract. Returns the exit code."""
+    extend_path()
     linecache.cache[CODE_FILENAME] = (len(code), None, code.splitlines(True), CODE_FILENAME)
     try:
         tree = compile(code, CODE_FILENAME, "exec", ast.PyCF_ONLY_AST)

@@ -18,13 +18,10 @@ from typing import Any, Protocol
 
 from ..agent import protocol
 from ..errors import (
-    ERRORS_BY_CODE,
-    FileNotFoundInSandbox,
     InstanceCreationError,
-    PathError,
-    PayloadTooLargeError,
     ProviderUnavailableError,
     SandboxError,
+    error_from_dict,
 )
 
 EventCallback = Callable[[str, Any], None]
@@ -249,16 +246,6 @@ class AgentClient:
         self.transport.close()
 
 
-_REFINED = {("SB002", 404): FileNotFoundInSandbox, ("SB002", 413): PayloadTooLargeError}
-
-
 def agent_error(err: dict[str, Any]) -> SandboxError:
-    """The typed SB exception for an agent error reply (status refines the class where it can)."""
-    details = err.get("details") or {}
-    if err.get("code") == "SB002" and isinstance(details, dict) and "violation" in details:
-        cls: type[SandboxError] = PathError  # the agent's one path validator refused it
-    else:
-        cls = _REFINED.get((str(err.get("code")), err.get("status"))) or ERRORS_BY_CODE.get(
-            str(err.get("code")), SandboxError)
-    return cls(str(err.get("message", "agent error")), details=err.get("details") or {},
-               http_status=err.get("status"))
+    """The typed SB exception for an agent error reply (errors.error_from_dict's refinements)."""
+    return error_from_dict({"message": "agent error", **err}, err.get("status"))

@@ -26,6 +26,7 @@ from .agent_client import AgentClient
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
 from .docker_oom import OOM_SETTLE_SECONDS, at_memory_limit, exit_state, oom_file, read_oom_kills
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
+from .runtime import PIP_MOUNT, RUNTIME_MOUNT, SESSION_SITE, staged_pip
 
 log = logging.getLogger("execbox.docker")
 
@@ -164,10 +165,18 @@ class ContainerSpec:
             "security_opt": ["no-new-privileges", oci_seccomp.security_opt(self.runtime)],
             "ulimits": [],
         }
+        # in-session installs land here (providers/install.py); the agent puts them on sys.path
+        # (and a runtime template image's node_modules, which this overrides the image's NODE_PATH for)
+        kwargs["environment"] = {"PYTHONPATH": SESSION_SITE,
+                                 "NODE_PATH": f"{WORKSPACE}/node_modules:{RUNTIME_MOUNT}/node_modules"}
         if self.egress is not None and self.egress.mode != "none":
             from .docker_net import DNS_OPTS
 
             kwargs.update(network_mode="none", **DNS_OPTS)
+            pip_root = staged_pip()
+            if pip_root:
+                kwargs["mounts"] = [*kwargs["mounts"], Mount(target=PIP_MOUNT, source=pip_root, type="bind",
+                                                             read_only=True)]
             if self.egress_ca is not None:
                 from .docker_net import ca_kwargs
 

@@ -25,7 +25,7 @@ from typing import Any
 from . import bwrap, cgroups, jail_net, quota, seccomp, uids
 from .box import READY_TIMEOUT, ProcessBox
 from .quota import Workspace
-from .runtime import Runtime, jail_dir
+from .runtime import PIP_MOUNT, Runtime, jail_dir, staged_pip
 from .stderr_sink import Tail, sink
 
 log = logging.getLogger("execbox.jail")
@@ -84,6 +84,7 @@ class JailBox(ProcessBox):
         self.box_dir = box_dir
         self.keep_workspace = ws.caller_dir is not None
         self.started_at = time.time()
+        self.runtime: Runtime | None = None
         self.survivors: list[int] = []
         self.stderr: Tail | None = None  # last KB of bwrap's and the agent's own stderr
         self.net: jail_net.JailNet | None = None  # set when the box has network egress
@@ -236,7 +237,8 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             limits["nproc"] = settings.pids
         spec = bwrap.BoxSpec(
             runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=settings.etc_dir,
-            env=bwrap.box_env(), agent_limits=limits, seccomp_fd=seccomp_fd, workspace_host=ws.bind_src,
+            env={**bwrap.box_env(), **settings.runtime.env()}, agent_limits=limits, seccomp_fd=seccomp_fd,
+            workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
             device_args=list(settings.device_args),
         )
@@ -244,6 +246,9 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
             spec.share_net = True
             spec.etc_dir = jail_net.staged_etc_net()
             spec.extra_ro = [*spec.extra_ro, *jail_net.extra_mounts(spec.etc_dir, jn)]
+            pip_root = staged_pip()  # in-session installs (providers/install.py)
+            if pip_root:
+                spec.extra_ro.append((pip_root, PIP_MOUNT))
             spec.env.update(jn.box_env())
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -274,6 +279,7 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
         raise
     os.close(seccomp_fd)
     box = JailBox(name, proc, ws, limits, cg, box_dir, lease)
+    box.runtime = settings.runtime  # what it mounts (result metadata names NAME@vN)
     box.net = jn
     box.stderr = stderr_tail
     try:

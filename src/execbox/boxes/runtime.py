@@ -2,15 +2,17 @@
 
 A box never sees execbox's virtualenv, source tree, data dir or the host's home. It runs
 either the host's Debian interpreter with its standard library (runtime ``system``, the
-default) or a named runtime: a venv built from that same interpreter under
-``<jail dir>/runtimes/<name>`` and mounted read-only at ``/opt/execbox/runtime``. The agent
+default) or a named runtime template: a venv built from that same interpreter (plus npm
+packages in ``node_modules``) under ``<jail dir>/runtimes/<name>/v<N>``, mounted read-only at
+``/opt/execbox/runtime``. Versions are immutable: a build makes ``v<N+1>`` next to the others
+and then swaps the ``current`` symlink, so a failed build leaves the previous version in use
+and a running box keeps the version it started with (runtime_build.py). The agent
 package is copied (not bind-mounted from the source tree) into ``<jail dir>/agent/<hash>``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -19,10 +21,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import InvalidConfigError
 from .box import agent_source_dir
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -31,7 +33,12 @@ RUNTIME_MOUNT = "/opt/execbox/runtime"
 AGENT_ROOT_IN_BOX = "/opt/execbox"
 AGENT_PACKAGE = "execbox_agent"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_VERSION = re.compile(r"^v[1-9][0-9]{0,8}$")
 MANIFEST = "execbox-runtime.json"
+CURRENT = "current"  # symlink to the version new boxes mount
+WORKSPACE_IN_BOX = "/workspace"
+SESSION_SITE = f"{WORKSPACE_IN_BOX}/.execbox/python"  # where sb.install(pip=...) puts packages
+PIP_MOUNT = "/opt/execbox/pip"  # a read-only copy of pip for in-session installs (boxes with network)
 STAGE_FORMAT = b"execbox-agent-stage-2"  # bump when the staged layout changes (2: with bytecode)
 
 
@@ -51,24 +58,43 @@ def runtimes_dir() -> str:
 
 @dataclass
 class Runtime:
-    """What a box mounts and runs for Python."""
+    """What a box mounts and runs for Python (and finds with ``require()`` for Node)."""
 
     name: str
     python: str  # the interpreter path inside the box
-    host_dir: str | None = None  # venv directory on the host (None: the system interpreter)
+    host_dir: str | None = None  # runtime directory on the host (None: the system interpreter)
     packages: list[str] = field(default_factory=list)
+    npm: list[str] = field(default_factory=list)
+    version: str = ""  # "v3" for a built template, "legacy" for an old unversioned install
 
     def mounts(self) -> list[tuple[str, str]]:
         return [(self.host_dir, RUNTIME_MOUNT)] if self.host_dir else []
 
+    @property
+    def ref(self) -> str:
+        """``name@version`` (what result metadata and the console show)."""
+        return f"{self.name}@{self.version}" if self.version and self.version != "legacy" else self.name
 
-class RuntimeNotUsable(ValueError):
-    """An unknown or broken runtime name (the provider turns it into SB002)."""
+    def env(self) -> dict[str, str]:
+        """Box environment for this runtime: in-session installs first, then the template's packages."""
+        node = [f"{WORKSPACE_IN_BOX}/node_modules"] + ([f"{RUNTIME_MOUNT}/node_modules"] if self.npm else [])
+        path = "/usr/local/bin:/usr/bin:/bin"
+        if self.host_dir:
+            path = f"{RUNTIME_MOUNT}/bin:" + (f"{RUNTIME_MOUNT}/node_modules/.bin:" if self.npm else "") + path
+        return {"NODE_PATH": ":".join(node), "PYTHONPATH": SESSION_SITE, "PATH": path}
+
+
+class RuntimeNotUsable(InvalidConfigError):
+    """An unknown or broken runtime name, or a failed build (SB002, HTTP 400)."""
+
+    def __init__(self, message: str, details: dict | None = None) -> None:
+        super().__init__(message, details=details or {})
 
 
 def check_name(name: str) -> str:
     if not _NAME.match(name or ""):
-        raise RuntimeNotUsable(f"runtime name {name!r} is invalid: use lowercase letters, digits, '.', '_', '-'")
+        raise RuntimeNotUsable(f"runtime name {name!r} is invalid: use lowercase letters, digits, '.', '_', '-'",
+                               details={"field": "runtime", "value": str(name)[:80]})
     return name
 
 
@@ -78,34 +104,93 @@ def system_runtime() -> Runtime:
     return Runtime(SYSTEM, SYSTEM_PYTHON)
 
 
+def _read_manifest(directory: str) -> dict | None:
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def versions(name: str) -> list[str]:
+    """Built versions of template ``name``, oldest first (``v1``, ``v2``, ...)."""
+    d = os.path.join(runtimes_dir(), check_name(name))
+    if not os.path.isdir(d):
+        return []
+    found = [v for v in os.listdir(d) if _VERSION.match(v) and os.path.isfile(os.path.join(d, v, MANIFEST))]
+    return sorted(found, key=lambda v: int(v[1:]))
+
+
+def current_version(name: str) -> str | None:
+    link = os.path.join(runtimes_dir(), check_name(name), CURRENT)
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    return target if _VERSION.match(target) else None
+
+
 def list_runtimes() -> list[dict[str, object]]:
-    out: list[dict[str, object]] = [{"name": SYSTEM, "python": SYSTEM_PYTHON, "packages": [], "path": None}]
+    out: list[dict[str, object]] = [{"name": SYSTEM, "python": SYSTEM_PYTHON, "packages": [], "npm": [],
+                                     "path": None, "version": "", "versions": []}]
     root = runtimes_dir()
     if os.path.isdir(root):
         for name in sorted(os.listdir(root)):
-            manifest = os.path.join(root, name, MANIFEST)
-            if os.path.isfile(manifest):
-                with open(manifest, encoding="utf-8") as f:
-                    info = json.load(f)
-                out.append({"name": name, "python": info.get("python"), "packages": info.get("packages", []),
-                            "path": os.path.join(root, name), "installed_at": info.get("installed_at")})
+            if not _NAME.match(name):
+                continue
+            try:
+                r = resolve(name)
+            except RuntimeNotUsable:
+                continue
+            info = _read_manifest(r.host_dir or "") or {}
+            out.append({"name": name, "python": info.get("python"), "packages": r.packages, "npm": r.npm,
+                        "path": r.host_dir, "version": r.version, "versions": versions(name),
+                        "from": info.get("from"), "installed_at": info.get("installed_at")})
     return out
 
 
 def resolve(name: str | None) -> Runtime:
-    """The runtime a config names ('' or 'system' = host interpreter)."""
+    """The runtime a config or request names: '' or 'system' (host interpreter), ``NAME`` (its
+    current version) or ``NAME@vN`` (one pinned version). Unknown: RuntimeNotUsable (SB002)."""
     if not name or name == SYSTEM:
         return system_runtime()
-    check_name(name)
-    host_dir = os.path.join(runtimes_dir(), name)
-    manifest = os.path.join(host_dir, MANIFEST)
-    if not os.path.isfile(manifest):
+    base, _, pinned = name.partition("@")
+    check_name(base)
+    if pinned and not _VERSION.match(pinned):
+        pinned = f"v{pinned}" if pinned.isdigit() else pinned
+        if not _VERSION.match(pinned):
+            raise RuntimeNotUsable(f"runtime version {name!r} is invalid: use NAME@vN",
+                                   details={"field": "runtime", "value": name[:80]})
+    top = os.path.join(runtimes_dir(), base)
+    legacy = _read_manifest(top)
+    if legacy is not None and not pinned:
+        return Runtime(base, f"{RUNTIME_MOUNT}/bin/python", top, list(legacy.get("packages", [])),
+                       list(legacy.get("npm", [])), "legacy")
+    version = pinned or current_version(base)
+    info = _read_manifest(os.path.join(top, version)) if version else None
+    if info is None:
         known = ", ".join(str(r["name"]) for r in list_runtimes())
-        raise RuntimeNotUsable(f"runtime {name!r} is not installed (installed: {known}); "
-                            f"create it with `execbox runtime install --name {name} PKG...`")
-    with open(manifest, encoding="utf-8") as f:
-        info = json.load(f)
-    return Runtime(name, f"{RUNTIME_MOUNT}/bin/python", host_dir, list(info.get("packages", [])))
+        what = f"runtime {name!r} is not installed" if not pinned else f"runtime {base!r} has no version {version}"
+        raise RuntimeNotUsable(f"{what} (installed: {known}); build it with "
+                               f"`execbox runtime build {base} --pip PKG --npm PKG`",
+                               details={"field": "runtime", "value": name[:80]})
+    return Runtime(base, f"{RUNTIME_MOUNT}/bin/python", os.path.join(top, version), list(info.get("packages", [])),
+                   list(info.get("npm", [])), version)
+
+
+def describe(r: Runtime) -> dict[str, object]:
+    """One runtime version for `runtime show`, the admin API and the console."""
+    info = _read_manifest(r.host_dir) if r.host_dir else None
+    info = info or {}
+    return {"name": r.name, "ref": r.ref, "version": r.version or "-", "python": info.get("python", r.python),
+            "pip": r.packages, "npm": r.npm, "from": info.get("from"), "pip_index": info.get("pip_index"),
+            "npm_registry": info.get("npm_registry"), "path": r.host_dir, "installed_at": info.get("installed_at"),
+            "versions": versions(r.name) if r.host_dir and r.version != "legacy" else []}
+
+
+def resolve_runtime(name: str | None) -> Runtime:
+    """Public lookup for other layers (sessions, the E2B template mapping): SB002 when unknown."""
+    return resolve(name)
 
 
 Progress = Callable[[str, float], None]
@@ -114,72 +199,38 @@ Progress = Callable[[str, float], None]
 
 def install(name: str, packages: list[str], progress: Progress | None = None,
             python: str = SYSTEM_PYTHON) -> Runtime:
-    """Build runtime ``name`` (a venv from the host interpreter with ``packages``) atomically.
+    """Build a new version of runtime ``name`` with pip ``packages`` (kept for `runtime install`)."""
+    from .runtime_build import build
 
-    The venv is built in a temporary directory next to its final place and renamed over it at
-    the end, so a box never mounts a half-installed runtime. pip runs with a fixed argv.
-    """
-    check_name(name)
-    if name == SYSTEM:
-        raise RuntimeNotUsable("'system' is the host interpreter and cannot be installed over")
-    for pkg in packages:
-        if not pkg or pkg.startswith("-") or "\x00" in pkg:
-            raise RuntimeNotUsable(f"invalid package requirement {pkg!r}")
-    report = progress or (lambda _msg, _frac: None)
-    root = runtimes_dir()
-    os.makedirs(root, mode=0o755, exist_ok=True)
-    final = os.path.join(root, name)
-    work = tempfile.mkdtemp(prefix=f".{name}-", dir=root)
-    os.chmod(work, 0o755)
-    try:
-        report(f"creating venv from {python}", 0.05)
-        # execbox's own pip can install into the new venv (--python), which skips ensurepip;
-        # the runtime then holds only what was asked for.
-        own_pip = importlib.util.find_spec("pip") is not None
-        venv = [python, "-m", "venv"] + (["--without-pip"] if own_pip or not packages else []) + [work]
-        subprocess.run(venv, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # noqa: S603
-        target = os.path.join(work, "bin", "python")
-        pip = ([sys.executable, "-m", "pip", "--python", target] if own_pip else [target, "-m", "pip"]) + [
-            "--disable-pip-version-check", "--no-input", "install", "--no-cache-dir", "--progress-bar", "off"]
-        for i, pkg in enumerate(packages):
-            report(f"installing {pkg}", 0.1 + 0.85 * i / max(1, len(packages)))
-            proc = subprocess.run([*pip, "--", pkg], stdout=subprocess.PIPE,  # noqa: S603
-                                  stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0:
-                tail = "\n".join(proc.stdout.strip().splitlines()[-5:])
-                raise RuntimeNotUsable(f"pip could not install {pkg!r}:\n{tail}")
-        report("writing manifest", 0.97)
-        with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump({"name": name, "python": python, "packages": packages,
-                       "installed_at": time.time()}, f, indent=1)
-        for dirpath, dirnames, filenames in os.walk(work):  # readable by the box's uid
-            for d in dirnames:
-                os.chmod(os.path.join(dirpath, d), 0o755)
-            for fn in filenames:
-                p = os.path.join(dirpath, fn)
-                if not os.path.islink(p):
-                    os.chmod(p, os.stat(p).st_mode | 0o444)
-        old = None
-        if os.path.exists(final):
-            old = final + f".old-{os.getpid()}"
-            os.rename(final, old)
-        os.rename(work, final)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-        report("done", 1.0)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return resolve(name)
+    return build(name, pip=packages, progress=progress, python=python)
 
 
 def remove(name: str) -> bool:
-    check_name(name)
-    path = os.path.join(runtimes_dir(), name)
-    if not os.path.isdir(path):
+    """Delete runtime ``name`` (all versions) or one version ``name@vN`` (not the current one)."""
+    base, _, pinned = name.partition("@")
+    check_name(base)
+    top = os.path.join(runtimes_dir(), base)
+    if not os.path.isdir(top):
         return False
-    shutil.rmtree(path)
+    if pinned:
+        pinned = pinned if pinned.startswith("v") else f"v{pinned}"
+        if not _VERSION.match(pinned) or not os.path.isdir(os.path.join(top, pinned)):
+            return False
+        if current_version(base) == pinned:
+            raise RuntimeNotUsable(f"{base}@{pinned} is the current version; build a newer one first or "
+                                   f"remove the whole runtime with `execbox runtime rm {base}`",
+                                   details={"field": "runtime", "value": name})
+        _rmtree(os.path.join(top, pinned))
+        return True
+    _rmtree(top)
     return True
+
+
+def _rmtree(path: str) -> None:
+    from .runtime_build import make_writable
+
+    make_writable(path)
+    shutil.rmtree(path)
 
 
 def staged_agent() -> str:
@@ -209,6 +260,40 @@ def staged_agent() -> str:
         os.chmod(os.path.join(pkg, fn), 0o644)
     compile_agent(pkg)
     open(os.path.join(pkg, ".complete"), "w").close()
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another process staged it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    for d in (jail_dir(), os.path.dirname(root)):
+        _make_traversable(d)
+    return root
+
+
+def staged_pip() -> str | None:
+    """A read-only copy of execbox's own pip (pure Python, vendors its dependencies) as
+    ``<dir>/pip``; returns ``<dir>``, or None when pip is not installed. Boxes with network mount
+    it at PIP_MOUNT so in-session installs work on any image that has python3."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pip")
+    if spec is None or not spec.origin:
+        return None
+    src = os.path.dirname(spec.origin)
+    with open(os.path.join(src, "__init__.py"), encoding="utf-8") as f:
+        version = (re.search(r'__version__ = "([^"]+)"', f.read()) or [None, "unknown"])[1]
+    root = os.path.join(jail_dir(), "pip", re.sub(r"[^A-Za-z0-9.]", "_", version))
+    if os.path.isfile(os.path.join(root, ".complete")):
+        return root
+    os.makedirs(os.path.dirname(root), mode=0o755, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".pip-", dir=os.path.dirname(root))
+    os.chmod(tmp, 0o755)
+    shutil.copytree(src, os.path.join(tmp, "pip"), ignore=shutil.ignore_patterns("__pycache__"))
+    for dirpath, dirnames, filenames in os.walk(tmp):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+        for fn in filenames:
+            os.chmod(os.path.join(dirpath, fn), 0o644)
+    open(os.path.join(tmp, ".complete"), "w").close()
     try:
         os.rename(tmp, root)
     except OSError:  # another process staged it first

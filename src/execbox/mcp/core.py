@@ -144,6 +144,15 @@ class ServiceCore:
         spec = RunSpec(caller.tenant_id, session_id, "run_command", "bash", command, caller.token_id, call)
         return self.runs.run(spec)
 
+    def install(self, caller: Caller, session_id: str, pip: list[str], npm: list[str]) -> dict[str, Any]:
+        """pip/npm into the session's workspace (the same provider call as the HTTP install route)."""
+        with self.sessions.session(caller.tenant_id, session_id) as s:
+            do = getattr(s.provider, "install_packages", None)
+            if do is None:
+                raise InvalidConfigError(f"provider {s.provider.name!r} does not support in-session installs",
+                                         details={"provider": s.provider.name})
+            return do(s.instance_id, pip=pip, npm=npm)
+
     # -- files ----------------------------------------------------------------------------------
     def read_file(self, caller: Caller, session_id: str, path: str, offset: int, limit: int) -> TextPage:
         check_path(path, "path")

@@ -146,6 +146,13 @@ def grep(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> t
     return data_result(text, {"matches": [m.to_dict() for m in found], "session_id": sid})
 
 
+def install_packages(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = _session(core, caller, key, args)
+    out = core.install(caller, sid, list(args.get("pip") or []), list(args.get("npm") or []))
+    names = " ".join([*out["pip"], *out["npm"]])
+    return data_result(f"installed {names} ({out['bytes']} bytes) into session {sid}", {**out, "session_id": sid})
+
+
 TOOLS: list[ToolDef] = [
     ToolDef("run_code", "Run code",
             "Run Python, JavaScript (Node.js) or bash code in an isolated sandbox and return stdout, stderr, "
@@ -215,6 +222,14 @@ TOOLS: list[ToolDef] = [
                   "session_id": SESSION_ID},
                  ["pattern"]),
             grep, read_only=True, idempotent=True),
+    ToolDef("install_packages", "Install packages",
+            "Install Python (pip) and/or Node.js (npm) packages into the session's workspace from the "
+            "operator's package index, so later run_code calls can import/require them. Only the index is "
+            "reachable while installing. Give plain names with optional versions, e.g. 'httpx>=0.27', 'axios'.",
+            _obj({"pip": {"type": "array", "items": {"type": "string", "maxLength": 200}, "maxItems": 50},
+                  "npm": {"type": "array", "items": {"type": "string", "maxLength": 200}, "maxItems": 50},
+                  "session_id": SESSION_ID}),
+            install_packages),
 ]
 
 BY_NAME = {t.name: t for t in TOOLS}

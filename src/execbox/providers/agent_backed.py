@@ -27,7 +27,6 @@ from ..errors import (
     SessionNotFoundError,
 )
 from ..models import (
-    Artifact,
     ExecutionResult,
     Language,
     SandboxInstance,
@@ -37,6 +36,7 @@ from ..policy import AstPolicy
 from .agent_egress import AgentEgressMixin, egress_link
 from .agent_files import AgentFilesMixin
 from .agent_procs import BackgroundProcesses
+from .agent_result import result_from_reply
 from .base import OutputCallback, SandboxProvider, check_code_and_arguments, check_timeout
 from .schema import check_config
 
@@ -80,6 +80,7 @@ class Instance:
     executions: int = 0
     from_pool: bool = False
     egress: EgressPolicy | None = None  # effective network policy (None: the provider's cap)
+    runtime: str | None = None  # runtime template asked for at create_instance (None: the provider's)
 
 
 class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses, SandboxProvider):
@@ -96,6 +97,12 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
     @abstractmethod
     def start_box(self, workspace: str | None = None) -> Box:
         """Start a box with its agent ready; ``workspace`` reuses an existing host directory."""
+
+    def start_box_with_runtime(self, workspace: str | None, runtime: str) -> Box:
+        """Start a box that runs runtime template ``runtime``; backends without templates refuse."""
+        raise InvalidConfigError(f"provider {self.name!r} does not support runtime templates "
+                                 f"(runtime={runtime!r}); they work on the jail provider",
+                                 details={"provider": self.name, "field": "runtime", "value": runtime})
 
     def applied_limits(self) -> dict[str, Any]:
         return {"timeout": self.config.get("timeout"), "max_output_bytes": self.output_cap}
@@ -132,19 +139,22 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         return self._pool.status() if self._pool else None
 
     def create_instance(self, template: str = "python", *, tenant_id: str = "default",
-                        session_id: str | None = None, workspace: str | None = None) -> SandboxInstance:
+                        session_id: str | None = None, workspace: str | None = None,
+                        runtime: str | None = None) -> SandboxInstance:
+        """``runtime`` names a runtime template (``NAME`` or ``NAME@vN``) for this instance only."""
         self._require_initialized()
         self.admit(tenant_id)
         instance_id = make_instance_id(tenant_id, session_id)
         box = None
-        if self._pool is not None and workspace is None:
+        runtime = runtime or None
+        if self._pool is not None and workspace is None and runtime is None:
             box = self._pool.take(self.warm_pool_wait)
-        elif self._pool is not None and workspace is not None:
+        elif self._pool is not None and workspace is not None and runtime is None:
             box = self.adopt_pooled(self._pool, workspace)
         from_pool = box is not None
         if box is None:
             try:
-                box = self.start_box(workspace)
+                box = self.start_box(workspace) if runtime is None else self.start_box_with_runtime(workspace, runtime)
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -152,7 +162,7 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
                                             details={"provider": self.name}) from e
         if workspace is not None or session_id is not None:
             box.keep_workspace = workspace is not None
-        inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool)
+        inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool, runtime=runtime)
         self._bind_egress(inst)
         with self._lock:
             self._instances[instance_id] = inst
@@ -291,50 +301,31 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         result = self._to_result(inst, value, time.monotonic() - started, oom)
         if run_id is not None:
             result.metadata["egress_run_id"] = run_id
+        ref = self.runtime_ref(inst)
+        if ref:
+            result.metadata["runtime"] = ref
         return result
 
-    def _to_result(self, inst: Instance, v: dict[str, Any], wall: float, oom: bool) -> ExecutionResult:
-        import json
+    @staticmethod
+    def runtime_ref(inst: Instance) -> str | None:
+        """``NAME@vN`` of the runtime template the instance's box runs (None: not a template)."""
+        ref = getattr(getattr(inst.box, "runtime", None), "ref", None)
+        return ref or inst.runtime
 
-        res = v.get("result")
-        result_value = json.loads(res["json"]) if res and res.get("present") else None
+    def _to_result(self, inst: Instance, v: dict[str, Any], wall: float, oom: bool) -> ExecutionResult:
         metadata: dict[str, Any] = {
             "provider": self.name,
             "isolation": self.isolation.value,
             "instance_id": inst.instance_id,
-            "language": v.get("language"),
             "limits": self.applied_limits(),
-            "peak_memory_kb": v.get("peak_memory_kb"),
-            "result_present": bool(res and res.get("present")),
-            "result_type": res.get("type") if res else None,
-            "host_overhead_ms": round((wall - float(v.get("execution_time", 0.0))) * 1000, 3),
             "network": (inst.egress or self.egress_cap).to_dict(),
         }
-        if v.get("signal"):
-            metadata["signal"] = v["signal"]
-        for key in ("context_id", "context_new", "context_restarted", "context_reset", "context_note",
-                    "context_executions", "cancelled"):
-            if v.get(key) is not None:
-                metadata[key] = v[key]
         warnings = self.warnings()
         if self.selection_note:
             metadata["selection_note"] = self.selection_note
         if warnings:
             metadata["warnings"] = warnings
-        if v.get("timed_out"):
-            metadata["error_code"] = "SB005"
-            metadata["error_message"] = "execution timed out; the process tree was killed"
-        elif oom:
-            metadata["error_code"] = "SB006"
-            metadata["error_message"] = "execution ran out of memory"
-        fetch = self._artifact_fetcher(inst.instance_id)
-        artifacts = [Artifact.from_dict(a, fetch) for a in v.get("artifacts") or []]
-        return ExecutionResult(
-            stdout=v.get("stdout", ""), stderr=v.get("stderr", ""), exit_code=int(v.get("exit_code", -1)),
-            execution_time=float(v.get("execution_time", 0.0)), metadata=metadata,
-            timed_out=bool(v.get("timed_out")), truncated=bool(v.get("truncated")), result=result_value,
-            artifacts=artifacts,
-        )
+        return result_from_reply(v, metadata, oom=oom, wall=wall, fetch=self._artifact_fetcher(inst.instance_id))
 
     def _artifact_fetcher(self, instance_id: str):
         return lambda path: self.read_bytes(instance_id, path)

@@ -69,6 +69,14 @@ class AgentEgressMixin:
             if link is not None:
                 link.set_policy(before or self.egress_cap)
 
+    def install_packages(self, instance_id: str, pip: list[str] | None = None, npm: list[str] | None = None,
+                         timeout: float | None = None) -> dict[str, Any]:
+        """pip/npm packages into the instance's workspace through the gateway (providers/install.py):
+        the index hosts are the box's only destinations for the step, then its policy is restored."""
+        from .install import run_install
+
+        return run_install(self, instance_id, pip, npm, timeout)
+
 
 def egress_link(box: Box) -> Any:
     """The box's gateway attachment (egress/gateway.BoxLink) when it has network, else None."""

@@ -3,8 +3,9 @@ the official ``agentrun-sdk`` (serverless microVMs, 30-second hard execution lim
 
 Config keys follow the RAGFlow design (access_key_id, access_key_secret, account_id, region,
 template_name, timeout) with ``AGENTRUN_*`` environment fallbacks. Every SDK call gets the same
-explicit ``Config`` (RAGFlow's provider forgot it on delete). Code runs through a context
-``execute`` wrapped by ``remote_code``; artifacts come back through the sandbox file API.
+explicit ``Config`` (RAGFlow's provider forgot it on delete). Runs and file operations go
+through execbox's own agent, uploaded once per sandbox with the file API and run per request from
+a context ``execute`` cell (providers/remote_agent.py), so their semantics are the agent's.
 """
 
 from __future__ import annotations
@@ -14,30 +15,20 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..agent.paths import PathViolation, check_syntax
 from ..errors import (
     ConnectionFailedError,
     FileNotFoundInSandbox,
     InstanceCreationError,
     InvalidConfigError,
-    PathError,
     ProviderUnavailableError,
     SandboxError,
     SessionNotFoundError,
 )
-from ..models import (
-    Artifact,
-    ExecutionResult,
-    FileInfo,
-    Isolation,
-    Language,
-    SandboxInstance,
-    TextPage,
-    make_instance_id,
-)
+from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
+from .agent_files import AgentFilesMixin
 from .aliyun_config import (
     DEFAULT_TEMPLATE,
     HARD_TIMEOUT,
@@ -47,22 +38,13 @@ from .aliyun_config import (
     with_env_fallbacks,
 )
 from .base import OutputCallback, SandboxProvider, check_run_inputs
-from .remote_code import (
-    ARTIFACTS_DIR,
-    extract_result,
-    is_connect_error,
-    make_artifact,
-    mask_secrets,
-    new_marker,
-    text_page,
-    wrap_javascript,
-    wrap_python,
-)
+from .cloud_errors import is_connect_error, mask_secrets
+from .remote_agent import FILE_OP_TIMEOUT, RemoteAgent, python_cell
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.aliyun")
 
-class AliyunCodeInterpreterProvider(SandboxProvider):
+class AliyunCodeInterpreterProvider(AgentFilesMixin, SandboxProvider):
     name = "aliyun_codeinterpreter"
     display_name = "Aliyun Code Interpreter (AgentRun)"
     description = "Alibaba Cloud AgentRun code-interpreter sandboxes (serverless microVMs) via agentrun-sdk."
@@ -75,6 +57,7 @@ class AliyunCodeInterpreterProvider(SandboxProvider):
         self._sdk_config: Any = None
         self._sandbox_ids: dict[str, str] = {}  # instance id -> AgentRun sandbox id
         self._sandboxes: dict[str, Any] = {}  # instance id -> connected sandbox object
+        self._agents: dict[str, RemoteAgent] = {}  # instance id -> its uploaded agent
         self._template: str | None = None
         self._lock = threading.Lock()
 
@@ -207,6 +190,7 @@ class AliyunCodeInterpreterProvider(SandboxProvider):
         with self._lock:
             sandbox_id = self._sandbox_ids.pop(instance_id, None)
             self._sandboxes.pop(instance_id, None)
+            self._agents.pop(instance_id, None)
         if sandbox_id is None:
             return False
         from agentrun.sandbox import Sandbox
@@ -245,6 +229,21 @@ class AliyunCodeInterpreterProvider(SandboxProvider):
         self.initialized = False
 
     # -- execution ------------------------------------------------------------------------------
+    def _get(self, instance_id: str) -> RemoteAgent:
+        """The sandbox's agent (AgentFilesMixin calls every file operation through it)."""
+        sandbox = self._sandbox(instance_id)
+        with self._lock:
+            agent = self._agents.get(instance_id)
+            if agent is None or agent.transport.sandbox is not sandbox:
+                uploaded = agent is not None and agent.uploaded  # a reconnect keeps the sandbox's files
+                agent = self._agents[instance_id] = RemoteAgent(_Transport(self, sandbox), WORKDIR, self.name)
+                agent.uploaded = uploaded
+        return agent
+
+    def _call(self, agent: RemoteAgent, op: str, params: dict[str, Any], timeout: float = FILE_OP_TIMEOUT,
+              on_output: OutputCallback | None = None) -> Any:
+        return agent.call(op, params, min(timeout, HARD_TIMEOUT), on_output)
+
     def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
                      arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
                      on_output: OutputCallback | None = None,
@@ -260,138 +259,57 @@ class AliyunCodeInterpreterProvider(SandboxProvider):
         if timeout > HARD_TIMEOUT:
             raise InvalidConfigError(f"timeout {timeout:g}s exceeds aliyun_codeinterpreter's hard limit of "
                                      f"{HARD_TIMEOUT}s", details={"field": "timeout", "max": HARD_TIMEOUT})
-        sandbox = self._sandbox(instance_id)
-        marker = new_marker()
-        wrapped = (wrap_python if lang is Language.PYTHON else wrap_javascript)(code, arguments, marker)
+        agent = self._get(instance_id)
+        metadata = {"provider": self.name, "isolation": self.isolation.value,
+                    "isolation_detail": "serverless-microvm (agentrun)", "instance_id": instance_id}
         started = time.monotonic()
         try:
-            raw = sandbox.context.execute(code=wrapped, language=lang.value, timeout=max(1, int(round(timeout))))
+            # The service answers a cell once: output arrives at the end, through the same callback.
+            return agent.execute({"language": lang.value, "code": code, "arguments": arguments}, float(timeout),
+                                 metadata, on_output, inline_artifacts,
+                                 lambda path: self.read_bytes(instance_id, path))
+        except TimeoutError:  # the service's own hard limit ended the cell before the agent replied
+            metadata.update(language=lang.value, error_code="SB005", result_present=False, result_type=None,
+                            error_message=f"execution hit the service's hard limit of {HARD_TIMEOUT}s")
+            return ExecutionResult(stdout="", stderr="", exit_code=-1, execution_time=time.monotonic() - started,
+                                   metadata=metadata, timed_out=True)
+
+
+class _Transport:
+    """AgentRun's side of remote_agent: ``file_system.upload`` uploads, a python cell runs."""
+
+    def __init__(self, provider: AliyunCodeInterpreterProvider, sandbox: Any) -> None:
+        self.provider = provider
+        self.sandbox = sandbox
+
+    def upload(self, files: dict[str, bytes]) -> None:
+        try:
+            with tempfile.TemporaryDirectory(prefix="execbox-agentrun-") as tmp:
+                for i, (remote, data) in enumerate(files.items()):
+                    local = os.path.join(tmp, f"upload-{i}")
+                    with open(local, "wb") as f:
+                        f.write(data)
+                    self.sandbox.file_system.upload(local, remote)
         except Exception as e:  # noqa: BLE001
-            if "timeout" in str(e).lower() or "timed out" in str(e).lower():
-                return self._timed_out(instance_id, lang, time.monotonic() - started, timeout)
-            raise self._map_error(e, "run code") from e
-        result = self._to_result(sandbox, instance_id, lang, raw, marker, time.monotonic() - started, timeout)
-        if on_output is not None:  # the service answers once: deliver output at the end
-            if result.stdout:
-                on_output("stdout", result.stdout)
-            if result.stderr:
-                on_output("stderr", result.stderr)
-        return result
+            raise self.provider._map_error(e, "upload to the sandbox") from e
 
-    def _metadata(self, instance_id: str, lang: Language) -> dict[str, Any]:
-        return {"provider": self.name, "isolation": self.isolation.value,
-                "isolation_detail": "serverless-microvm (agentrun)", "instance_id": instance_id,
-                "language": lang.value, "peak_memory_kb": None}
-
-    def _timed_out(self, instance_id: str, lang: Language, wall: float, timeout: float) -> ExecutionResult:
-        metadata = self._metadata(instance_id, lang)
-        metadata.update(error_code="SB005", error_message=f"execution timed out after {timeout:g}s",
-                        result_present=False, result_type=None)
-        return ExecutionResult(stdout="", stderr="", exit_code=-1, execution_time=wall, metadata=metadata,
-                               timed_out=True)
-
-    def _to_result(self, sandbox: Any, instance_id: str, lang: Language, raw: Any, marker: str, wall: float,
-                   timeout: float) -> ExecutionResult:
+    def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> tuple[str, str]:
+        try:
+            raw = self.sandbox.context.execute(code=python_cell(argv), language="python",
+                                               timeout=max(1, min(HARD_TIMEOUT, int(round(timeout)))))
+        except Exception as e:  # noqa: BLE001
+            raise self.provider._map_error(e, "run the agent") from e
         items = raw.get("results") if isinstance(raw, dict) else None
         if not isinstance(items, list):
             raise ProviderUnavailableError("agentrun answered an execute call without a results list",
-                                           details={"provider": self.name})
-        out, err, errors, status = [], [], [], "ok"
-        for item in items:
-            kind = item.get("type")
-            if kind == "stdout":
-                out.append(str(item.get("text", "")))
-            elif kind == "stderr":
-                err.append(str(item.get("text", "")))
-            elif kind == "error":
-                errors.append(item)
-            elif kind == "endOfExecution":
-                status = str(item.get("status") or "ok")
-        stdout, payload = extract_result(_join(out), marker)
-        stderr = _join(err)
-        for e in errors:
-            trace = e.get("traceback") or e.get("text") or f"{e.get('name', 'Error')}: {e.get('value', '')}"
-            if isinstance(trace, list):
-                trace = "\n".join(map(str, trace))
-            stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + str(trace)
-        if stderr and not stderr.endswith("\n"):
-            stderr += "\n"
-        if status.lower() in ("timeout", "timedout", "timed_out"):
-            res = self._timed_out(instance_id, lang, wall, timeout)
-            res.stdout, res.stderr = stdout, stderr
-            return res
-        exit_code = 1 if errors or status.lower() not in ("ok", "success") else 0
-        present = bool(payload and payload.get("present"))
-        metadata = self._metadata(instance_id, lang)
-        metadata.update(result_present=present, result_type=payload.get("type") if present else None,
-                        context_id=raw.get("contextId"), remote_status=status)
-        artifacts = self._artifacts(sandbox, (payload or {}).get("artifacts") or [])
-        return ExecutionResult(stdout=stdout, stderr=stderr, exit_code=exit_code, execution_time=wall,
-                               metadata=metadata, result=payload.get("value") if present else None,
-                               artifacts=artifacts)
-
-    def _artifacts(self, sandbox: Any, names: list[str]) -> list[Artifact]:
-        out = []
-        for name in names[:50]:
-            try:
-                check_syntax(name)
-                data = self._download(sandbox, f"{WORKDIR}/{ARTIFACTS_DIR}/{name}")
-            except Exception as e:  # noqa: BLE001 - one unreadable file must not lose the run
-                log.warning("agentrun: artifact %r could not be read: %s", name, type(e).__name__)
-                continue
-            out.append(make_artifact(name, data))
-        return out
-
-    # -- files ----------------------------------------------------------------------------------
-    @staticmethod
-    def _abs(path: str) -> str:
-        try:
-            rel = check_syntax(path)
-        except PathViolation as e:
-            raise PathError(str(e), details={"path": e.path, "reason": e.reason}) from None
-        return WORKDIR if rel == "." else f"{WORKDIR}/{rel}"
-
-    @staticmethod
-    def _download(sandbox: Any, remote: str) -> bytes:
-        with tempfile.TemporaryDirectory(prefix="execbox-agentrun-") as tmp:
-            local = os.path.join(tmp, "download")
-            sandbox.file_system.download(remote, local)
-            with open(local, "rb") as f:
-                return f.read()
-
-    def read_bytes(self, instance_id: str, path: str) -> bytes:
-        target = self._abs(path)
-        sandbox = self._sandbox(instance_id)
-        try:
-            return self._download(sandbox, target)
-        except Exception as e:  # noqa: BLE001
-            raise self._map_error(e, f"read {path}") from e
-
-    def read_file(self, instance_id: str, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        return text_page(path, self.read_bytes(instance_id, path), offset, limit)
-
-    def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
-        target = self._abs(path)
-        if mode != "overwrite":
-            raise InvalidConfigError("aliyun_codeinterpreter supports mode 'overwrite' only",
-                                     details={"field": "mode"}, http_status=501)
-        data = content.encode() if isinstance(content, str) else content
-        if not isinstance(data, bytes):
-            raise InvalidConfigError("content must be str or bytes", details={"field": "content"})
-        sandbox = self._sandbox(instance_id)
-        try:
-            with tempfile.TemporaryDirectory(prefix="execbox-agentrun-") as tmp:
-                local = os.path.join(tmp, "upload")
-                with open(local, "wb") as f:
-                    f.write(data)
-                sandbox.file_system.upload(local, target)
-        except Exception as e:  # noqa: BLE001
-            raise self._map_error(e, f"write {path}") from e
-        return FileInfo(path=check_syntax(path), size=len(data), is_dir=False, modified=time.time())
-
-
-def _join(chunks: list[str]) -> str:
-    """Output items are lines (joined with newlines, as RAGFlow's client does) or raw chunks."""
-    if all(c.endswith("\n") for c in chunks):
-        return "".join(chunks)
-    return "\n".join(c[:-1] if c.endswith("\n") else c for c in chunks) + ("\n" if chunks else "")
+                                           details={"provider": self.provider.name})
+        ends = [str(i.get("status") or "") for i in items if i.get("type") == "endOfExecution"]
+        if ends and ends[-1].lower() in ("timeout", "timedout", "timed_out"):
+            raise TimeoutError(f"agentrun ended the cell at its {HARD_TIMEOUT}s limit")
+        # Output items are lines or raw chunks; the agent's lines are JSON, so newlines separate them.
+        stdout = "\n".join(str(i.get("text", "")).rstrip("\n") for i in items if i.get("type") == "stdout")
+        if on_stdout is not None:
+            on_stdout(stdout + "\n")
+        stderr = "\n".join(str(i.get("text") or i.get("traceback") or "") for i in items
+                           if i.get("type") in ("stderr", "error"))
+        return stdout, stderr

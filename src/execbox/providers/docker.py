@@ -209,7 +209,8 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
 
     # -- boxes ------------------------------------------------------------------------------
     def container_spec(self, *, tenant_id: str = "", session_id: str = "", instance_id: str = "",
-                       workspace: str | None = None, labels: dict[str, str] | None = None) -> ContainerSpec:
+                       workspace: str | None = None, labels: dict[str, str] | None = None,
+                       image: str | None = None) -> ContainerSpec:
         c = self.config
         memory = parse_size(c["max_memory"])
         short = uuid.uuid4().hex[:12]
@@ -227,7 +228,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
             agent_limits["nproc"] = pids
             pids = runsc_host_pids(pids)
         return ContainerSpec(
-            image=c["image"], runtime=NET_RUNTIME if self.runtime == "runsc" and self.network_enabled
+            image=image or c["image"], runtime=NET_RUNTIME if self.runtime == "runsc" and self.network_enabled
             else self.runtime, name=safe_name("execbox", tenant_id, session_id, short),
             labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=pids,
             egress=self.egress_cap, gpu=bool(self._gpu and self._gpu.enabled),
@@ -237,11 +238,12 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
         )
 
     def start_box(self, workspace: str | None = None, labels: dict[str, str] | None = None,
-                  **ids: str) -> DockerBox:
+                  image: str | None = None, **ids: str) -> DockerBox:
         if workspace is not None:
             os.makedirs(workspace, exist_ok=True)
             os.chown(workspace, 1000, 1000)
-        box = start_container(self.docker, self.container_spec(workspace=workspace, labels=labels, **ids))
+        box = start_container(self.docker, self.container_spec(workspace=workspace, labels=labels, image=image,
+                                                               **ids))
         box.remover = self._remove_later
         if workspace is None and not ids:  # a pool box: worth preparing off the hot path
             try:
@@ -274,21 +276,24 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
 
     def create_instance(self, template: str = "python", *, tenant_id: str = "default",
                         session_id: str | None = None, workspace: str | None = None,
-                        labels: dict[str, str] | None = None) -> SandboxInstance:
-        """A pooled container (waiting up to ``pool_wait`` s); a cold start only without a pool."""
+                        labels: dict[str, str] | None = None, runtime: str | None = None) -> SandboxInstance:
+        """A pooled container (waiting up to ``pool_wait`` s); a cold start only without a pool, or
+        with ``runtime`` (a runtime template built with ``--docker``: its image)."""
         self._require_initialized()
         self.admit(tenant_id)
-        if self._pool is None or workspace is not None:
+        image, runtime = runtime_image(self.docker, runtime) if runtime else (None, None)
+        if self._pool is None or workspace is not None or image is not None:
             instance_id = make_instance_id(tenant_id, session_id)
             try:
-                box = self.start_box(workspace, labels=labels if workspace is not None else None,
+                box = self.start_box(workspace, labels=labels if workspace is not None else None, image=image,
                                      tenant_id=tenant_id, session_id=session_id or "", instance_id=instance_id)
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
                 raise InstanceCreationError(f"docker: could not start a container: {e}",
                                             details={"provider": self.name}) from e
-            return self._register(Instance(instance_id, box, tenant_id, session_id), workspace is not None)
+            return self._register(Instance(instance_id, box, tenant_id, session_id, runtime=runtime),
+                                  workspace is not None)
         wait = float(self.config.get("pool_wait") or 0)
         box = self._pool.take(wait)
         if box is None:
@@ -329,6 +334,8 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
     def _instance_metadata(self, inst: Instance) -> dict[str, Any]:
         meta = super()._instance_metadata(inst)
         meta["workspace"] = inst.box.workspace or "/workspace"
+        if inst.runtime:
+            meta["runtime"] = inst.runtime
         return meta
 
     # -- hygiene ----------------------------------------------------------------------------
@@ -361,3 +368,13 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
                 log.warning("docker: final cleanup failed: %s", e)
             self.docker.close()
             self.docker = None
+
+
+def runtime_image(client: Any, name: str) -> tuple[str, str]:
+    """(image, NAME@vN) of runtime template ``name``; SB002 naming it when unknown or built
+    without ``--docker``. Resolved once, so a session keeps the version it started with."""
+    from ..boxes import runtime as rt
+    from ..boxes.runtime_docker import image_for
+
+    r = rt.resolve_runtime(name)
+    return image_for(client, r), r.ref

@@ -9,6 +9,7 @@ the other self-hosted backends (providers/agent_backed.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -72,8 +73,9 @@ class JailProvider(AgentBackedProvider):
                                              "shutdown can find such an image still attached."},
             "runtime": {"type": "string", "default": "system", "label": "Python runtime",
                         "placeholder": "system",
-                        "description": "'system' (host python3 standard library) or a runtime made by "
-                                       "`execbox runtime install --name NAME PKG...`."},
+                        "description": "'system' (host python3 standard library) or a runtime template "
+                                       "made by `execbox runtime build NAME --pip PKG --npm PKG` (NAME = its "
+                                       "current version, NAME@vN = one version)."},
             "preload": {"type": "string", "default": "auto", "label": "Preload modules",
                         "description": "'auto' (numpy, pandas, matplotlib when the runtime has them), "
                                        "'none', or a comma-separated list."},
@@ -94,7 +96,7 @@ class JailProvider(AgentBackedProvider):
         try:
             runtime.resolve(config.get("runtime"))
         except runtime.RuntimeNotUsable as e:
-            return False, f"runtime: {e}"
+            return False, f"runtime: {e.message}"
         ok, message = gpu_config_error(config)
         if not ok:
             return ok, message
@@ -165,6 +167,13 @@ class JailProvider(AgentBackedProvider):
         return bool(self.config.get("pool_sessions")) and quota.loop_quota_possible()[0] \
             and quota.dir_adoptable(workspace, boxes_dir())
 
+    def start_box_with_runtime(self, workspace: str | None, runtime_name: str) -> JailBox:
+        if self._settings is None:
+            raise ProviderNotInitializedError("jail provider is not initialized; call initialize(config) first",
+                                              details={"provider": self.name})
+        rt = runtime.resolve_runtime(runtime_name)  # SB002 naming it when unknown
+        return start_jail_box(dataclasses.replace(self._settings, runtime=rt), workspace)
+
     def shutdown(self) -> None:
         super().shutdown()
         if not drain():
@@ -180,13 +189,13 @@ class JailProvider(AgentBackedProvider):
             return base
         return {**base, "max_memory": self.config.get("max_memory"), "cpus": s.cpus, "pids_limit": s.pids,
                 "disk_quota_mb": s.disk_bytes // (1024 * 1024), "tmp_mb": s.tmp_bytes // (1024 * 1024),
-                "runtime": s.runtime.name, "network": s.egress.mode,
+                "runtime": s.runtime.ref, "network": s.egress.mode,
                 "gpu": self._gpu.describe() if self._gpu else "off",
                 "enforced_by": "cgroup+rlimit" if s.use_cgroups else "rlimit"}
 
     def _instance_metadata(self, inst) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         meta = super()._instance_metadata(inst)
-        meta["runtime"] = self._settings.runtime.name if self._settings else None
+        meta["runtime"] = self.runtime_ref(inst) or (self._settings.runtime.ref if self._settings else None)
         pool = self.pool_status()
         if pool is not None:
             meta["pool"] = {k: pool[k] for k in ("size", "ready", "healthy", "last_error")}
@@ -236,7 +245,7 @@ class JailProvider(AgentBackedProvider):
         try:
             out["runtime_system"] = {"ok": True, "detail": runtime.system_runtime().python}
         except runtime.RuntimeNotUsable as e:
-            out["runtime_system"] = {"ok": False, "detail": str(e)}
+            out["runtime_system"] = {"ok": False, "detail": e.message}
         try:
             names = [str(r["name"]) for r in runtime.list_runtimes()]
             out["runtimes"] = {"ok": True, "detail": ", ".join(names)}

@@ -1,7 +1,9 @@
 """Provider ``self_managed``: an HTTP client for an executor ``/run`` API (execbox's own, served by
 ``execbox executor`` or ``execbox serve``, or RAGFlow's executor_manager).
 
-Not agent-backed: the remote side owns boxes, so this provider only speaks the wire shape.
+Not agent-backed: the remote side owns boxes, so this provider only speaks the wire shape. With
+``api: execbox`` the remote is an execbox service and its own sandbox API is used instead
+(sessions, files, bash, contexts; providers/self_managed_native.py).
 Retries happen on connect errors only (the request never reached the server, so no code can
 have started); a connection lost after the request was sent is reported, never re-sent.
 """
@@ -33,6 +35,7 @@ from ..models import Artifact, ExecutionResult, Isolation, Language, SandboxInst
 from ..policy import AstPolicy
 from .base import OutputCallback, SandboxProvider, check_run_inputs
 from .schema import check_config
+from .self_managed_native import API_EXECBOX, API_RUN, ExecboxApiMixin
 
 log = logging.getLogger("execbox.provider.self_managed")
 
@@ -120,7 +123,7 @@ def run_response_to_result(body: dict[str, Any], *, provider: str, instance_id: 
     )
 
 
-class SelfManagedProvider(SandboxProvider):
+class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
     name = "self_managed"
     display_name = "Remote executor (/run)"
     description = ("Sends code to an executor /run endpoint: another execbox (`execbox executor`) "
@@ -137,6 +140,7 @@ class SelfManagedProvider(SandboxProvider):
         self._instances: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._policy: AstPolicy | None = None
+        self._native_init()
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
@@ -144,6 +148,10 @@ class SelfManagedProvider(SandboxProvider):
             "endpoint": {"type": "string", "required": True, "default": "http://localhost:9385",
                          "label": "API Endpoint", "placeholder": "http://localhost:9385",
                          "description": "Base URL of the executor (serves /run and /healthz)."},
+            "api": {"type": "string", "default": API_RUN, "options": [API_RUN, API_EXECBOX], "label": "API",
+                    "description": "'run': the executor /run API (RAGFlow's contract: python and nodejs, "
+                                   "no sessions). 'execbox': the endpoint is an execbox service; use its "
+                                   "sandbox API (sessions, files, bash, contexts, execbox's own semantics)."},
             "timeout": {"type": "integer", "default": 30, "min": 1, "max": 3600,
                         "label": "Execution Timeout (seconds)",
                         "description": "Default execution timeout; the HTTP wait adds a grace period."},
@@ -204,16 +212,19 @@ class SelfManagedProvider(SandboxProvider):
         instance_id = make_instance_id(tenant_id, session_id)
         meta = {"tenant_id": tenant_id, "session_id": session_id, "endpoint": self.config["endpoint"],
                 "pool_size": self.config["pool_size"], "isolation": self.isolation.value}
+        if self.native:
+            meta.update(self._native_create(instance_id))
         with self._lock:
             self._instances[instance_id] = meta
         return SandboxInstance(instance_id, self.name, "running", dict(meta))
 
     def destroy_instance(self, instance_id: str) -> bool:
+        self._native_destroy(instance_id)
         with self._lock:
             return self._instances.pop(instance_id, None) is not None
 
     def get_supported_languages(self) -> list[str]:
-        return ["python", "javascript"]
+        return [lang.value for lang in Language] if self.native else ["python", "javascript"]
 
     def health_check(self) -> bool:
         if self._client is None:
@@ -225,6 +236,8 @@ class SelfManagedProvider(SandboxProvider):
             return False
 
     def shutdown(self) -> None:
+        for instance_id in list(self._sessions):
+            self._native_destroy(instance_id)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -242,6 +255,12 @@ class SelfManagedProvider(SandboxProvider):
             raise SessionNotFoundError(f"no instance {instance_id!r} in provider {self.name!r}",
                                        details={"instance_id": instance_id})
         lang = Language.parse(language)
+        if self.native:
+            check_run_inputs(code, arguments, timeout)
+            if lang is Language.PYTHON and self._policy is not None:
+                self._policy.check(code)
+            return self._native_execute(instance_id, code, lang.value, float(timeout), arguments, context_id,
+                                        on_output)
         if lang not in WIRE_LANGUAGES:
             raise InvalidConfigError(f"language {lang.value!r} is not supported by self_managed "
                                      "(the /run API runs python and nodejs)",

@@ -153,6 +153,9 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     compat = _optional_router("execbox.service.routes.executor_compat")
     if compat is not None:  # /run; its own /healthz is for the standalone executor app (ours answers here)
         app.include_router(_without(compat, {"/healthz"}))
+    packages = _optional_router("execbox.service.routes.packages")  # runtimes + in-session install
+    if packages is not None:
+        app.include_router(packages)
     tokens = _optional_router("execbox.web.tokens_api")  # the console's Tokens page
     if tokens is not None:
         app.include_router(tokens)

@@ -35,6 +35,12 @@ class RunSpec:
     call: ProviderCall
     notices: dict[str, Any] = field(default_factory=dict)
     """What the session manager tells the caller along with the result (``metadata.session``)."""
+    runtime: str | None = None
+    """Runtime template for a new session or one-shot box (issue 14); None: the provider's."""
+
+
+def _rt(spec: RunSpec) -> dict[str, Any]:
+    return {"runtime": spec.runtime} if spec.runtime else {}
 
 
 def outcome(result: ExecutionResult) -> str:
@@ -57,10 +63,10 @@ class RunService:
     def _box(self, spec: RunSpec) -> Iterator[tuple[SandboxProvider, str]]:
         template = spec.language
         if spec.session_id is None:
-            with self.sessions.oneshot(spec.tenant_id, template) as pair:
+            with self.sessions.oneshot(spec.tenant_id, template, **_rt(spec)) as pair:
                 yield pair
         else:
-            with self.sessions.session(spec.tenant_id, spec.session_id, template) as s:
+            with self.sessions.session(spec.tenant_id, spec.session_id, template, **_rt(spec)) as s:
                 assert s.provider is not None and s.instance_id is not None
                 yield s.provider, s.instance_id
                 if s.contexts_lost:  # reported once, on the first run after a restart or pause

@@ -32,8 +32,14 @@ NetworkForRun = Field(default=None, description="Narrow the network policy for t
                                                  "\"none|allowlist|open\", \"allow\": [...]} (403 if wider)")
 
 
+RuntimeField = Field(default=None, max_length=80, pattern=r"^[a-z0-9][a-z0-9_.-]*(@v?[0-9]+)?$",
+                     description="Runtime template (NAME or NAME@vN, `execbox runtime list`) for a new session "
+                                 "or one-shot box; a live session keeps the one it started with (409 if different)")
+
+
 class ExecuteRequest(Scoped):
     code: str
+    runtime: str | None = RuntimeField
     network: dict[str, Any] | None = NetworkForRun
     language: str = Field(default="python", max_length=32, description="python, javascript (nodejs), bash")
     timeout: float | None = Timeout
@@ -46,6 +52,7 @@ class ExecuteRequest(Scoped):
 
 class BashRequest(Scoped):
     command: str
+    runtime: str | None = RuntimeField
     network: dict[str, Any] | None = NetworkForRun
     cwd: str | None = Field(default=None, max_length=4096, description="Relative to the workspace")
     timeout: float | None = Timeout
@@ -199,6 +206,8 @@ class SessionOut(BaseModel):
     operations: int | None = None
     boxes_started: int | None = None
     network: dict[str, Any] | None = None  # issue 14: the effective egress policy
+    runtime: str | None = Field(default=None, description="Runtime template the session was started with "
+                                "(null: the provider's default)")
 
 
 class SessionsOut(BaseModel):

@@ -44,8 +44,9 @@ def test_environment_is_built_from_scratch(jail, box, monkeypatch):
     env = __import__("json").loads(r.stdout)
     assert "EXECBOX_TEST_SECRET" not in env and "s3cr3t-value" not in r.stdout
     assert env["HOME"] == "/workspace" and env["USER"] == "sandbox"
-    assert not any(k.startswith(("PYTHON", "VIRTUAL_ENV", "PYENV")) and k != "PYTHONDONTWRITEBYTECODE"
-                   for k in env)
+    assert not any(k.startswith(("PYTHON", "VIRTUAL_ENV", "PYENV")) and k not in ("PYTHONDONTWRITEBYTECODE",
+                                                                                "PYTHONPATH") for k in env)
+    assert env["PYTHONPATH"] == "/workspace/.execbox/python"  # in-session installs only (docs/network.md)
 
 
 def test_box_runs_the_host_system_python_not_execbox_venv(jail, box):
@@ -201,7 +202,7 @@ def test_bad_config_is_sb002_naming_the_field():
     assert e.value.code == "SB002" and "max_memory" in e.value.message
     with pytest.raises(InvalidConfigError) as e:
         jail_provider.initialize({"runtime": "not-installed-xyz"})
-    assert "not-installed-xyz" in e.value.message and "execbox runtime install" in e.value.message
+    assert "not-installed-xyz" in e.value.message and "execbox runtime build" in e.value.message
     with pytest.raises(InvalidConfigError) as e:
         jail_provider.initialize({"pids_limit": 1})
     assert "pids_limit" in e.value.details["fields"]

@@ -1,4 +1,5 @@
-"""Sandbox runtimes: built by `execbox runtime install`, mounted read-only, heavy imports preloaded."""
+"""Sandbox runtimes: built by `execbox runtime install` (old spelling of `runtime build`), mounted
+read-only, heavy imports preloaded."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_cli_installs_a_runtime_that_boxes_mount_read_only():
             prefix, exe, write = __import__("json").loads(r.stdout)
             assert prefix == runtime.RUNTIME_MOUNT and exe.startswith(runtime.RUNTIME_MOUNT)
             assert write in ("Read-only file system", "Permission denied")
-            assert inst.metadata["runtime"] == name
+            assert inst.metadata["runtime"] == f"{name}@v1"  # the version it mounts
         finally:
             p.shutdown()
     finally:

@@ -208,3 +208,17 @@ def test_handshake_client_session_maps_to_one_execbox_session_closed_on_end(serv
 
     sid = run_async(go)
     assert service.app.state.sessions.get("tenant-a", sid) is None  # closed when the MCP session ended
+
+
+def test_install_packages_tool_names_why_it_cannot_install(service) -> None:
+    """The MCP tool reaches the provider's install (the success path is tested over HTTP and the
+    library in tests/integration/egress/test_install.py): bad input and a box without network."""
+    async def go() -> list[Any]:
+        async with http_client(service.url, service.tenant_a) as c:
+            return [await c.call_tool("install_packages", {"pip": ["https://evil.example/x.whl"]}),
+                    await c.call_tool("install_packages", {"pip": ["httpx"]})]
+
+    bad, offline = run_async(go)
+    assert bad.is_error and bad.structured_content["error"]["code"] == "SB002"
+    assert "https://evil.example/x.whl" in bad.structured_content["error"]["message"]
+    assert offline.is_error and "without network" in offline.structured_content["error"]["message"]

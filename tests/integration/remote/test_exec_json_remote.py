@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from tests.conftest import require
 from tests.unit.remote.fake_agentrun import FakeAgentRun, create_fake_agentrun_app, install_fake_control_plane
-from tests.unit.remote.fake_e2b import FakeE2B, create_fake_e2b_app
+from tests.unit.remote.fake_e2b import FakeE2B, create_fake_e2b_app, fake_commands_run
 from tests.unit.remote.http_server import ThreadedServer
 
 CODE = "def main(a, b):\n    print('adding')\n    open('artifacts/sum.txt', 'w').write(str(a + b))\n" \
@@ -40,14 +42,25 @@ def test_self_managed(executor_server):
     check_reply(code, reply)
 
 
-def test_e2b_against_the_fake():
+def test_e2b_in_process(monkeypatch):
+    """The fake's commands.run stand-in (envd's process API is Connect-RPC) lives in this process."""
+    from e2b.sandbox_sync.commands.command import Commands
+
+    from execbox.cli.run import handle_exec_request
+
+    require(shutil.which("bwrap") is not None, "bwrap")  # the fake's commands see a sandbox file system
     state = FakeE2B()
     srv = ThreadedServer(create_fake_e2b_app(state)).start()
+    for var in ("E2B_API_KEY", "E2B_DOMAIN", "E2B_API_URL", "E2B_SANDBOX_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(Commands, "run", fake_commands_run(state))
     try:
-        code, reply = exec_json({"code": CODE, "arguments": {"a": 2, "b": 3}, "provider": "e2b",
-                                 "config": {"api_key": state.api_key, "api_url": srv.url, "sandbox_url": srv.url},
-                                 "files": {"input.txt": "hello"}})
-        check_reply(code, reply)
+        reply = handle_exec_request({
+            "code": CODE, "arguments": {"a": 2, "b": 3}, "provider": "e2b",
+            "config": {"api_key": state.api_key, "api_url": srv.url, "sandbox_url": srv.url},
+            "files": {"input.txt": "hello"}})
+        reply = json.loads(json.dumps(reply, default=str))
+        check_reply(0, reply)
         assert reply["result"]["metadata"]["provider"] == "e2b"
     finally:
         srv.stop()

@@ -58,10 +58,14 @@ def test_restart_keeps_files_reports_lost_contexts_cleans_orphans_and_marks_lost
     try:
         _wait_ready(proc, url)
         c = httpx.Client(base_url=url, headers=auth, timeout=60)
-        for sid in ("keep", "gone"):
+        for sid in ("keep", "gone"):  # "keep" runs the jail's sci runtime template
             r = c.post("/v1/sandbox/execute", json={"session_id": sid, "context_id": "c",
-                                                     "code": "x = 41\nopen('f', 'w').write('kept')"})
+                                                     "code": "x = 41\nopen('f', 'w').write('kept')",
+                                                     **({"runtime": "sci"} if sid == "keep" else {})})
             assert r.status_code == 200, r.text
+            if sid == "keep":
+                runtime = r.json()["metadata"]["runtime"]
+                assert runtime.startswith("sci")
         assert c.post("/v1/sandbox/execute", json={"session_id": "keep", "context_id": "c",
                                                   "code": "print(x + 1)"}).json()["stdout"] == "42\n"
         info = c.get("/v1/sandbox/sessions/t1/keep").json()
@@ -85,6 +89,7 @@ def test_restart_keeps_files_reports_lost_contexts_cleans_orphans_and_marks_lost
         r = c.post("/v1/sandbox/execute", json={"session_id": "keep", "context_id": "c",
                                                  "code": "print(open('f').read(), globals().get('x'))"})
         assert r.status_code == 200 and r.json()["stdout"] == "kept None\n"
+        assert r.json()["metadata"]["runtime"] == runtime  # the registry kept the session's runtime
         assert r.json()["metadata"]["session"] == {"contexts_lost": True}  # reported once
         r = c.post("/v1/sandbox/execute", json={"session_id": "keep", "code": "print(2)"})
         assert "session" not in r.json()["metadata"]

@@ -1,8 +1,9 @@
 """A local fake of AgentRun for agentrun-sdk.
 
 Data plane (plain httpx in the SDK; served here over real HTTP): sandbox create/get/delete,
-``contexts/execute`` and ``filesystem`` upload/download. Code really runs (python3 / node in a
-per-sandbox temp dir mapped to /home/user).
+``contexts/execute`` and ``filesystem`` upload/download. Code really runs (python3 / node, under
+bubblewrap with a per-sandbox temp dir at /home/user and another at /tmp, as a cloud VM sees its
+own file system).
 
 Control plane (templates): the SDK talks to it through Alibaba's signed OpenAPI client over
 HTTPS, so it is replaced at that boundary: ``FakeControlClient`` stands in for the generated
@@ -18,7 +19,6 @@ import email.policy
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -28,6 +28,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+
+from .fake_e2b import map_sandbox_path, sandbox_argv
 
 HOME = "/home/user"
 
@@ -45,21 +47,18 @@ class FakeAgentRun:
     def cleanup(self) -> None:
         for sb in self.sandboxes.values():
             shutil.rmtree(sb["root"], ignore_errors=True)
+            shutil.rmtree(sb["tmp"], ignore_errors=True)
 
     def map_path(self, sb: dict[str, Any], path: str) -> str | None:
-        if path == HOME or path.startswith(HOME + "/"):
-            root = os.path.realpath(sb["root"])
-            real = os.path.realpath(root + path[len(HOME):])
-            if real == root or real.startswith(root + os.sep):
-                return real
-        return None
+        return map_sandbox_path({HOME: sb["root"], "/tmp": sb["tmp"]}, path)
 
 
-def _run(root: str, code: str, language: str, timeout: float) -> tuple[str, str, int, bool]:
-    argv = ["node", "-"] if language == "javascript" else [sys.executable, "-I", "-"]
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": root, "LANG": "C.UTF-8"}
+def _run(sb: dict[str, Any], code: str, language: str, timeout: float) -> tuple[str, str, int, bool]:
+    argv = ["node", "-"] if language == "javascript" else ["python3", "-I", "-"]
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "LANG": "C.UTF-8"}
     try:
-        p = subprocess.run(argv, cwd=root, env=env, input=code, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(sandbox_argv(sb["root"], sb["tmp"], argv), env=env, input=code, capture_output=True,
+                           text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         return out, "", -9, True
@@ -87,7 +86,8 @@ def create_fake_agentrun_app(state: FakeAgentRun) -> FastAPI:
         if body.get("templateName") not in state.templates:
             return JSONResponse({"code": "FAILED", "message": "template not found"})
         sid = "sbx-" + uuid.uuid4().hex[:10]
-        state.sandboxes[sid] = {"root": tempfile.mkdtemp(prefix="fake-agentrun-"), "body": body, "deleted": False}
+        state.sandboxes[sid] = {"root": tempfile.mkdtemp(prefix="fake-agentrun-"), "body": body, "deleted": False,
+                                "tmp": tempfile.mkdtemp(prefix="fake-agentrun-tmp-")}
         state.calls.append(("create_sandbox", sid))
         return JSONResponse({"code": "SUCCESS", "data": {"sandboxId": sid, "templateName": body["templateName"],
                                                          "status": "READY"}})
@@ -125,7 +125,7 @@ def create_fake_agentrun_app(state: FakeAgentRun) -> FastAPI:
         state.calls.append(("execute", body.get("language", "")))
         import asyncio
 
-        out, err, rc, timed_out = await asyncio.to_thread(_run, sb["root"], body["code"],
+        out, err, rc, timed_out = await asyncio.to_thread(_run, sb, body["code"],
                                                           body.get("language") or "python",
                                                           float(body.get("timeout") or 30))
         results: list[dict[str, Any]] = [{"type": "stdout", "text": line} for line in out.splitlines()]

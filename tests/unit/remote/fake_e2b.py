@@ -1,9 +1,10 @@
 """A local fake of the HTTP APIs the E2B SDK speaks: the control plane (/v2/sandboxes), the code
 interpreter's streaming /execute (NDJSON) and envd's /files. It runs submitted code for real
-(python3 / node in a per-sandbox temp dir) so the provider's wrapper is exercised end to end.
+(python3 / node in a per-sandbox temp dir) so the provider is exercised end to end.
 
 Not faked here: envd's Connect-RPC process API (``commands.run``); tests replace that at the SDK
-boundary (see ``fake_commands_run``).
+boundary (see ``fake_commands_run``). Commands see the sandbox's own file system as a real E2B
+VM does: bubblewrap binds the sandbox's home at /home/user and its own /tmp (see ``sandbox_argv``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import email.policy
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,6 +33,7 @@ HOME = "/home/user"
 class FakeSandbox:
     sandbox_id: str
     root: str
+    tmp: str
     create_body: dict[str, Any]
     access_token: str
     killed: bool = False
@@ -43,17 +46,32 @@ class FakeE2B:
     sandboxes: dict[str, FakeSandbox] = field(default_factory=dict)
     extra_results: list[dict[str, Any]] = field(default_factory=list)  # appended to the next /execute
     executed: list[dict[str, Any]] = field(default_factory=list)
+    uploaded: list[str] = field(default_factory=list)  # sandbox paths written through /files
 
     def cleanup(self) -> None:
         for sb in self.sandboxes.values():
             shutil.rmtree(sb.root, ignore_errors=True)
+            shutil.rmtree(sb.tmp, ignore_errors=True)
 
     def map_path(self, sb: FakeSandbox, path: str) -> str | None:
-        if path == HOME or path.startswith(HOME + "/"):
-            real = os.path.realpath(sb.root + path[len(HOME):])
-            if real == os.path.realpath(sb.root) or real.startswith(os.path.realpath(sb.root) + os.sep):
+        return map_sandbox_path({HOME: sb.root, "/tmp": sb.tmp}, path)
+
+
+def map_sandbox_path(mounts: dict[str, str], path: str) -> str | None:
+    """A sandbox path -> the host path behind it (None outside the sandbox's home and /tmp)."""
+    for prefix, host in mounts.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            root = os.path.realpath(host)
+            real = os.path.realpath(root + path[len(prefix):])
+            if real == root or real.startswith(root + os.sep):
                 return real
-        return None
+    return None
+
+
+def sandbox_argv(home: str, tmp: str, argv: list[str]) -> list[str]:
+    """``argv`` seeing the fake sandbox's file system like a cloud VM: home at /home/user, own /tmp."""
+    return ["bwrap", "--dev-bind", "/", "/", "--tmpfs", "/home", "--bind", home, HOME, "--bind", tmp, "/tmp",
+            "--chdir", HOME, "--die-with-parent", "--", *argv]
 
 
 def _timestamp() -> int:
@@ -105,7 +123,8 @@ def create_fake_e2b_app(state: FakeE2B) -> FastAPI:
             return JSONResponse({"code": 401, "message": "Invalid API key"}, status_code=401)
         body = await request.json()
         sid = "sbx" + uuid.uuid4().hex[:12]
-        sb = FakeSandbox(sid, tempfile.mkdtemp(prefix="fake-e2b-"), body, "tok-" + uuid.uuid4().hex)
+        sb = FakeSandbox(sid, tempfile.mkdtemp(prefix="fake-e2b-"), tempfile.mkdtemp(prefix="fake-e2b-tmp-"),
+                         body, "tok-" + uuid.uuid4().hex)
         state.sandboxes[sid] = sb
         return JSONResponse({"templateID": body.get("templateID"), "sandboxID": sid, "clientID": "fake",
                              "envdVersion": "0.5.7", "envdAccessToken": sb.access_token}, status_code=201)
@@ -186,6 +205,7 @@ def create_fake_e2b_app(state: FakeE2B) -> FastAPI:
             os.makedirs(os.path.dirname(real), exist_ok=True)
             with open(real, "wb") as f:
                 f.write(data)
+            state.uploaded.append(target)
             written.append({"name": os.path.basename(target), "type": "file", "path": target})
         return JSONResponse(written)
 
@@ -201,13 +221,12 @@ def fake_commands_run(state: FakeE2B):
             on_stderr=None, stdin=None, timeout=60, request_timeout=None):
         sid = self._connection_config.sandbox_headers.get("E2b-Sandbox-Id")
         sb = state.sandboxes[sid]
-        real_cwd = state.map_path(sb, cwd or HOME) or sb.root
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": sb.root, **(envs or {})}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "LANG": "C.UTF-8", **(envs or {})}
         from e2b.exceptions import TimeoutException
 
+        argv = sandbox_argv(sb.root, sb.tmp, ["bash", "-c", f"cd {shlex.quote(cwd or HOME)} && {cmd}"])
         try:
-            p = subprocess.run(["bash", "-c", cmd], cwd=real_cwd, env=env, capture_output=True, text=True,
-                               timeout=timeout)
+            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutException("context deadline exceeded") from None
         if on_stdout and p.stdout:

@@ -37,6 +37,7 @@ def clean_env(monkeypatch):
 
 @pytest.fixture
 def provider(fake, clean_env, monkeypatch):
+    require(shutil.which("bwrap") is not None, "bwrap")  # the fake runs cells in a sandbox file system
     state, srv = fake
     install_fake_control_plane(state, monkeypatch)
     p = AliyunCodeInterpreterProvider()
@@ -119,7 +120,8 @@ def test_python_main_result_and_signed_requests(provider, fake):
     assert r.ok, r.stderr
     assert r.stdout == "adding\n"
     assert r.result == {"sum": 7} and r.metadata["result_type"] == "dict"
-    assert "__EXECBOX_RESULT_" not in r.stdout
+    r = run(provider, "def main():\n    return {1, 2}\n")
+    assert r.exit_code == 1 and "not JSON-serializable" in r.stderr
     seen = "".join(str(h) for h in state.auth_headers_seen)
     assert state.access_key_secret not in seen  # signed, never sent
 
@@ -185,6 +187,13 @@ def test_files_round_trip_and_path_validation(provider):
         assert r.stdout == "256\n"
         with pytest.raises(PathError):
             provider.read_bytes(inst.instance_id, "../../etc/passwd")
+        provider.execute_code(inst.instance_id, "import os\nos.symlink('/etc', 'outside')", "python", 10)
+        with pytest.raises(PathError):  # the agent's path check resolves symlinks; the file API would follow
+            provider.read_bytes(inst.instance_id, "outside/passwd")
+        provider.write_file(inst.instance_id, "in/log.txt", "a\n")
+        provider.write_file(inst.instance_id, "in/log.txt", "b\n", mode="append")
+        assert provider.read_file(inst.instance_id, "in/log.txt").content == "a\nb\n"
+        assert [f.path for f in provider.list_files(inst.instance_id, "in")] == ["in/data.bin", "in/log.txt"]
     finally:
         provider.destroy_instance(inst.instance_id)
 

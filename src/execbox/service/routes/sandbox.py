@@ -113,7 +113,7 @@ def check_path(value: str | None, field: str) -> None:
     try:
         check_syntax(value)
     except PathViolation as e:
-        raise PathError(str(e), details={"field": field}) from None
+        raise PathError(str(e), details={"field": field, "violation": e.reason}) from None
 
 
 def _artifact_url(request: Request) -> str:
@@ -153,7 +153,8 @@ def execute(body: ExecuteRequest, request: Request, principal: Principal = Depen
             instance_id, body.code, language, _timeout(provider, body.timeout, settings.default_timeout),
             body.arguments, **kwargs))  # issue 14: per-run network narrowing
 
-    spec = RunSpec(tenant, body.session_id, "execute_code", language, body.code, principal.token_id, call)
+    spec = RunSpec(tenant, body.session_id, "execute_code", language, body.code, principal.token_id, call,
+                   runtime=body.runtime)
     return _respond(request, spec, body.stream)
 
 
@@ -172,7 +173,8 @@ def bash(body: BashRequest, request: Request, principal: Principal = Depends(req
             instance_id, body.command, _timeout(provider, body.timeout, settings.default_timeout),
             cwd=body.cwd, env=body.env, on_output=on_output))  # issue 14: per-run network narrowing
 
-    spec = RunSpec(tenant, body.session_id, "run_command", "bash", body.command, principal.token_id, call)
+    spec = RunSpec(tenant, body.session_id, "run_command", "bash", body.command, principal.token_id, call,
+                   runtime=body.runtime)
     return _respond(request, spec, body.stream)
 
 

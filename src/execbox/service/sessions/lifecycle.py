@@ -41,7 +41,7 @@ class LifecycleMixin:
             return None
         state = rec.state if rec.state in ("running", "paused") else "running"
         s = Session(rec.tenant_id, rec.session_id, path, created_at=rec.created_at, state=state,
-                    contexts_lost=rec.contexts_lost, expires_at=rec.expires_at)
+                    contexts_lost=rec.contexts_lost, expires_at=rec.expires_at, runtime=rec.runtime)
         if state == "running" and rec.box_handle.get("container_id"):
             if self._current_or_none() is None:  # provider still starting: re-attach on first use
                 s.pending_handle = rec

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...errors import (
+    InvalidConfigError,
     OutOfMemoryError,
     ProviderUnavailableError,
     SessionDrainingError,
@@ -78,6 +79,7 @@ class Session:
     network: dict[str, Any] | None = None
     """The session's narrowed egress policy (issue 14; the registry keeps it as network_policy)."""
     pending_handle: Any = None
+    runtime: str | None = None  # runtime template the session started with (issue 14; None: provider's)
     """A registry row whose running box could not be re-attached yet (provider still starting)."""
 
     def to_dict(self, owner: str | None = None) -> dict[str, Any]:
@@ -87,6 +89,7 @@ class Session:
             "created_at": self.created_at, "idle_seconds": round(time.monotonic() - self.last_used, 3),
             "last_used": self.last_used_wall, "expires_at": self.expires_at, "contexts_lost": self.contexts_lost,
             "busy": self.busy > 0, "operations": self.operations, "boxes_started": self.boxes_started,
+            "runtime": self.runtime,
             **egress_hook.describe(self),  # issue 14: the effective network policy
         }
 
@@ -233,7 +236,8 @@ class SessionManager(AdminMixin, LifecycleMixin):
 
     # -- using a session --------------------------------------------------------------------
     @contextmanager
-    def session(self, tenant_id: str, session_id: str, template: str = "python") -> Iterator[Session]:
+    def session(self, tenant_id: str, session_id: str, template: str = "python",
+                runtime: str | None = None) -> Iterator[Session]:
         """The session with a live instance, held exclusively for the duration of the block.
 
         Requests queued on a busy session hold a worker thread each, so a tenant may only have
@@ -248,6 +252,7 @@ class SessionManager(AdminMixin, LifecycleMixin):
             with self._held(tenant_id, session_id) as s:
                 if s.state == "paused":
                     self._mark_running(s)
+                pick_runtime(s, runtime)
                 self._ensure_instance(s, template)
                 try:
                     yield s
@@ -322,6 +327,11 @@ class SessionManager(AdminMixin, LifecycleMixin):
             kwargs["workspace"] = s.workspace
         else:
             s.workspace = None
+        if s.runtime:
+            if not accepts(prov, "runtime"):
+                raise InvalidConfigError(f"provider {prov.name!r} does not support runtime templates "
+                                         f"(runtime={s.runtime!r})", details={"field": "runtime"})
+            kwargs["runtime"] = s.runtime
         if self.registry.persistent and accepts(prov, "labels"):
             kwargs["labels"] = {"execbox.registry": self.workspaces_root, "execbox.replica": self.replica}
         try:
@@ -338,7 +348,7 @@ class SessionManager(AdminMixin, LifecycleMixin):
         container = (inst.metadata or {}).get("container_id") or (inst.metadata or {}).get("container")
         if container:
             handle["container_id"] = container
-        self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=template,
+        self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=s.runtime,
                              box_handle=handle, contexts_lost=s.contexts_lost, expires_at=None,
                              owner=self.replica, lease_expires=time.time() + self.settings.lease_ttl)
 
@@ -393,12 +403,14 @@ class SessionManager(AdminMixin, LifecycleMixin):
 
     # -- one-shot ---------------------------------------------------------------------------
     @contextmanager
-    def oneshot(self, tenant_id: str, template: str = "python") -> Iterator[tuple[SandboxProvider, str]]:
+    def oneshot(self, tenant_id: str, template: str = "python",
+                runtime: str | None = None) -> Iterator[tuple[SandboxProvider, str]]:
         """A fresh instance for one run, always destroyed afterwards."""
         check_name(tenant_id, "tenant_id")
         self._refuse_if_draining()
         with self._leased() as prov:
-            inst = prov.create_instance(template=template, tenant_id=tenant_id)
+            extra = {"runtime": runtime} if runtime else {}
+            inst = prov.create_instance(template=template, tenant_id=tenant_id, **extra)
             with self._lock:
                 self._oneshots[inst.instance_id] = prov
             try:
@@ -408,3 +420,13 @@ class SessionManager(AdminMixin, LifecycleMixin):
                 with self._lock:
                     self._oneshots.pop(inst.instance_id, None)
                 self._destroy_instance(prov, inst.instance_id)
+
+
+
+def pick_runtime(s: Session, runtime: str | None) -> None:
+    """The request that starts a session picks its runtime template; another one later is 409."""
+    if runtime and runtime != s.runtime and (s.instance_id or s.boxes_started or s.pending_handle):
+        raise InvalidConfigError(f"session {s.tenant_id}/{s.session_id} runs runtime {s.runtime or 'default'!r}; "
+                                 f"a runtime is chosen when a session starts (asked: {runtime!r})",
+                                 details={"field": "runtime", "value": runtime}, http_status=409)
+    s.runtime = runtime or s.runtime

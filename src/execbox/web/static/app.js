@@ -6,9 +6,10 @@ import * as playground from "./playground.js";
 import * as sessions from "./sessions.js";
 import * as tokens from "./tokens.js";
 import * as egress from "./egress.js";
+import * as runtimes from "./runtimes.js";
 
-const PAGES = { providers, playground, sessions, tokens, egress };
-const TITLES = { providers: "Providers", playground: "Playground", sessions: "Sessions", tokens: "Tokens", egress: "Egress" };
+const PAGES = { providers, playground, sessions, tokens, egress, runtimes };
+const TITLES = { providers: "Providers", playground: "Playground", sessions: "Sessions", tokens: "Tokens", egress: "Egress", runtimes: "Runtimes" };
 
 const main = () => document.getElementById("main");
 let signedIn = null;

@@ -37,7 +37,7 @@ function paint(el, sessions, refresh) {
     h("tbody", {}, sessions.map((s) => h("tr", { dataset: { session: `${s.tenant_id}/${s.session_id}` } },
       h("td", { "data-label": "Tenant" }, s.tenant_id),
       h("td", { "data-label": "Session" }, s.session_id),
-      h("td", { "data-label": "Provider" }, s.provider || "-"),
+      h("td", { "data-label": "Provider" }, (s.provider || "-") + (s.runtime ? ` · runtime ${s.runtime}` : "")),
       h("td", { "data-label": "Age" }, duration(Math.max(0, now - s.created_at))),
       h("td", { "data-label": "Idle" }, s.idle_seconds == null ? "-" : duration(s.idle_seconds)),
       h("td", { "data-label": "Executions" }, s.operations == null ? "-" : String(s.operations)),

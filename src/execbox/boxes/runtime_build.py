@@ -1,0 +1,232 @@
+"""Building runtime templates: ``execbox runtime build NAME --pip ... --npm ... [--from BASE]``.
+
+A build happens in a hidden directory next to the template's versions and becomes ``v<N+1>``
+only when everything succeeded; then the ``current`` symlink is swapped atomically. A failure at
+any step removes the half-built directory and leaves the previous version current.
+
+Packages come from the operator's index (``EXECBOX_PIP_INDEX_URL``, ``EXECBOX_NPM_REGISTRY``:
+internal mirrors) or the tools' defaults. The build runs on the host (as the service user), so
+it never runs a package's own code: pip takes wheels only (``--only-binary :all:``) and npm
+runs with ``--ignore-scripts``. Requirements are plain names with version specifiers; URLs,
+paths and VCS references are refused, so every byte comes from the configured index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import runtime as rt
+from .runtime import MANIFEST, Runtime, RuntimeNotUsable
+
+_PIP_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+"
+                       r"(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?$")
+_NPM_SPEC = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=*|+ -]+)?$")
+PIP_INDEX_ENV = "EXECBOX_PIP_INDEX_URL"
+NPM_REGISTRY_ENV = "EXECBOX_NPM_REGISTRY"
+
+
+def check_specs(pip: list[str], npm: list[str]) -> None:
+    """SB002 naming the first requirement that is not ``name[extras][specifier]`` / ``name[@range]``."""
+    for spec in pip:
+        if not isinstance(spec, str) or len(spec) > 200 or not _PIP_SPEC.match(spec):
+            raise RuntimeNotUsable(f"pip requirement {spec!r} is invalid: give a package name with an optional "
+                                   "version specifier (no URLs, paths or options)",
+                                   details={"field": "pip", "value": str(spec)[:200]})
+    for spec in npm:
+        if not isinstance(spec, str) or len(spec) > 200 or not _NPM_SPEC.match(spec):
+            raise RuntimeNotUsable(f"npm package {spec!r} is invalid: give a package name with an optional "
+                                   "@version (no URLs, paths, git or file specs)",
+                                   details={"field": "npm", "value": str(spec)[:200]})
+
+
+def check_index_url(url: str | None, field: str) -> str | None:
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise RuntimeNotUsable(f"{field} {url!r} must be an http(s) URL without credentials",
+                               details={"field": field, "value": url[:200]})
+    return url
+
+
+def pip_index_url(override: str | None = None) -> str | None:
+    """The pip index to use: an explicit one, else ``EXECBOX_PIP_INDEX_URL``, else pip's default."""
+    return check_index_url(override or os.environ.get(PIP_INDEX_ENV, "").strip() or None, PIP_INDEX_ENV)
+
+
+def npm_registry(override: str | None = None) -> str | None:
+    return check_index_url(override or os.environ.get(NPM_REGISTRY_ENV, "").strip() or None, NPM_REGISTRY_ENV)
+
+
+def pip_index_args(index_url: str | None) -> list[str]:
+    """``--isolated --index-url URL`` (plus ``--trusted-host`` for an http mirror the operator named)."""
+    if not index_url:
+        return []
+    args = ["--isolated", "--index-url", index_url]
+    if urlsplit(index_url).scheme == "http":
+        args += ["--trusted-host", urlsplit(index_url).hostname or ""]
+    return args
+
+
+def _stream(argv: list[str], report: rt.Progress, lo: float, hi: float, what: str,
+            env: dict[str, str] | None = None) -> list[str]:
+    """Run a tool, turning its output lines into progress; the last lines on failure."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
+                            env=env)
+    tail: list[str] = []
+    seen = 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        if not line:
+            continue
+        tail = (tail + [line])[-12:]
+        seen += 1
+        if line.startswith(("Collecting", "Downloading", "Installing", "Successfully", "added", "npm")):
+            report(f"{what}: {line.strip()[:70]}", lo + (hi - lo) * (1 - 1 / (1 + seen / 8)))
+    if proc.wait() != 0:
+        raise RuntimeNotUsable(f"{what} failed:\n" + "\n".join(tail),
+                               details={"tool": what, "exit_code": proc.returncode})
+    return tail
+
+
+def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None, *, base: str | None = None,
+          progress: rt.Progress | None = None, python: str = rt.SYSTEM_PYTHON, index_url: str | None = None,
+          registry: str | None = None, docker: Any = None) -> Runtime:
+    """Build a new immutable version of runtime template ``name`` and make it current.
+
+    ``docker``: a docker client; the version is then also built as the image
+    ``execbox/runtime-<name>:v<N>`` for the docker provider (before it becomes current).
+    """
+    pip, npm = list(pip or []), list(npm or [])
+    rt.check_name(name)
+    if name == rt.SYSTEM:
+        raise RuntimeNotUsable("'system' is the host interpreter and cannot be built over",
+                               details={"field": "name", "value": name})
+    check_specs(pip, npm)
+    index_url, registry = pip_index_url(index_url), npm_registry(registry)
+    report = progress or (lambda _msg, _frac: None)
+    top = os.path.join(rt.runtimes_dir(), name)
+    if os.path.isfile(os.path.join(top, MANIFEST)):
+        raise RuntimeNotUsable(f"runtime {name!r} was installed by an older execbox without versions; remove "
+                               f"it with `execbox runtime rm {name}` and build it again",
+                               details={"field": "name", "value": name})
+    parent = rt.resolve(base) if base else None
+    if parent is not None and parent.host_dir is None:
+        parent = None  # --from system: the plain interpreter is what every build starts from
+    os.makedirs(top, mode=0o755, exist_ok=True)
+    rt._make_traversable(rt.runtimes_dir())
+    work = tempfile.mkdtemp(prefix=".build-", dir=top)
+    temp_tag: str | None = None
+    os.chmod(work, 0o755)
+    try:
+        if parent is not None:
+            report(f"copying {parent.ref}", 0.03)
+            shutil.copytree(parent.host_dir or "", work, symlinks=True, dirs_exist_ok=True)
+            make_writable(work)
+            os.unlink(os.path.join(work, MANIFEST))
+        else:
+            report(f"creating venv from {python}", 0.03)
+            subprocess.run([python, "-m", "venv", "--without-pip", work], check=True,  # noqa: S603
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if pip:
+            target = os.path.join(work, "bin", "python")
+            argv = [sys.executable, "-m", "pip", "--python", target, "--disable-pip-version-check", "--no-input",
+                    "install", "--no-cache-dir", "--progress-bar", "off", "--only-binary", ":all:",
+                    *pip_index_args(index_url), "--", *pip]
+            _stream(argv, report, 0.1, 0.6 if npm else 0.9, "pip")
+        if npm:
+            npm_bin = shutil.which("npm")
+            if not npm_bin:
+                raise RuntimeNotUsable("npm is not installed on this host (apt-get install npm); it installs "
+                                       "the template's --npm packages", details={"missing": "npm"})
+            cache = os.path.join(work, ".npm-cache")
+            argv = [npm_bin, "install", "--prefix", work, "--ignore-scripts", "--no-audit", "--no-fund",
+                    "--no-update-notifier", "--omit=dev", "--fetch-retries", "1", "--cache", cache,
+                    *(["--registry", registry] if registry else []), "--", *npm]
+            env = {**os.environ, "npm_config_userconfig": os.path.join(work, ".npmrc-none")}
+            _stream(argv, report, 0.6 if pip else 0.1, 0.9, "npm", env)
+            shutil.rmtree(cache, ignore_errors=True)
+        report("writing manifest", 0.95)
+        info = {"name": name, "python": python, "packages": [*(parent.packages if parent else []), *pip],
+                "npm": [*(parent.npm if parent else []), *npm], "from": parent.ref if parent else None,
+                "pip_index": index_url, "npm_registry": registry, "installed_at": time.time()}
+        with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=1)
+        _read_only(work)
+        if docker is not None:
+            from .runtime_docker import build_image
+
+            report("building the Docker image", 0.96)
+            env = Runtime(name, "", work, info["packages"], info["npm"]).env()
+            temp_tag = build_image(docker, work, name, f"execbox/runtime-{name}:build-{os.getpid()}", env)
+        version = _publish(top, work)
+        if temp_tag:
+            from .runtime_docker import image_name, retag
+
+            retag(docker, temp_tag, image_name(name, version))
+            temp_tag = None
+        report(f"{name}@{version} ready", 1.0)
+    except BaseException:
+        make_writable(work)
+        shutil.rmtree(work, ignore_errors=True)
+        if temp_tag:
+            try:
+                docker.images.remove(temp_tag)
+            except Exception:  # noqa: BLE001 - best effort: a leftover build tag is harmless
+                pass
+        raise
+    return rt.resolve(f"{name}@{version}")
+
+
+def _publish(top: str, work: str) -> str:
+    """Rename the finished build to the next free ``v<N>`` and point ``current`` at it."""
+    while True:
+        existing = [int(v[1:]) for v in os.listdir(top) if rt._VERSION.match(v)]
+        version = f"v{max(existing, default=0) + 1}"
+        try:
+            os.rename(work, os.path.join(top, version))
+            break
+        except OSError:
+            if not os.path.exists(os.path.join(top, version)):
+                raise
+    tmp_link = os.path.join(top, f".current-{os.getpid()}")
+    if os.path.lexists(tmp_link):
+        os.unlink(tmp_link)
+    os.symlink(version, tmp_link)
+    os.replace(tmp_link, os.path.join(top, rt.CURRENT))
+    return version
+
+
+def _read_only(root: str) -> None:
+    """World-readable, nobody-writable (the box's uid reads it; a version never changes)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for fn in filenames:
+            p = os.path.join(dirpath, fn)
+            if not os.path.islink(p):
+                os.chmod(p, (os.stat(p).st_mode | 0o444) & ~0o222)
+        for d in dirnames:
+            p = os.path.join(dirpath, d)
+            if not os.path.islink(p):
+                os.chmod(p, 0o555)
+    os.chmod(root, 0o555)
+
+
+def make_writable(root: str) -> None:
+    if not os.path.isdir(root):
+        return
+    for dirpath, dirnames, _files in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for d in dirnames:
+            p = os.path.join(dirpath, d)
+            if not os.path.islink(p):
+                os.chmod(p, 0o755)

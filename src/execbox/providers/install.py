@@ -1,0 +1,244 @@
+"""In-session package install (issue 14 part 5b): ``sb.install(pip=[...], npm=[...])``.
+
+pip and npm run *inside* the session's box, as its unprivileged user, so a package's own code
+(setup scripts, npm install scripts) stays sandboxed, and every byte they fetch passes the
+egress gateway: for the duration of the step the box's policy is replaced by "only the index
+hosts" (the operator's ``EXECBOX_PIP_INDEX_URL`` / ``EXECBOX_NPM_REGISTRY``, else pypi.org +
+files.pythonhosted.org / registry.npmjs.org, port from the URL), then the session's own policy
+is put back. The connections are audited like any other egress and carry the step's run id.
+
+Packages land in a staging directory in the workspace; only when the tool succeeded and the
+total size is within the cap are they moved into place (``.execbox/python`` on the box's
+``PYTHONPATH`` and ``node_modules`` on ``NODE_PATH``), so a failed or oversized install adds
+nothing. The program below is fixed; requirements reach it as JSON arguments, never as a
+command line string.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..boxes.runtime import SESSION_SITE, WORKSPACE_IN_BOX
+from ..boxes.runtime_build import check_specs, npm_registry, pip_index_args, pip_index_url
+from ..egress.policy import EgressPolicy, parse_entry
+from ..errors import (
+    ConnectionFailedError,
+    ExecutionTimeoutError,
+    InvalidConfigError,
+    PayloadTooLargeError,
+)
+
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+PYPI_URL = "https://pypi.org/simple/"
+NPM_URL = "https://registry.npmjs.org/"
+PYPI_HOSTS = ("pypi.org:443", "files.pythonhosted.org:443")
+NPM_HOSTS = ("registry.npmjs.org:443",)
+
+PROGRAM = r'''
+import os, re, shutil, subprocess, tempfile
+
+PIP_MOUNT = "/opt/execbox/pip"
+
+NET_ERRORS = ("Failed to establish a new connection", "Max retries exceeded", "Could not fetch URL",
+              "Name or service not known", "Temporary failure in name resolution", "Connection refused",
+              "ConnectionError", "ReadTimeoutError", "ECONNREFUSED", "ENOTFOUND", "ETIMEDOUT", "EAI_AGAIN",
+              "ECONNRESET", "403 Forbidden", "Network is unreachable")
+
+
+def size_of(path):
+    total = 0
+    for d, _dirs, files in os.walk(path):
+        for f in files:
+            p = os.path.join(d, f)
+            if not os.path.islink(p):
+                total += os.path.getsize(p)
+    return total
+
+
+def package_name(tool, spec):
+    if tool == "npm":
+        head, at, _rest = spec[1:].partition("@")
+        return spec[0] + head if at else spec
+    return re.split(r"[\[<>=!~]", spec)[0]
+
+
+def reachable(url):
+    """Can the box reach the index at all? (pip prints no network error when it gives up quietly)"""
+    import urllib.error, urllib.request
+    try:
+        urllib.request.urlopen(url, timeout=10).close()
+    except urllib.error.HTTPError as e:
+        return e.headers.get("X-Execbox-Egress") != "denied"
+    except Exception:
+        return False
+    return True
+
+
+def classify(tool, text, pkgs, index):
+    if any(m in text for m in NET_ERRORS) or not reachable(index):
+        return "index_unreachable", None
+    if not any(m in text for m in ("No matching distribution", "E404", "404 Not Found", "not in this registry")):
+        return "failed", None
+    low = text.lower()
+    for pkg in pkgs:
+        if package_name(tool, pkg).lower() in low:
+            return "unknown_package", pkg
+    return "unknown_package", None
+
+
+def move_into(src, dest):
+    os.makedirs(dest, exist_ok=True)
+    for entry in os.listdir(src):
+        if entry in (".package-lock.json", ".bin"):
+            continue
+        target = os.path.join(dest, entry)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)
+        elif os.path.lexists(target):
+            os.unlink(target)
+        os.replace(os.path.join(src, entry), target)
+
+
+def main(pip, npm, pip_args, pip_index, registry, site, workspace, max_bytes, tool_timeout):
+    os.makedirs(os.path.join(workspace, ".execbox"), exist_ok=True)
+    stage = tempfile.mkdtemp(prefix="install-", dir=os.path.join(workspace, ".execbox"))
+    env = dict(os.environ, PIP_NO_CACHE_DIR="1", npm_config_update_notifier="false")
+    try:
+        steps = []
+        if pip:
+            py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
+            if os.path.isdir(os.path.join(PIP_MOUNT, "pip")):  # execbox's copy of pip, else the system's
+                env["PYTHONPATH"] = PIP_MOUNT
+            steps.append(("pip", pip, [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+                                       "--no-cache-dir", "--progress-bar", "off", "--retries", "0", "--timeout",
+                                       "15", "--target", os.path.join(stage, "py"), *pip_args, "--", *pip]))
+        if npm:
+            npm_bin = shutil.which("npm")
+            if npm_bin is None:
+                return {"ok": False, "tool": "npm", "reason": "missing_tool", "tail": "npm is not installed"}
+            steps.append(("npm", npm, [npm_bin, "install", "--prefix", os.path.join(stage, "js"), "--no-audit",
+                                       "--no-fund", "--no-package-lock", "--fetch-retries", "0", "--fetch-timeout",
+                                       "15000", "--cache", os.path.join(stage, "npm-cache"),
+                                       "--registry", registry, "--", *npm]))
+        for tool, pkgs, argv in steps:
+            try:
+                proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                      timeout=tool_timeout, cwd=stage)
+            except subprocess.TimeoutExpired:
+                return {"ok": False, "tool": tool, "reason": "timeout", "tail": ""}
+            if proc.returncode != 0:
+                text = proc.stdout
+                if tool == "pip" and "No module named pip" in text:
+                    return {"ok": False, "tool": tool, "reason": "missing_tool", "tail": "pip is not installed"}
+                reason, pkg = classify(tool, text, pkgs, pip_index if tool == "pip" else registry)
+                return {"ok": False, "tool": tool, "reason": reason, "package": pkg,
+                        "tail": "\n".join(text.strip().splitlines()[-8:])}
+        shutil.rmtree(os.path.join(stage, "npm-cache"), ignore_errors=True)
+        total = size_of(stage)
+        if total > max_bytes:
+            return {"ok": False, "tool": "pip" if pip else "npm", "reason": "too_large", "bytes": total}
+        if pip:
+            move_into(os.path.join(stage, "py"), site)
+        if npm:
+            move_into(os.path.join(stage, "js", "node_modules"), os.path.join(workspace, "node_modules"))
+        return {"ok": True, "bytes": total}
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+'''
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+def index_hosts(pip_url: str | None, npm_url: str | None, pip: bool, npm: bool) -> EgressPolicy:
+    """The policy the box gets for the install step: the index hosts only."""
+    entries: list[str] = []
+    for wanted, url, defaults in ((pip, pip_url, PYPI_HOSTS), (npm, npm_url, NPM_HOSTS)):
+        if not wanted:
+            continue
+        if url:
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            entries.append(f"{parts.hostname}:{port}")
+        else:
+            entries.extend(defaults)
+    return EgressPolicy("allowlist", tuple(parse_entry(e) for e in dict.fromkeys(entries)))
+
+
+def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: list[str] | None,
+                timeout: float | None = None) -> dict[str, Any]:
+    """Install into a live instance's workspace; raises an SB error naming the package or index."""
+    from .agent_egress import egress_link
+
+    pip, npm = list(pip or []), list(npm or [])
+    if not pip and not npm:
+        raise InvalidConfigError("install needs at least one pip or npm package", details={"field": "pip"})
+    check_specs(pip, npm)
+    pip_url, npm_url = pip_index_url(), npm_registry()
+    inst = provider._get(instance_id)
+    link = egress_link(inst.box)
+    if link is None:
+        raise InvalidConfigError(
+            f"provider {provider.name!r} started this box without network, so it cannot reach a package index; "
+            "set the provider's network to allowlist (the index hosts are allowed only during the install) "
+            "or use a runtime template (`execbox runtime build`)",
+            details={"field": "network", "provider": provider.name})
+    limit = float(provider.config.get("max_timeout") or DEFAULT_TIMEOUT)
+    seconds = min(float(timeout or _env_float("EXECBOX_INSTALL_TIMEOUT", DEFAULT_TIMEOUT)), limit)
+    max_bytes = int(_env_float("EXECBOX_INSTALL_MAX_BYTES", DEFAULT_MAX_BYTES))
+    step = index_hosts(pip_url, npm_url, bool(pip), bool(npm))
+    args = {"pip": pip, "npm": npm, "pip_args": pip_index_args(pip_url) or ["--isolated"],
+            "pip_index": pip_url or PYPI_URL, "registry": npm_url or NPM_URL,
+            "site": SESSION_SITE, "workspace": WORKSPACE_IN_BOX, "max_bytes": max_bytes,
+            "tool_timeout": max(5.0, seconds - 5)}
+    link.set_policy(step)
+    try:
+        result = provider._exec(instance_id, {"language": "python", "code": PROGRAM, "arguments": args,
+                                              "context_id": None}, seconds, None, False)
+    finally:
+        link.set_policy(inst.egress or provider.egress_cap)
+    return _outcome(result, pip, npm, pip_url, npm_url, seconds, max_bytes, step)
+
+
+def _outcome(result: Any, pip: list[str], npm: list[str], pip_url: str | None, npm_url: str | None,
+             seconds: float, max_bytes: int, step: EgressPolicy) -> dict[str, Any]:
+    run_id = (result.metadata or {}).get("egress_run_id")
+    base = {"pip": pip, "npm": npm, "egress_run_id": run_id, "allowed_during_install": step.to_dict()["allow"]}
+    if result.error_code == "SB005":
+        raise ExecutionTimeoutError(f"install did not finish within {seconds:g}s", details=base)
+    out = result.result if isinstance(result.result, dict) else None
+    if out is None:
+        raise InvalidConfigError(f"install failed inside the box: {(result.stderr or '')[-800:]}",
+                                 details=base, http_status=422)
+    if out.get("ok"):
+        return {**base, "installed": True, "bytes": out.get("bytes", 0)}
+    tool = out.get("tool", "pip")
+    index = (pip_url or PYPI_URL) if tool == "pip" else (npm_url or NPM_URL)
+    details = {**base, "tool": tool, "index": index, "reason": out.get("reason"), "output": out.get("tail", "")}
+    reason = out.get("reason")
+    if reason == "unknown_package":
+        pkg = out.get("package")
+        what = f"package {pkg!r}" if pkg else f"one of {pip if tool == 'pip' else npm}"
+        raise InvalidConfigError(f"{tool}: {what} was not found on the index {index}",
+                                 details={**details, "package": pkg}, http_status=404)
+    if reason == "index_unreachable":
+        raise ConnectionFailedError(f"{tool}: the package index {index} is unreachable from the box",
+                                    details=details)
+    if reason == "too_large":
+        raise PayloadTooLargeError(f"install would add {out.get('bytes')} bytes, over the cap of {max_bytes} "
+                                   "(EXECBOX_INSTALL_MAX_BYTES); nothing was installed",
+                                   details={**details, "bytes": out.get("bytes"), "max_bytes": max_bytes})
+    if reason == "timeout":
+        raise ExecutionTimeoutError(f"{tool} did not finish within the install timeout", details=details)
+    if reason == "missing_tool":
+        raise InvalidConfigError(f"{tool} is not available in this box's runtime; install it on the host "
+                                 "(jail boxes see the host's /usr) or use a runtime template", details=details)
+    raise InvalidConfigError(f"{tool} install failed: {out.get('tail', '')[-600:]}", details=details,
+                             http_status=422)
