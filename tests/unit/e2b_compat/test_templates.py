@@ -22,10 +22,9 @@ def test_jail_runtime_names(monkeypatch: pytest.MonkeyPatch) -> None:
     from execbox.boxes import runtime
 
     monkeypatch.setattr(runtime, "list_runtimes", lambda: [{"name": "system"}, {"name": "sci"}, {"name": "ml"}])
-    assert runtime_for("sci", _Prov("jail", "sci")) == "sci"
-    with pytest.raises(TemplateRefused) as other:  # installed, but not what the provider runs
-        runtime_for("ml", _Prov("jail", "sci"))
-    assert other.value.status == 400 and "'sci'" in other.value.message
+    assert runtime_for("sci", _Prov("jail", "sci")) is None  # what the provider runs anyway
+    assert runtime_for("ml", _Prov("jail", "sci")) == "ml"  # another runtime template: the session's
+    assert runtime_for("ml@v2", _Prov("jail", "sci")) == "ml@v2"
     with pytest.raises(TemplateRefused) as missing:
         runtime_for("nope", _Prov("jail", "sci"))
     assert missing.value.status == 404

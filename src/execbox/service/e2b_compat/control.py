@@ -114,10 +114,10 @@ async def create(request: Request) -> Response:
 
         def start_box() -> None:
             try:
-                runtime_for(template, sessions.providers.current())
+                runtime = runtime_for(template, sessions.providers.current())
             except TemplateRefused as e:
                 raise E2BError(e.status, e.message) from None
-            with sessions.session(sb.tenant_id, sb.session_id):
+            with sessions.session(sb.tenant_id, sb.session_id, runtime=runtime):
                 pass  # created on first use: the box starts now, so create fails loudly here
 
         await anyio.to_thread.run_sync(start_box)

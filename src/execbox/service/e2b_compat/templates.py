@@ -2,10 +2,10 @@
 
 The SDKs' default templates (``base`` for ``e2b``, ``code-interpreter-v1`` for
 ``e2b-code-interpreter``) run on the active provider as configured. On the jail provider a
-template may also name an installed jail runtime (``execbox runtime list``): it is accepted when
-it is the runtime the provider runs. Sessions cannot pick their own runtime yet (issue 14's
-runtime templates), so another installed runtime is refused with 400 saying so; anything else
-is 404 "template not found", which the SDK raises as its own SandboxException (status 404).
+template may also name a runtime template (``execbox runtime list``; ``NAME`` or ``NAME@vN``):
+the one the provider runs is its default, any other installed one becomes the sandbox session's
+runtime (issue 14's per-session runtimes). Anything else is 404 "template not found", which the
+SDK raises as its own SandboxException (status 404).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ class TemplateRefused(Exception):
 
 
 def _name(template: str) -> str:
-    """``team/name:tag`` -> ``name`` (E2B's template references)."""
+    """``team/name:tag`` -> ``name`` (E2B's template references; ``@vN`` runtime pins are kept)."""
     return template.rsplit("/", 1)[-1].split(":", 1)[0].strip().lower()
 
 
 def runtime_for(template: str, provider: Any) -> str | None:
-    """The execbox runtime ``template`` runs on (None: the provider's configured default)."""
+    """The runtime template the sandbox's session runs (None: the provider's configured default)."""
     name = _name(template)
     if name in DEFAULT_TEMPLATES:
         return None
@@ -35,12 +35,11 @@ def runtime_for(template: str, provider: Any) -> str | None:
         from ...boxes import runtime
 
         configured = str((getattr(provider, "config", None) or {}).get("runtime") or runtime.SYSTEM)
-        installed = {str(r["name"]) for r in runtime.list_runtimes()}
         if name == configured:
+            return None
+        base = name.split("@", 1)[0]
+        installed = {str(r["name"]) for r in runtime.list_runtimes()}
+        if base in installed:
             return name
-        if name in installed:
-            raise TemplateRefused(400, f"template {template!r} is the jail runtime {name!r}, but this server's "
-                                       f"jail provider runs {configured!r}; per-sandbox runtimes are not "
-                                       "supported yet (use the default template or reconfigure the provider)")
     raise TemplateRefused(404, f"template {template!r} not found (execbox serves "
-                               f"{', '.join(sorted(DEFAULT_TEMPLATES))} and the active jail runtime)")
+                               f"{', '.join(sorted(DEFAULT_TEMPLATES))} and installed jail runtimes)")
