@@ -1,7 +1,7 @@
 """The E2B SDK against execbox (jail) vs execbox's own client, side by side over loopback.
 
 Starts `execbox serve` (jail) as a subprocess, then measures with both clients against the same
-server: create a sandbox/session, run_code("1+1") in it, and kill/close it.
+server: create a sandbox/session, run_code("1+1") and a shell command in it, and kill/close it.
   - e2b SDK: Sandbox.create() starts the box eagerly; run_code goes through the code interpreter
     facade (NDJSON stream); kill is DELETE /sandboxes/{id}.
   - execbox client (baseline): a session's box starts on first use, so "create" is the first
@@ -109,7 +109,13 @@ def run_code_rows(n: int, url: str, token: str) -> list[Row]:
         base = measure("own client: run_code('1+1')", lambda: own.run_code("1+1"), n=n)
         e2b = measure("e2b SDK: run_code('1+1')", lambda: sb.run_code("1+1"), n=n,
                       baseline="own client: run_code('1+1')")
-        return [base, e2b]
+        # commands: the SDK's are agent background processes followed by polling, execbox's own
+        # run_command is one exec request
+        assert sb.commands.run("echo hi").stdout == "hi\n"
+        own_cmd = measure("own client: run_command('echo hi')", lambda: own.run_command("echo hi"), n=n)
+        e2b_cmd = measure("e2b SDK: commands.run('echo hi')", lambda: sb.commands.run("echo hi"), n=n,
+                          baseline="own client: run_command('echo hi')")
+        return [base, e2b, own_cmd, e2b_cmd]
     finally:
         sb.kill()
         own.close()

@@ -13,7 +13,7 @@ import time
 import traceback
 from typing import Any
 
-from . import contexts, paths, privsep, procs, protocol, pump, runners
+from . import contexts, js_contexts, paths, privsep, procs, protocol, pump, runners
 
 LANGS = ("python", "javascript", "bash")
 ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "python3": "python",
@@ -53,6 +53,11 @@ class Children:
                 pass
         for ctx in self.contexts.values():
             ctx.sock.close()
+        for fd in [fd for js in self.js_contexts.values() for fd in js.fds()] + self.bg.parent_fds():
+            try:  # a JS context's pipes; background stdin: EOF must not wait for this child
+                os.close(fd)
+            except OSError:
+                pass
         if self.spare is not None:  # another child must not feed or read the waiting spare
             for fd in (self.spare.ctl_w, self.spare.out_r, self.spare.err_r, self.spare.res_r):
                 try:
@@ -102,14 +107,22 @@ class Children:
             def emit(name: str, text: str) -> None:
                 self.send({"id": rid, "event": name, "data": text})
         context_id = req.get("context_id")
-        if context_id is not None and spec["language"] != "python":
-            raise RequestError("context_id is supported for python only", field="context_id")
+        if context_id is not None and spec["language"] not in ("python", "javascript"):
+            raise RequestError("context_id is supported for python and javascript", field="context_id")
         before = pump.snapshot(self.artifacts)
         start = time.monotonic()
         ctx_note: dict[str, Any] = {}
         read_fds: tuple[int, ...] = ()
+        js_state: dict[str, Any] | None = None
         try:
-            if context_id is not None:
+            if context_id is not None and spec["language"] == "javascript":
+                watch, kill, ctx_note, js_state = js_contexts.run_in_context(self, str(context_id), spec, req)
+                res_r, res_w = os.pipe()  # results come with the context's reply, not on a pipe
+                os.close(res_w)
+                read_fds = (res_r,)
+                js = self.js_contexts[str(context_id)]
+                out_r, err_r = js.out_r, js.err_r
+            elif context_id is not None:
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
                 res_r, res_w = os.pipe()
@@ -122,7 +135,8 @@ class Children:
                         os.close(fd)
             else:
                 watch, kill, read_fds = self._start_oneshot(spec, req, prefix)
-            out_r, err_r, res_r = read_fds
+            if js_state is None:
+                out_r, err_r, res_r = read_fds
             streams = [pump.Stream("stdout", out_r, cap, emit), pump.Stream("stderr", err_r, cap, emit)]
             out = pump.pump(
                 watch, streams, res_r, start + spec["timeout"], self.wake_r, self.proto_in,
@@ -142,7 +156,8 @@ class Children:
             ctx_note["context_note"] = (f"context {context_id!r} was killed "
                                         f"({'timeout' if out['timed_out'] else 'ended'}); "
                                         "its state is lost and the next run starts fresh")
-        result, oom_marker = pump.parse_result(out["result_raw"])
+        result, oom_marker = pump.parse_result(
+            out["result_raw"] if js_state is None else js_state.get("result_raw", b""))
         stderr = streams[1].text()
         oom = oom_marker or pump.looks_oom(stderr, out["exit"])
         artifacts = pump.collect_artifacts(self.artifacts, before, "artifacts",
@@ -164,6 +179,8 @@ class Children:
                 cancel = True
             elif msg.get("op") == "cancel":
                 continue
+            elif msg.get("op") in protocol.INLINE_OPS:
+                self.handle(msg)  # background-process ops never wait for the run to end
             else:
                 self.pending.append(msg)
         if not data:
@@ -305,16 +322,19 @@ class Children:
         return {c.pid for c in self.contexts.values()}
 
     def _keep_pids(self) -> set[int]:
-        """Children that outlive a run: contexts and the waiting spare."""
-        keep = self._context_pids()
+        """Children that outlive a run: contexts, background processes and the waiting spare."""
+        keep = self._context_pids() | self.bg.pids() | {c.pid for c in self.js_contexts.values()}
         if self.spare is not None:
             keep.add(self.spare.pid)
         return keep
 
-    def _spawn_context(self, context_id: str) -> contexts.Context:
-        if len(self.contexts) >= contexts.MAX_CONTEXTS:
+    def _check_context_room(self) -> None:
+        if len(self.contexts) + len(self.js_contexts) >= contexts.MAX_CONTEXTS:
             raise RequestError(f"too many contexts (max {contexts.MAX_CONTEXTS}); reset one first",
                                status=429, code="SB008", field="context_id")
+
+    def _spawn_context(self, context_id: str) -> contexts.Context:
+        self._check_context_room()
         import socket  # noqa: PLC0415 - contexts only: kept off the box's start-up path
 
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -333,6 +353,10 @@ class Children:
         return ctx
 
     def _drop_context(self, context_id: str) -> None:
+        js = self.js_contexts.pop(context_id, None)
+        if js is not None:
+            js_contexts.close(js, self._keep_pids())
+            self.reset_contexts.add(context_id)
         ctx = self.contexts.pop(context_id, None)
         if ctx is not None:
             pump.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on

@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any
 
-from . import contexts, fileops, fsextra, pidns, privsep, procs, protocol, pump
+from . import background, contexts, fileops, fsextra, js_contexts, pidns, privsep, procs, protocol, pump
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
 
 AGENT_VERSION = "1"
@@ -49,6 +49,7 @@ class Agent(Children):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         self.exited: dict[int, tuple[int, Any]] = {}
         self.contexts: dict[str, contexts.Context] = {}
+        self.js_contexts: dict[str, js_contexts.JsContext] = {}
         self.reset_contexts: set[str] = set()
         self.frames = protocol.FrameBuffer()
         self.pending: collections.deque[dict[str, Any]] = collections.deque()
@@ -57,6 +58,7 @@ class Agent(Children):
         self.preloaded = self._preload(preload)
         self.seq = 0
         self.spare: Spare | None = None
+        self.bg = background.Background(self)
         # Everything imported so far is shared with every fork: keep the collector from touching
         # (and so copying) those pages in each child.
         gc.collect()
@@ -128,7 +130,7 @@ class Agent(Children):
                 raise RequestError(f"unknown operation {op!r}", field="op")
             value = handler(self, rid, req)
             self.send({"id": rid, "ok": True, "value": value})
-        except (RequestError, fileops.FileOpError) as e:
+        except (RequestError, fileops.FileOpError, background.BackgroundError) as e:
             self.send({"id": rid, "ok": False, "error": {
                 "code": e.code, "status": e.status, "message": str(e), "details": e.details}})
         except Exception as e:  # noqa: BLE001 - report, keep serving
@@ -145,10 +147,12 @@ class Agent(Children):
         self._discard_spare()
         for ctx in list(self.contexts.values()):
             pump.kill_quietly(ctx.pid)
+        for js in list(self.js_contexts.values()):
+            pump.kill_quietly(js.pid)
         procs.kill_tree(os.getpid(), include_root=False)
         import shutil  # noqa: PLC0415 - once, at exit
 
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)  # background output files included
 
     # -- files ------------------------------------------------------------------------------
     def op_files(self, rid: Any, req: dict[str, Any]) -> Any:
@@ -182,11 +186,11 @@ class Agent(Children):
         raise RequestError(f"unknown operation {op!r}", field="op")
 
     def op_ping(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
-        return {"pong": True, "pid": os.getpid(), "contexts": sorted(self.contexts)}
+        return {"pong": True, "pid": os.getpid(), "contexts": sorted({*self.contexts, *self.js_contexts})}
 
     def op_context_reset(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
         cid = str(req.get("context_id"))
-        existed = cid in self.contexts
+        existed = cid in self.contexts or cid in self.js_contexts
         self._drop_context(cid)
         self.reset_contexts.discard(cid)
         return {"reset": existed}
@@ -200,6 +204,7 @@ OPS = {
         "files.read", "files.read_bytes", "files.write", "files.write_many", "files.list",
         "files.glob", "files.grep", "files.delete")},
     **{name: (lambda agent, rid, req: fsextra.handle(agent.ws, req)) for name in fsextra.OPS},
+    **{name: (lambda agent, rid, req, fn=fn: fn(agent.bg, req)) for name, fn in background.OPS.items()},
 }
 
 

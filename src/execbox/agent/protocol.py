@@ -16,6 +16,9 @@ from typing import Any
 HEADER = struct.Struct(">I")
 MAX_FRAME = 512 * 1024 * 1024
 PROTOCOL_VERSION = 1
+INLINE_OPS = frozenset({"ping", "proc.start", "proc.poll", "proc.input", "proc.close_stdin", "proc.signal",
+                        "proc.list", "proc.resize"})
+"""Ops the agent answers even while an ``exec`` runs; the host sends them without waiting for it."""
 
 
 class ProtocolError(Exception):

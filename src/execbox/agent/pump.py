@@ -56,14 +56,16 @@ class Stream:
 class Watch:
     """What the pump waits on: the process to watch and how to learn it finished."""
 
-    __slots__ = ("pid", "is_done", "extra_fds", "on_extra")
+    __slots__ = ("pid", "is_done", "extra_fds", "on_extra", "persistent")
 
     def __init__(self, pid: int, is_done: Callable[[], dict[str, Any] | None],
-                 extra_fds: list[int] | None = None, on_extra: Callable[[int], None] | None = None) -> None:
+                 extra_fds: list[int] | None = None, on_extra: Callable[[int], None] | None = None,
+                 persistent: bool = False) -> None:
         self.pid = pid
         self.is_done = is_done  # returns the exit info once finished
         self.extra_fds = extra_fds if extra_fds is not None else []  # e.g. a context's control socket
         self.on_extra = on_extra
+        self.persistent = persistent  # the output pipes outlive the run (a JS context): drain, no EOF wait
 
 
 def snapshot(directory: str) -> dict[str, tuple[int, int]]:
@@ -156,6 +158,9 @@ def pump(
         if done is None and not timed_out and not cancelled and now >= deadline:
             timed_out = True
             kill()
+        if done is not None and watch.persistent:
+            _drain_now(streams, by_fd, open_fds)
+            break
         if done is not None and (not open_fds or now >= drain_until):
             break
         if done is None and (timed_out or cancelled) and now >= deadline + 5:
@@ -201,6 +206,22 @@ def pump(
         "result_raw": bytes(result_buf),
         "exit": exit_info,
     }
+
+
+def _drain_now(streams: list[Stream], by_fd: dict[int, Stream], open_fds: set[int]) -> None:
+    """Read what is already buffered in non-blocking pipes that stay open after the run."""
+    for s in streams:
+        while s.fd in open_fds:
+            try:
+                chunk = os.read(s.fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                open_fds.discard(s.fd)
+                break
+            by_fd[s.fd].feed(chunk)
 
 
 def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool]:

@@ -1,8 +1,9 @@
 """Host side of the agent protocol: send a request, collect its events, return its reply.
 
 Transport-agnostic: a ``Transport`` moves bytes (subprocess pipes for local/jail boxes, an
-attached container socket for Docker). One request at a time per box; ``cancel`` may be called
-from another thread while a request runs.
+attached container socket for Docker). One ordinary request at a time per box, plus any number
+of background-process requests beside it; ``cancel`` may be called from another thread while a
+request runs.
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ class AgentClient:
         self.write_lock = threading.Lock()
         self.hello: dict[str, Any] = {}
         self.dead: str | None = None
-        self.current: int | None = None
+        self.current: int | None = None  # the running ordinary request (what ``cancel`` stops)
+        self.mail: dict[int, list[dict[str, Any]]] = {}  # replies and events by request id
+        self.mail_cond = threading.Condition()
+        self.reading = False  # one caller at a time reads the transport
 
     def _send(self, message: dict[str, Any]) -> None:
         with self.write_lock:
@@ -127,34 +131,105 @@ class AgentClient:
 
     def call(self, op: str, params: dict[str, Any] | None = None, *, timeout: float = 60.0,
              on_event: EventCallback | None = None) -> Any:
-        """Send one request and wait for its reply; raise the SB error the agent reports."""
+        """Send one request and wait for its reply; raise the SB error the agent reports.
+
+        Ordinary requests go one at a time (``lock``), as the agent serves them; ops in
+        ``protocol.INLINE_OPS`` (background processes) are sent at once, even while another
+        request runs, and their replies are picked out of the shared stream by id.
+        """
         if self.dead:
             raise BoxDied(f"{self.box_name} is gone ({self.dead})", details={"box": self.box_name})
+        if op in protocol.INLINE_OPS:
+            return self._call(op, params, timeout, on_event)
         with self.lock:
-            rid = next(self.ids)
-            message = {"id": rid, "op": op, **(params or {})}
+            return self._call(op, params, timeout, on_event, track=True)
+
+    def _call(self, op: str, params: dict[str, Any] | None, timeout: float, on_event: EventCallback | None,
+              track: bool = False) -> Any:
+        rid = next(self.ids)
+        with self.mail_cond:
+            self.mail[rid] = []
+        if track:
             self.current = rid
-            try:
-                self._send(message)
-                deadline = time.monotonic() + timeout
-                while True:
-                    try:
-                        msg = self._next(deadline)
-                    except TimeoutError:
-                        self.dead = f"no reply to {op} within {timeout:.0f}s"
-                        raise BoxDied(f"{self.box_name} did not answer {op} within {timeout:.0f}s",
-                                      details={"box": self.box_name, "op": op}) from None
-                    if msg.get("id") != rid:
-                        continue
-                    if "event" in msg:
-                        if on_event is not None:
-                            on_event(msg["event"], msg.get("data"))
-                        continue
-                    if msg.get("ok"):
-                        return msg.get("value")
-                    raise agent_error(msg.get("error") or {})
-            finally:
+        try:
+            self._send({"id": rid, "op": op, **(params or {})})
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    msg = self._next_for(rid, deadline)
+                except TimeoutError:
+                    if not track:  # the agent is busy with a long ordinary request, not gone
+                        raise ProviderUnavailableError(
+                            f"{self.box_name} did not answer {op} within {timeout:.0f}s (busy)",
+                            details={"box": self.box_name, "op": op, "busy": True}) from None
+                    self.dead = f"no reply to {op} within {timeout:.0f}s"
+                    with self.mail_cond:
+                        self.mail_cond.notify_all()
+                    raise BoxDied(f"{self.box_name} did not answer {op} within {timeout:.0f}s",
+                                  details={"box": self.box_name, "op": op}) from None
+                if "event" in msg:
+                    if on_event is not None:
+                        on_event(msg["event"], msg.get("data"))
+                    continue
+                if msg.get("ok"):
+                    return msg.get("value")
+                raise agent_error(msg.get("error") or {})
+        finally:
+            if track:
                 self.current = None
+            with self.mail_cond:
+                self.mail.pop(rid, None)
+
+    def _next_for(self, rid: int, deadline: float) -> dict[str, Any]:
+        """The next message for ``rid``; one waiting caller at a time reads and sorts by id."""
+        while True:
+            with self.mail_cond:
+                while True:
+                    box = self.mail[rid]
+                    if box:
+                        return box.pop(0)
+                    if self.dead:
+                        raise BoxDied(f"{self.box_name} stopped answering: {self.dead}",
+                                      details={"box": self.box_name})
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError
+                    if not self.reading:
+                        self.reading = True
+                        break
+                    self.mail_cond.wait(remaining)
+            frames: list[dict[str, Any]] = []
+            try:
+                frames = self._read_frames(remaining)
+            except TimeoutError:
+                pass  # the loop above decides, with the lock held, whether time is up
+            finally:
+                with self.mail_cond:
+                    self.reading = False
+                    for msg in frames:
+                        target = self.mail.get(msg.get("id"))  # type: ignore[arg-type]
+                        if target is not None:
+                            target.append(msg)
+                    self.mail_cond.notify_all()
+
+    def _read_frames(self, timeout: float) -> list[dict[str, Any]]:
+        if self.inbox:
+            frames, self.inbox = self.inbox, []
+            return frames
+        try:
+            data = self.transport.recv(1 << 20, timeout)
+        except OSError as e:
+            data = b""
+            self.dead = f"read failed: {e}"
+        if not data:
+            self.dead = self.dead or "stream closed"
+            raise BoxDied(f"{self.box_name} stopped answering: its agent exited ({self.dead})",
+                          details={"box": self.box_name})
+        try:
+            return self.frames.feed(data)
+        except (protocol.ProtocolError, ValueError) as e:
+            self.dead = f"protocol error: {e}"
+            raise BoxDied(f"{self.box_name} sent a corrupt frame: {e}") from None
 
     def cancel(self) -> bool:
         """Ask the agent to stop the running request (safe from any thread)."""

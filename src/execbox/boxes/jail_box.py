@@ -92,6 +92,14 @@ class JailBox(ProcessBox):
     def oom_events(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
 
+    def adopt_workspace(self, caller_dir: str) -> bool:
+        """A warm (pooled) box becomes a session's box: its workspace becomes ``caller_dir``."""
+        if self.destroyed or not self.ws.adopt(caller_dir):
+            return False
+        self.workspace = caller_dir
+        self.keep_workspace = True
+        return True
+
     def destroy(self) -> None:
         """SIGKILL every process of the box now; unmount and remove the rest in the background.
 

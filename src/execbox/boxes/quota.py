@@ -229,6 +229,20 @@ def destroy(image: str, mountpoint: str) -> None:
         pass
 
 
+def dir_adoptable(caller_dir: str, box_root: str) -> bool:
+    """A session directory a pooled box's image can become: empty (or missing), same filesystem."""
+    try:
+        if os.path.isdir(caller_dir):
+            if os.listdir(caller_dir):
+                return False
+            dev = os.stat(caller_dir).st_dev
+        else:
+            dev = os.stat(os.path.dirname(os.path.abspath(caller_dir))).st_dev
+        return dev == os.stat(box_root).st_dev
+    except OSError:
+        return False
+
+
 class Workspace:
     """The host side of a box's /workspace: which directory bwrap binds and what to undo.
 
@@ -272,6 +286,35 @@ class Workspace:
             self.bind_src = self.mount_dir
         else:
             self.bind_src = self.caller_dir
+
+    def adoptable(self, caller_dir: str) -> bool:
+        """Could :meth:`adopt` take ``caller_dir``: a fresh image of ours, an empty dir, one filesystem."""
+        if not self.loop or self.persistent or self.caller_dir is not None or self.image is None:
+            return False
+        return dir_adoptable(caller_dir, os.path.dirname(self.image))
+
+    def adopt(self, caller_dir: str) -> bool:
+        """Make this (pooled) box's fresh image the persistent workspace of a new, empty ``caller_dir``.
+
+        The mounted image file is renamed into the caller dir (same filesystem: the loop device
+        follows the inode) and bound onto it, exactly as :meth:`setup` leaves a caller workspace;
+        from then on the box keeps it like one. False (nothing changed) when it cannot.
+        """
+        if not self.adoptable(caller_dir):
+            return False
+        assert self.image is not None
+        os.makedirs(caller_dir, exist_ok=True)
+        target = os.path.join(caller_dir, PERSISTENT_IMAGE)
+        os.rename(self.image, target)
+        try:
+            with open(os.path.join(self.box_dir, "host_view"), "w", encoding="utf-8") as f:
+                f.write(caller_dir)
+            bind(self.mount_dir, caller_dir)
+        except BaseException:
+            os.rename(target, self.image)
+            raise
+        self.image, self.persistent, self.caller_dir, self.host_view = target, True, caller_dir, caller_dir
+        return True
 
     @property
     def host_path(self) -> str | None:

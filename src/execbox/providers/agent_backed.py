@@ -35,6 +35,7 @@ from ..models import (
 from ..policy import AstPolicy
 from .agent_egress import AgentEgressMixin, egress_link
 from .agent_files import AgentFilesMixin
+from .agent_procs import BackgroundProcesses
 from .agent_result import result_from_reply
 from .base import OutputCallback, SandboxProvider, check_code_and_arguments, check_timeout
 from .schema import check_config
@@ -82,7 +83,7 @@ class Instance:
     runtime: str | None = None  # runtime template asked for at create_instance (None: the provider's)
 
 
-class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, SandboxProvider):
+class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses, SandboxProvider):
     warm_pool_wait = 0.0  # seconds create_instance waits for a pooled box before starting one
 
     def __init__(self) -> None:
@@ -148,6 +149,8 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, SandboxProvider):
         runtime = runtime or None
         if self._pool is not None and workspace is None and runtime is None:
             box = self._pool.take(self.warm_pool_wait)
+        elif self._pool is not None and workspace is not None and runtime is None:
+            box = self.adopt_pooled(self._pool, workspace)
         from_pool = box is not None
         if box is None:
             try:

@@ -66,6 +66,11 @@ class JailProvider(AgentBackedProvider):
                               "description": "Size of each box's workspace; writing past it fails (507)."},
             "pool_size": {"type": "integer", "default": 2, "min": 0, "max": 64, "label": "Warm pool size",
                           "description": "Boxes started ahead of time so one-shot runs skip start-up."},
+            "pool_sessions": {"type": "boolean", "default": False, "label": "Sessions from the warm pool",
+                              "description": "A new session's box is a warm pooled box whose workspace image "
+                                             "becomes the session's (create without a box start). Off by "
+                                             "default: a restart of the service right after a graceful "
+                                             "shutdown can find such an image still attached."},
             "runtime": {"type": "string", "default": "system", "label": "Python runtime",
                         "placeholder": "system",
                         "description": "'system' (host python3 standard library) or a runtime template "
@@ -153,6 +158,14 @@ class JailProvider(AgentBackedProvider):
             raise ProviderNotInitializedError("jail provider is not initialized; call initialize(config) first",
                                               details={"provider": self.name})
         return start_jail_box(self._settings, workspace)
+
+    def can_adopt_workspace(self, workspace: str) -> bool:
+        """A new session's empty workspace on the boxes' filesystem can take a warm pooled box."""
+        from ..boxes import quota
+        from ..boxes.jail_box import boxes_dir
+
+        return bool(self.config.get("pool_sessions")) and quota.loop_quota_possible()[0] \
+            and quota.dir_adoptable(workspace, boxes_dir())
 
     def start_box_with_runtime(self, workspace: str | None, runtime_name: str) -> JailBox:
         if self._settings is None:

@@ -137,6 +137,11 @@ class RunService:
         self._record(spec, provider_name, instance_id, started, "success", None, None, None)
         return out
 
+    def record(self, spec: RunSpec, provider: str, instance_id: str | None, started: float, status: str,
+               exit_code: int | None, error_code: str | None = None) -> None:
+        """Count and audit a run that did not go through :meth:`run` (a background process)."""
+        self._record(spec, provider, instance_id, started, status, exit_code, None, error_code)
+
     def _record(self, spec: RunSpec, provider: str, instance_id: str | None, started: float, status: str,
                 exit_code: int | None, mem: float | None, error_code: str | None) -> None:
         seconds = time.monotonic() - started

@@ -74,6 +74,19 @@ def test_run_code_javascript(sbx) -> None:
     assert ex.error is not None and ex.error.name == "TypeError" and "bad thing" in ex.error.value
 
 
+def test_javascript_contexts_keep_state(sbx) -> None:
+    sbx.run_code("var counter = 40; const double = (n) => n * 2", language="javascript")
+    ex = sbx.run_code("counter += 1; double(counter)", language="javascript")
+    assert ex.error is None and ex.text == "82"
+    ctx = sbx.create_code_context(language="javascript")
+    assert sbx.run_code("typeof counter", context=ctx).text == "undefined"  # contexts are separate
+    sbx.run_code("globalThis.seen = await_me = 'x'", context=ctx)
+    assert sbx.run_code("new Promise(r => setTimeout(() => r(seen + '!'), 20))", context=ctx).text == "x!"
+    sbx.restart_code_context(ctx)
+    assert sbx.run_code("typeof seen", context=ctx).text == "undefined"
+    sbx.remove_code_context(ctx)
+
+
 def test_code_contexts(sbx) -> None:
     ctx = sbx.create_code_context(language="python")
     assert ctx.id in [c.id for c in sbx.list_code_contexts()]
@@ -115,6 +128,59 @@ def test_commands_foreground_background_kill(sbx) -> None:
     assert lines[0].startswith("tick 1") and len(lines) < 300
     assert sbx.commands.kill(handle.pid) is False  # gone
     assert sbx.commands.run("echo after").stdout == "after\n"  # the session is usable again
+
+
+def test_stdin_send_and_close(sbx) -> None:
+    handle = sbx.commands.run("read a; echo first:$a; cat; echo eof", background=True, stdin=True)
+    sbx.commands.send_stdin(handle.pid, "one\n")
+    sbx.commands.send_stdin(handle.pid, b"two\nthree\n")
+    sbx.commands.close_stdin(handle.pid)  # EOF ends `cat`
+    r = handle.wait()
+    assert (r.stdout, r.exit_code) == ("first:one\ntwo\nthree\neof\n", 0)
+    quiet = sbx.commands.run("sleep 20", background=True)  # stdin not asked for
+    with pytest.raises(e2b.SandboxException):
+        sbx.commands.send_stdin(quiet.pid, "x")
+    assert sbx.commands.kill(quiet.pid) is True
+
+
+def test_background_command_does_not_hold_the_sandbox(sbx) -> None:
+    """While a background command streams and a 6 s cell runs, commands still run and output flows."""
+    lines: list[str] = []
+    handle = sbx.commands.run("for i in $(seq 1 100); do echo beat $i; sleep 0.1; done", background=True)
+    listener = threading.Thread(target=lambda: _wait_quietly(handle, lines.append), daemon=True)
+    listener.start()
+    cell: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: cell.setdefault(
+        "ex", sbx.run_code("import time\ntime.sleep(6)\n'slept'")), daemon=True)
+    runner.start()
+    time.sleep(0.5)
+    seen_before = len(lines)
+    r = sbx.commands.run("echo beside")  # a second process while the cell and the loop run
+    assert r.stdout == "beside\n"
+    assert runner.is_alive(), "the command waited for the cell"
+    deadline = time.monotonic() + 3
+    while len(lines) <= seen_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(lines) > seen_before and runner.is_alive(), "background output stopped while the cell ran"
+    runner.join(30)
+    assert cell["ex"].text == "'slept'"
+    assert sbx.commands.kill(handle.pid) is True
+    listener.join(30)
+
+
+def test_pty_create_input_resize_exit(sbx) -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    term = sbx.pty.create(PtySize(rows=30, cols=100), timeout=60)
+    sbx.pty.send_stdin(term.pid, b"stty size; tty\n")
+    sbx.pty.resize(term.pid, PtySize(rows=40, cols=120))
+    sbx.pty.send_stdin(term.pid, b"sleep 0.2; stty size; exit 7\n")
+    chunks: list[bytes] = []
+    with pytest.raises(e2b.CommandExitException) as ended:
+        term.wait(on_pty=chunks.append)
+    text = b"".join(chunks).decode(errors="replace")
+    assert ended.value.exit_code == 7
+    assert "/dev/pts/" in text and "40 120" in text, text
 
 
 def test_command_timeout_ends_the_run(sbx) -> None:
@@ -205,6 +271,17 @@ def test_lifecycle_info_list_timeout_kill(e2b_env: Server) -> None:
     assert not sb.is_running()
     with pytest.raises(e2b.NotFoundException):
         e2b.Sandbox.connect(sb.sandbox_id)
+
+
+def test_templates_map_to_runtimes(e2b_env: Server) -> None:
+    with pytest.raises(e2b.SandboxException) as missing:
+        e2b.Sandbox.create(template="no-such-template", timeout=30)
+    assert "404" in str(missing.value) and "not found" in str(missing.value)
+    sb = ci.Sandbox.create(template="sci", timeout=30)  # the jail runtime the provider runs
+    try:
+        assert sb.run_code("import numpy\nint(numpy.int64(7))").text == "7"
+    finally:
+        sb.kill()
 
 
 def test_timeout_expiry_kills(e2b_env: Server) -> None:

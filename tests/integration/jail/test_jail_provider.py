@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -146,6 +149,35 @@ def test_warm_pool_hands_each_box_out_once_and_refills():
         assert status["healthy"] and status["failures"] == 0 and status["handed_out"] == 2
     finally:
         p.shutdown()
+
+
+def test_new_session_takes_a_warm_box_and_keeps_its_workspace(tmp_path):
+    """A new session's empty workspace adopts a pooled box's image: no cold start, same persistence."""
+    from execbox.boxes.jail_box import boxes_dir
+
+    p = make_provider(pool_size=1, pool_sessions=True)
+    ws = tmp_path / "sess"
+    if os.stat(tmp_path).st_dev != os.stat(os.path.dirname(boxes_dir())).st_dev:  # adoption needs one fs
+        ws = Path(tempfile.mkdtemp(prefix="execbox-adopt-", dir=os.path.dirname(boxes_dir()))) / "sess"
+    try:
+        assert wait_for(lambda: p.pool_status()["ready"] == 1, timeout=30)
+        a = p.create_instance(session_id="s1", workspace=str(ws))
+        assert a.metadata["from_pool"] is True and a.metadata["workspace"] == str(ws)
+        assert run(p, a.instance_id, "open('made.txt', 'w').write('kept')").exit_code == 0
+        assert (ws / "made.txt").read_text() == "kept"  # the host sees the files in place
+        p.destroy_instance(a.instance_id)
+        assert drain()
+        assert [x.name for x in ws.iterdir()] == [".execbox-workspace.img"]
+        assert wait_for(lambda: p.pool_status()["ready"] == 1, timeout=30)
+        again = p.create_instance(session_id="s1", workspace=str(ws))  # not empty: a cold box mounts the image
+        assert again.metadata["from_pool"] is False
+        assert run(p, again.instance_id, "print(open('made.txt').read())").stdout == "kept\n"
+        p.destroy_instance(again.instance_id)
+        assert drain()
+    finally:
+        p.shutdown()
+        if ws.parent != tmp_path:
+            shutil.rmtree(ws.parent, ignore_errors=True)
 
 
 def test_pool_failures_are_visible():

@@ -20,6 +20,7 @@ from ...errors import SandboxError
 from ..auth import Principal
 from ..container import services
 from .registry import MAX_TIMEOUT, E2BSandbox, Registry, new_sandbox_id
+from .templates import TemplateRefused, runtime_for
 
 router = APIRouter(tags=["e2b (control plane)"], include_in_schema=False)
 
@@ -114,7 +115,11 @@ async def create(request: Request) -> Response:
         sessions = services(request).sessions
 
         def start_box() -> None:
-            with sessions.session(sb.tenant_id, sb.session_id):
+            try:
+                runtime = runtime_for(template, sessions.providers.current())
+            except TemplateRefused as e:
+                raise E2BError(e.status, e.message) from None
+            with sessions.session(sb.tenant_id, sb.session_id, runtime=runtime):
                 pass  # created on first use: the box starts now, so create fails loudly here
 
         await anyio.to_thread.run_sync(start_box)

@@ -1,9 +1,12 @@
-"""envd's process service (Connect RPC, process.Process) over execbox's run_command.
+"""envd's process service (Connect RPC, process.Process).
 
-A started process is one streamed ``run_command`` in the sandbox's session, through the service's
-Executor (quota slot, metrics, audit). Its output events fan out to the Start stream and to any
-Connect stream; SendSignal cancels the run in its box (the agent kills the whole process tree).
-stdin, PTY and resizing are not supported yet and answer UNIMPLEMENTED.
+On agent-backed providers a started process is one of the agent's background processes
+(``envd_bg``): it runs beside run_code, file operations and other processes, takes stdin
+(SendInput, StreamInput, CloseStdin) and signals, and its pid is its pid in the box. On other
+providers it is one streamed ``run_command`` through the service's RunService (quota slot,
+metrics, audit) holding the session, without stdin or PTY. Output events fan out to the Start
+stream and to any Connect stream. A PTY process runs behind the agent's pty relay; its output is
+sent as pty data, SendInput's stdin/pty bytes are its terminal input and Update resizes it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio.to_thread
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from protobuf import Oneof
@@ -24,6 +28,7 @@ from ...errors import SandboxError
 from ...models import ExecutionResult
 from ...providers.base import OutputCallback, SandboxProvider
 from ..executions import RunSpec
+from . import envd_bg
 from .envd_gen.process import process_pb as pb
 from .registry import E2BSandbox, Registry
 from .workspace import PathRefused, to_workspace
@@ -68,6 +73,8 @@ class Proc:
     tag: str | None
     provider: SandboxProvider | None = None
     instance_id: str | None = None
+    background: bool = False  # an agent background process: pid is the box pid
+    pty: bool = False  # on a pseudo-terminal: output travels as pty data
     done: bool = False
     subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -146,8 +153,6 @@ class ProcessService:
     async def start(self, request: pb.StartRequest, ctx: Any):  # noqa: ANN201
         sb = sandbox_for(self.reg, ctx)
         cfg = request.process or pb.ProcessConfig()
-        if request.pty is not None:
-            raise ConnectError(Code.UNIMPLEMENTED, "PTY is not supported by execbox yet")
         try:
             cwd = to_workspace(cfg.cwd) if cfg.cwd else None
         except PathRefused as e:
@@ -155,6 +160,38 @@ class ProcessService:
         command = shell_command(cfg)
         env = {**sb.env_vars, **dict(cfg.envs)}
         timeout = max(1.0, min(sb.end_at - time.time(), (ctx.timeout_ms or 3_600_000) / 1000))
+        try:
+            provider, instance_id = await anyio.to_thread.run_sync(envd_bg.resolve_box, self.state, sb)
+        except SandboxError as e:
+            raise connect_error(e) from None
+        pty = None
+        if request.pty is not None:
+            size = request.pty.size
+            pty = (size.cols if size else 80, size.rows if size else 24)
+        if getattr(provider, "supports_background_processes", False):
+            stdin = request.stdin is None or bool(request.stdin)  # unset means on (older SDKs)
+            try:
+                pid = await anyio.to_thread.run_sync(lambda: provider.start_process(
+                    instance_id, command, cwd=None if cwd in (None, ".") else cwd, env=env, stdin=stdin, pty=pty))
+            except SandboxError as e:
+                raise connect_error(e) from None
+            bg = Proc(pid, cfg, request.tag, provider, instance_id, background=True, pty=pty is not None)
+            events = bg.subscribe()
+            procs_of(sb)[pid] = bg
+            spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, None)  # type: ignore[arg-type]
+            def forget() -> None:
+                if procs_of(sb).get(pid) is bg:  # never a later process that got the same pid
+                    procs_of(sb).pop(pid, None)
+
+            envd_bg.start_follower(self.state, sb, bg, time.monotonic() + timeout, spec, forget)
+            yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
+            while True:
+                event = await events.get()
+                if event is None:
+                    return
+                yield pb.StartResponse(event=event)
+        if pty is not None:
+            raise ConnectError(Code.UNIMPLEMENTED, "PTY needs an agent-backed provider (jail, Docker, Kubernetes)")
         proc = Proc(next(_pids), cfg, request.tag)
         queue = proc.subscribe()
         procs_of(sb)[proc.pid] = proc
@@ -204,18 +241,63 @@ class ProcessService:
     async def send_signal(self, request: pb.SendSignalRequest, ctx: Any) -> pb.SendSignalResponse:
         sb = sandbox_for(self.reg, ctx)
         proc = self._find(sb, request.process)
-        if proc.provider is not None and proc.instance_id is not None:
+        if proc.background:
+            await self._bg(proc, "signal_process", envd_bg.signal_name(request.signal.value))
+        elif proc.provider is not None and proc.instance_id is not None:
             proc.provider.cancel(proc.instance_id)  # SIGTERM and SIGKILL both end the run's process tree
         return pb.SendSignalResponse()
 
+    async def _bg(self, proc: Proc, method: str, *args: Any) -> Any:
+        """One background-process request to the process's box (never through the session)."""
+        if not proc.background:
+            raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by this sandbox's provider")
+        fn = getattr(proc.provider, method)
+        try:
+            return await anyio.to_thread.run_sync(lambda: fn(proc.instance_id, proc.pid, *args))
+        except SandboxError as e:
+            raise connect_error(e) from None
+
+    @staticmethod
+    def _stdin_bytes(inp: pb.ProcessInput | None) -> bytes:
+        sel = inp.input if inp is not None else None
+        if sel is None:
+            return b""
+        return bytes(sel.value)  # stdin or pty bytes: a PTY process's stdin is its terminal
+
     async def update(self, request: pb.UpdateRequest, ctx: Any) -> pb.UpdateResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "PTY resize is not supported by execbox yet")
+        proc = self._find(sandbox_for(self.reg, ctx), request.process)
+        size = request.pty.size if request.pty is not None else None
+        if size is not None:
+            if not proc.pty:
+                raise ConnectError(Code.FAILED_PRECONDITION, "the process has no terminal")
+            await self._bg(proc, "resize_process", size.cols, size.rows)
+        return pb.UpdateResponse()
 
     async def stream_input(self, request: Any, ctx: Any) -> pb.StreamInputResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")
+        sb = sandbox_for(self.reg, ctx)
+        proc: Proc | None = None
+        async for msg in request:
+            event = msg.event
+            if event is None or event.field == "keepalive":
+                continue
+            if event.field == "start":
+                proc = self._find(sb, event.value.process)
+            elif proc is None:
+                raise ConnectError(Code.INVALID_ARGUMENT, "the first StreamInput message must select a process")
+            else:
+                data = self._stdin_bytes(event.value.input)
+                if data:
+                    await self._bg(proc, "process_input", data)
+        return pb.StreamInputResponse()
 
     async def send_input(self, request: pb.SendInputRequest, ctx: Any) -> pb.SendInputResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")
+        proc = self._find(sandbox_for(self.reg, ctx), request.process)
+        data = self._stdin_bytes(request.input)
+        if data:
+            await self._bg(proc, "process_input", data)
+        return pb.SendInputResponse()
 
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx: Any) -> pb.CloseStdinResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by execbox yet")
+        proc = self._find(sandbox_for(self.reg, ctx), request.process)
+        await self._bg(proc, "close_process_input")
+        return pb.CloseStdinResponse()

@@ -1,8 +1,9 @@
 """The code interpreter (port 49999): POST /execute streams NDJSON; /contexts manage contexts.
 
 A run goes through the service's Executor (quota slot, session box, metrics, audit), exactly
-like POST /v1/sandbox/execute. Python contexts are execbox contexts in the sandbox's session
-(globals persist); JavaScript runs in the session's workspace without persistent state.
+like POST /v1/sandbox/execute. Python and JavaScript contexts are execbox contexts in the
+sandbox's session (globals persist: a forked Python child, a long-lived Node process); restart
+and remove end the old context's process in the box.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import secrets
 import threading
 import time
@@ -23,10 +25,13 @@ from ...errors import SandboxError
 from ...models import ExecutionResult, Language
 from ...providers.base import OutputCallback, SandboxProvider
 from ..executions import RunSpec
+from . import envd_bg
 from .cells import display_result, error_from_stderr, python_cell
 from .registry import E2BSandbox
 from .sandbox_http import TooLarge, envd_error, read_json
 from .workspace import HOME
+
+log = logging.getLogger("execbox.service.e2b")
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..container import Services
@@ -119,12 +124,28 @@ class Interpreter:
         if len(parts) == 1 and method == "DELETE":
             with ctxs.lock:
                 ctxs.by_id.pop(ctx.id, None)
+            self._end_context(sb, ctx.execbox_id())
             return Response(status_code=204)
         if parts[1:] == ["restart"] and method == "POST":
+            old = ctx.execbox_id()
             ctx.generation += 1  # a fresh execbox context: empty globals
             ctx.executions = 0
+            self._end_context(sb, old)
             return Response(status_code=204)
         return envd_error(404, "unknown context operation")
+
+    def _end_context(self, sb: E2BSandbox, execbox_id: str) -> None:
+        """Free the old context's process in the box (in the background: a run may hold the box)."""
+        def go() -> None:
+            try:
+                provider, instance_id = envd_bg.resolve_box(self.state, sb)
+                reset = getattr(provider, "reset_context", None)
+                if reset is not None:
+                    reset(instance_id, execbox_id)
+            except Exception:  # noqa: BLE001 - the context ends with the box anyway
+                log.debug("ending context %s failed", execbox_id, exc_info=True)
+
+        threading.Thread(target=go, name="execbox-e2b-context-end", daemon=True).start()
 
     async def execute(self, sb: E2BSandbox, body: dict[str, Any]) -> Response:
         code = body.get("code")
@@ -176,7 +197,7 @@ class Interpreter:
     def _run(self, sb: E2BSandbox, ctx: Ctx, code: str, on_output: OutputCallback) -> list[bytes]:
         language = ctx.language
         program = python_cell(code) if language == "python" else code
-        context_id = ctx.execbox_id() if language == "python" else None
+        context_id = ctx.execbox_id() if language in ("python", "javascript") else None
 
         def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
                  out: OutputCallback | None) -> ExecutionResult:

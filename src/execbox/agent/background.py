@@ -1,0 +1,342 @@
+"""Background processes: tracked children that run while the agent serves other requests.
+
+``exec`` holds the agent until the run ends; a background process (envd's process.Start, the
+E2B SDK's ``commands.run(background=True)``) must not. ``proc.start`` forks a child running
+``bash -c CMD`` and answers at once with its pid. Its stdout/stderr go to files in a private
+directory (no pipe the single-threaded agent would have to drain while it is busy), its stdin is
+a pipe the agent keeps the write end of. The host then polls (``proc.poll``: new output from an
+offset, and the exit once all output was read), writes stdin (``proc.input``, ``proc.close_stdin``),
+signals (``proc.signal``) and lists (``proc.list``). These ops are answered even while an ``exec``
+runs (see ``protocol.INLINE_OPS``). Background children are kept out of the one-shot runs'
+clean-up (``Children._keep_pids``) and die with the box like every other child.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import time
+from typing import Any
+
+from . import paths, privsep, procs
+
+MAX_PROCESSES = 64
+POLL_CHUNK = 256 * 1024  # bytes of each stream one poll returns at most
+BACKLOG_STOP = 8 * 1024 * 1024  # unread output at which the job is paused (SIGSTOP) ...
+BACKLOG_CONT = 1024 * 1024  # ... and below which it continues: a pipe's back-pressure, on files
+PUNCH_EVERY = 1024 * 1024  # free output the host has read (the files live on the box's tmpfs)
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT,
+           "SIGHUP": signal.SIGHUP, "SIGQUIT": signal.SIGQUIT, "SIGUSR1": signal.SIGUSR1,
+           "SIGUSR2": signal.SIGUSR2}
+
+
+class BackgroundError(Exception):
+    def __init__(self, message: str, status: int = 400, code: str = "SB002", **details: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.details = status, code, details
+
+
+class BgProc:
+    # A plain class, not a dataclass: the agent's imports are on every box's start-up path.
+    __slots__ = ("pid", "command", "out_path", "err_path", "stdin_w", "started", "status", "ctl_w", "paused",
+                 "discard", "punched")
+
+    def __init__(self, pid: int, command: str, out_path: str, err_path: str, stdin_w: int | None,
+                 started: float, ctl_w: int | None = None) -> None:
+        self.pid, self.command, self.out_path, self.err_path = pid, command, out_path, err_path
+        self.stdin_w, self.started, self.ctl_w = stdin_w, started, ctl_w
+        self.status: int | None = None  # wait status once reaped
+        self.paused = False  # stopped by us until the host reads its backlog
+        self.discard = False  # killed by the host: its exit is reported without draining the output
+        self.punched = (0, 0)  # bytes of stdout/stderr already freed
+
+
+class Background:
+    """The agent's table of background processes (one per box)."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.procs: dict[int, BgProc] = {}
+        self._dir: str | None = None
+
+    @property
+    def dir(self) -> str:
+        """Output files: inside the agent's own 0700 temp dir (made on first use, gone at shutdown)."""
+        if self._dir is None:
+            path = os.path.join(self.agent.tmp, "background")
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            self._dir = path
+        return self._dir
+
+    def pids(self) -> set[int]:
+        return set(self.procs)
+
+    def parent_fds(self) -> list[int]:
+        """The agent's ends of background stdin and PTY control pipes (a forked child closes them)."""
+        return [fd for p in self.procs.values() for fd in (p.stdin_w, p.ctl_w) if fd is not None]
+
+    # -- requests ---------------------------------------------------------------------------
+    def start(self, req: dict[str, Any]) -> dict[str, Any]:
+        agent = self.agent
+        command = req.get("command")
+        if not isinstance(command, str) or not command.strip() or "\x00" in command:
+            raise BackgroundError("command must be a non-empty string", field="command")
+        env_in = req.get("env") or {}
+        if not isinstance(env_in, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
+            for k, v in env_in.items()
+        ):
+            raise BackgroundError("env must map names to string values", field="env")
+        try:
+            cwd = paths.resolve(agent.ws, req.get("cwd") or ".")
+        except paths.PathViolation as e:
+            raise BackgroundError(str(e), field="cwd", violation=e.reason) from None
+        if not os.path.isdir(cwd):
+            raise BackgroundError(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
+        self.reap()
+        if len(self.procs) >= MAX_PROCESSES:
+            raise BackgroundError(f"too many background processes (max {MAX_PROCESSES})", status=429,
+                                  code="SB008", field="command")
+        env = dict(os.environ)
+        env.update(env_in)
+        stamp = f"{time.monotonic_ns()}"
+        out_path = os.path.join(self.dir, f"{stamp}.out")
+        err_path = os.path.join(self.dir, f"{stamp}.err")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        out_fd = os.open(out_path, flags, 0o600)
+        err_fd = os.open(err_path, flags, 0o600)
+        pty = req.get("pty")
+        if pty is not None and not isinstance(pty, dict):
+            raise BackgroundError("pty must be an object {cols, rows}", field="pty")
+        want_stdin = bool(req.get("stdin")) or pty is not None
+        in_r, in_w = os.pipe() if want_stdin else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None)
+        ctl_r, ctl_w = os.pipe() if pty is not None else (-1, None)
+        argv = [agent.bash, "--noprofile", "--norc", "-c", command]
+        sync_r, sync_w = os.pipe()  # both CLOEXEC: EOF on sync_r once the child exec'd bash
+        pid = os.fork()
+        if pid == 0:  # the child: becomes `bash -c CMD` with the sandbox user's rights
+            try:
+                agent.child_prepare()
+                for sig in privsep.IGNORED_SIGNALS:
+                    signal.signal(sig, signal.SIG_DFL)
+                if pty is not None:
+                    from . import pty_relay  # noqa: PLC0415 - terminals only: off the start-up path
+
+                    os.close(sync_w)  # the relay is running: start() may answer
+                    pty_relay.relay_main(argv, env, cwd, pty, out_fd, in_r, ctl_r,
+                                         lambda: procs.apply_rlimits(agent.limits))
+                os.dup2(in_r, 0)
+                os.dup2(out_fd, 1)
+                os.dup2(err_fd, 2)
+                os.chdir(cwd)
+                procs.apply_rlimits(agent.limits)
+                os.execve(agent.bash, argv, env)
+            except BaseException as e:  # noqa: BLE001
+                try:
+                    os.write(sync_w, f"{type(e).__name__}: {e}".encode()[:500])
+                finally:
+                    os._exit(127)
+        for fd in (out_fd, err_fd, in_r, sync_w, ctl_r):
+            if fd >= 0:
+                os.close(fd)
+        # Wait for the exec: until then the child has the agent's signal dispositions, and a
+        # signal sent right after this reply would be lost.
+        failure = b""
+        while chunk := os.read(sync_r, 512):
+            failure += chunk
+        os.close(sync_r)
+        if failure:
+            for fd in (in_w, ctl_w):
+                if fd is not None:
+                    os.close(fd)
+            raise BackgroundError(f"could not start the process: {failure.decode(errors='replace')}",
+                                  status=503, code="SB009")
+        if in_w is not None:
+            os.set_blocking(in_w, False)
+        self.procs[pid] = BgProc(pid, command, out_path, err_path, in_w, time.time(), ctl_w=ctl_w)
+        return {"pid": pid}
+
+    def _get(self, req: dict[str, Any]) -> BgProc:
+        pid = req.get("pid")
+        proc = self.procs.get(pid) if isinstance(pid, int) else None
+        if proc is None:
+            raise BackgroundError(f"no background process {pid!r}", status=404, field="pid")
+        return proc
+
+    def poll(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Output past the given offsets; ``exited`` only once all output has been returned."""
+        proc = self._get(req)
+        self.reap()
+        exited = proc.status is not None  # read the exit first: output written before it is in the files
+        out_off, err_off = max(0, int(req.get("stdout_offset") or 0)), max(0, int(req.get("stderr_offset") or 0))
+        self._free_read(proc, out_off, err_off)
+        out, out_more, out_size = _read_from(proc.out_path, out_off)
+        err, err_more, err_size = _read_from(proc.err_path, err_off)
+        self._pace(proc, max(out_size - out_off - len(out), err_size - err_off - len(err)))
+        value: dict[str, Any] = {"stdout_b64": base64.b64encode(out).decode(),
+                                 "stderr_b64": base64.b64encode(err).decode(), "exited": False}
+        if exited and (proc.discard or (not out_more and not err_more)):
+            assert proc.status is not None
+            code, sig = procs.decode_status(proc.status)
+            value.update(exited=True, exit_code=code, signal=sig)
+            self._forget(proc)
+        return value
+
+    def _free_read(self, proc: BgProc, out_off: int, err_off: int) -> None:
+        """Punch out what the host has already read: offsets stay valid, the tmpfs pages go."""
+        done_out, done_err = proc.punched
+        if out_off - done_out >= PUNCH_EVERY:
+            done_out = _punch(proc.out_path, out_off) or done_out
+        if err_off - done_err >= PUNCH_EVERY:
+            done_err = _punch(proc.err_path, err_off) or done_err
+        proc.punched = (done_out, done_err)
+
+    def _pace(self, proc: BgProc, backlog: int) -> None:
+        if proc.status is not None:
+            return
+        if not proc.paused and backlog > BACKLOG_STOP:
+            proc.paused = _killpg(proc.pid, signal.SIGSTOP)
+        elif proc.paused and backlog < BACKLOG_CONT:
+            proc.paused = not _killpg(proc.pid, signal.SIGCONT)
+
+    def write_input(self, req: dict[str, Any]) -> dict[str, Any]:
+        proc = self._get(req)
+        if proc.stdin_w is None:
+            raise BackgroundError(f"process {proc.pid} has no stdin (start it with stdin enabled)",
+                                  status=409, field="pid")
+        try:
+            data = base64.b64decode(str(req.get("data_b64") or ""), validate=True)
+        except ValueError:
+            raise BackgroundError("data_b64 must be base64", field="data_b64") from None
+        view = memoryview(data)
+        deadline = time.monotonic() + 2.0
+        while view:
+            try:
+                view = view[os.write(proc.stdin_w, view):]
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise BackgroundError(f"stdin of process {proc.pid} is full (it does not read)",
+                                          status=429, code="SB008", written=len(data) - len(view)) from None
+                time.sleep(0.005)
+            except BrokenPipeError:
+                raise BackgroundError(f"process {proc.pid} closed its stdin", status=409) from None
+        return {"written": len(data)}
+
+    def close_input(self, req: dict[str, Any]) -> dict[str, Any]:
+        proc = self._get(req)
+        if proc.stdin_w is not None:
+            os.close(proc.stdin_w)
+            proc.stdin_w = None
+        return {}
+
+    def resize(self, req: dict[str, Any]) -> dict[str, Any]:
+        proc = self._get(req)
+        if proc.ctl_w is None:
+            raise BackgroundError(f"process {proc.pid} has no terminal", status=409, field="pid")
+        cols, rows = req.get("cols"), req.get("rows")
+        if not all(isinstance(v, int) and 0 < v < 10000 for v in (cols, rows)):
+            raise BackgroundError("cols and rows must be positive integers", field="cols")
+        os.write(proc.ctl_w, f"{cols} {rows}\n".encode())
+        return {}
+
+    def send_signal(self, req: dict[str, Any]) -> dict[str, Any]:
+        proc = self._get(req)
+        name = str(req.get("signal") or "SIGKILL").upper()
+        sig = SIGNALS.get(name)
+        if sig is None:
+            raise BackgroundError(f"unsupported signal {name!r}", field="signal", allowed=sorted(SIGNALS))
+        if proc.status is not None:
+            return {"signalled": False}
+        if sig == signal.SIGKILL:
+            proc.discard = True  # whatever it still had buffered is not worth waiting for
+            procs.kill_tree(proc.pid, keep=self.agent._keep_pids() - {proc.pid})
+            return {"signalled": True}
+        ok = _killpg(proc.pid, sig)  # the child called setsid: its group is its whole job
+        if ok and proc.paused:  # a paused job must see the signal now
+            proc.paused = not _killpg(proc.pid, signal.SIGCONT)
+        return {"signalled": ok}
+
+    def list(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.reap()
+        return {"processes": [{"pid": p.pid, "command": p.command, "started": p.started,
+                               "running": p.status is None} for p in self.procs.values()]}
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def reap(self) -> None:
+        """Move exit statuses of our children from the agent's reaped table onto their entries."""
+        self.agent.on_wake()
+        for proc in self.procs.values():
+            if proc.status is None and proc.pid in self.agent.exited:
+                proc.status, _ = self.agent.exited.pop(proc.pid)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # what it left running in its group ends too
+                except OSError:
+                    pass
+
+    def _forget(self, proc: BgProc) -> None:
+        self.procs.pop(proc.pid, None)
+        for fd in (proc.stdin_w, proc.ctl_w):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        for path in (proc.out_path, proc.err_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _read_from(path: str, offset: int) -> tuple[bytes, bool, int]:
+    """Up to POLL_CHUNK bytes from ``offset``; True when more is already there; the file size."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(offset)
+            data = f.read(POLL_CHUNK)
+    except OSError:
+        return b"", False, 0
+    return data, offset + len(data) < size, size
+
+
+def _killpg(pid: int, sig: int) -> bool:
+    try:
+        os.killpg(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+
+
+def _punch(path: str, upto: int) -> int:
+    """Free ``[0, upto)`` of ``path`` (page-aligned) keeping its size; the new freed mark, or 0."""
+    end = upto & ~4095
+    if end <= 0:
+        return 0
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            return end if libc.fallocate(fd, _FALLOC_PUNCH, 0, end) == 0 else 0
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        return 0
+
+
+OPS = {
+    "proc.start": Background.start,
+    "proc.poll": Background.poll,
+    "proc.input": Background.write_input,
+    "proc.close_stdin": Background.close_input,
+    "proc.signal": Background.send_signal,
+    "proc.list": Background.list,
+    "proc.resize": Background.resize,
+}

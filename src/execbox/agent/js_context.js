@@ -1,0 +1,66 @@
+// execbox JavaScript context: one long-lived Node process per context_id whose globals persist
+// between cells (like the Python contexts). Requests arrive as JSON lines on fd 3
+// ({code, cwd}); each cell runs as a script in this process's global scope (top-level
+// `var`, `let`, `const`, functions stay defined), its completion value is awaited when it is a
+// Promise (JSON when it fits, else Node's inspect() text), and the reply goes to fd 4 as one JSON line {exit_code, result}. stdout/stderr are
+// the context's own pipes; Node writes pipes synchronously on Linux, so a cell's output is in
+// them before its reply is written.
+"use strict";
+const fs = require("fs");
+const vm = require("vm");
+const util = require("util");
+const readline = require("readline");
+
+function encode(value) {
+  try {
+    const text = JSON.stringify(value, (k, v) => {
+      if (typeof v === "bigint") throw new TypeError("BigInt value is not JSON-serializable");
+      if (typeof v === "number" && !Number.isFinite(v)) throw new TypeError(`${v} is not JSON-serializable`);
+      return v;
+    });
+    if (text === undefined) throw new TypeError(`${typeof value} is not JSON-serializable`);
+    return { present: true, json: text, type: Array.isArray(value) ? "array" : typeof value };
+  } catch (e) {
+    return { error: e.message };
+  }
+}
+
+function reply(msg) {
+  try { fs.writeSync(4, JSON.stringify(msg) + "\n"); } catch (e) { process.exit(0); }
+}
+
+globalThis.require = require;
+globalThis.module = module;
+globalThis.exports = module.exports;
+globalThis.__filename = "<cell>";
+process.on("uncaughtException", (e) => {  // a late callback's error must not end the context
+  process.stderr.write((e && e.stack) ? `${e.stack}\n` : `${e}\n`);
+});
+process.on("unhandledRejection", (e) => {
+  process.stderr.write((e && e.stack) ? `${e.stack}\n` : `${e}\n`);
+});
+
+async function handle(req) {
+  let exitCode = 0;
+  let result;
+  try {
+    try { process.chdir(req.cwd); } catch (e) { /* keep the last directory */ }
+    globalThis.__dirname = process.cwd();
+    let value = vm.runInThisContext(req.code, { filename: "<cell>" });
+    if (value && typeof value.then === "function") value = await value;
+    if (value !== undefined) {
+      result = encode(value);
+      // a value JSON cannot hold (a function, a Map, a cyclic object) is shown as Node shows it
+      if (result.error) result = { present: true, json: JSON.stringify(util.inspect(value)), type: "inspect" };
+    }
+  } catch (e) {
+    process.stderr.write((e && e.stack) ? `${e.stack}\n` : `${e}\n`);
+    exitCode = 1;
+  }
+  reply({ exit_code: exitCode, result, peak_memory_kb: Math.round(process.resourceUsage().maxRSS) });
+}
+
+let queue = Promise.resolve();
+const input = readline.createInterface({ input: fs.createReadStream(null, { fd: 3 }), crlfDelay: Infinity });
+input.on("line", (line) => { queue = queue.then(() => handle(JSON.parse(line))); });
+input.on("close", () => process.exit(0));

@@ -1,0 +1,133 @@
+"""Stateful JavaScript contexts: a long-lived Node process per ``context_id`` (js_context.js).
+
+Node cannot receive pipe ends over a unix socket as the Python contexts do, so each JS context
+owns its stdout/stderr pipes for life plus a request pipe (fd 3) and a reply pipe (fd 4). An
+execution writes one request line and pumps the context's pipes until the reply line arrives
+(``pump.Watch.persistent``: the pipes stay open, what is buffered is drained at the end).
+A context that times out, is cancelled or dies is dropped like a Python one; the next execution
+with its id starts from empty globals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+from . import privsep, procs, pump
+
+JS_CONTEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js_context.js")
+
+
+class JsContext:
+    # A plain class, not a dataclass: the agent's imports are on every box's start-up path.
+    __slots__ = ("context_id", "pid", "out_r", "err_r", "req_w", "rep_r", "executions", "reply_buf")
+
+    def __init__(self, context_id: str, pid: int, out_r: int, err_r: int, req_w: int, rep_r: int) -> None:
+        self.context_id, self.pid = context_id, pid
+        self.out_r, self.err_r, self.req_w, self.rep_r = out_r, err_r, req_w, rep_r
+        self.executions = 0
+        self.reply_buf = bytearray()
+
+    def fds(self) -> tuple[int, int, int, int]:
+        return (self.out_r, self.err_r, self.req_w, self.rep_r)
+
+
+def spawn(agent: Any, context_id: str) -> JsContext:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            agent.child_prepare()
+            for sig in privsep.IGNORED_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            for src, dst in ((devnull, 0), (out_w, 1), (err_w, 2), (req_r, 3), (rep_w, 4)):
+                os.dup2(src, dst)  # dup2 targets are inheritable
+            os.closerange(5, 1024)
+            os.chdir(agent.ws)
+            procs.apply_rlimits(agent.limits, allow_address_space=False)
+            heap = agent.limits.get("memory_bytes")
+            argv = [agent.node]
+            if heap:
+                argv.append(f"--max-old-space-size={int(heap // (1024 * 1024) * 3 // 4)}")
+            os.execve(agent.node, [*argv, JS_CONTEXT], dict(os.environ))
+        except BaseException:  # noqa: BLE001
+            os._exit(127)
+    for fd in (out_w, err_w, req_r, rep_w):
+        os.close(fd)
+    os.set_blocking(out_r, False)
+    os.set_blocking(err_r, False)
+    return JsContext(context_id, pid, out_r, err_r, req_w, rep_r)
+
+
+def close(ctx: JsContext, keep: set[int]) -> None:
+    pump.kill_quietly(ctx.pid, keep=keep)
+    for fd in ctx.fds():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any]):
+    """Send one cell; the Watch is done when the reply line (or EOF: the context died) arrives."""
+    state: dict[str, Any] = {}
+    ctx.reply_buf.clear()
+    line = json.dumps({"code": spec["code"], "cwd": spec["cwd"]}) + "\n"
+    data = memoryview(line.encode())
+    while data:
+        data = data[os.write(ctx.req_w, data):]
+
+    def on_extra(fd: int) -> None:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            state["done"] = {"exit_code": -9, "signal": 9, "died": True}
+            return
+        ctx.reply_buf += chunk
+        if b"\n" in ctx.reply_buf:
+            raw, _, _ = bytes(ctx.reply_buf).partition(b"\n")
+            msg = json.loads(raw)
+            state["result_raw"] = json.dumps({"result": msg["result"]}).encode() if msg.get("result") else b""
+            state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
+                             "peak_memory_kb": msg.get("peak_memory_kb")}
+
+    def done() -> dict[str, Any] | None:
+        if "done" in state:
+            return state["done"]
+        if ctx.pid in agent.exited:
+            status, _ = agent.exited.pop(ctx.pid)
+            code, sig = procs.decode_status(status)
+            return {"exit_code": code, "signal": sig, "died": True}
+        return None
+
+    def kill() -> None:
+        pump.kill_quietly(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
+
+    watch = pump.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.rep_r], on_extra=on_extra, persistent=True)
+    return watch, kill, state
+
+
+def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[str, Any]):
+    """Start a cell in the context (spawned on first use); (watch, kill, note, state)."""
+    note: dict[str, Any] = {"context_id": context_id}
+    ctx = agent.js_contexts.get(context_id)
+    if ctx is None:
+        agent._check_context_room()
+        ctx = agent.js_contexts[context_id] = spawn(agent, context_id)
+        note["context_new"] = True
+        if context_id in agent.reset_contexts:
+            agent.reset_contexts.discard(context_id)
+            note["context_restarted"] = True
+            note["context_note"] = "this context was restarted after a timeout; earlier state is gone"
+    ctx.executions += 1
+    note["context_executions"] = ctx.executions
+    watch, kill, state = start(agent, ctx, spec, req)
+    return watch, kill, note, state
