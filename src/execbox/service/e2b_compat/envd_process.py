@@ -161,7 +161,7 @@ class ProcessService:
         env = {**sb.env_vars, **dict(cfg.envs)}
         timeout = max(1.0, min(sb.end_at - time.time(), (ctx.timeout_ms or 3_600_000) / 1000))
         try:
-            provider, instance_id = await anyio.to_thread.run_sync(envd_bg.resolve_box, self.state, sb)
+            provider, instance_id = await anyio.to_thread.run_sync(envd_bg.resolve_box, self.svc, sb)
         except SandboxError as e:
             raise connect_error(e) from None
         pty = None
@@ -183,7 +183,7 @@ class ProcessService:
                 if procs_of(sb).get(pid) is bg:  # never a later process that got the same pid
                     procs_of(sb).pop(pid, None)
 
-            envd_bg.start_follower(self.state, sb, bg, time.monotonic() + timeout, spec, forget)
+            envd_bg.start_follower(self.svc, sb, bg, time.monotonic() + timeout, spec, forget)
             yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
             while True:
                 event = await events.get()

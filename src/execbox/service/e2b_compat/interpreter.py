@@ -138,7 +138,7 @@ class Interpreter:
         """Free the old context's process in the box (in the background: a run may hold the box)."""
         def go() -> None:
             try:
-                provider, instance_id = envd_bg.resolve_box(self.state, sb)
+                provider, instance_id = envd_bg.resolve_box(self.svc, sb)
                 reset = getattr(provider, "reset_context", None)
                 if reset is not None:
                     reset(instance_id, execbox_id)
