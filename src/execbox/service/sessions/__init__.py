@@ -1,6 +1,6 @@
 """Session management: the manager, its registry contract and the workspace helpers.
 
-``manager`` (find/create/use a session), ``admin`` (list, info, destroy), ``lifecycle``
+``manager`` (find/create/use a session), ``model`` (the Session record), ``admin`` (list, info, destroy), ``lifecycle``
 (restart, drain, pause/resume, expiry, heartbeat), ``registry`` (the record, the contract, the
 in-memory registry; the SQL one is in ``store/sessions_repo.py``), ``limits`` (per-tenant
 counters), ``workspace`` (names, dirs).
@@ -8,7 +8,8 @@ counters), ``workspace`` (names, dirs).
 
 from __future__ import annotations
 
-from .manager import ProviderSource, Session, SessionManager, SessionOwnedElsewhere
+from .manager import SessionManager
+from .model import ProviderSource, Session, SessionOwnedElsewhere
 from .registry import MemoryRegistry, SessionRecord, SessionRegistry
 from .workspace import MOUNT_WAIT_SECONDS, NAME_PATTERN, check_name, remove_workspace
 

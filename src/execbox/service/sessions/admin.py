@@ -13,7 +13,8 @@ from ...errors import SandboxError, SessionNotFoundError
 from .workspace import check_name, remove_workspace
 
 if TYPE_CHECKING:
-    from .manager import Session, SessionManager
+    from .manager import SessionManager
+    from .model import Session
 
 
 class AdminMixin:

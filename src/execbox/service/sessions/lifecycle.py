@@ -19,7 +19,8 @@ from .registry import SessionRecord
 from .workspace import check_name, mounted, remove_workspace, workspace_dirs
 
 if TYPE_CHECKING:
-    from .manager import Session, SessionManager
+    from .manager import SessionManager
+    from .model import Session
 
 log = logging.getLogger("execbox.service.sessions")
 
@@ -30,7 +31,7 @@ class LifecycleMixin:
         """A local Session for a registry row this replica now owns; None (and the row ``lost``)
         when its workspace is gone. A box still running (a Docker container) is re-attached with
         its contexts; otherwise the box restarts lazily and ``contexts_lost`` says so."""
-        from .manager import Session
+        from .model import Session
 
         path = self.record_workspace(rec)
         had_box = bool(rec.box_handle.get("instance_id"))

@@ -7,12 +7,11 @@ and a warm request touches no database (last-used times are flushed by the heart
 Bounded globally (SB004/503) and per tenant (SB008/429), counted from the registry. The
 workspace is a host directory, <workspaces>/<registry id>/<tenant>/<session>, so a box that dies, a
 pause and a restart all keep the files; a dead box is reported once (SB009).
-Restart, drain, pause/resume and expiry are in ``lifecycle.py``.
+Restart, drain, pause/resume and expiry are in ``lifecycle.py``; the Session record in ``model.py``.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import socket
@@ -20,8 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ...errors import (
     InvalidConfigError,
@@ -37,68 +35,11 @@ from ..metrics import ServiceMetrics
 from .admin import AdminMixin
 from .lifecycle import LifecycleMixin
 from .limits import TenantCounters
+from .model import ProviderSource, Session, SessionOwnedElsewhere, accepts, pick_runtime
 from .registry import MemoryRegistry, SessionRecord, SessionRegistry
 from .workspace import MOUNT_WAIT_SECONDS, check_name, make_workspace_dirs, remove_workspace
 
 log = logging.getLogger("execbox.service.sessions")
-
-
-class ProviderSource(Protocol):
-    """What the manager needs from the provider holder (ProviderConfig in production)."""
-
-    def current(self) -> SandboxProvider: ...
-
-    def candidates(self) -> list[SandboxProvider]: ...
-
-
-class SessionOwnedElsewhere(ProviderUnavailableError):
-    """Another live replica owns the session's box: the request is forwarded there (see
-    ``service/forwarding.py``), or fails with this SB009 when it cannot be."""
-
-
-@dataclass(eq=False)
-class Session:
-    tenant_id: str
-    session_id: str
-    workspace: str | None
-    provider: SandboxProvider | None = None
-    instance_id: str | None = None
-    created_at: float = field(default_factory=time.time)
-    last_used: float = field(default_factory=time.monotonic)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    busy: int = 0
-    operations: int = 0
-    boxes_started: int = 0
-    closed: bool = False
-    state: str = "creating"
-    contexts_lost: bool = False
-    """The session's in-memory contexts (Python globals) were lost by a restart or pause and not
-    yet reported to the caller; its files are intact."""
-    expires_at: float | None = None
-    last_used_wall: float = field(default_factory=time.time)
-    network: dict[str, Any] | None = None
-    """The session's narrowed egress policy (issue 14; the registry keeps it as network_policy)."""
-    pending_handle: Any = None
-    runtime: str | None = None  # runtime template the session started with (issue 14; None: provider's)
-    """A registry row whose running box could not be re-attached yet (provider still starting)."""
-
-    def to_dict(self, owner: str | None = None) -> dict[str, Any]:
-        return {
-            "tenant_id": self.tenant_id, "session_id": self.session_id, "state": self.state, "owner": owner,
-            "provider": self.provider.name if self.provider else None, "instance_id": self.instance_id,
-            "created_at": self.created_at, "idle_seconds": round(time.monotonic() - self.last_used, 3),
-            "last_used": self.last_used_wall, "expires_at": self.expires_at, "contexts_lost": self.contexts_lost,
-            "busy": self.busy > 0, "operations": self.operations, "boxes_started": self.boxes_started,
-            "runtime": self.runtime,
-            **egress_hook.describe(self),  # issue 14: the effective network policy
-        }
-
-
-def accepts(provider: SandboxProvider, name: str) -> bool:
-    try:
-        return name in inspect.signature(provider.create_instance).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class SessionManager(AdminMixin, LifecycleMixin):
@@ -420,13 +361,3 @@ class SessionManager(AdminMixin, LifecycleMixin):
                 with self._lock:
                     self._oneshots.pop(inst.instance_id, None)
                 self._destroy_instance(prov, inst.instance_id)
-
-
-
-def pick_runtime(s: Session, runtime: str | None) -> None:
-    """The request that starts a session picks its runtime template; another one later is 409."""
-    if runtime and runtime != s.runtime and (s.instance_id or s.boxes_started or s.pending_handle):
-        raise InvalidConfigError(f"session {s.tenant_id}/{s.session_id} runs runtime {s.runtime or 'default'!r}; "
-                                 f"a runtime is chosen when a session starts (asked: {runtime!r})",
-                                 details={"field": "runtime", "value": runtime}, http_status=409)
-    s.runtime = runtime or s.runtime
