@@ -8,14 +8,8 @@ admin token are made before the server starts.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import require
+from tests.serve_process import RUNTIME, require_jail_runtime, serve
 
 SANDBOX_DOMAIN = "sandboxes.example"  # {port}-{id}.sandboxes.example routes to a sandbox
-RUNTIME = "sci"  # jail runtime with numpy, pandas, matplotlib (scripts/setup/test/20-jail-runtime.sh)
 
 
 @dataclass
@@ -38,27 +31,11 @@ class Server:
     log: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def e2b_server() -> Iterator[Server]:
-    from execbox.boxes import runtime
-    from execbox.providers.jail import JailProvider
     from execbox.service.store import open_store
 
-    ok, reason = JailProvider.availability()
-    require(ok, f"bubblewrap jail ({reason})")
-    try:
-        runtime.resolve(RUNTIME)
-        has_runtime = True
-    except runtime.RuntimeNotUsable:
-        has_runtime = False
-    require(has_runtime, f"jail runtime {RUNTIME!r} (scripts/setup/test/20-jail-runtime.sh)")
-
+    require_jail_runtime(RUNTIME)
     data_dir = tempfile.mkdtemp(prefix="execbox-e2b-")
     store = open_store(data_dir=data_dir)
     _, admin = store.tokens.create("default", "admin", "e2b tests")
@@ -67,41 +44,12 @@ def e2b_server() -> Iterator[Server]:
     close = getattr(store, "close", None)
     if close:
         close()
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SANDBOX_", "E2B_")) and k != "EXECBOX_DATABASE_URL"}
-    env["EXECBOX_DATA_DIR"] = data_dir
-    env["EXECBOX_E2B_DOMAIN"] = SANDBOX_DOMAIN
-    log = Path(data_dir) / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "execbox", "serve", "--host", "127.0.0.1",
-                                 "--port", str(port), "--log-level", "warning"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"execbox serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"execbox serve did not answer /healthz within 90 s:\n{log.read_text()[-4000:]}")
-        time.sleep(0.2)
-    r = httpx.post(f"{url}/api/admin/sandbox/config", headers={"Authorization": f"Bearer {admin}"}, timeout=120,
-                   json={"provider_type": "jail", "set_active": True,
-                         "config": {"runtime": RUNTIME, "max_memory": "512m", "pool_size": 1}})
-    assert r.status_code == 200, r.text
     try:
-        yield Server(url, admin, token_a, token_b, log)
+        with serve(data_dir, drop_env=("SANDBOX_", "E2B_"), env={"EXECBOX_E2B_DOMAIN": SANDBOX_DOMAIN}) as (url, log):
+            r = httpx.post(f"{url}/api/admin/sandbox/config", headers={"Authorization": f"Bearer {admin}"},
+                           timeout=120, json={"provider_type": "jail", "set_active": True,
+                                              "config": {"runtime": RUNTIME, "max_memory": "512m", "pool_size": 1}})
+            assert r.status_code == 200, r.text
+            yield Server(url, admin, token_a, token_b, log)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +20,13 @@ import httpx
 import pytest
 
 from tests.conftest import require
+from tests.serve_process import RUNTIME, require_jail_runtime, serve
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WIDTHS = {"desktop": (1280, 900), "mobile": (390, 844)}
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
-RUNTIME = "sci"  # jail runtime with numpy, pandas, matplotlib (scripts/setup/test/20-jail-runtime.sh)
 
 
 @dataclass
@@ -47,25 +42,9 @@ class Server:
                             headers={"Authorization": f"Bearer {token or self.admin_token}"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def jail_ready() -> None:
-    from execbox.boxes import runtime
-    from execbox.providers.jail import JailProvider
-
-    ok, reason = JailProvider.availability()
-    require(ok, f"bubblewrap jail ({reason})")
-    try:
-        runtime.resolve(RUNTIME)
-        has_runtime = True
-    except runtime.RuntimeNotUsable:
-        has_runtime = False
-    require(has_runtime, f"jail runtime {RUNTIME!r} (scripts/setup/test/20-jail-runtime.sh)")
+    require_jail_runtime(RUNTIME)
 
 
 @pytest.fixture(scope="session")
@@ -79,38 +58,10 @@ def server(jail_ready: None) -> Iterator[Server]:
     close = getattr(store, "close", None)
     if close:
         close()
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SANDBOX_") and k != "EXECBOX_DATABASE_URL"}
-    env["EXECBOX_DATA_DIR"] = data_dir
-    log = Path(data_dir) / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "execbox", "serve", "--host", "127.0.0.1",
-                                 "--port", str(port), "--log-level", "warning"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"execbox serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"execbox serve did not answer /healthz within 90 s:\n{log.read_text()[-4000:]}")
-        time.sleep(0.2)
     try:
-        yield Server(url, token, rec.id, data_dir, log)
+        with serve(data_dir) as (url, log):
+            yield Server(url, token, rec.id, data_dir, log)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
