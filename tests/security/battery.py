@@ -178,7 +178,8 @@ def run_battery(provider, instance_id: str) -> dict:
 
 
 BOX_ENV_KEYS = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "MPLBACKEND", "MPLCONFIGDIR", "PYTHONDONTWRITEBYTECODE",
-                "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "HOSTNAME", "USER", "LOGNAME"}
+                "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "HOSTNAME", "USER", "LOGNAME",
+                "PYTHONPATH", "NODE_PATH"}  # fixed paths in the workspace (in-session installs, issue 14)
 """Every variable a box's agent and init may hold: fixed, built from scratch, nothing secret."""
 
 
