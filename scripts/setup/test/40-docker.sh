@@ -8,30 +8,7 @@ source "$(dirname "$0")/../lib.sh"
 
 apt_install docker.io runsc debootstrap
 
-DAEMON_JSON=/etc/docker/daemon.json
-RUNSC_BIN="$(command -v runsc || echo /usr/bin/runsc)"
-# Merge (never overwrite) the runtime entry into an existing daemon.json.
-changed="$(_as_root /usr/bin/python3 - "$DAEMON_JSON" "$RUNSC_BIN" <<'PY'
-import json, os, sys
-path, runsc = sys.argv[1], sys.argv[2]
-cfg = {}
-if os.path.exists(path):
-    with open(path) as fh:
-        text = fh.read().strip()
-    cfg = json.loads(text) if text else {}
-want = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none", "--oci-seccomp"]}
-runtimes = cfg.setdefault("runtimes", {})
-if runtimes.get("runsc") == want:
-    print("no")
-else:
-    runtimes["runsc"] = want
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as fh:
-        json.dump(cfg, fh, indent=2)
-    os.replace(path + ".tmp", path)
-    print("yes")
-PY
-)"
+changed="$(docker_runtime runsc --platform=ptrace --network=none --oci-seccomp)"
 
 docker_up() { timeout 5 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
