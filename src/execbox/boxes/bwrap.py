@@ -135,9 +135,15 @@ ETC_FILES = {
 
 def staged_etc() -> str:
     """A directory holding the box's synthetic /etc files (written once, world-readable)."""
-    d = os.path.join(jail_dir(), "box-etc")
+    return stage_files("box-etc", ETC_FILES)
+
+
+def stage_files(dirname: str, files: dict[str, str]) -> str:
+    """``<jail dir>/<dirname>`` holding ``files`` (name -> content), world-readable; a file is
+    rewritten (atomically) only when its content differs, so concurrent box starts agree."""
+    d = os.path.join(jail_dir(), dirname)
     os.makedirs(d, mode=0o755, exist_ok=True)
-    for name, content in ETC_FILES.items():
+    for name, content in files.items():
         path = os.path.join(d, name)
         try:
             with open(path, encoding="utf-8") as f:

@@ -14,8 +14,7 @@ from ..egress.gateway import BoxLink, gateway
 from ..egress.inject import BOX_BUNDLE, BOX_ENV, BoxCA, Injector
 from ..egress.policy import EgressPolicy, has_credentials
 from . import netns
-from .bwrap import ETC_FILES
-from .runtime import jail_dir
+from .bwrap import ETC_FILES, stage_files
 
 RESOLV_CONF = f"nameserver {netns.GW_ADDR}\noptions timeout:2 attempts:2\n"
 
@@ -85,24 +84,8 @@ def preexec(inner: Any, jn: JailNet | None):  # type: ignore[no-untyped-def]
 
 def staged_etc_net() -> str:
     """Like bwrap.staged_etc, but names resolve through DNS (the gateway) too."""
-    d = os.path.join(jail_dir(), "box-etc-net")
-    os.makedirs(d, mode=0o755, exist_ok=True)
-    files = {**ETC_FILES, "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-             "resolv.conf": RESOLV_CONF}
-    for name, content in files.items():
-        path = os.path.join(d, name)
-        try:
-            with open(path, encoding="utf-8") as f:
-                if f.read() == content:
-                    continue
-        except OSError:
-            pass
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    return d
+    return stage_files("box-etc-net", {**ETC_FILES, "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+                                       "resolv.conf": RESOLV_CONF})
 
 
 def extra_mounts(etc_dir: str, jn: JailNet) -> list[tuple[str, str]]:

@@ -260,6 +260,12 @@ def staged_agent() -> str:
         os.chmod(os.path.join(pkg, fn), 0o644)
     compile_agent(pkg)
     open(os.path.join(pkg, ".complete"), "w").close()
+    return _publish(tmp, root)
+
+
+def _publish(tmp: str, root: str) -> str:
+    """Move a fully staged ``tmp`` to ``root`` (atomic; a concurrent stager may have won) and make
+    the path to it traversable for box uids."""
     try:
         os.rename(tmp, root)
     except OSError:  # another process staged it first
@@ -294,13 +300,7 @@ def staged_pip() -> str | None:
         for fn in filenames:
             os.chmod(os.path.join(dirpath, fn), 0o644)
     open(os.path.join(tmp, ".complete"), "w").close()
-    try:
-        os.rename(tmp, root)
-    except OSError:  # another process staged it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    for d in (jail_dir(), os.path.dirname(root)):
-        _make_traversable(d)
-    return root
+    return _publish(tmp, root)
 
 
 def compile_agent(pkg: str, python: str = SYSTEM_PYTHON) -> None:
