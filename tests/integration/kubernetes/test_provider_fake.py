@@ -124,6 +124,8 @@ def test_pool_self_heals_when_a_warm_pod_dies(k8s_provider_factory, fake_apiserv
     fake_apiserver.end_pod(first, reason="Evicted")
     inst = p.create_instance(tenant_id="t1", session_id="s").instance_id
     assert p.execute_code(inst, "print('ok')", "python").stdout == "ok\n"
+    # A pooled pod is claimed in the background: wait for the patch before reading the pod by its claim.
+    _wait(lambda: _pod_of(fake_apiserver, inst) is not None, 10, "the claim patch")
     assert _pod_of(fake_apiserver, inst)["metadata"]["name"] != first
     _wait(lambda: first not in fake_apiserver.pod_names(), 10, "the dead warm pod's removal")
 
