@@ -66,11 +66,11 @@ class JailProvider(AgentBackedProvider):
                               "description": "Size of each box's workspace; writing past it fails (507)."},
             "pool_size": {"type": "integer", "default": 2, "min": 0, "max": 64, "label": "Warm pool size",
                           "description": "Boxes started ahead of time so one-shot runs skip start-up."},
-            "pool_sessions": {"type": "boolean", "default": False, "label": "Sessions from the warm pool",
+            "pool_sessions": {"type": "boolean", "default": True, "label": "Sessions from the warm pool",
                               "description": "A new session's box is a warm pooled box whose workspace image "
-                                             "becomes the session's (create without a box start). Off by "
-                                             "default: a restart of the service right after a graceful "
-                                             "shutdown can find such an image still attached."},
+                                             "becomes the session's (create without a box start); a "
+                                             "session whose directory is not empty or on another "
+                                             "filesystem gets a cold box as before."},
             "runtime": {"type": "string", "default": "system", "label": "Python runtime",
                         "placeholder": "system",
                         "description": "'system' (host python3 standard library) or a runtime template "

@@ -13,6 +13,7 @@ import time
 
 import httpx
 
+from execbox.boxes.jail_box import boxes_dir
 from execbox.service.store import open_store
 
 from .conftest import registry_workspaces, traversable_tmpdir
@@ -35,6 +36,9 @@ def _term(proc: subprocess.Popen) -> str:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode in (0, -signal.SIGTERM), err  # uvicorn re-raises the signal after its shutdown
+    # every box the service started is gone, pooled ones too (their command lines name the box dir
+    # jail-<service pid>-..., not the session's workspace)
+    assert _bwraps_under(os.path.join(boxes_dir(), f"jail-{proc.pid}-")) == []
     return err
 
 
@@ -49,6 +53,14 @@ def _bwraps_under(path: str) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def _pool(c: httpx.Client, state: str) -> float:
+    """The jail warm pool's ``state`` gauge from /metrics."""
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith("execbox_pool_boxes{") and 'provider="jail"' in line and f'state="{state}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_restart_keeps_files_reports_lost_contexts_cleans_orphans_and_marks_lost(jail_provider) -> None:
@@ -110,9 +122,13 @@ def test_sigterm_during_ten_runs_lets_them_finish_and_sessions_survive(jail_prov
     try:
         _wait_ready(proc, url)
         c = httpx.Client(base_url=url, headers=auth, timeout=60)
+        deadline = time.monotonic() + 30  # the jail's warm pool is full: the first sessions adopt pooled boxes
+        while _pool(c, "ready") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         for i in range(10):  # the sessions exist (boxes started) before the runs
             assert c.post("/v1/sandbox/write", json={"session_id": f"d{i}", "path": "n", "content": str(i)}
                           ).status_code == 200
+        assert _pool(c, "handed_out") >= 2  # pool_sessions (the default): restart must hold for adopted images
 
         def run(i: int) -> None:
             try:
