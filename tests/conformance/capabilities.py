@@ -46,8 +46,6 @@ REMOTE_EXECUTOR = "RAGFlow's /run API has no files, contexts or sessions"
 
 RAGFLOW_LANGS = "RAGFlow's /run API runs python and nodejs only (no bash)"
 RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines it"
-E2B_EXECBOX_OUTPUT = ("open defect: execbox's E2B endpoint caps a command's output at 1 MiB, so the uploaded "
-                      "agent's reply carrying 1 MiB of the run's output is cut and lost (SB009)")
 NO_BASH = "the AgentRun code interpreter runs python and javascript only"
 
 UNSUPPORTED: dict[str, dict[str, str]] = {
@@ -82,13 +80,9 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "e2b-execbox": {
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "stdout_cap": E2B_EXECBOX_OUTPUT,
-        "stderr_cap": E2B_EXECBOX_OUTPUT,
         "memory_bomb": ("open defect: the uploaded agent runs inside the execbox box's own agent; the box's cgroup "
                         "OOM-kills the run (exit -9) but the inner agent cannot see the cgroup's OOM events, so "
                         "the result has no SB006"),
-        "plots": ("open defect: execbox's E2B endpoint runs commands with the box's system python3, not the "
-                  "runtime's python that has matplotlib"),
     },
     "aliyun": {
         "bash_script": NO_BASH,
