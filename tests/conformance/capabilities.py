@@ -80,9 +80,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "e2b-execbox": {
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "memory_bomb": ("open defect: the uploaded agent runs inside the execbox box's own agent; the box's cgroup "
-                        "OOM-kills the run (exit -9) but the inner agent cannot see the cgroup's OOM events, so "
-                        "the result has no SB006"),
     },
     "aliyun": {
         "bash_script": NO_BASH,

@@ -99,7 +99,9 @@ def _e2b_execbox(request: pytest.FixtureRequest) -> Any:
 
     srv = request.getfixturevalue("e2b_server")
     p = E2BProvider()
-    p.initialize({"api_key": srv.token_a, "api_url": srv.url, "sandbox_url": srv.url, "timeout": 30})
+    # max_memory under the box's 512m cgroup: a bomb is the run's MemoryError (SB006), not the box's OOM kill
+    p.initialize({"api_key": srv.token_a, "api_url": srv.url, "sandbox_url": srv.url, "timeout": 30,
+                  "max_memory": "256m"})
     return p
 
 

@@ -32,7 +32,7 @@ from .cloud_errors import is_connect_error, mask_secrets
 from .e2b_config import MIN_SANDBOX_TTL, config_error, config_schema
 from .e2b_config import sdk as _sdk
 from .remote_agent import FILE_OP_TIMEOUT, RemoteAgent, shell_quote
-from .schema import check_config
+from .schema import check_config, parse_size
 
 log = logging.getLogger("execbox.provider.e2b")
 
@@ -202,6 +202,8 @@ class E2BProvider(AgentFilesMixin, SandboxProvider):
     def _exec(self, instance_id: str, params: dict[str, Any], timeout: float, on_output: OutputCallback | None,
               inline_artifacts: bool) -> ExecutionResult:
         agent = self._get(instance_id)
+        if self.config.get("max_memory"):  # the agent's per-run limit: a bomb is its MemoryError, not the VM's OOM
+            params = {**params, "limits": {"memory_bytes": parse_size(self.config["max_memory"])}}
         metadata = {"provider": self.name, "isolation": self.isolation.value,
                     "isolation_detail": "firecracker-microvm (e2b)", "instance_id": instance_id}
         return agent.execute(params, timeout, metadata, on_output, inline_artifacts,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ProviderUnavailableError
+from .schema import parse_size
 
 DEFAULT_TEMPLATE = "code-interpreter-v1"
 MIN_SANDBOX_TTL = 300  # seconds an E2B sandbox lives without activity (its own timeout)
@@ -43,6 +44,10 @@ def config_schema() -> dict[str, dict[str, Any]]:
                                   "description": "Let sandboxes reach the internet (off by default)."},
         "workdir": {"type": "string", "default": "/home/user", "label": "Working directory",
                     "description": "The sandbox user's home: relative file paths resolve here."},
+        "max_memory": {"type": "string", "format": "size", "label": "Memory per run", "placeholder": "512m",
+                       "description": "Cap on each run inside the sandbox (address space for Python, heap for "
+                                      "Node): a run past it is SB006 and the sandbox lives on. Empty: only the "
+                                      "sandbox's own memory, whose OOM kill is a bare exit -9."},
     }
 
 
@@ -57,4 +62,10 @@ def config_error(config: dict[str, Any]) -> tuple[bool, str | None]:
             return False, f"{key} must be an http:// or https:// URL"
     if not str(config.get("workdir", "")).startswith("/"):
         return False, "workdir must be an absolute path"
+    if config.get("max_memory"):
+        try:
+            if parse_size(config["max_memory"]) < 32 * 1024 * 1024:
+                return False, "max_memory: must be at least 32m (the interpreter itself needs ~15 MB)"
+        except ValueError as e:
+            return False, f"max_memory: {e}"
     return True, None

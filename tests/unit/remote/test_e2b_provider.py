@@ -61,6 +61,27 @@ def test_schema_matches_the_issue_and_ragflow_config():
         E2BProvider().initialize({})
 
 
+def test_max_memory_caps_each_run_inside_the_sandbox(fake, monkeypatch):
+    """A run past max_memory is SB006 from the agent in the sandbox (not a bare exit -9), and the next works."""
+    for bad, why in (("8m", "at least 32m"), ("lots", "max_memory")):
+        with pytest.raises(InvalidConfigError, match=why):
+            E2BProvider().initialize({"api_key": "e2b_x", "max_memory": bad})
+    from e2b.sandbox_sync.commands.command import Commands
+
+    require(shutil.which("bwrap") is not None, "bwrap")
+    state, srv = fake
+    monkeypatch.setattr(Commands, "run", fake_commands_run(state))
+    p = E2BProvider()
+    p.initialize({"api_key": state.api_key, "api_url": srv.url, "sandbox_url": srv.url, "timeout": 10,
+                  "max_memory": "128m"})
+    try:
+        r = run(p, "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))\n")
+        assert r.error_code == "SB006" and r.exit_code != 0, (r.exit_code, r.stderr[-300:])
+        assert run(p, "print(len(bytearray(64 * 1024 * 1024)))").stdout == f"{64 * 1024 * 1024}\n"
+    finally:
+        p.shutdown()
+
+
 def test_create_sends_template_metadata_and_no_internet(provider, fake):
     state, _ = fake
     inst = provider.create_instance("python", tenant_id="acme", session_id="s-1")
