@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-from typing import NamedTuple
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
@@ -39,9 +38,20 @@ IGNORED_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM,
 """Signals the agent never needs: ignored, so user code cannot stop it with them."""
 
 
-class RunAs(NamedTuple):  # not a dataclass: dataclasses would import inspect on every box start
-    uid: int
-    gid: int
+class RunAs:  # neither a dataclass (inspect) nor a NamedTuple (typing): both cost every box start
+    __slots__ = ("uid", "gid")
+
+    def __init__(self, uid: int, gid: int) -> None:
+        self.uid, self.gid = uid, gid
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunAs) and (self.uid, self.gid) == (other.uid, other.gid)
+
+    def __hash__(self) -> int:
+        return hash((self.uid, self.gid))
+
+    def __repr__(self) -> str:
+        return f"RunAs(uid={self.uid}, gid={self.gid})"
 
 
 def parse_run_as(spec: str) -> RunAs | None:
