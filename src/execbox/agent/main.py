@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from . import background, contexts, fileops, fsextra, js_contexts, pidns, privsep, procs, protocol, pump
+from . import background, contexts, fileops, fsextra, js_contexts, pidns, privsep, procs, protocol, pump, runners
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
@@ -85,6 +85,10 @@ class Agent(Children):
                 done.append(name)
             except Exception:  # noqa: BLE001 - a broken optional library must not stop the agent
                 continue
+        try:
+            runners.warm_figures()
+        except Exception:  # noqa: BLE001 - only a warm-up: the user's own plot reports any real error
+            pass
         return done
 
     def languages(self) -> list[str]:
