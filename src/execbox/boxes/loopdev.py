@@ -21,6 +21,8 @@ import errno
 import fcntl
 import os
 import struct
+import threading
+import time
 
 LOOP_CONTROL = "/dev/loop-control"
 LOOP_CTL_GET_FREE = 0x4C82
@@ -28,6 +30,7 @@ LOOP_CONFIGURE = 0x4C0A
 LO_FLAGS_AUTOCLEAR = 4
 MS_NOSUID, MS_NODEV, MS_NOATIME = 2, 4, 1024
 MNT_DETACH = 2
+RETRIES = 128  # EBUSY: another process took the free device first
 # struct loop_config: u32 fd, u32 block_size, struct loop_info64 (232 bytes), u64 reserved[8]
 _INFO64 = struct.Struct("=QQQQQIIII64s64s32sQQ")
 _CONFIG = struct.Struct(f"=II{_INFO64.size}s64x")
@@ -38,6 +41,7 @@ class LoopUnsupported(OSError):
 
 
 _libc: ctypes.CDLL | None = None
+_attach_lock = threading.Lock()
 
 
 def _c() -> ctypes.CDLL:
@@ -63,29 +67,42 @@ def _attach(image: str) -> tuple[int, int]:
         except OSError as e:
             raise LoopUnsupported(e.errno, f"{LOOP_CONTROL}: {e.strerror}") from None
         try:
-            for _ in range(32):  # another process may take the free device between the two calls
-                n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
-                try:
-                    dev = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
-                except FileNotFoundError:  # no devtmpfs node for it (some containers): let the tools try
-                    raise LoopUnsupported(errno.ENOENT, f"/dev/loop{n} does not exist") from None
-                info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR,
-                                    os.path.basename(image).encode()[:63], b"", b"", 0, 0)
-                try:
-                    fcntl.ioctl(dev, LOOP_CONFIGURE, _CONFIG.pack(img, 0, info))
-                    return dev, n
-                except OSError as e:
-                    os.close(dev)
-                    if e.errno == errno.EBUSY:
-                        continue
-                    if e.errno in (errno.EINVAL, errno.ENOTTY, errno.ENOSYS):
-                        raise LoopUnsupported(e.errno, f"LOOP_CONFIGURE not supported: {e.strerror}") from None
-                    raise
-            raise OSError(errno.EBUSY, "no free loop device after 32 tries")
+            with _attach_lock:
+                return _configure(ctl, img, image)
         finally:
             os.close(ctl)
     finally:
         os.close(img)
+
+
+def _configure(ctl: int, img: int, image: str) -> tuple[int, int]:
+    """Bind ``img`` to the first free loop device.
+
+    Every concurrent caller is handed the same free number, so a burst of box starts used to
+    exhaust its retries on EBUSY (SB004 "no free loop device"): threads of this process take
+    turns (the caller holds ``_attach_lock``); another process can still win a number, hence
+    the retries, with a short pause once the device list itself is contended.
+    """
+    info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR,
+                        os.path.basename(image).encode()[:63], b"", b"", 0, 0)
+    for attempt in range(RETRIES):
+        n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+        try:
+            dev = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:  # no devtmpfs node for it (some containers): let the tools try
+            raise LoopUnsupported(errno.ENOENT, f"/dev/loop{n} does not exist") from None
+        try:
+            fcntl.ioctl(dev, LOOP_CONFIGURE, _CONFIG.pack(img, 0, info))
+            return dev, n
+        except OSError as e:
+            os.close(dev)
+            if e.errno in (errno.EINVAL, errno.ENOTTY, errno.ENOSYS):
+                raise LoopUnsupported(e.errno, f"LOOP_CONFIGURE not supported: {e.strerror}") from None
+            if e.errno != errno.EBUSY:
+                raise
+        if attempt >= 8:
+            time.sleep(0.001 * min(attempt, 20))
+    raise OSError(errno.EBUSY, f"no free loop device after {RETRIES} tries")
 
 
 def mount_image(image: str, mountpoint: str) -> None:

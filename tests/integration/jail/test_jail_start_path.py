@@ -65,6 +65,42 @@ def test_syscall_mount_has_the_flags_and_quota_and_frees_its_loop_device(image):
     assert _wait_no_loop(img) == [], "autoclear must release the loop device after the unmount"
 
 
+def test_a_burst_of_mounts_each_gets_a_loop_device(tmp_path):
+    """100 threads mounting and unmounting together, like a burst of box starts and teardowns.
+
+    Every concurrent caller is handed the same free loop number; they used to race for it and
+    give up after 32 EBUSY tries (a 100-request burst got SB004 "no free loop device")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _loop_ready()
+    import threading
+
+    template = quota._template(16 * 1024 * 1024)
+    together = threading.Barrier(100)  # every thread asks for a free device at the same moment
+
+    def cycle(i: int) -> list[str]:
+        img, mnt = str(tmp_path / f"ws{i}.img"), str(tmp_path / f"mnt{i}")
+        quota.sparse_copy(template, img)
+        os.mkdir(mnt)
+        errors = []
+        for _ in range(4):
+            together.wait(timeout=60)
+            try:
+                loopdev.mount_image(img, mnt)
+            except OSError as e:
+                errors.append(str(e))
+                continue
+            if len(loopdev.backing_devices(img)) != 1:
+                errors.append(f"{img}: not exactly one loop device")
+            loopdev.unmount(mnt)
+        return errors
+
+    with ThreadPoolExecutor(100) as ex:
+        errors = [e for errs in ex.map(cycle, range(100)) for e in errs]
+    assert errors == []
+    assert all(_wait_no_loop(str(tmp_path / f"ws{i}.img")) == [] for i in range(100))
+
+
 def test_falls_back_to_mount8_when_loop_configure_is_refused(image, monkeypatch):
     img, mnt = image
     monkeypatch.setattr(loopdev, "LOOP_CONFIGURE", 0x4CFF)  # an ioctl the loop driver rejects
