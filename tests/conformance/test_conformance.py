@@ -197,7 +197,15 @@ def memory_bomb(b: Box) -> None:
 def fork_bomb(b: Box) -> None:
     iid = b.new("bash")
     started = time.monotonic()
-    b.run(":(){ :|:& };:", "bash", timeout=5, instance=iid)
+    try:
+        b.run(":(){ :|:& };:", "bash", timeout=5, instance=iid)
+    except OutOfMemoryError:
+        # The bomb's processes together passed the memory limit before the pids limit (seen under
+        # runsc, where each process costs the sandbox kernel memory): the box was killed, which
+        # contains it as well. The service must still give a working new instance.
+        assert time.monotonic() - started < 30
+        assert _ok(b.run("print('next')")).stdout == "next\n"
+        return
     assert time.monotonic() - started < 30  # the run ended: the bomb did not hold the box
     after = _ok(b.p.execute_code(iid, "print('fine')", "python", 20, None))  # its tree is gone: forks work
     assert after.stdout == "fine\n"
