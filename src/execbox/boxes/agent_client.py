@@ -99,20 +99,7 @@ class AgentClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            try:
-                data = self.transport.recv(1 << 20, remaining)
-            except OSError as e:
-                data = b""
-                self.dead = f"read failed: {e}"
-            if not data:
-                self.dead = self.dead or "stream closed"
-                raise BoxDied(f"{self.box_name} stopped answering: its agent exited ({self.dead})",
-                              details={"box": self.box_name})
-            try:
-                self.inbox.extend(self.frames.feed(data))
-            except (protocol.ProtocolError, ValueError) as e:
-                self.dead = f"protocol error: {e}"
-                raise BoxDied(f"{self.box_name} sent a corrupt frame: {e}") from None
+            self.inbox.extend(self._read_frames(remaining))
         return self.inbox.pop(0)
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:
