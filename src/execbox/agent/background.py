@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-from . import paths, privsep, procs
+from . import privsep, procs
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -85,18 +85,7 @@ class Background:
         command = req.get("command")
         if not isinstance(command, str) or not command.strip() or "\x00" in command:
             raise BackgroundError("command must be a non-empty string", field="command")
-        env_in = req.get("env") or {}
-        if not isinstance(env_in, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
-            for k, v in env_in.items()
-        ):
-            raise BackgroundError("env must map names to string values", field="env")
-        try:
-            cwd = paths.resolve(agent.ws, req.get("cwd") or ".")
-        except paths.PathViolation as e:
-            raise BackgroundError(str(e), field="cwd", violation=e.reason) from None
-        if not os.path.isdir(cwd):
-            raise BackgroundError(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
+        env_in, cwd = procs.request_env_and_cwd(agent.ws, req, BackgroundError)
         self.reap()
         if len(self.procs) >= MAX_PROCESSES:
             raise BackgroundError(f"too many background processes (max {MAX_PROCESSES})", status=429,

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 
-from . import contexts, js_contexts, paths, privsep, procs, protocol, pump, runners
+from . import contexts, js_contexts, privsep, procs, protocol, pump, runners
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -84,18 +84,7 @@ class Children:
         timeout = req.get("timeout", 30)
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise RequestError("timeout must be a positive number of seconds", field="timeout")
-        env = req.get("env") or {}
-        if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
-            for k, v in env.items()
-        ):
-            raise RequestError("env must map names to string values", field="env")
-        try:
-            cwd = paths.resolve(self.ws, req.get("cwd") or ".")
-        except paths.PathViolation as e:
-            raise RequestError(str(e), field="cwd", violation=e.reason) from None
-        if not os.path.isdir(cwd):
-            raise RequestError(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
+        env, cwd = procs.request_env_and_cwd(self.ws, req, RequestError)
         return {"language": lang, "code": code, "arguments": args, "timeout": float(timeout),
                 "env": env, "cwd": cwd}
 

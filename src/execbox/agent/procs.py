@@ -8,11 +8,29 @@ import resource
 import signal
 import time
 
-from . import pidns
+from . import paths, pidns
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
+
+
+def request_env_and_cwd(ws: str, req: dict, error: type[Exception]) -> tuple[dict[str, str], str]:
+    """A run's or background process's ``env`` and ``cwd`` from ``req``, checked the same way for
+    both; ``error(message, field=..., [violation=...])`` is raised for what is refused."""
+    env = req.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
+        for k, v in env.items()
+    ):
+        raise error("env must map names to string values", field="env")
+    try:
+        cwd = paths.resolve(ws, req.get("cwd") or ".")
+    except paths.PathViolation as e:
+        raise error(str(e), field="cwd", violation=e.reason) from None
+    if not os.path.isdir(cwd):
+        raise error(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
+    return env, cwd
 
 
 def _prctl(option: int, arg: int) -> bool:
