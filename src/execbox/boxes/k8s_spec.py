@@ -28,6 +28,12 @@ L_TEMPLATE, L_STATE, L_TENANT, L_SESSION, L_INSTANCE = (f"{GROUP}/{k}" for k in
 A_TENANT, A_SESSION, A_INSTANCE, A_EXPIRES, A_OWNER = (f"{GROUP}/{k}" for k in
                                                        ("tenant-id", "session-id", "instance-id", "expires-at",
                                                         "owner"))
+L_EGRESS, A_EGRESS = f"{GROUP}/egress", f"{GROUP}/egress-policy"
+"""``execbox.dev/egress: "on"`` only on a claimed pod whose policy is not none (the sandbox
+NetworkPolicy opens the path to the gateway's egress proxy for those pods only); the policy
+itself is the annotation (JSON ``{"network", "allow"}``), read by any gateway replica's proxy."""
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "npm_config_proxy",
+             "npm_config_https_proxy")
 WARM, CLAIMED = "warm", "claimed"
 AGENT_PORT = 7070
 AGENT_CONTAINER = "agent"
@@ -46,6 +52,19 @@ def label_value(text: str) -> str:
 def pod_token(secret: bytes, pod_name: str) -> str:
     """The per-pod agent secret: any gateway replica holding ``secret`` derives it from the name."""
     return hmac.new(secret, f"execbox-pod:{pod_name}".encode(), hashlib.sha256).hexdigest()
+
+
+def egress_token(secret: bytes, pod_name: str) -> str:
+    """The pod's egress-proxy password: derived like ``pod_token`` but with another label, so the
+    token user code can read (it is in the proxy URL of the pod's env) never opens the agent."""
+    return hmac.new(secret, f"execbox-egress:{pod_name}".encode(), hashlib.sha256).hexdigest()
+
+
+def proxy_env(proxy: str, pod_name: str, token: str) -> list[dict[str, str]]:
+    """HTTP(S)_PROXY (both cases, and npm's) naming the gateway's proxy with the pod's credentials.
+    NO_PROXY is left unset: nothing but the proxy is reachable, and loopback stays local."""
+    url = f"http://{pod_name}:{token}@{proxy}"
+    return [{"name": k, "value": url} for k in PROXY_ENV]
 
 
 def agent_files() -> dict[str, str]:
@@ -88,6 +107,7 @@ class PodTemplate:
     agent_limits: dict[str, Any] = field(default_factory=dict)
     max_lifetime: int = 86400
     port: int = AGENT_PORT
+    egress_proxy: str = ""  # host:port of the gateway's egress proxy ("" = no proxy env in pods)
 
 
 def container_security_context() -> dict[str, Any]:
@@ -97,12 +117,15 @@ def container_security_context() -> dict[str, Any]:
 
 
 def pod_manifest(t: PodTemplate, *, name: str, token: str, configmap: str, labels: dict[str, str],
-                 annotations: dict[str, str], deadline: int | None = None) -> dict[str, Any]:
+                 annotations: dict[str, str], deadline: int | None = None,
+                 egress_token: str = "") -> dict[str, Any]:
     """The hardened box pod. ``deadline`` (activeDeadlineSeconds) defaults to the template's lifetime."""
     command = [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.tcp_relay", "--port", str(t.port), "--",
                "--workspace", WORKSPACE, "--preload", t.preload, "--limits", json.dumps(t.agent_limits, sort_keys=True)]
     env = [{"name": k, "value": v} for k, v in sorted(ENV.items())]
     env.append({"name": "EXECBOX_AGENT_TOKEN", "value": token})
+    if t.egress_proxy and egress_token:
+        env.extend(proxy_env(t.egress_proxy, name, egress_token))
     container = {
         "name": AGENT_CONTAINER, "image": t.image, "imagePullPolicy": t.image_pull_policy,
         "command": command, "workingDir": WORKSPACE, "env": env,

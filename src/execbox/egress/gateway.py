@@ -229,27 +229,39 @@ class Gateway:
 
     async def _decide(self, link: BoxLink, name: str | None, dst: ipaddress.IPv4Address,
                       port: int) -> tuple[ipaddress.IPv4Address | None, str]:
-        policy = link.policy
-        if link.active > link.limits.max_connections:
-            return None, f"too many concurrent connections (cap {link.limits.max_connections})"
-        if link.bytes_total >= link.limits.max_bytes:
-            return None, f"byte cap of {link.limits.max_bytes} reached for this box"
-        if dst in SYNTH_NET:
-            if name is None:
-                return None, f"{dst} is not an address this box resolved"
-            if not policy.name_allowed(name, port):
-                return None, f"{name}:{port} is not allowed by the network policy"
-            addrs = await resolve(name)
-            if not addrs:
-                return None, f"{name} does not resolve"
-            why = ""
-            for ip in addrs:
-                ok, why = policy.ip_allowed(ip, port, via_name=True)
-                if ok:
-                    return ip, f"{name} allowed"
-            return None, f"{name} resolves to a denied address: {why}"
-        ok, why = policy.ip_allowed(dst, port)
-        return (dst, why) if ok else (None, why)
+        return await decide(link, name, dst, port)
+
+
+async def decide(link: Any, name: str | None, dst: ipaddress.IPv4Address | None,
+                 port: int) -> tuple[ipaddress.IPv4Address | None, str]:
+    """Where a connection may go: ``(ip to dial, why)`` or ``(None, why not)``.
+
+    ``link`` is anything with ``policy``, ``limits``, ``active`` and ``bytes_total`` (a BoxLink, or
+    the egress proxy's per-pod state). ``name``: the destination was asked for by name (a synthetic
+    address mapped back, or a proxy request's host); it is checked for the port, resolved *now*
+    and every address is checked (rebinding-safe). Otherwise ``dst`` is a literal IP checked alone.
+    """
+    policy = link.policy
+    if link.active > link.limits.max_connections:
+        return None, f"too many concurrent connections (cap {link.limits.max_connections})"
+    if link.bytes_total >= link.limits.max_bytes:
+        return None, f"byte cap of {link.limits.max_bytes} reached for this box"
+    if name is not None:
+        if not policy.name_allowed(name, port):
+            return None, f"{name}:{port} is not allowed by the network policy"
+        addrs = await resolve(name)
+        if not addrs:
+            return None, f"{name} does not resolve"
+        why = ""
+        for ip in addrs:
+            ok, why = policy.ip_allowed(ip, port, via_name=True)
+            if ok:
+                return ip, f"{name} allowed"
+        return None, f"{name} resolves to a denied address: {why}"
+    if dst is None or dst in SYNTH_NET:
+        return None, f"{dst} is not an address this box resolved"
+    ok, why = policy.ip_allowed(dst, port)
+    return (dst, why) if ok else (None, why)
 
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:

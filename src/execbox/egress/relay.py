@@ -87,8 +87,12 @@ class Relay(asyncio.Protocol):
 
 
 async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: int,
-                 rec: audit.AuditRecord, connect_timeout: float) -> None:
-    """Dial ``host:port`` and relay bytes between it and the (paused) box transport until both close."""
+                 rec: audit.AuditRecord, connect_timeout: float, *, first_up: bytes = b"",
+                 greeting: bytes = b"") -> None:
+    """Dial ``host:port`` and relay bytes between it and the (paused) box transport until both close.
+
+    Once connected, ``greeting`` goes to the box (the egress proxy's ``200 Connection established``)
+    and ``first_up`` upstream (bytes the proxy already read from the box: a rewritten request head)."""
     loop = asyncio.get_running_loop()
     down = Relay(link, rec, up=False)
     up_t, _ = await asyncio.wait_for(loop.create_connection(lambda: down, host, port), connect_timeout)
@@ -96,5 +100,9 @@ async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: i
     up.other, down.other = down, up
     box_transport.set_protocol(up)
     up.connection_made(box_transport)
+    if greeting:
+        box_transport.write(greeting)
+    if first_up:
+        up.data_received(first_up)
     box_transport.resume_reading()
     await asyncio.gather(up.closed, down.closed)

@@ -52,7 +52,12 @@ class AgentEgressMixin:
         if link is not None:
             link.set_policy(effective)
         inst.egress = effective
+        self._publish_egress(inst, narrowing=True)
         return effective.to_dict()
+
+    def _publish_egress(self, inst: Instance, narrowing: bool = False) -> None:
+        """The instance's effective policy changed; backends whose policy lives outside the box's
+        gateway link (kubernetes: on the pod, read by the egress proxy) store it here."""
 
     @contextmanager
     def network_for_run(self, instance_id: str, network: Any, allow: Any = None,
@@ -68,6 +73,7 @@ class AgentEgressMixin:
             link = egress_link(inst.box)
             if link is not None:
                 link.set_policy(before or self.egress_cap)
+            self._publish_egress(inst)
 
     def install_packages(self, instance_id: str, pip: list[str] | None = None, npm: list[str] | None = None,
                          timeout: float | None = None) -> dict[str, Any]:

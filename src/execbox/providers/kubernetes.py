@@ -35,12 +35,13 @@ from ..errors import (
 )
 from ..models import Isolation, SandboxInstance, make_instance_id
 from .agent_backed import AGENT_GRACE, AgentBackedProvider, Instance
+from .kubernetes_egress import KubernetesEgressMixin
 from .kubernetes_schema import SECRET_ENV, config_problem, config_schema
 from .kubernetes_sweep import PodSweeperMixin
 
 log = logging.getLogger("execbox.provider.kubernetes")
 
-class KubernetesProvider(PodSweeperMixin, AgentBackedProvider):
+class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProvider):
     name = "kubernetes"
     display_name = "Kubernetes pods"
     description = "Hardened pods on a cluster (gVisor with runtime_class=gvisor), warm pool per template."
@@ -130,6 +131,9 @@ class KubernetesProvider(PodSweeperMixin, AgentBackedProvider):
         for tname, overrides in (c.get("templates") or {}).items():
             self.templates[tname] = self._pod_template(f"{c['template']}-{tname}", {**c, **overrides})
         self.template = self.templates["default"]
+        self._prepare_egress()  # the provider's network policy; serves the egress proxy (kubernetes_egress.py)
+        for t in self.templates.values():
+            t.egress_proxy = c["egress_proxy"] if self.egress_cap.mode != "none" else ""
         # The tier is claimed only when every template runs under gVisor (never over-claimed).
         if all(t.runtime_class == "gvisor" for t in self.templates.values()):
             self.isolation = Isolation.GVISOR
@@ -169,7 +173,7 @@ class KubernetesProvider(PodSweeperMixin, AgentBackedProvider):
         c = self.config
         return {**super().applied_limits(), "memory": c.get("memory"), "cpu_limit": c.get("cpu_limit"),
                 "workspace_size": c.get("workspace_size"), "runtime_class": c.get("runtime_class") or None,
-                "network": False, "enforced_by": "kubernetes"}
+                "enforced_by": "kubernetes"}
 
     def pool_status(self) -> dict[str, Any] | None:
         status = super().pool_status()
@@ -188,7 +192,7 @@ class KubernetesProvider(PodSweeperMixin, AgentBackedProvider):
         ann = {ks.A_OWNER: self.owner, ks.A_EXPIRES: str(now + int(self.config["warm_ttl"])), **(annotations or {})}
         return ks.pod_manifest(self.templates[template], name=name, token=ks.pod_token(self._secret, name),
                                configmap=self.configmap, labels={ks.L_STATE: ks.WARM, **(labels or {})},
-                               annotations=ann, deadline=deadline)
+                               annotations=ann, deadline=deadline, egress_token=self._egress_token(name))
 
     def start_box(self, workspace: str | None = None, template: str = "default", **claim: Any) -> PodBox:
         if workspace is not None:
@@ -223,9 +227,8 @@ class KubernetesProvider(PodSweeperMixin, AgentBackedProvider):
         def run() -> None:
             if box.destroyed:
                 return
-            try:
-                assert self.api is not None
-                self.api.patch_pod(box.name, patch)
+            try:  # with the egress policy current when the patch is sent (kubernetes_egress.py)
+                self.patch_with_egress(inst, patch)
             except SandboxError as e:
                 log.warning("claiming pod %s failed: %s", box.name, e.message)
 
@@ -291,7 +294,8 @@ class KubernetesProvider(PodSweeperMixin, AgentBackedProvider):
                 box.remover = self._remove_later
                 box.claimed = {"tenant": ann.get(ks.A_TENANT, ""), "session": ann.get(ks.A_SESSION, ""),
                                "instance": instance_id}
-                inst = Instance(instance_id, box, ann.get(ks.A_TENANT, ""), ann.get(ks.A_SESSION) or None)
+                inst = Instance(instance_id, box, ann.get(ks.A_TENANT, ""), ann.get(ks.A_SESSION) or None,
+                                egress=self.policy_of(pod))
                 with self._lock:
                     inst = self._instances.setdefault(instance_id, inst)
                 if inst.box is not box:

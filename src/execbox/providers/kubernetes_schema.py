@@ -8,6 +8,7 @@ from typing import Any
 from ..boxes import k8s_spec as ks
 from ..boxes.images import DEFAULT_IMAGE
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA
+from .kubernetes_egress import egress_problem, egress_schema
 
 SECRET_ENV = "EXECBOX_K8S_AGENT_SECRET"
 QUANTITY_FIELDS = ("cpu_request", "cpu_limit", "memory", "workspace_size", "tmp_size")
@@ -73,6 +74,7 @@ def config_schema() -> dict[str, dict[str, Any]]:
         "max_output_bytes": n("integer", 1048576, 1024, 64 * 1048576, "Output cap (bytes)",
                               "Cap on stdout and stderr each."),
         **POLICY_SCHEMA,
+        **egress_schema(),
     }
 
 
@@ -99,7 +101,7 @@ def _template_problem(c: dict[str, Any], where: str) -> str | None:
 
 def config_problem(config: dict[str, Any]) -> str | None:
     """What is wrong with a checked config (top level and every named template), or None."""
-    problem = _template_problem(config, "")
+    problem = _template_problem(config, "") or egress_problem(config)
     if problem:
         return problem
     templates = config.get("templates") or {}

@@ -1,0 +1,205 @@
+"""Egress for kubernetes boxes: the pod's policy lives on the pod, the gateway's proxy enforces it.
+
+Pods cannot be given the jail/docker path (iptables REDIRECT into a per-box gateway socket: all
+capabilities are dropped and the gateway runs on other nodes), so every pod's environment names
+the gateway's explicit forward proxy (egress/proxy.py) with per-pod credentials, and the sandbox
+NetworkPolicy lets only pods labelled ``execbox.dev/egress=on`` reach it (nothing else at all).
+
+The effective policy of a claimed pod is the annotation ``execbox.dev/egress-policy``, written at
+claim and whenever a session or run narrows it; the proxy of *any* gateway replica reads it (GET
+the pod, cached ``EGRESS_TTL`` s), so a narrowing reaches other replicas within that TTL and the
+replica that made it at once. ``network_credentials`` (header injection) is not offered here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from ..boxes import k8s_spec as ks
+from ..egress.policy import EgressPolicy, parse_policy
+from ..egress.proxy import EgressProxy, Grant
+from ..egress.schema import NETWORK_SCHEMA
+from ..errors import InvalidConfigError, ProviderUnavailableError, SandboxError
+from .agent_backed import AgentBackedProvider, Instance
+
+log = logging.getLogger("execbox.provider.kubernetes")
+
+EGRESS_TTL = 2.0  # seconds a proxy trusts its copy of a pod's policy
+
+
+def egress_schema() -> dict[str, dict[str, Any]]:
+    return {
+        "network": NETWORK_SCHEMA["network"],
+        "network_allow": NETWORK_SCHEMA["network_allow"],
+        "egress_proxy": {"type": "string", "default": "", "label": "Egress proxy (pods)",
+                         "description": "host:port box pods use to reach the gateway's egress proxy, e.g. the "
+                                        "Service execbox-egress.execbox.svc:15080. Needed when network is not "
+                                        "none."},
+        "egress_proxy_listen": {"type": "string", "default": "0.0.0.0:15080", "label": "Egress proxy listen",
+                                "description": "Address this gateway serves the egress proxy on when network "
+                                               "is not none; empty = serve none (another replica does)."},
+    }
+
+
+def _host_port(text: str, *, allow_zero: bool) -> tuple[str, int] | None:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or any(c in host for c in "/@ \t[]"):
+        return None
+    n = int(port)
+    return (host, n) if (allow_zero or n >= 1) and n <= 65535 else None
+
+
+def egress_problem(c: dict[str, Any]) -> str | None:
+    """What is wrong with the egress part of a checked config, or None."""
+    try:
+        policy = parse_policy(c.get("network"), c.get("network_allow"))
+    except InvalidConfigError as e:
+        return f"{e.details.get('field', 'network_allow')}: {e.message}"
+    if c.get("egress_proxy") and _host_port(c["egress_proxy"], allow_zero=False) is None:
+        return "egress_proxy: must be host:port (e.g. execbox-egress.execbox.svc:15080)"
+    if c.get("egress_proxy_listen") and _host_port(c["egress_proxy_listen"], allow_zero=True) is None:
+        return "egress_proxy_listen: must be address:port (e.g. 0.0.0.0:15080), or empty"
+    if policy.mode != "none" and not c.get("egress_proxy"):
+        return (f"egress_proxy: network {policy.mode!r} needs the address pods reach the gateway's egress "
+                "proxy at (e.g. execbox-egress.execbox.svc:15080)")
+    return None
+
+
+class KubernetesEgressMixin(AgentBackedProvider):
+    api: Any
+    _secret: bytes
+    templates: dict[str, ks.PodTemplate]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proxy: EgressProxy | None = None
+        self._egress_cache: dict[str, tuple[float, Grant | None]] = {}
+        self._egress_lock = threading.Lock()
+
+    def initialize(self, config: dict[str, Any]) -> bool:
+        if (config or {}).get("network_credentials") not in (None, "", {}):
+            raise InvalidConfigError(
+                "invalid kubernetes configuration: network_credentials (credential injection) is not available on "
+                "kubernetes: pods reach the network through the gateway's forward proxy, which does not "
+                "inject headers; use the jail or docker provider for it",
+                details={"provider": "kubernetes", "field": "network_credentials"})
+        return super().initialize(config)
+
+    def _prepare_egress(self) -> None:
+        """Provider policy, and the proxy served by this replica (before any pod or thread starts)."""
+        c = self.config
+        self.egress_cap = parse_policy(c.get("network"), c.get("network_allow"))
+        self._egress_cache = {}
+        listen = _host_port(c.get("egress_proxy_listen") or "", allow_zero=True)
+        if self.egress_cap.mode == "none" or listen is None:
+            return
+        proxy = EgressProxy(listen, self._egress_token, self.egress_lookup)
+        try:
+            proxy.start()
+        except OSError as e:
+            raise ProviderUnavailableError(f"kubernetes: cannot serve the egress proxy on "
+                                           f"{c['egress_proxy_listen']} (egress_proxy_listen): {e.strerror or e}",
+                                           details={"provider": "kubernetes", "field": "egress_proxy_listen"}) from None
+        self.proxy = proxy
+
+    def _egress_token(self, pod_name: str) -> str:
+        return ks.egress_token(self._secret, pod_name)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
+
+    def applied_limits(self) -> dict[str, Any]:
+        return {**super().applied_limits(), "network": self.egress_cap.mode,
+                "egress_proxy": self.config.get("egress_proxy") or None}
+
+    # -- the policy on the pod ----------------------------------------------------------------
+    def egress_metadata(self, policy: EgressPolicy) -> dict[str, Any]:
+        """The pod patch that carries ``policy`` (label for the NetworkPolicy, annotation for the proxy)."""
+        return {"labels": {ks.L_EGRESS: "off" if policy.mode == "none" else "on"},
+                "annotations": {ks.A_EGRESS: json.dumps(policy.to_dict(), sort_keys=True)}}
+
+    def _publish_egress(self, inst: Instance, narrowing: bool = False) -> None:
+        """Store the instance's current policy on its pod (and in this replica's proxy cache at once).
+
+        A failed patch never leaves more access than asked for: this replica keeps enforcing the new
+        policy, and a narrowing (which other replicas would otherwise miss) raises; a widening back
+        (the end of a run's narrowing) only logs, the pod keeping the narrower policy."""
+        try:
+            self.patch_with_egress(inst, {})
+        except SandboxError as e:
+            if narrowing:
+                raise ProviderUnavailableError(f"kubernetes: could not store the narrowed network policy on the "
+                                               f"pod of {inst.instance_id}: {e.message}",
+                                               details={"provider": "kubernetes", "instance_id": inst.instance_id}
+                                               ) from None
+            log.warning("kubernetes: storing the egress policy on the pod of %s failed: %s", inst.instance_id,
+                        e.message)
+
+    def patch_with_egress(self, inst: Instance, patch: dict[str, Any]) -> None:
+        """Patch the instance's pod with ``patch`` plus its current egress policy.
+
+        Under ``_egress_lock`` the policy is read when the patch is sent, so a background claim and a
+        narrowing cannot land in the wrong order and leave the wider policy on the pod."""
+        name = getattr(inst.box, "name", None)
+        if name is None or self.api is None:
+            return
+        with self._egress_lock:
+            policy = inst.egress or self.egress_cap
+            self._egress_cache[name] = (time.monotonic(), Grant(policy, inst.tenant_id, inst.session_id,
+                                                               inst.instance_id))
+            meta = self.egress_metadata(policy)
+            body = {**patch, "metadata": {
+                "labels": {**(patch.get("metadata") or {}).get("labels", {}), **meta["labels"]},
+                "annotations": {**(patch.get("metadata") or {}).get("annotations", {}), **meta["annotations"]}}}
+            self.api.patch_pod(name, body)
+
+    def policy_of(self, pod: Any) -> EgressPolicy | None:
+        """The policy stored on a pod, or None when there is none (a warm pod)."""
+        raw = (pod.metadata.annotations or {}).get(ks.A_EGRESS)
+        if not raw:
+            return None
+        try:
+            d = json.loads(raw)
+            return self.egress_cap.narrow(parse_policy(d.get("network"), d.get("allow")))
+        except (ValueError, AttributeError, SandboxError):
+            return EgressPolicy()  # unreadable or wider than the provider allows: no network
+
+    def egress_lookup(self, pod_name: str) -> Grant | None:
+        """The egress proxy's question (from a worker thread): may this pod go out, under what policy?"""
+        now = time.monotonic()
+        hit = self._egress_cache.get(pod_name)
+        if hit is not None and now - hit[0] < EGRESS_TTL:
+            return hit[1]
+        try:
+            pod = self.api.get_pod(pod_name) if self.api is not None else None
+        except SandboxError as e:
+            log.warning("kubernetes: egress lookup of pod %s failed: %s", pod_name, e.message)
+            return None
+        grant = self._grant_of(pod)
+        if len(self._egress_cache) > 4096:
+            self._egress_cache = {k: v for k, v in self._egress_cache.items() if now - v[0] < EGRESS_TTL}
+        self._egress_cache[pod_name] = (now, grant)
+        return grant
+
+    def _grant_of(self, pod: Any) -> Grant | None:
+        if pod is None or pod.metadata.namespace != self.config["namespace"]:
+            return None
+        labels = pod.metadata.labels or {}
+        if any(labels.get(k) != v for k, v in ks.MANAGED.items()) or \
+                labels.get(ks.L_TEMPLATE) not in {t.name for t in self.templates.values()}:
+            return None  # not a box pod of this provider's templates
+        if pod.metadata.deletion_timestamp is not None or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
+            return None
+        ann = pod.metadata.annotations or {}
+        policy = self.policy_of(pod) if labels.get(ks.L_STATE) == ks.CLAIMED else None
+        if labels.get(ks.L_EGRESS) != "on":
+            policy = EgressPolicy()
+        return Grant(policy or EgressPolicy(), ann.get(ks.A_TENANT) or None, ann.get(ks.A_SESSION) or None,
+                     ann.get(ks.A_INSTANCE) or None)
