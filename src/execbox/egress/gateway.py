@@ -246,6 +246,8 @@ async def decide(link: Any, name: str | None, dst: ipaddress.IPv4Address | None,
         return None, f"too many concurrent connections (cap {link.limits.max_connections})"
     if link.bytes_total >= link.limits.max_bytes:
         return None, f"byte cap of {link.limits.max_bytes} reached for this box"
+    if policy.mode == "none":
+        return None, "network is none"
     if name is not None:
         if not policy.name_allowed(name, port):
             return None, f"{name}:{port} is not allowed by the network policy"

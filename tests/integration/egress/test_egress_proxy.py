@@ -1,0 +1,143 @@
+"""The egress gateway's forward proxy (egress/proxy.py) on loopback: auth, decisions, caps, audit.
+
+The upstream is a local HTTP server on 127.0.0.1, reachable only because the policy names it as an
+exact CIDR entry (loopback is otherwise always denied). The kubernetes tests attack it from pods.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import socket
+import threading
+import urllib.request
+
+import pytest
+
+from execbox.egress import audit
+from execbox.egress.gateway import Limits
+from execbox.egress.policy import parse_policy
+from execbox.egress.proxy import EgressProxy, Grant
+
+from .conftest import audited
+
+TOKENS = {"pod-a": "tok-a", "pod-b": "tok-b"}
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802
+        body = json.dumps({"path": self.path, "headers": dict(self.headers)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+@pytest.fixture
+def proxy(upstream):
+    grants = {"pod-a": Grant(parse_policy("allowlist", [f"127.0.0.1/32:{upstream}"]), "ten-1", "ses-1", "i-1"),
+              "pod-b": Grant(parse_policy("none"), "ten-2", None, "i-2")}
+    p = EgressProxy(("127.0.0.1", 0), lambda name: TOKENS.get(name, "x" * 64), grants.get,
+                    Limits(max_connections=1, max_bytes=1 << 20))
+    p.start()
+    yield p
+    p.stop()
+
+
+def raw(proxy, request: bytes, then: bytes = b"") -> bytes:
+    with socket.create_connection(proxy.address, timeout=5) as s:
+        s.sendall(request)
+        if then:
+            assert s.recv(4096).startswith(b"HTTP/1.1 200 Connection established")
+            s.sendall(then)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def auth(user: str, pw: str) -> bytes:
+    return b"Proxy-Authorization: Basic " + base64.b64encode(f"{user}:{pw}".encode()) + b"\r\n"
+
+
+def test_plain_http_through_urllib_and_audit(proxy, upstream):
+    url = f"http://pod-a:tok-a@127.0.0.1:{proxy.address[1]}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": url}))
+    with opener.open(f"http://127.0.0.1:{upstream}/hello?x=1", timeout=5) as r:
+        seen = json.loads(r.read())
+    assert seen["path"] == "/hello?x=1"
+    headers = {k.lower(): v for k, v in seen["headers"].items()}
+    assert "proxy-authorization" not in headers and headers["connection"] == "close"
+    recs = audited(lambda r: r.decision == "allowed" and r.bytes_down > 0, box="pod-a")
+    rec = next(r for r in recs if r.decision == "allowed")
+    assert (rec.kind, rec.ip, rec.port, rec.tenant_id, rec.session_id) == ("tcp", "127.0.0.1", upstream, "ten-1",
+                                                                           "ses-1")
+    assert rec.bytes_up > 0 and rec.bytes_down > 0 and rec.duration_ms > 0
+
+
+def test_connect_tunnel(proxy, upstream):
+    out = raw(proxy, f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n".encode() + auth("pod-a", "tok-a") + b"\r\n",
+              then=b"GET /tunnel HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200 OK") and b'"/tunnel"' in out
+
+
+@pytest.mark.parametrize("creds", [b"", auth("pod-a", "wrong"), auth("pod-a", "tok-b"), auth("nobody", "x"),
+                                   b"Proxy-Authorization: Bearer tok-a\r\n"])
+def test_missing_or_bad_credentials_are_407(proxy, upstream, creds):
+    before = len(audit.recent(decision="denied", limit=10000))
+    out = raw(proxy, f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\n".encode() + creds + b"\r\n")
+    assert out.startswith(b"HTTP/1.1 407 ") and b'Proxy-Authenticate: Basic realm="execbox-egress"' in out
+    assert b"tok-" not in out
+    recs = audit.recent(decision="denied", limit=10000)
+    assert len(recs) > before and "credentials" in recs[0].reason
+
+
+@pytest.mark.parametrize("target, why", [
+    ("127.0.0.1:1", b"always-denied range (127.0.0.0/8)"),  # port outside the entry: loopback stays denied
+    ("169.254.169.254:80", b"always-denied range"),
+    ("example.invalid:{up}", b"not allowed by the network policy"),
+])
+def test_denied_destinations_are_403(proxy, upstream, target, why):
+    target = target.format(up=upstream)
+    for req in (f"CONNECT {target} HTTP/1.1\r\n", f"GET http://{target}/ HTTP/1.1\r\n"):
+        out = raw(proxy, req.encode() + auth("pod-a", "tok-a") + b"\r\n")
+        assert out.startswith(b"HTTP/1.1 403 Forbidden") and b"X-Execbox-Egress: denied" in out, out
+        assert why in out, out
+    rec = audit.recent(box="pod-a", decision="denied")[0]
+    assert rec.port == int(target.rsplit(":", 1)[1]) and rec.tenant_id == "ten-1"
+
+
+def test_policy_none_and_unknown_box_are_refused(proxy, upstream):
+    out = raw(proxy, f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\n".encode() + auth("pod-b", "tok-b") + b"\r\n")
+    assert out.startswith(b"HTTP/1.1 403") and b"network is none" in out
+    TOKENS["pod-gone"] = "tok-gone"
+    out = raw(proxy, f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\n".encode() + auth("pod-gone", "tok-gone")
+              + b"\r\n")
+    assert out.startswith(b"HTTP/1.1 403") and b"not a live box" in out
+
+
+def test_concurrent_connection_cap(proxy, upstream):
+    with socket.create_connection(proxy.address, timeout=5) as held:
+        held.sendall(f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n".encode() + auth("pod-a", "tok-a") + b"\r\n")
+        assert held.recv(4096).startswith(b"HTTP/1.1 200")
+        out = raw(proxy, f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\n".encode() + auth("pod-a", "tok-a") + b"\r\n")
+        assert out.startswith(b"HTTP/1.1 403") and b"too many concurrent connections" in out
+
+
+def test_bad_request_is_400(proxy):
+    out = raw(proxy, b"GET /origin-form HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 400")

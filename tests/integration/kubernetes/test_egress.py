@@ -1,0 +1,198 @@
+"""Kubernetes boxes reach the network only through the egress gateway's proxy, attacked from inside pods.
+
+The fake API server runs pods as containers on Docker's default bridge; the provider serves its
+egress proxy on the bridge's host address (what the Service execbox-egress is in a cluster) and
+the fake internet (tests/fakenet.py: names under *.<prefix>.test, HTTP and HTTPS) sits behind it.
+Code runs in the pods with Python's urllib, which uses the pods' HTTP(S)_PROXY env. The fake API
+server enforces no NetworkPolicy, so that non-proxied connections are blocked in a cluster is
+proven only by test_manifests.py (the policies' shape), not at runtime here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from execbox.boxes import k8s_spec as ks
+from execbox.egress import audit
+from tests.conftest import require
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
+
+FETCH = """
+import json, ssl, urllib.request
+def main(url, cafile=None, proxy=None):
+    ctx = ssl.create_default_context(cafile=cafile) if cafile else None
+    handlers = [urllib.request.ProxyHandler({"http": proxy, "https": proxy})] if proxy else []
+    handlers.append(urllib.request.HTTPSHandler(context=ctx))
+    try:
+        with urllib.request.build_opener(*handlers).open(url, timeout=8) as r:
+            return {"ok": True, "status": r.status, "body": r.read().decode()}
+    except urllib.error.HTTPError as e:
+        return {"ok": False, "status": e.code, "body": e.read().decode()}
+    except Exception as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+"""
+
+
+@pytest.fixture(scope="module")
+def fakenet():
+    from execbox.boxes import netns
+
+    ok, why = netns.available()
+    require(ok, f"box networking for the fake internet ({why})")
+    from tests import fakenet as fk
+
+    fn = fk.start()
+    old = os.environ.get("EXECBOX_EGRESS_RESOLVER")
+    os.environ["EXECBOX_EGRESS_RESOLVER"] = fn.resolver
+    yield fn
+    if old is None:
+        os.environ.pop("EXECBOX_EGRESS_RESOLVER", None)
+    else:
+        os.environ["EXECBOX_EGRESS_RESOLVER"] = old
+    fn.close()
+
+
+def _bridge_address(docker_engine) -> str:
+    config = (docker_engine.networks.get("bridge").attrs.get("IPAM") or {}).get("Config") or [{}]
+    return config[0].get("Gateway") or "172.17.0.1"
+
+
+@pytest.fixture
+def egress_provider(k8s_provider_factory, docker_engine, fakenet):
+    gw = _bridge_address(docker_engine)
+    with socket.socket() as s:  # a free port on the bridge address (the proxy binds it right after)
+        s.bind((gw, 0))
+        port = s.getsockname()[1]
+    allow = [fakenet.name("www"), fakenet.name("meta"), f"{fakenet.name('hostaddr')}:80|8080"]
+    return k8s_provider_factory(network="allowlist", network_allow=allow, egress_proxy=f"{gw}:{port}",
+                                egress_proxy_listen=f"{gw}:{port}")
+
+
+def _pod(fake, instance_id):
+    for name in fake.pod_names():
+        pod = fake.pod(name)
+        if pod and (pod["metadata"].get("annotations") or {}).get(ks.A_INSTANCE) == instance_id:
+            return pod
+    return None
+
+
+def _wait(cond, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def fetch(p, iid, url, **kw):
+    r = p.execute_code(iid, FETCH, "python", 30, {"url": url, **kw})
+    assert r.exit_code == 0, r
+    return r.result
+
+
+def test_pod_egress_through_the_gateway_proxy(egress_provider, fake_apiserver, fakenet):
+    p = egress_provider
+    inst = p.create_instance(tenant_id="t-egress", session_id="s-egress")
+    iid = inst.instance_id
+    assert inst.metadata["network"]["network"] == "allowlist"
+    assert p.applied_limits()["network"] == "allowlist"
+    pod = _pod(fake_apiserver, iid)
+    name = pod["metadata"]["name"]
+    assert pod["metadata"]["labels"][ks.L_EGRESS] == "on"
+    assert json.loads(pod["metadata"]["annotations"][ks.A_EGRESS])["network"] == "allowlist"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["HTTPS_PROXY"].startswith(f"http://{name}:") and "NO_PROXY" not in env
+
+    www = fakenet.name("www")
+    r = fetch(p, iid, f"http://{www}/plain?x=1")
+    assert r.get("status") == 200, r
+    seen = json.loads(r["body"])
+    assert seen["path"] == "/plain?x=1" and not [h for h in seen["headers"] if h.lower().startswith("proxy-")]
+    p.write_file(iid, "ca.pem", fakenet.ca_pem)
+    r = fetch(p, iid, f"https://{www}/tls", cafile="/workspace/ca.pem")  # CONNECT, TLS end to end
+    assert r.get("status") == 200 and json.loads(r["body"])["tls"] is True, r
+
+    # Refused: an unlisted name, a literal IP outside the policy, the metadata address (by IP and by an
+    # allowed name that resolves to it), a host address (by IP and by an allowed name).
+    for url, why in ((f"http://{fakenet.name('other')}/", "is not allowed by the network policy"),
+                     (f"http://{fakenet.server_ip}/", "is not in the allow list"),
+                     ("http://169.254.169.254/latest/meta-data/", "always-denied range"),
+                     (f"http://{fakenet.name('meta')}/", "resolves to a denied address"),
+                     (f"http://{fakenet.host_ip}:8080/", "address of the host"),
+                     (f"http://{fakenet.name('hostaddr')}:8080/", "address of the host")):
+        r = fetch(p, iid, url)
+        assert r.get("status") == 403 and why in r["body"], (url, r)
+    r = fetch(p, iid, f"https://{fakenet.name('other')}/", cafile="/workspace/ca.pem")
+    assert not r["ok"] and "403" in r.get("error", ""), r  # the CONNECT tunnel is refused
+    # Bad proxy credentials: 407, whatever the destination.
+    bad = env["HTTP_PROXY"].replace(f"{name}:", f"{name}:0", 1)
+    r = fetch(p, iid, f"http://{www}/", proxy=bad)
+    assert r.get("status") == 407, r
+
+    recs = audit.recent(box=name, limit=100)
+    allowed = [r for r in recs if r.decision == "allowed"]
+    denied = [r for r in recs if r.decision == "denied"]
+    authenticated = allowed + [r for r in denied if "credentials" not in r.reason]  # a 407 proves no pod
+    assert allowed and all((r.tenant_id, r.session_id) == ("t-egress", "s-egress") for r in authenticated)
+    assert any(r.host == www and r.port == 443 and r.bytes_down > 0 for r in allowed), allowed
+    assert any(r.ip == "169.254.169.254" for r in denied) and any("credentials" in r.reason for r in denied)
+
+    # Narrowing a live session: the next connection follows it (port 80 gone, 443 kept); on the pod too.
+    p.set_network_policy(iid, "allowlist", [f"{www}:443"])
+    r = fetch(p, iid, f"http://{www}/")
+    assert r.get("status") == 403 and "is not allowed by the network policy" in r["body"], r
+    assert fetch(p, iid, f"https://{www}/", cafile="/workspace/ca.pem").get("status") == 200
+    assert json.loads(_pod(fake_apiserver, iid)["metadata"]["annotations"][ks.A_EGRESS])["allow"] == [f"{www}:443"]
+    # network=none for one run: refused, and the label that opens the path to the proxy is off meanwhile.
+    with p.network_for_run(iid, "none"):
+        assert _pod(fake_apiserver, iid)["metadata"]["labels"][ks.L_EGRESS] == "off"
+        r = fetch(p, iid, f"https://{www}/", cafile="/workspace/ca.pem")
+        assert not r["ok"] and "403" in r.get("error", ""), r
+    assert _pod(fake_apiserver, iid)["metadata"]["labels"][ks.L_EGRESS] == "on"
+    assert fetch(p, iid, f"https://{www}/", cafile="/workspace/ca.pem").get("status") == 200
+    assert any("network is none" in r.reason for r in audit.recent(box=name, decision="denied"))
+
+
+def test_another_replica_sees_the_pods_policy(egress_provider, k8s_provider_factory, fake_apiserver, fakenet):
+    """Replicas are stateless: a second one (no proxy of its own) adopts the session with its policy
+    from the pod and narrows it; the first replica's proxy, which still serves the pod, follows
+    within its cache TTL."""
+    from execbox.providers.kubernetes_egress import EGRESS_TTL
+
+    p1 = egress_provider
+    iid = p1.create_instance(tenant_id="t-egress", session_id="s-replica").instance_id
+    www = fakenet.name("www")
+    assert fetch(p1, iid, f"http://{www}/").get("status") == 200
+    p2 = k8s_provider_factory(network="allowlist", network_allow=p1.config["network_allow"],
+                              egress_proxy=p1.config["egress_proxy"], egress_proxy_listen="")
+    assert p2.proxy is None and p2.effective_network(iid) == p1.effective_network(iid)
+    p2.set_network_policy(iid, "allowlist", [f"{www}:443"])
+    time.sleep(EGRESS_TTL + 0.2)
+    r = fetch(p2, iid, f"http://{www}/")  # p2 holds the agent connection now; p1's proxy serves the pod
+    assert r.get("status") == 403 and "is not allowed by the network policy" in r["body"], r
+
+
+def test_warm_pod_has_no_egress_and_credentials_are_refused(k8s_provider_factory, egress_provider, fake_apiserver,
+                                                             fakenet):
+    from execbox.errors import InvalidConfigError
+
+    p = egress_provider
+    box = p.start_box()  # a warm pod: it has the proxy env, but no claim and no policy
+    try:
+        code = FETCH + f"\nprint(main('http://{fakenet.name('www')}/'))"
+        r = box.client.call("exec", {"language": "python", "code": code, "timeout": 20, "output_cap": 65536,
+                                     "stream": False, "inline_artifacts": False})
+        assert "'status': 403" in r["stdout"] and "network is none" in r["stdout"], r
+    finally:
+        box.destroy()
+    with pytest.raises(InvalidConfigError) as e:
+        k8s_provider_factory(network="allowlist", network_allow=[fakenet.name("www")],
+                             egress_proxy=p.config["egress_proxy"], egress_proxy_listen="",
+                             network_credentials=json.dumps({fakenet.name("www"): {"Authorization": "Bearer s3cret"}}))
+    assert e.value.code == "SB002" and e.value.details["field"] == "network_credentials"
+    assert "s3cret" not in e.value.message
