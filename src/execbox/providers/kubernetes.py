@@ -133,7 +133,7 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
         self.template = self.templates["default"]
         self._prepare_egress()  # the provider's network policy; serves the egress proxy (kubernetes_egress.py)
         for t in self.templates.values():
-            t.egress_proxy = c["egress_proxy"] if self.egress_cap.mode != "none" else ""
+            t.egress_proxy = self.egress_proxy_address
         # The tier is claimed only when every template runs under gVisor (never over-claimed).
         if all(t.runtime_class == "gvisor" for t in self.templates.values()):
             self.isolation = Isolation.GVISOR

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -53,6 +54,20 @@ def _host_port(text: str, *, allow_zero: bool) -> tuple[str, int] | None:
     return (host, n) if (allow_zero or n >= 1) and n <= 65535 else None
 
 
+def _resolved(proxy: str) -> str:
+    """``egress_proxy`` with its host resolved here: box pods have no DNS (the sandbox NetworkPolicy
+    denies it), so their env names the address (the Service's ClusterIP), not the name."""
+    hp = _host_port(proxy, allow_zero=False)
+    assert hp is not None  # egress_problem checked it
+    try:
+        infos = socket.getaddrinfo(hp[0], hp[1], socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise ProviderUnavailableError(f"kubernetes: egress_proxy host {hp[0]!r} does not resolve on the gateway "
+                                       f"({e}); pods need its address", details={"provider": "kubernetes",
+                                                                                 "field": "egress_proxy"}) from None
+    return f"{infos[0][4][0]}:{hp[1]}"
+
+
 def egress_problem(c: dict[str, Any]) -> str | None:
     """What is wrong with the egress part of a checked config, or None."""
     try:
@@ -77,6 +92,7 @@ class KubernetesEgressMixin(AgentBackedProvider):
     def __init__(self) -> None:
         super().__init__()
         self.proxy: EgressProxy | None = None
+        self.egress_proxy_address = ""  # egress_proxy with its host resolved: what pods' env names
         self._egress_cache: dict[str, tuple[float, Grant | None]] = {}
         self._egress_lock = threading.Lock()
 
@@ -90,10 +106,13 @@ class KubernetesEgressMixin(AgentBackedProvider):
         return super().initialize(config)
 
     def _prepare_egress(self) -> None:
-        """Provider policy, and the proxy served by this replica (before any pod or thread starts)."""
+        """Provider policy, the proxy address pods get, and the proxy this replica serves."""
         c = self.config
         self.egress_cap = parse_policy(c.get("network"), c.get("network_allow"))
         self._egress_cache = {}
+        self.egress_proxy_address = ""
+        if self.egress_cap.mode != "none":
+            self.egress_proxy_address = _resolved(c["egress_proxy"])
         listen = _host_port(c.get("egress_proxy_listen") or "", allow_zero=True)
         if self.egress_cap.mode == "none" or listen is None:
             return
@@ -117,7 +136,7 @@ class KubernetesEgressMixin(AgentBackedProvider):
 
     def applied_limits(self) -> dict[str, Any]:
         return {**super().applied_limits(), "network": self.egress_cap.mode,
-                "egress_proxy": self.config.get("egress_proxy") or None}
+                "egress_proxy": self.egress_proxy_address or None}
 
     # -- the policy on the pod ----------------------------------------------------------------
     def egress_metadata(self, policy: EgressPolicy) -> dict[str, Any]:

@@ -98,10 +98,12 @@ def test_kustomize_output_is_valid_and_hardened(target):
     assert binding["metadata"]["namespace"] == SANDBOX_NS
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
                                     "namespace": GATEWAY_NS}]
-    # Sandbox namespace: deny all both ways; the only opening is the agent port from gateway pods.
+    # Sandbox namespace: deny all both ways; the openings are the agent port from gateway pods and,
+    # for pods labelled execbox.dev/egress=on only, the gateway's egress proxy port.
     nps = {d["metadata"]["name"]: d for d in by_kind(docs, "NetworkPolicy") if d["metadata"]["namespace"] == SANDBOX_NS}
     deny = nps.pop("default-deny")["spec"]
     assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    assert_egress_only_to_the_proxy(nps.pop("egress-proxy-only")["spec"], gw, docs)
     for np in nps.values():
         assert "Egress" not in np["spec"]["policyTypes"] and not np["spec"].get("egress")
         for rule in np["spec"]["ingress"]:
@@ -112,6 +114,13 @@ def test_kustomize_output_is_valid_and_hardened(target):
     seed = json.loads(one(docs, "ConfigMap", "execbox-gateway-config")["data"]["system_settings.json"])
     k8s_cfg = json.loads(next(s["value"] for s in seed["system_settings"] if s["name"] == "sandbox.kubernetes"))
     assert k8s_cfg["namespace"] == SANDBOX_NS
+    from execbox.providers.kubernetes_egress import egress_problem
+
+    host, port = k8s_cfg["egress_proxy"].rsplit(":", 1)
+    svc = one(docs, "Service", "execbox-egress")
+    assert host == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc" and int(port) == PROXY_PORT
+    assert egress_problem({**k8s_cfg, "network": "allowlist", "network_allow": ["pypi.org"],
+                           "egress_proxy_listen": "0.0.0.0:15080"}) is None
     if target == "overlays/gvisor":
         assert one(docs, "RuntimeClass", "gvisor")["handler"] == "runsc"
         assert k8s_cfg["runtime_class"] == "gvisor"
@@ -119,6 +128,39 @@ def test_kustomize_output_is_valid_and_hardened(target):
         assert not by_kind(docs, "StatefulSet") and not [d for d in docs if "postgres" in d["metadata"]["name"]]
     else:
         assert one(docs, "StatefulSet", "execbox-postgres")
+
+
+PROXY_PORT = 15080
+
+
+def assert_egress_only_to_the_proxy(spec, gw, docs):
+    """The sandbox's one egress opening: labelled pods to the gateway pods' proxy port, nothing else;
+    the gateway takes that port only from such pods, through a Service of its own; its upstream
+    egress excludes private, loopback and link-local (metadata) ranges."""
+    assert spec["podSelector"]["matchLabels"] == {**ks.MANAGED, ks.L_EGRESS: "on"}
+    assert spec["policyTypes"] == ["Egress"] and "ingress" not in spec
+    (rule,) = spec["egress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": PROXY_PORT}]
+    (peer,) = rule["to"]
+    assert set(peer) == {"namespaceSelector", "podSelector"}  # no ipBlock: never the internet directly
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": GATEWAY_NS}
+    assert peer["podSelector"]["matchLabels"] == gw["spec"]["selector"]["matchLabels"]
+    ports = {p["containerPort"]: p["name"] for p in gw["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    svc = one(docs, "Service", "execbox-egress")
+    assert svc["spec"]["selector"] == gw["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"] == [{"name": "egress-proxy", "port": PROXY_PORT, "targetPort": ports[PROXY_PORT]}]
+    assert all(p["port"] != PROXY_PORT for p in one(docs, "Service", "execbox-gateway")["spec"]["ports"])
+    gw_nps = [d["spec"] for d in by_kind(docs, "NetworkPolicy") if d["metadata"]["namespace"] == GATEWAY_NS]
+    proxy_in = [r for np in gw_nps for r in np.get("ingress") or []
+                if any(p["port"] == PROXY_PORT for p in r.get("ports") or [])]
+    boxes_with_egress = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": SANDBOX_NS}},
+                         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "execbox-box", ks.L_EGRESS: "on"}}}
+    assert proxy_in and all(r["from"] == [boxes_with_egress] for r in proxy_in)
+    assert not [r for np in gw_nps for r in np.get("ingress") or [] if not r.get("ports")]  # no open-port rule
+    blocks = [peer["ipBlock"] for np in gw_nps for r in np.get("egress") or [] for peer in r.get("to") or []
+              if "ipBlock" in peer and peer["ipBlock"]["cidr"] == "0.0.0.0/0"]
+    assert blocks and all({"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8"}
+                          <= set(b["except"]) for b in blocks)
 
 
 def _pod(**template):
