@@ -123,3 +123,12 @@ def test_kubernetes_refuses_network_credentials():
                                          "network_credentials": '{"api.example.com": {"Authorization": "x"}}'})
     assert e.value.code == "SB002" and e.value.details["field"] == "network_credentials"
     assert "not available on kubernetes" in e.value.message and "Authorization" not in e.value.message
+
+
+def test_kubernetes_refuses_the_install_api_clearly():
+    from execbox.errors import InvalidConfigError
+    from execbox.providers.kubernetes import KubernetesProvider
+
+    with pytest.raises(InvalidConfigError) as e:
+        KubernetesProvider().install_packages("t:s:i", pip=["requests"])
+    assert e.value.code == "SB002" and "not available on kubernetes" in e.value.message

@@ -125,6 +125,14 @@ class KubernetesEgressMixin(AgentBackedProvider):
                                            details={"provider": "kubernetes", "field": "egress_proxy_listen"}) from None
         self.proxy = proxy
 
+    def install_packages(self, instance_id: str, pip: list[str] | None = None, npm: list[str] | None = None,
+                         timeout: float | None = None) -> dict[str, Any]:
+        """Not here: the install step's temporary index-hosts policy needs the jail/docker gateway link."""
+        raise InvalidConfigError("in-session package install is not available on kubernetes; allow the index "
+                                 "hosts in the network policy and run pip/npm in the pod (they use the egress "
+                                 "proxy), or build the packages into the worker image",
+                                 details={"provider": "kubernetes", "field": "install"})
+
     def _egress_token(self, pod_name: str) -> str:
         return ks.egress_token(self._secret, pod_name)
 
