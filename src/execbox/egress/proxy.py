@@ -41,6 +41,8 @@ log = logging.getLogger("execbox.egress.proxy")
 
 MAX_HEAD = 16384
 HEAD_TIMEOUT = 10.0
+MAX_CONNECTIONS = 4096  # open proxy connections, all boxes together (each box also has its own cap)
+MAX_TRACKED = 10000  # per-box counters kept; idle ones are dropped past it
 _HOST = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*$")
 _DROP = {"proxy-authorization", "proxy-connection", "proxy-authenticate", "connection", "keep-alive"}
 
@@ -232,6 +234,10 @@ class EgressProxy:
             t.cancel()
 
     def _spawn(self, conn: _Conn) -> None:
+        if len(self._tasks) >= MAX_CONNECTIONS:
+            assert conn.transport is not None
+            conn.transport.abort()
+            return
         task = asyncio.get_running_loop().create_task(self._serve(conn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -270,13 +276,13 @@ class EgressProxy:
                                           'Proxy-Authenticate: Basic realm="execbox-egress"\r\n'))
                 transport.close()
                 return
-            grant = await asyncio.get_running_loop().run_in_executor(None, self.lookup, box)
+            grant = await asyncio.get_running_loop().run_in_executor(None, self._lookup, box)
             if grant is None:  # gone, or not ours: forget its counters
                 if box in self._boxes and not self._boxes[box].active:
                     del self._boxes[box]
                 target, reason = None, "not a live box of this gateway"
             else:
-                state = self._boxes.setdefault(box, _BoxState(box, self.limits))
+                state = self._state(box)
                 state.policy = grant.policy
                 rec.tenant_id, rec.session_id = grant.tenant_id, grant.session_id
                 state.active += 1
@@ -306,6 +312,22 @@ class EgressProxy:
                 audit.record(rec)
             if not transport.is_closing():
                 transport.close()
+
+
+    def _lookup(self, box: str) -> Grant | None:
+        try:
+            return self.lookup(box)
+        except Exception:  # noqa: BLE001 - a broken lookup refuses; it never opens
+            log.exception("egress proxy: looking up %s failed", box)
+            return None
+
+    def _state(self, box: str) -> _BoxState:
+        state = self._boxes.get(box)
+        if state is None:
+            if len(self._boxes) >= MAX_TRACKED:
+                self._boxes = {k: v for k, v in self._boxes.items() if v.active}
+            state = self._boxes[box] = _BoxState(box, self.limits)
+        return state
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | None:
