@@ -78,6 +78,7 @@ class BoxLink:
         self._server: asyncio.base_events.Server | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self.relays: set[Any] = set()  # spliced connections (egress/relay.py), aborted on detach
         self.intercept: Any = None  # credential injection (egress/inject.py), set when the policy needs it
 
     def set_policy(self, policy: EgressPolicy) -> None:
@@ -180,6 +181,8 @@ class Gateway:
             link._server.close()
         if link._transport is not None:
             link._transport.close()
+        for r in list(link.relays):
+            r.abort()
         for w in list(link._writers):
             w.transport.abort()
 
