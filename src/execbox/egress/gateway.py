@@ -156,6 +156,10 @@ class Gateway:
         self._thread = threading.Thread(target=self.loop.run_forever, name="execbox-egress", daemon=True)
         self._thread.start()
 
+    def thread_id(self) -> int | None:
+        """The event-loop thread's kernel id (its CPU time is the gateway's; bench_egress reads it)."""
+        return self._thread.native_id
+
     def _run(self, coro: Any, timeout: float = 10.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
