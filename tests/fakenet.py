@@ -125,6 +125,12 @@ class FakeNet:
         return f"{label}.{self.domain}"
 
     @property
+    def server_pid(self) -> int:
+        """The HTTP(S) server's process (``ip netns exec`` execs it in place)."""
+        assert self._proc is not None
+        return self._proc.pid
+
+    @property
     def resolver(self) -> str:
         return f"127.0.0.1:{self.dns_port}"
 

@@ -130,6 +130,16 @@ def current_version(name: str) -> str | None:
     return target if _VERSION.match(target) else None
 
 
+def _usable_names() -> list[str]:
+    """Runtimes a config can name now: a current version (or a legacy manifest). A directory that is
+    still being built (or was left half-made) has neither and is skipped, not an error."""
+    root = runtimes_dir()
+    if not os.path.isdir(root):
+        return []
+    return [n for n in sorted(os.listdir(root)) if _NAME.match(n)
+            and (current_version(n) is not None or _read_manifest(os.path.join(root, n)) is not None)]
+
+
 def list_runtimes() -> list[dict[str, object]]:
     out: list[dict[str, object]] = [{"name": SYSTEM, "python": SYSTEM_PYTHON, "packages": [], "npm": [],
                                      "path": None, "version": "", "versions": []}]
@@ -169,7 +179,7 @@ def resolve(name: str | None) -> Runtime:
     version = pinned or current_version(base)
     info = _read_manifest(os.path.join(top, version)) if version else None
     if info is None:
-        known = ", ".join(str(r["name"]) for r in list_runtimes())
+        known = ", ".join([SYSTEM, *_usable_names()])
         what = f"runtime {name!r} is not installed" if not pinned else f"runtime {base!r} has no version {version}"
         raise RuntimeNotUsable(f"{what} (installed: {known}); build it with "
                                f"`execbox runtime build {base} --pip PKG --npm PKG`",

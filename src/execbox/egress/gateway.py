@@ -78,6 +78,7 @@ class BoxLink:
         self._server: asyncio.base_events.Server | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self.relays: set[Any] = set()  # spliced connections (egress/relay.py), aborted on detach
         self.intercept: Any = None  # credential injection (egress/inject.py), set when the policy needs it
 
     def set_policy(self, policy: EgressPolicy) -> None:
@@ -155,6 +156,10 @@ class Gateway:
         self._thread = threading.Thread(target=self.loop.run_forever, name="execbox-egress", daemon=True)
         self._thread.start()
 
+    def thread_id(self) -> int | None:
+        """The event-loop thread's kernel id (its CPU time is the gateway's; bench_egress reads it)."""
+        return self._thread.native_id
+
     def _run(self, coro: Any, timeout: float = 10.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
@@ -180,6 +185,8 @@ class Gateway:
             link._server.close()
         if link._transport is not None:
             link._transport.close()
+        for r in list(link.relays):
+            r.abort()
         for w in list(link._writers):
             w.transport.abort()
 

@@ -296,7 +296,7 @@ class EgressProxy:
             greeting = b"HTTP/1.1 200 Connection established\r\n\r\n" if req.method == "CONNECT" else b""
             try:
                 await splice(state, transport, str(target), req.port, rec, CONNECT_TIMEOUT,
-                             first_up=req.head + rest, greeting=greeting)
+                             req.head + rest, greeting=greeting)
             except (OSError, TimeoutError) as e:
                 rec.reason = f"upstream connect failed: {e}"[:300]
                 transport.write(_response("502 Bad Gateway", f"cannot reach {req.host}:{req.port}"))

@@ -1,40 +1,61 @@
-"""The gateway's byte path: two asyncio Protocols handing data straight to each other.
+"""The gateway's byte path: splice(2) between the box's socket and the upstream one.
 
-No StreamReader buffering or per-chunk coroutine: ``data_received`` writes into the other
-transport, and the kernel-level back-pressure is passed on (a full write buffer pauses reading on
-the other side). Counts bytes per direction into the audit record and enforces the box's byte
-cap. Half-close (EOF) is forwarded; the pair is done when both sides are closed.
+Bytes move socket -> pipe -> socket inside the kernel, so the gateway never copies them into
+Python: on a 2-core host this took the gateway's CPU per relayed megabyte to well under half of
+a read/write relay's (docs/network.md, bench/bench_egress.py). Each direction is a small state
+machine on the gateway's event loop: read (splice into its pipe) while the pipe is empty, drain
+the pipe into the destination, and wait for the destination to become writable when it is full,
+which passes back-pressure on to the sender. Counts bytes per direction into the audit record
+and enforces the box's byte cap. Half-close (EOF) is forwarded; the pair is done when both
+directions have ended, and either side failing ends both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+import socket
+from collections.abc import Callable
 from typing import Any
 
 from . import audit
 
-HIGH_WATER = 1 << 20
+PIPE_SIZE = 1 << 20
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, only exported from Python 3.10 on some builds
+_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
 
-class Relay(asyncio.Protocol):
-    def __init__(self, link: Any, rec: audit.AuditRecord, up: bool) -> None:
-        self.link = link
-        self.rec = rec
-        self.up = up  # True: box -> upstream
-        self.transport: asyncio.Transport | None = None
-        self.other: Relay | None = None
+class _Direction:
+    """One way of a relayed connection: ``src`` -> pipe -> ``dst``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, src: socket.socket, dst: socket.socket, link: Any,
+                 rec: audit.AuditRecord, up: bool, ended: Callable[[bool], None]) -> None:
+        self.loop, self.src, self.dst = loop, src, dst
+        self.link, self.rec, self.up, self.ended = link, rec, up, ended
+        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            fcntl.fcntl(self.w, F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:  # over the user's pipe quota: the default 64 KiB pipe still works
+            pass
+        self.pending = 0  # bytes in the pipe
         self.eof = False
-        self.closed = asyncio.get_running_loop().create_future()
+        self.closed = False
+        loop.add_reader(src.fileno(), self._readable)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=HIGH_WATER)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        other = self.other
-        if other is None or other.transport is None:
+    def _readable(self) -> None:
+        try:
+            n = os.splice(self.src.fileno(), self.w, PIPE_SIZE, flags=_FLAGS)
+        except BlockingIOError:
             return
-        n = len(data)
+        except OSError:
+            self._end(failed=True)
+            return
+        if n == 0:
+            self.eof = True
+            self.loop.remove_reader(self.src.fileno())
+            self._flush()
+            return
         link = self.link
         link.bytes_total += n
         if self.up:
@@ -43,66 +64,114 @@ class Relay(asyncio.Protocol):
             self.rec.bytes_down += n
         if link.bytes_total > link.limits.max_bytes:
             self.rec.decision, self.rec.reason = "limited", f"byte cap of {link.limits.max_bytes} reached"
-            self.abort()
+            self._end(failed=True)
             return
-        other.transport.write(data)
+        self.pending += n
+        self._flush()
 
-    def eof_received(self) -> bool:
-        self.eof = True
-        other = self.other
-        if other is not None and other.transport is not None and other.transport.can_write_eof():
+    def _flush(self) -> None:
+        while self.pending:
             try:
-                other.transport.write_eof()
+                self.pending -= os.splice(self.r, self.dst.fileno(), self.pending, flags=_FLAGS)
+            except BlockingIOError:  # destination full: stop reading until it drains
+                self.loop.remove_reader(self.src.fileno())
+                self.loop.add_writer(self.dst.fileno(), self._writable)
+                return
+            except OSError:
+                self._end(failed=True)
+                return
+        if self.eof:
+            try:
+                self.dst.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        if other is None or other.eof:
-            self.close()
-            return False
-        return True  # keep reading the other direction
+            self._end(failed=False)
 
-    # our transport's write buffer is full: stop reading from the side that feeds it
-    def pause_writing(self) -> None:
-        if self.other is not None and self.other.transport is not None:
-            self.other.transport.pause_reading()
+    def _writable(self) -> None:
+        self.loop.remove_writer(self.dst.fileno())
+        self._flush()
+        if not self.pending and not self.eof and not self.closed:
+            self.loop.add_reader(self.src.fileno(), self._readable)
 
-    def resume_writing(self) -> None:
-        if self.other is not None and self.other.transport is not None:
-            self.other.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-        if self.other is not None and self.other.transport is not None:
-            self.other.transport.close()
+    def _end(self, failed: bool) -> None:
+        self.close()
+        self.ended(failed)
 
     def close(self) -> None:
-        for r in (self, self.other):
-            if r is not None and r.transport is not None:
-                r.transport.close()
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove_reader(self.src.fileno())
+        self.loop.remove_writer(self.dst.fileno())
+        os.close(self.r)
+        os.close(self.w)
+
+
+class Spliced:
+    """A relayed connection; ``abort()`` (box detached) ends both directions at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, box: socket.socket, upstream: socket.socket, link: Any,
+                 rec: audit.AuditRecord) -> None:
+        self.box, self.upstream = box, upstream
+        self.done: asyncio.Future[bool] = loop.create_future()  # result: True when aborted or failed
+        self._open = 2
+        self.dirs = (_Direction(loop, box, upstream, link, rec, True, self._ended),
+                     _Direction(loop, upstream, box, link, rec, False, self._ended))
+
+    def _ended(self, failed: bool) -> None:
+        self._open -= 1
+        if failed or not self._open:
+            self._finish(failed)
+
+    def _finish(self, failed: bool) -> None:
+        for d in self.dirs:
+            d.close()
+        if not self.done.done():
+            self.done.set_result(failed)
 
     def abort(self) -> None:
-        for r in (self, self.other):
-            if r is not None and r.transport is not None:
-                r.transport.abort()
+        self._finish(True)
 
 
 async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: int,
-                 rec: audit.AuditRecord, connect_timeout: float, *, first_up: bytes = b"",
+                 rec: audit.AuditRecord, connect_timeout: float, first: bytes = b"", *,
                  greeting: bytes = b"") -> None:
-    """Dial ``host:port`` and relay bytes between it and the (paused) box transport until both close.
-
-    Once connected, ``greeting`` goes to the box (the egress proxy's ``200 Connection established``)
-    and ``first_up`` upstream (bytes the proxy already read from the box: a rewritten request head)."""
+    """Dial ``host:port``, send ``first`` (a rewritten request head, say), then relay bytes between
+    it and the (paused) box transport until both directions end. ``greeting`` goes to the box once
+    the upstream is connected (the egress proxy's ``200 Connection established``). The box
+    transport stays its owner's to close; an aborted relay aborts it."""
     loop = asyncio.get_running_loop()
-    down = Relay(link, rec, up=False)
-    up_t, _ = await asyncio.wait_for(loop.create_connection(lambda: down, host, port), connect_timeout)
-    up = Relay(link, rec, up=True)
-    up.other, down.other = down, up
-    box_transport.set_protocol(up)
-    up.connection_made(box_transport)
+    upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    upstream.setblocking(False)
+    try:
+        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.wait_for(loop.sock_connect(upstream, (host, port)), connect_timeout)
+        if first:
+            await loop.sock_sendall(upstream, first)
+    except BaseException:
+        upstream.close()
+        raise
+    # The transport's own socket cannot be watched while the transport holds it: relay on a dup.
+    box = socket.socket(fileno=os.dup(box_transport.get_extra_info("socket").fileno()))
+    box.setblocking(False)
     if greeting:
-        box_transport.write(greeting)
-    if first_up:
-        up.data_received(first_up)
-    box_transport.resume_reading()
-    await asyncio.gather(up.closed, down.closed)
+        try:
+            await loop.sock_sendall(box, greeting)
+        except BaseException:
+            upstream.close()
+            box.close()
+            raise
+    relay = Spliced(loop, box, upstream, link, rec)
+    relays = getattr(link, "relays", None)
+    if relays is not None:
+        relays.add(relay)
+    try:
+        aborted = await relay.done
+    finally:
+        relay.abort()
+        if relays is not None:
+            relays.discard(relay)
+        upstream.close()
+        box.close()
+    if aborted:
+        box_transport.abort()
