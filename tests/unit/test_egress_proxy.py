@@ -42,13 +42,14 @@ def test_connect_request():
 
 
 def test_absolute_form_is_rewritten_to_origin_form():
-    head = (f"POST http://api.example.com:8080/v1/x?q=1 HTTP/1.1\r\nHost: api.example.com:8080\r\n"
+    head = (f"POST http://api.example.com:8080/v1/x?q=1 HTTP/1.1\r\nHost: other.example\r\n"
             f"Proxy-Authorization: {basic('pod', 'secret')}\r\nProxy-Connection: keep-alive\r\n"
             "Connection: keep-alive\r\nKeep-Alive: 300\r\nContent-Length: 3\r\nX-Mine: yes\r\n\r\n").encode()
     req = parse_request(head)
     assert (req.host, req.port, req.credentials) == ("api.example.com", 8080, ("pod", "secret"))
     lines = req.head.decode().split("\r\n")
     assert lines[0] == "POST /v1/x?q=1 HTTP/1.1"
+    assert "Host: api.example.com:8080" in lines and "other.example" not in req.head.decode()  # RFC 9112 3.2.2
     lower = [line.lower() for line in lines]
     assert not [x for x in lower if x.startswith(("proxy-", "keep-alive"))], lines
     assert "connection: close" in lower and "connection: keep-alive" not in lower

@@ -148,10 +148,10 @@ def parse_request(head: bytes) -> Request:
         raise BadRequest("user info in the URL is not allowed")
     host, port = parse_target(url.netloc, 80)
     path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    out = [f"{method} {path} {version}"]
-    if not any(k.lower() == "host" for k, _ in headers):
-        out.append(f"Host: {url.netloc}")
-    out += [f"{k}: {v}" for k, v in headers if k.lower() not in _DROP]
+    # RFC 9112 3.2.2: a proxy replaces any received Host with the request-target's authority, so
+    # the upstream sees the host the policy decided on, not another one sharing its address.
+    out = [f"{method} {path} {version}", f"Host: {url.netloc}"]
+    out += [f"{k}: {v}" for k, v in headers if k.lower() not in _DROP and k.lower() != "host"]
     out.append("Connection: close")
     return Request(method, host, port, ("\r\n".join(out) + "\r\n\r\n").encode("latin-1"), creds)
 
