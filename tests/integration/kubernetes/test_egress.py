@@ -196,3 +196,42 @@ def test_warm_pod_has_no_egress_and_credentials_are_refused(k8s_provider_factory
                              network_credentials=json.dumps({fakenet.name("www"): {"Authorization": "Bearer s3cret"}}))
     assert e.value.code == "SB002" and e.value.details["field"] == "network_credentials"
     assert "s3cret" not in e.value.message
+
+
+def test_service_session_policy_and_audit_api(egress_provider, fakenet):
+    """Through the HTTP service: a session's pod goes out, narrowing it (PUT .../network) and a run's
+    own `network` take effect on the pod, and the admin audit API lists the attempts."""
+    from tests.integration.service.conftest import start_service
+
+    svc = start_service(egress_provider)
+    www = fakenet.name("www")
+
+    def run(extra=None):
+        r = svc.a.post("/v1/sandbox/execute", json={"code": FETCH, "session_id": "kn1", "timeout": 30,
+                                                    "arguments": {"url": f"http://{www}/svc"}, **(extra or {})})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    try:
+        out = run()
+        assert out["result"]["status"] == 200 and out["metadata"]["network"]["network"] == "allowlist", out
+        out = run({"network": {"network": "none"}})
+        assert out["result"]["status"] == 403 and "network is none" in out["result"]["body"], out
+        r = svc.a.put("/v1/sandbox/sessions/tenant-a/kn1/network", json={"network": "open"})
+        assert r.status_code == 403  # wider than the provider's policy
+        r = svc.a.put("/v1/sandbox/sessions/tenant-a/kn1/network",
+                      json={"network": "allowlist", "allow": [f"{www}:443"]})
+        assert r.status_code == 200, r.text
+        out = run()
+        assert out["result"]["status"] == 403 and "is not allowed by the network policy" in out["result"]["body"]
+        deadline = time.monotonic() + 5
+        while True:
+            rows = svc.root.get("/api/admin/egress/audit", params={"tenant_id": "tenant-a", "session_id": "kn1"}
+                                ).json()["data"]
+            if len(rows) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert [x["decision"] for x in rows][:3] == ["denied", "denied", "allowed"], rows
+        assert all(x["box"].startswith("execbox-default-") and x["host"] == www for x in rows[:3])
+    finally:
+        svc.stop()
