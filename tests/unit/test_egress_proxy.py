@@ -1,4 +1,4 @@
-"""The egress proxy's parsing and authentication pieces (egress/proxy.py) and the kubernetes config checks."""
+"""The egress proxy's parsing and authentication pieces (egress/proxy_http.py) and the kubernetes config checks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from execbox.boxes import k8s_spec as ks
-from execbox.egress.proxy import BadRequest, parse_credentials, parse_request, parse_target
+from execbox.egress.proxy_http import BadRequest, parse_credentials, parse_request, parse_target
 from execbox.providers.kubernetes_egress import egress_problem
 
 

@@ -9,32 +9,34 @@ environment names this proxy (``HTTP(S)_PROXY``) and proxy-aware clients send it
   ``Proxy-*``/``Connection``/``Keep-Alive`` dropped and ``Connection: close`` forced, so one proxied
   connection carries one request to one destination.
 
-The box authenticates with ``Proxy-Authorization: Basic base64(<box>:<token>)``; ``token_for(box)``
-says what the token must be (compared in constant time). Missing or bad credentials: 407. Then
-``lookup(box)`` (blocking; run in a thread) gives the box's current policy and ids, and the
-destination goes through the gateway's own decision (``gateway.decide``: names resolved here and
-now, every address checked, always-denied ranges, per-box caps), is relayed by ``relay.splice``
-and audited once per attempt. Denied: ``403`` with ``X-Execbox-Egress: denied`` and the reason.
+Parsing is in proxy_http.py. The box authenticates with ``Proxy-Authorization: Basic
+base64(<box>:<token>)``; a backend's ``egress_token(box)`` says what the token must be (compared
+in constant time). Missing or bad credentials: 407. Then that backend's ``egress_lookup(box)``
+(blocking; run in a thread) gives the box's current policy and ids, and the destination goes
+through the gateway's own decision (``gateway.decide``: names resolved here and now, every
+address checked, always-denied ranges, per-box caps), is relayed by ``relay.splice`` and audited
+once per attempt. Denied: ``403`` with ``X-Execbox-Egress: denied`` and the reason.
 Credential injection is not offered here (the kubernetes provider refuses ``network_credentials``).
+
+One proxy per listen address and process (``share``/``unshare``): a provider rebuilt on a config
+change starts while the one it replaces still serves its sessions, and both are its backends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hmac
 import ipaddress
 import logging
-import re
+import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from typing import Protocol
 
 from . import audit
 from .gateway import CONNECT_TIMEOUT, Limits, decide, gateway
 from .policy import EgressPolicy
+from .proxy_http import BadRequest, parse_request, response
 from .relay import splice
 
 log = logging.getLogger("execbox.egress.proxy")
@@ -43,17 +45,11 @@ MAX_HEAD = 16384
 HEAD_TIMEOUT = 10.0
 MAX_CONNECTIONS = 4096  # open proxy connections, all boxes together (each box also has its own cap)
 MAX_TRACKED = 10000  # per-box counters kept; idle ones are dropped past it
-_HOST = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*$")
-_DROP = {"proxy-authorization", "proxy-connection", "proxy-authenticate", "connection", "keep-alive"}
-
-
-class BadRequest(ValueError):
-    """A request the proxy cannot serve (400), with a reason safe to show the box."""
 
 
 @dataclass
 class Grant:
-    """What ``lookup`` says about a box: its current policy and the ids its audit records carry."""
+    """What ``egress_lookup`` says about a box: its current policy and the ids its audit records carry."""
 
     policy: EgressPolicy
     tenant_id: str | None = None
@@ -70,96 +66,6 @@ class _BoxState:
     policy: EgressPolicy = field(default_factory=EgressPolicy)
     active: int = 0
     bytes_total: int = 0
-
-
-@dataclass
-class Request:
-    method: str
-    host: str  # lower-case hostname or IPv4 literal
-    port: int
-    head: bytes = b""  # what goes upstream first (plain HTTP: the rewritten head; CONNECT: nothing)
-    credentials: tuple[str, str] | None = None
-
-
-def parse_credentials(value: str | None) -> tuple[str, str] | None:
-    """``Basic base64(user:password)`` → (user, password); anything else → None."""
-    if not value:
-        return None
-    scheme, _, raw = value.strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        text = base64.b64decode(raw.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
-    user, sep, password = text.partition(":")
-    return (user, password) if sep and user else None
-
-
-def parse_target(authority: str, default_port: int | None) -> tuple[str, int]:
-    """``host[:port]`` → (host, port); IPv6 and anything that is not a hostname/IPv4 is refused."""
-    host, sep, port_text = authority.rpartition(":")
-    if not sep or "]" in port_text:
-        host, port_text = authority, ""
-    if host.startswith("["):
-        raise BadRequest("IPv6 destinations are not supported (IPv6 is denied)")
-    if port_text:
-        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            raise BadRequest(f"bad port in {authority[:100]!r}")
-        port = int(port_text)
-    elif default_port is not None:
-        port = default_port
-    else:
-        raise BadRequest("CONNECT needs host:port")
-    host = host.strip().lower().rstrip(".")
-    if len(host) > 253 or not _HOST.match(host):
-        raise BadRequest(f"{host[:100]!r} is not a hostname or IPv4 address")
-    return host, port
-
-
-def parse_request(head: bytes) -> Request:
-    """Parse a request head (up to and including the blank line) into what the proxy needs."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError as e:  # pragma: no cover - latin-1 decodes anything
-        raise BadRequest("undecodable request") from e
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise BadRequest("not an HTTP/1.x request line")
-    method, target, version = parts
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            break
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise BadRequest("malformed header line")
-        headers.append((name, value.strip()))
-    auth = next((v for k, v in headers if k.lower() == "proxy-authorization"), None)
-    creds = parse_credentials(auth)
-    if method == "CONNECT":
-        host, port = parse_target(target, None)
-        return Request(method, host, port, b"", creds)
-    url = urlsplit(target)
-    if url.scheme != "http" or not url.netloc:
-        raise BadRequest("only CONNECT and absolute-form http:// requests are proxied")
-    if "@" in url.netloc:
-        raise BadRequest("user info in the URL is not allowed")
-    host, port = parse_target(url.netloc, 80)
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    # RFC 9112 3.2.2: a proxy replaces any received Host with the request-target's authority, so
-    # the upstream sees the host the policy decided on, not another one sharing its address.
-    out = [f"{method} {path} {version}", f"Host: {url.netloc}"]
-    out += [f"{k}: {v}" for k, v in headers if k.lower() not in _DROP and k.lower() != "host"]
-    out.append("Connection: close")
-    return Request(method, host, port, ("\r\n".join(out) + "\r\n\r\n").encode("latin-1"), creds)
-
-
-def _response(status: str, reason: str, extra: str = "") -> bytes:
-    body = f"execbox egress {'denied' if status.startswith('403') else 'proxy'}: {reason}\n".encode()
-    return (f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n{extra}Connection: close\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
 class _Conn(asyncio.Protocol):
@@ -193,14 +99,21 @@ class _Conn(asyncio.Protocol):
             self.head.set_result(self.buf)
 
 
+class Backend(Protocol):
+    """Who knows the boxes (the kubernetes provider): their tokens and current policies."""
+
+    def egress_token(self, box: str) -> str: ...
+
+    def egress_lookup(self, box: str) -> Grant | None: ...
+
+
 class EgressProxy:
     """One listening proxy on the gateway's event loop; ``start``/``stop`` from any thread."""
 
-    def __init__(self, listen: tuple[str, int], token_for: Callable[[str], str],
-                 lookup: Callable[[str], Grant | None], limits: Limits | None = None) -> None:
+    def __init__(self, listen: tuple[str, int], backends: list[Backend] | None = None,
+                 limits: Limits | None = None) -> None:
         self.listen = listen
-        self.token_for = token_for
-        self.lookup = lookup
+        self.backends: list[Backend] = list(backends or [])
         self.limits = limits or Limits.from_env()
         self._boxes: dict[str, _BoxState] = {}
         self._server: asyncio.base_events.Server | None = None
@@ -262,7 +175,7 @@ class EgressProxy:
                 req = parse_request(head[:end + 4])
             except BadRequest as e:
                 rec.reason = f"bad request: {e}"
-                transport.write(_response("400 Bad Request", str(e)))
+                transport.write(response("400 Bad Request", str(e)))
                 transport.close()
                 audit.record(rec)
                 return
@@ -270,13 +183,14 @@ class EgressProxy:
             rec.host, rec.ip, rec.port = (None if ip else req.host), (req.host if ip else None), req.port
             box = req.credentials[0] if req.credentials else None
             rec.box = (box or "?")[:253]
-            if box is None or not hmac.compare_digest(req.credentials[1].encode(), self.token_for(box).encode()):
+            backends = self._authenticate(box, req.credentials[1]) if req.credentials and box else []
+            if not backends or box is None:
                 rec.reason = "missing or bad proxy credentials"
-                transport.write(_response("407 Proxy Authentication Required", rec.reason,
+                transport.write(response("407 Proxy Authentication Required", rec.reason,
                                           'Proxy-Authenticate: Basic realm="execbox-egress"\r\n'))
                 transport.close()
                 return
-            grant = await asyncio.get_running_loop().run_in_executor(None, self._lookup, box)
+            grant = await asyncio.get_running_loop().run_in_executor(None, self._lookup, backends, box)
             if grant is None:  # gone, or not ours: forget its counters
                 if box in self._boxes and not self._boxes[box].active:
                     del self._boxes[box]
@@ -289,7 +203,7 @@ class EgressProxy:
                 target, reason = await decide(state, None if ip else req.host, ip, req.port)
             if target is None or state is None:
                 rec.reason = reason
-                transport.write(_response("403 Forbidden", reason, "X-Execbox-Egress: denied\r\n"))
+                transport.write(response("403 Forbidden", reason, "X-Execbox-Egress: denied\r\n"))
                 transport.close()
                 return
             rec.ip, rec.decision, rec.reason = str(target), "allowed", reason
@@ -302,7 +216,7 @@ class EgressProxy:
                              first, greeting=greeting)
             except (OSError, TimeoutError) as e:
                 rec.reason = f"upstream connect failed: {e}"[:300]
-                transport.write(_response("502 Bad Gateway", f"cannot reach {req.host}:{req.port}"))
+                transport.write(response("502 Bad Gateway", f"cannot reach {req.host}:{req.port}"))
                 transport.close()
         except asyncio.CancelledError:
             transport.abort()
@@ -317,12 +231,21 @@ class EgressProxy:
                 transport.close()
 
 
-    def _lookup(self, box: str) -> Grant | None:
-        try:
-            return self.lookup(box)
-        except Exception:  # noqa: BLE001 - a broken lookup refuses; it never opens
-            log.exception("egress proxy: looking up %s failed", box)
-            return None
+    def _authenticate(self, box: str, token: str) -> list[Backend]:
+        """The backends whose token for ``box`` this is (each compared in constant time)."""
+        return [b for b in list(self.backends) if hmac.compare_digest(token.encode(), b.egress_token(box).encode())]
+
+    def _lookup(self, backends: list[Backend], box: str) -> Grant | None:
+        """The first of them that knows the box (a rebuilt provider may watch other templates)."""
+        for backend in backends:
+            try:
+                grant = backend.egress_lookup(box)
+            except Exception:  # noqa: BLE001 - a broken lookup refuses; it never opens
+                log.exception("egress proxy: looking up %s failed", box)
+                continue
+            if grant is not None:
+                return grant
+        return None
 
     def _state(self, box: str) -> _BoxState:
         state = self._boxes.get(box)
@@ -338,3 +261,30 @@ def _ip(host: str) -> ipaddress.IPv4Address | None:
         return ipaddress.IPv4Address(host)
     except ValueError:
         return None
+
+
+_shared: dict[tuple[str, int], EgressProxy] = {}
+_shared_lock = threading.Lock()
+
+
+def share(listen: tuple[str, int], backend: Backend) -> EgressProxy:
+    """The process's proxy on ``listen`` (started on first use) with ``backend`` added to it."""
+    with _shared_lock:
+        proxy = _shared.get(listen)
+        if proxy is None:
+            proxy = EgressProxy(listen)
+            proxy.start()  # OSError (address in use, not local) goes to the caller
+            _shared[listen] = proxy
+        proxy.backends.append(backend)
+        return proxy
+
+
+def unshare(proxy: EgressProxy, backend: Backend) -> None:
+    """Remove ``backend``; the proxy stops with its last backend."""
+    with _shared_lock:
+        if backend in proxy.backends:
+            proxy.backends.remove(backend)
+        if not proxy.backends:
+            if _shared.get(proxy.listen) is proxy:
+                del _shared[proxy.listen]
+            proxy.stop()

@@ -192,7 +192,7 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
         ann = {ks.A_OWNER: self.owner, ks.A_EXPIRES: str(now + int(self.config["warm_ttl"])), **(annotations or {})}
         return ks.pod_manifest(self.templates[template], name=name, token=ks.pod_token(self._secret, name),
                                configmap=self.configmap, labels={ks.L_STATE: ks.WARM, **(labels or {})},
-                               annotations=ann, deadline=deadline, egress_token=self._egress_token(name))
+                               annotations=ann, deadline=deadline, egress_token=self.egress_token(name))
 
     def start_box(self, workspace: str | None = None, template: str = "default", **claim: Any) -> PodBox:
         if workspace is not None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..boxes import k8s_spec as ks
 from ..egress.policy import EgressPolicy, parse_policy
-from ..egress.proxy import EgressProxy, Grant
+from ..egress.proxy import EgressProxy, Grant, share, unshare
 from ..egress.schema import NETWORK_SCHEMA
 from ..errors import InvalidConfigError, ProviderUnavailableError, SandboxError
 from .agent_backed import AgentBackedProvider, Instance
@@ -116,14 +116,12 @@ class KubernetesEgressMixin(AgentBackedProvider):
         listen = _host_port(c.get("egress_proxy_listen") or "", allow_zero=True)
         if self.egress_cap.mode == "none" or listen is None:
             return
-        proxy = EgressProxy(listen, self._egress_token, self.egress_lookup)
-        try:
-            proxy.start()
+        try:  # one proxy per address and process: a provider rebuilt on a config change shares it
+            self.proxy = share(listen, self)
         except OSError as e:
             raise ProviderUnavailableError(f"kubernetes: cannot serve the egress proxy on "
                                            f"{c['egress_proxy_listen']} (egress_proxy_listen): {e.strerror or e}",
                                            details={"provider": "kubernetes", "field": "egress_proxy_listen"}) from None
-        self.proxy = proxy
 
     def install_packages(self, instance_id: str, pip: list[str] | None = None, npm: list[str] | None = None,
                          timeout: float | None = None) -> dict[str, Any]:
@@ -133,13 +131,13 @@ class KubernetesEgressMixin(AgentBackedProvider):
                                  "proxy), or build the packages into the worker image",
                                  details={"provider": "kubernetes", "field": "install"})
 
-    def _egress_token(self, pod_name: str) -> str:
+    def egress_token(self, pod_name: str) -> str:
         return ks.egress_token(self._secret, pod_name)
 
     def shutdown(self) -> None:
         super().shutdown()
         if self.proxy is not None:
-            self.proxy.stop()
+            unshare(self.proxy, self)
             self.proxy = None
 
     def applied_limits(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest
 from execbox.egress import audit
 from execbox.egress.gateway import Limits
 from execbox.egress.policy import parse_policy
-from execbox.egress.proxy import EgressProxy, Grant
+from execbox.egress.proxy import EgressProxy, Grant, share, unshare
 
 from .conftest import audited
 
@@ -47,12 +47,24 @@ def upstream():
     srv.shutdown()
 
 
+class Boxes:
+    """A backend: the boxes' tokens and policies (the kubernetes provider in production)."""
+
+    def __init__(self, grants):
+        self.grants = grants
+
+    def egress_token(self, box):
+        return TOKENS.get(box, "x" * 64)
+
+    def egress_lookup(self, box):
+        return self.grants.get(box)
+
+
 @pytest.fixture
 def proxy(upstream):
     grants = {"pod-a": Grant(parse_policy("allowlist", [f"127.0.0.1/32:{upstream}"]), "ten-1", "ses-1", "i-1"),
               "pod-b": Grant(parse_policy("none"), "ten-2", None, "i-2")}
-    p = EgressProxy(("127.0.0.1", 0), lambda name: TOKENS.get(name, "x" * 64), grants.get,
-                    Limits(max_connections=1, max_bytes=1 << 20))
+    p = EgressProxy(("127.0.0.1", 0), [Boxes(grants)], Limits(max_connections=1, max_bytes=1 << 20))
     p.start()
     yield p
     p.stop()
@@ -141,3 +153,25 @@ def test_concurrent_connection_cap(proxy, upstream):
 def test_bad_request_is_400(proxy):
     out = raw(proxy, b"GET /origin-form HTTP/1.1\r\nHost: x\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 400")
+
+
+def test_one_shared_proxy_per_address(upstream):
+    """A provider rebuilt on a config change shares the address with the one it replaces: the proxy
+    serves both backends' boxes and stops only with its last backend."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        listen = ("127.0.0.1", s.getsockname()[1])
+    old = Boxes({"pod-a": Grant(parse_policy("allowlist", [f"127.0.0.1/32:{upstream}"]), "ten-1", "ses-1")})
+    new = Boxes({"pod-b": Grant(parse_policy("allowlist", [f"127.0.0.1/32:{upstream}"]), "ten-2", "ses-2")})
+    p1 = share(listen, old)
+    p2 = share(listen, new)
+    assert p1 is p2
+    get = f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\n".encode()
+    for box in ("pod-a", "pod-b"):
+        assert raw(p1, get + auth(box, TOKENS[box]) + b"\r\n").startswith(b"HTTP/1.1 200")
+    unshare(p1, old)
+    assert raw(p1, get + auth("pod-a", "tok-a") + b"\r\n").startswith(b"HTTP/1.1 403")  # old's boxes: gone
+    assert raw(p1, get + auth("pod-b", "tok-b") + b"\r\n").startswith(b"HTTP/1.1 200")
+    unshare(p2, new)
+    with pytest.raises(OSError):
+        socket.create_connection(listen, timeout=2).close()

@@ -190,6 +190,10 @@ def test_warm_pod_has_no_egress_and_credentials_are_refused(k8s_provider_factory
         assert "'status': 403" in r["stdout"] and "network is none" in r["stdout"], r
     finally:
         box.destroy()
+    # A provider rebuilt on a config change starts while the old one still serves: same proxy address.
+    rebuilt = k8s_provider_factory(**{k: p.config[k] for k in ("network", "network_allow", "egress_proxy",
+                                                               "egress_proxy_listen")})
+    assert rebuilt.proxy is p.proxy and p.proxy is not None
     with pytest.raises(InvalidConfigError) as e:
         k8s_provider_factory(network="allowlist", network_allow=[fakenet.name("www")],
                              egress_proxy=p.config["egress_proxy"], egress_proxy_listen="",
