@@ -94,7 +94,7 @@ class KubernetesEgressMixin(AgentBackedProvider):
         self.proxy: EgressProxy | None = None
         self.egress_proxy_address = ""  # egress_proxy with its host resolved: what pods' env names
         self._egress_cache: dict[str, tuple[float, Grant | None]] = {}
-        self._egress_lock = threading.Lock()
+        self._egress_locks = [threading.Lock() for _ in range(32)]  # striped by pod: claims stay parallel
 
     def initialize(self, config: dict[str, Any]) -> bool:
         if (config or {}).get("network_credentials") not in (None, "", {}):
@@ -170,12 +170,12 @@ class KubernetesEgressMixin(AgentBackedProvider):
     def patch_with_egress(self, inst: Instance, patch: dict[str, Any]) -> None:
         """Patch the instance's pod with ``patch`` plus its current egress policy.
 
-        Under ``_egress_lock`` the policy is read when the patch is sent, so a background claim and a
+        Under the pod's lock the policy is read when the patch is sent, so a background claim and a
         narrowing cannot land in the wrong order and leave the wider policy on the pod."""
         name = getattr(inst.box, "name", None)
         if name is None or self.api is None:
             return
-        with self._egress_lock:
+        with self._egress_locks[hash(name) % len(self._egress_locks)]:
             policy = inst.egress or self.egress_cap
             self._egress_cache[name] = (time.monotonic(), Grant(policy, inst.tenant_id, inst.session_id,
                                                                inst.instance_id))
