@@ -181,6 +181,12 @@ def _weigh_parent(path: str, per_cpu: int) -> None:
         pass
 
 
+# A starting pool box's CPU weight: 1/8 of a serving box's (v1 cpu.shares 1024, v2 cpu.weight
+# 100), low enough to yield to runs, high enough that a busy host does not starve the refill.
+BACKGROUND_SHARES = 128
+BACKGROUND_WEIGHT = 12
+
+
 @dataclass
 class Limits:
     memory_bytes: int
@@ -232,6 +238,14 @@ class BoxCgroup:
                 _write(os.path.join(d, "memory.swap.max"), "0")
             _write(os.path.join(d, "pids.max"), str(lim.pids))
             _write(os.path.join(d, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
+
+    def set_background(self, on: bool) -> None:
+        """A warm-pool box starts at a low CPU weight, so its start-up (interpreter, imports) gives
+        way to boxes that are serving runs; it gets the normal weight when it is handed out."""
+        if self.layout.version == 1:
+            _write(os.path.join(self.dirs["cpu"], "cpu.shares"), str(BACKGROUND_SHARES if on else 1024))
+        else:
+            _write(os.path.join(self.dirs[""], "cpu.weight"), str(BACKGROUND_WEIGHT if on else 100))
 
     def procs_files(self) -> list[str]:
         """The files a starting process writes its pid into to join every controller."""

@@ -92,6 +92,14 @@ class JailBox(ProcessBox):
     def oom_events(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
 
+    def promote(self) -> None:
+        """Handed out of the warm pool: from now on it serves runs at the normal CPU weight."""
+        if self.cgroup is not None:
+            try:
+                self.cgroup.set_background(False)
+            except OSError as e:  # the box is being torn down; its next run fails with the reason
+                log.warning("jail: could not raise the CPU weight of %s: %s", self.name, e)
+
     def adopt_workspace(self, caller_dir: str) -> bool:
         """A warm (pooled) box becomes a session's box: its workspace becomes ``caller_dir``."""
         if self.destroyed or not self.ws.adopt(caller_dir):
@@ -209,8 +217,10 @@ def _preexec(cg: cgroups.BoxCgroup | None, uid: int | None):
     return run
 
 
-def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
-    """Start one box with its agent ready (raises on any failure, leaving nothing behind)."""
+def start(settings: JailSettings, workspace: str | None = None, background: bool = False) -> JailBox:
+    """Start one box with its agent ready (raises on any failure, leaving nothing behind).
+
+    ``background``: a warm-pool refill, started at a low CPU weight until ``promote()``."""
     name = f"jail-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
     box_dir = os.path.join(boxes_dir(), name)
     root = os.geteuid() == 0
@@ -229,6 +239,8 @@ def start(settings: JailSettings, workspace: str | None = None) -> JailBox:
         if settings.use_cgroups:
             cg = cgroups.BoxCgroup.create(name, cgroups.Limits(settings.memory_bytes, settings.pids,
                                                                settings.cpus))
+            if background:
+                cg.set_background(True)
         ws.setup(settings.disk_bytes, uid)
         seccomp_fd = seccomp.bpf_fd()
         limits = {"memory_bytes": settings.memory_bytes, "fsize_bytes": settings.disk_bytes, "nofile": 1024}

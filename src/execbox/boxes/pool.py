@@ -101,6 +101,9 @@ class BoxPool:
                     if box.alive():
                         self.handed_out += 1
                         self._last_take = time.monotonic()
+                        promote = getattr(box, "promote", None)
+                        if promote is not None:  # a jail box started at a low CPU weight
+                            promote()
                         return box
                     threading.Thread(target=box.destroy, daemon=True).start()
                 remaining = deadline - time.monotonic()

@@ -98,6 +98,10 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
     def start_box(self, workspace: str | None = None) -> Box:
         """Start a box with its agent ready; ``workspace`` reuses an existing host directory."""
 
+    def start_pooled_box(self) -> Box:
+        """A warm-pool refill (the jail starts it at a low CPU weight until it is handed out)."""
+        return self.start_box()
+
     def start_box_with_runtime(self, workspace: str | None, runtime: str) -> Box:
         """Start a box that runs runtime template ``runtime``; backends without templates refuse."""
         raise InvalidConfigError(f"provider {self.name!r} does not support runtime templates "
@@ -124,7 +128,7 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         self.prepare()
         size = int(clean.get("pool_size") or 0)
         if size:
-            self._pool = BoxPool(self.start_box, size, name=self.name)
+            self._pool = BoxPool(self.start_pooled_box, size, name=self.name)
         self.initialized = True
         return True
 

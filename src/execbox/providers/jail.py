@@ -153,11 +153,14 @@ class JailProvider(AgentBackedProvider):
         if self._gpu is not None:
             self._gpu.admit(tenant_id, self.tenant_boxes(tenant_id))
 
-    def start_box(self, workspace: str | None = None) -> JailBox:
+    def start_box(self, workspace: str | None = None, background: bool = False) -> JailBox:
         if self._settings is None:
             raise ProviderNotInitializedError("jail provider is not initialized; call initialize(config) first",
                                               details={"provider": self.name})
-        return start_jail_box(self._settings, workspace)
+        return start_jail_box(self._settings, workspace, background)
+
+    def start_pooled_box(self) -> JailBox:
+        return self.start_box(background=True)
 
     def can_adopt_workspace(self, workspace: str) -> bool:
         """A new session's empty workspace on the boxes' filesystem can take a warm pooled box."""

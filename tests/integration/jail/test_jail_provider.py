@@ -131,6 +131,40 @@ def test_caller_workspace_has_a_quota_and_survives_its_box(jail, tmp_path):
     assert ws.is_dir() and [p.name for p in ws.iterdir()] == [".execbox-workspace.img"]
 
 
+def _cpu_weight(box) -> int:
+    """The box cgroup's CPU weight as the kernel holds it (v1 cpu.shares or v2 cpu.weight)."""
+    cg = box.cgroup
+    path = os.path.join(cg.dirs["cpu"], "cpu.shares") if cg.layout.version == 1 else \
+        os.path.join(cg.dirs[""], "cpu.weight")
+    return int(Path(path).read_text())
+
+
+def test_pool_refills_start_at_low_cpu_weight_and_serve_at_the_normal_one():
+    """A refill's start-up yields the CPU to boxes serving runs; a handed-out box gets it back."""
+    from execbox.boxes import cgroups
+
+    p = make_provider(pool_size=1)
+    try:
+        assert wait_for(lambda: p.pool_status()["ready"] == 1, timeout=30)
+        pooled = p._pool._ready[0]
+        if pooled.cgroup is None:
+            pytest.skip("boxes run without cgroups on this host")
+        low, normal = (cgroups.BACKGROUND_SHARES, 1024) if pooled.cgroup.layout.version == 1 \
+            else (cgroups.BACKGROUND_WEIGHT, 100)
+        assert _cpu_weight(pooled) == low
+        a = p.create_instance()
+        assert a.metadata["from_pool"] is True and p._get(a.instance_id).box is pooled
+        assert _cpu_weight(pooled) == normal
+        direct = p.start_box()  # what create_instance starts when the pool is empty
+        try:
+            assert _cpu_weight(direct) == normal
+        finally:
+            direct.destroy()
+        p.destroy_instance(a.instance_id)
+    finally:
+        p.shutdown()
+
+
 def test_warm_pool_hands_each_box_out_once_and_refills():
     p = make_provider(pool_size=1)
     try:
