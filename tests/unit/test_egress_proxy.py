@@ -81,7 +81,7 @@ def test_egress_token_is_per_pod_and_not_the_agent_token():
     assert ks.egress_token(s, "pod-a") != ks.egress_token(s, "pod-b")
     assert ks.egress_token(s, "pod-a") == ks.egress_token(s, "pod-a")
     env = {e["name"]: e["value"] for e in ks.proxy_env("gw.svc:15080", "pod-a", "tok")}
-    assert set(env) == set(ks.PROXY_ENV) and "NO_PROXY" not in env
+    assert set(env) == {*ks.PROXY_ENV, "NO_PROXY", "no_proxy"} and env["no_proxy"] == "localhost,127.0.0.1,::1"
     assert env["https_proxy"] == "http://pod-a:tok@gw.svc:15080"
 
 

@@ -34,6 +34,7 @@ NetworkPolicy opens the path to the gateway's egress proxy for those pods only);
 itself is the annotation (JSON ``{"network", "allow"}``), read by any gateway replica's proxy."""
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "npm_config_proxy",
              "npm_config_https_proxy")
+NO_PROXY = "localhost,127.0.0.1,::1"  # the box's own loopback (a server it runs) stays direct
 WARM, CLAIMED = "warm", "claimed"
 AGENT_PORT = 7070
 AGENT_CONTAINER = "agent"
@@ -61,10 +62,12 @@ def egress_token(secret: bytes, pod_name: str) -> str:
 
 
 def proxy_env(proxy: str, pod_name: str, token: str) -> list[dict[str, str]]:
-    """HTTP(S)_PROXY (both cases, and npm's) naming the gateway's proxy with the pod's credentials.
-    NO_PROXY is left unset: nothing but the proxy is reachable, and loopback stays local."""
+    """HTTP(S)_PROXY (both cases, and npm's) naming the gateway's proxy with the pod's credentials;
+    NO_PROXY/no_proxy only the loopback names, so a server the box runs itself is reached directly
+    (the proxy would refuse loopback) and everything else goes through the proxy."""
     url = f"http://{pod_name}:{token}@{proxy}"
-    return [{"name": k, "value": url} for k in PROXY_ENV]
+    return [{"name": k, "value": url} for k in PROXY_ENV] + [{"name": k, "value": NO_PROXY}
+                                                           for k in ("NO_PROXY", "no_proxy")]
 
 
 def agent_files() -> dict[str, str]:

@@ -106,7 +106,7 @@ def test_pod_egress_through_the_gateway_proxy(egress_provider, fake_apiserver, f
     assert pod["metadata"]["labels"][ks.L_EGRESS] == "on"
     assert json.loads(pod["metadata"]["annotations"][ks.A_EGRESS])["network"] == "allowlist"
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-    assert env["HTTPS_PROXY"].startswith(f"http://{name}:") and "NO_PROXY" not in env
+    assert env["HTTPS_PROXY"].startswith(f"http://{name}:") and env["NO_PROXY"] == "localhost,127.0.0.1,::1"
 
     www = fakenet.name("www")
     r = fetch(p, iid, f"http://{www}/plain?x=1")
@@ -117,6 +117,12 @@ def test_pod_egress_through_the_gateway_proxy(egress_provider, fake_apiserver, f
     r = fetch(p, iid, f"https://{www}/tls", cafile="/workspace/ca.pem")  # CONNECT, TLS end to end
     assert r.get("status") == 200 and json.loads(r["body"])["tls"] is True, r
 
+    # A server the box runs itself is reached directly (NO_PROXY), not refused by the proxy as loopback.
+    local = ("import http.server, threading, urllib.request\n"
+             "srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), http.server.SimpleHTTPRequestHandler)\n"
+             "threading.Thread(target=srv.serve_forever, daemon=True).start()\n"
+             "print(urllib.request.urlopen(f'http://localhost:{srv.server_address[1]}/', timeout=5).status)")
+    assert p.execute_code(iid, local, "python", 30).stdout.strip() == "200"
     # Refused: an unlisted name, a literal IP outside the policy, the metadata address (by IP and by an
     # allowed name that resolves to it), a host address (by IP and by an allowed name).
     for url, why in ((f"http://{fakenet.name('other')}/", "is not allowed by the network policy"),
