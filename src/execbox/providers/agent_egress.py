@@ -51,8 +51,14 @@ class AgentEgressMixin:
         link = egress_link(inst.box)
         if link is not None:
             link.set_policy(effective)
-        inst.egress = effective
-        self._publish_egress(inst, narrowing=True)
+        before, inst.egress = inst.egress, effective
+        try:
+            self._publish_egress(inst, narrowing=True)
+        except Exception:
+            inst.egress = before  # nothing half-applied
+            if link is not None:
+                link.set_policy(before or self.egress_cap)
+            raise
         return effective.to_dict()
 
     def _publish_egress(self, inst: Instance, narrowing: bool = False) -> None:

@@ -153,9 +153,9 @@ class KubernetesEgressMixin(AgentBackedProvider):
     def _publish_egress(self, inst: Instance, narrowing: bool = False) -> None:
         """Store the instance's current policy on its pod (and in this replica's proxy cache at once).
 
-        A failed patch never leaves more access than asked for: this replica keeps enforcing the new
-        policy, and a narrowing (which other replicas would otherwise miss) raises; a widening back
-        (the end of a run's narrowing) only logs, the pod keeping the narrower policy."""
+        A failed patch never leaves more access than asked for: a narrowing raises (SB009; the caller
+        puts the previous policy back, as the pod still has it), a widening back (the end of a run's
+        narrowing) only logs, the pod keeping the narrower policy."""
         try:
             self.patch_with_egress(inst, {})
         except SandboxError as e:
@@ -183,7 +183,11 @@ class KubernetesEgressMixin(AgentBackedProvider):
             body = {**patch, "metadata": {
                 "labels": {**(patch.get("metadata") or {}).get("labels", {}), **meta["labels"]},
                 "annotations": {**(patch.get("metadata") or {}).get("annotations", {}), **meta["annotations"]}}}
-            self.api.patch_pod(name, body)
+            try:
+                self.api.patch_pod(name, body)
+            except SandboxError:
+                self._egress_cache.pop(name, None)  # the proxy reads the pod again: what it really has
+                raise
 
     def policy_of(self, pod: Any) -> EgressPolicy | None:
         """The policy stored on a pod, or None when there is none (a warm pod)."""
