@@ -19,6 +19,7 @@ import pytest
 
 from execbox.boxes import k8s_spec as ks
 from execbox.egress import audit
+from execbox.errors import ProviderUnavailableError
 from tests.conftest import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
@@ -177,6 +178,13 @@ def test_another_replica_sees_the_pods_policy(egress_provider, k8s_provider_fact
     p2 = k8s_provider_factory(network="allowlist", network_allow=p1.config["network_allow"],
                               egress_proxy=p1.config["egress_proxy"], egress_proxy_listen="")
     assert p2.proxy is None and p2.effective_network(iid) == p1.effective_network(iid)
+    # A narrowing the pod cannot store (RBAC, API down) fails and changes nothing: others would miss it.
+    fake_apiserver.forbidden.add(("patch", "pods"))
+    before = p2.effective_network(iid)
+    with pytest.raises(ProviderUnavailableError) as e:
+        p2.set_network_policy(iid, "none")
+    assert e.value.code == "SB009" and p2.effective_network(iid) == before
+    fake_apiserver.forbidden.clear()
     p2.set_network_policy(iid, "allowlist", [f"{www}:443"])
     time.sleep(EGRESS_TTL + 0.2)
     r = fetch(p2, iid, f"http://{www}/")  # p2 holds the agent connection now; p1's proxy serves the pod
