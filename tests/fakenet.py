@@ -220,10 +220,6 @@ def start() -> FakeNet:
     except BaseException:
         fn.close()
         raise
-    # The gateway caches the host's addresses for 5 s; the new veth address must count as one now.
-    from execbox.egress import policy
-
-    policy._host_addrs = (0.0, frozenset())
     return fn
 
 

@@ -98,7 +98,7 @@ class EgressPolicy:
             return False, "network is none"
         special = next((n for n in ALWAYS_DENIED if ip in n), None)
         explicit = [e for e in self.allow if e.matches_ip(ip, port)]
-        if special is not None or ip in host_addresses():
+        if special is not None or is_host_address(ip):
             if any(e.network is not None and e.network.subnet_of(special or e.network) and
                    (special is not None or e.network.prefixlen == 32) for e in explicit):
                 return True, "explicit cidr"
@@ -245,6 +245,32 @@ def parse_policy(mode: Any, allow: Any = None) -> EgressPolicy:
 
 
 _host_addrs: tuple[float, frozenset[ipaddress.IPv4Address]] = (0.0, frozenset())
+_nonlocal_bind: bool | None = None
+
+
+def is_host_address(ip: ipaddress.IPv4Address) -> bool:
+    """Is ``ip`` an address of this host now? The 5-s table, then the kernel itself: binding a
+    socket to an address succeeds only for a local one, so an address added since the table was
+    read (a new bridge, a container network) is denied at once, not up to 5 s later."""
+    global _nonlocal_bind
+    if ip in host_addresses():
+        return True
+    if _nonlocal_bind is None:
+        try:
+            with open("/proc/sys/net/ipv4/ip_nonlocal_bind", encoding="ascii") as f:
+                _nonlocal_bind = f.read().strip() != "0"
+        except OSError:
+            _nonlocal_bind = False
+    if _nonlocal_bind:  # any bind succeeds there: only the table can tell
+        return False
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((str(ip), 0))
+        except OSError:
+            return False
+    return True
 
 
 def host_addresses() -> frozenset[ipaddress.IPv4Address]:
