@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 SERVER = r'''
@@ -223,3 +225,18 @@ def start() -> FakeNet:
     return fn
 
 
+@contextmanager
+def serving() -> Iterator[FakeNet]:
+    """A fake internet for the block, with the egress gateway resolving names through its DNS
+    (``EXECBOX_EGRESS_RESOLVER``; the previous value is put back)."""
+    fn = start()
+    old = os.environ.get("EXECBOX_EGRESS_RESOLVER")
+    os.environ["EXECBOX_EGRESS_RESOLVER"] = fn.resolver
+    try:
+        yield fn
+    finally:
+        if old is None:
+            os.environ.pop("EXECBOX_EGRESS_RESOLVER", None)
+        else:
+            os.environ["EXECBOX_EGRESS_RESOLVER"] = old
+        fn.close()

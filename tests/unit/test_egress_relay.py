@@ -14,6 +14,15 @@ from execbox.egress import relay
 from execbox.egress.audit import AuditRecord
 
 
+def _run(main) -> None:
+    """asyncio.run in a thread of its own: earlier tests in the same process (Playwright's sync
+    API) can leave an event loop marked running in the main thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as ex:
+        ex.submit(asyncio.run, main()).result(30)
+
+
 def _link(max_bytes: int = 1 << 30) -> SimpleNamespace:
     return SimpleNamespace(bytes_total=0, limits=SimpleNamespace(max_bytes=max_bytes), relays=set())
 
@@ -67,7 +76,7 @@ def test_bytes_both_ways_half_close_and_counts():
         box.close()
         assert (rec.bytes_up, rec.bytes_down) == (len(payload), 5000)
         assert link.bytes_total == len(payload) + 5000 and not link.relays
-    asyncio.run(main())
+    _run(main)
 
 
 def test_byte_cap_cuts_the_connection():
@@ -85,7 +94,7 @@ def test_byte_cap_cuts_the_connection():
         assert rec.decision == "limited" and "byte cap" in rec.reason
         box.close()
         up.close()
-    asyncio.run(main())
+    _run(main)
 
 
 def test_abort_from_the_link_closes_both_sides():
@@ -105,4 +114,4 @@ def test_abort_from_the_link_closes_both_sides():
             pass
         box.close()
         up.close()
-    asyncio.run(main())
+    _run(main)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.conftest import require
@@ -21,15 +19,8 @@ def fakenet():
     _net_ready()
     from tests import fakenet as fk
 
-    fn = fk.start()
-    old = os.environ.get("EXECBOX_EGRESS_RESOLVER")
-    os.environ["EXECBOX_EGRESS_RESOLVER"] = fn.resolver
-    yield fn
-    if old is None:
-        os.environ.pop("EXECBOX_EGRESS_RESOLVER", None)
-    else:
-        os.environ["EXECBOX_EGRESS_RESOLVER"] = old
-    fn.close()
+    with fk.serving() as fn:
+        yield fn
 
 
 def jail_with(network: str, allow: list[str] | None = None):

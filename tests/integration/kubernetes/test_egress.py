@@ -11,7 +11,6 @@ proven only by test_manifests.py (the policies' shape), not at runtime here.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 
@@ -48,15 +47,8 @@ def fakenet():
     require(ok, f"box networking for the fake internet ({why})")
     from tests import fakenet as fk
 
-    fn = fk.start()
-    old = os.environ.get("EXECBOX_EGRESS_RESOLVER")
-    os.environ["EXECBOX_EGRESS_RESOLVER"] = fn.resolver
-    yield fn
-    if old is None:
-        os.environ.pop("EXECBOX_EGRESS_RESOLVER", None)
-    else:
-        os.environ["EXECBOX_EGRESS_RESOLVER"] = old
-    fn.close()
+    with fk.serving() as fn:
+        yield fn
 
 
 def _bridge_address(docker_engine) -> str:
