@@ -65,8 +65,10 @@ def server(jail_ready: None) -> Iterator[Server]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """Package-scoped: while Playwright's sync API is up it marks an event loop as running in the
+    main thread, and tests elsewhere that call asyncio.run() would fail."""
     require(os.access(CHROMIUM, os.X_OK), f"Debian chromium at {CHROMIUM} (scripts/setup/test/50-browser.sh)")
     from playwright.sync_api import sync_playwright
 
