@@ -209,7 +209,7 @@ class Gateway:
         link.active += 1
         link._writers.add(writer)
         try:
-            target, reason = await self._decide(link, name, dst, port)
+            target, reason = await decide(link, name, dst, port)
             if target is None:
                 rec.reason = reason
                 await _refuse(reader, writer, reason)
@@ -233,10 +233,6 @@ class Gateway:
             audit.record(rec)
             if not writer.is_closing():
                 writer.close()
-
-    async def _decide(self, link: BoxLink, name: str | None, dst: ipaddress.IPv4Address,
-                      port: int) -> tuple[ipaddress.IPv4Address | None, str]:
-        return await decide(link, name, dst, port)
 
 
 async def decide(link: Any, name: str | None, dst: ipaddress.IPv4Address | None,
