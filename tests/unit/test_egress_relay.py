@@ -74,8 +74,8 @@ def test_bytes_both_ways_half_close_and_counts():
         assert await _read_all(box) == b"reply" * 1000
         await asyncio.wait_for(task, 5)
         box.close()
-        assert (rec.bytes_up, rec.bytes_down) == (len(payload), 5000)
-        assert link.bytes_total == len(payload) + 5000 and not link.relays
+        assert (rec.bytes_up, rec.bytes_down) == (len(b"HEAD\r\n") + len(payload), 5000)
+        assert link.bytes_total == len(b"HEAD\r\n") + len(payload) + 5000 and not link.relays
     _run(main)
 
 

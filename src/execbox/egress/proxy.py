@@ -208,12 +208,9 @@ class EgressProxy:
                 return
             rec.ip, rec.decision, rec.reason = str(target), "allowed", reason
             greeting = b"HTTP/1.1 200 Connection established\r\n\r\n" if req.method == "CONNECT" else b""
-            first = req.head + rest  # sent by splice itself, so counted here
-            rec.bytes_up += len(first)
-            state.bytes_total += len(first)
             try:
                 await splice(state, transport, str(target), req.port, rec, CONNECT_TIMEOUT,
-                             first, greeting=greeting)
+                             req.head + rest, greeting=greeting)
             except (OSError, TimeoutError) as e:
                 rec.reason = f"upstream connect failed: {e}"[:300]
                 transport.write(response("502 Bad Gateway", f"cannot reach {req.host}:{req.port}"))

@@ -136,7 +136,7 @@ class Spliced:
 async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: int,
                  rec: audit.AuditRecord, connect_timeout: float, first: bytes = b"", *,
                  greeting: bytes = b"") -> None:
-    """Dial ``host:port``, send ``first`` (a rewritten request head, say), then relay bytes between
+    """Dial ``host:port``, send ``first`` (a rewritten request head, say; counted as bytes up), then relay bytes between
     it and the (paused) box transport until both directions end. ``greeting`` goes to the box once
     the upstream is connected (the egress proxy's ``200 Connection established``). The box
     transport stays its owner's to close; an aborted relay aborts it."""
@@ -148,6 +148,8 @@ async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: i
         await asyncio.wait_for(loop.sock_connect(upstream, (host, port)), connect_timeout)
         if first:
             await loop.sock_sendall(upstream, first)
+            rec.bytes_up += len(first)  # box bytes like any other, only sent before the relay starts
+            link.bytes_total += len(first)
     except BaseException:
         upstream.close()
         raise
