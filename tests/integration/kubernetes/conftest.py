@@ -92,3 +92,12 @@ def kubernetes_provider(fake_apiserver):
     p.initialize(provider_config(fake_apiserver, pool_size=2, pool_wait=120, sweep_interval=5))
     yield p
     _shutdown_and_check(fake_apiserver, [p])
+
+
+def pod_of(fake, instance_id):
+    """The fake API server's pod claimed by ``instance_id`` (its instance annotation), or None."""
+    for name in fake.pod_names():
+        pod = fake.pod(name)
+        if pod and (pod["metadata"].get("annotations") or {}).get(ks.A_INSTANCE) == instance_id:
+            return pod
+    return None

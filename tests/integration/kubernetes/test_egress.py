@@ -21,6 +21,8 @@ from execbox.egress import audit
 from execbox.errors import ProviderUnavailableError
 from tests.conftest import require
 
+from .conftest import pod_of
+
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
 FETCH = """
@@ -67,14 +69,6 @@ def egress_provider(k8s_provider_factory, docker_engine, fakenet):
                                 egress_proxy_listen=f"{gw}:{port}")
 
 
-def _pod(fake, instance_id):
-    for name in fake.pod_names():
-        pod = fake.pod(name)
-        if pod and (pod["metadata"].get("annotations") or {}).get(ks.A_INSTANCE) == instance_id:
-            return pod
-    return None
-
-
 def _wait(cond, timeout=15.0, what="condition"):
     deadline = time.monotonic() + timeout
     while not cond():
@@ -94,7 +88,7 @@ def test_pod_egress_through_the_gateway_proxy(egress_provider, fake_apiserver, f
     iid = inst.instance_id
     assert inst.metadata["network"]["network"] == "allowlist"
     assert p.applied_limits()["network"] == "allowlist"
-    pod = _pod(fake_apiserver, iid)
+    pod = pod_of(fake_apiserver, iid)
     name = pod["metadata"]["name"]
     assert pod["metadata"]["labels"][ks.L_EGRESS] == "on"
     assert json.loads(pod["metadata"]["annotations"][ks.A_EGRESS])["network"] == "allowlist"
@@ -146,13 +140,13 @@ def test_pod_egress_through_the_gateway_proxy(egress_provider, fake_apiserver, f
     r = fetch(p, iid, f"http://{www}/")
     assert r.get("status") == 403 and "is not allowed by the network policy" in r["body"], r
     assert fetch(p, iid, f"https://{www}/", cafile="/workspace/ca.pem").get("status") == 200
-    assert json.loads(_pod(fake_apiserver, iid)["metadata"]["annotations"][ks.A_EGRESS])["allow"] == [f"{www}:443"]
+    assert json.loads(pod_of(fake_apiserver, iid)["metadata"]["annotations"][ks.A_EGRESS])["allow"] == [f"{www}:443"]
     # network=none for one run: refused, and the label that opens the path to the proxy is off meanwhile.
     with p.network_for_run(iid, "none"):
-        assert _pod(fake_apiserver, iid)["metadata"]["labels"][ks.L_EGRESS] == "off"
+        assert pod_of(fake_apiserver, iid)["metadata"]["labels"][ks.L_EGRESS] == "off"
         r = fetch(p, iid, f"https://{www}/", cafile="/workspace/ca.pem")
         assert not r["ok"] and "403" in r.get("error", ""), r
-    assert _pod(fake_apiserver, iid)["metadata"]["labels"][ks.L_EGRESS] == "on"
+    assert pod_of(fake_apiserver, iid)["metadata"]["labels"][ks.L_EGRESS] == "on"
     assert fetch(p, iid, f"https://{www}/", cafile="/workspace/ca.pem").get("status") == 200
     assert any("network is none" in r.reason for r in audit.recent(box=name, decision="denied"))
 

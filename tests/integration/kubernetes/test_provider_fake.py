@@ -11,6 +11,8 @@ from execbox.boxes import k8s_spec as ks
 from execbox.errors import InstanceCreationError, OutOfMemoryError, ProviderUnavailableError
 from tests.conftest import require
 
+from .conftest import pod_of
+
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 NS = "execbox-sandboxes"
 
@@ -28,14 +30,6 @@ def _mine(fake, provider):
             if ((fake.pod(n) or {}).get("metadata", {}).get("annotations") or {}).get(ks.A_OWNER) == provider.owner]
 
 
-def _pod_of(fake, instance_id):
-    for name in fake.pod_names():
-        pod = fake.pod(name)
-        if pod and (pod["metadata"].get("annotations") or {}).get(ks.A_INSTANCE) == instance_id:
-            return pod
-    return None
-
-
 def test_runs_files_pool_claim_and_delete(k8s_provider_factory, fake_apiserver):
     p, fake = k8s_provider_factory(pool_size=1), fake_apiserver
     _wait(lambda: p.pool_status()["ready"] == 1, 60, "the warm pod")
@@ -48,9 +42,9 @@ def test_runs_files_pool_claim_and_delete(k8s_provider_factory, fake_apiserver):
     assert p.run_command(inst, "cat data/x.txt; touch /etc/x 2>&1 || true").stdout.startswith("hello")
     assert "Read-only file system" in p.run_command(inst, "touch /etc/x 2>&1; true").stdout
     # The claim is on the pod (labels for selection, annotations for the ids): replicas are stateless.
-    _wait(lambda: (_pod_of(fake, inst) or {}).get("metadata", {}).get("labels", {}).get(ks.L_STATE) == ks.CLAIMED,
+    _wait(lambda: (pod_of(fake, inst) or {}).get("metadata", {}).get("labels", {}).get(ks.L_STATE) == ks.CLAIMED,
           10, "the claim patch")
-    pod = _pod_of(fake, inst)
+    pod = pod_of(fake, inst)
     assert pod["metadata"]["annotations"][ks.A_TENANT] == "t1"
     assert pod["metadata"]["labels"][ks.L_SESSION] == ks.label_value("s1")
     # The pool refilled in the background: a new warm pod besides the claimed one.
@@ -58,7 +52,7 @@ def test_runs_files_pool_claim_and_delete(k8s_provider_factory, fake_apiserver):
     warm = [n for n in _mine(fake, p) if fake.pod(n)["metadata"]["labels"][ks.L_STATE] == ks.WARM]
     assert len(warm) == 1 and warm[0] != pod["metadata"]["name"]
     assert p.destroy_instance(inst)
-    _wait(lambda: _pod_of(fake, inst) is None, 10, "the session's pod deletion")
+    _wait(lambda: pod_of(fake, inst) is None, 10, "the session's pod deletion")
     _wait(lambda: not any(c.name.endswith(pod["metadata"]["name"]) for c in fake.containers()), 20,
           "the pod's container removal")
     # Only lifecycle calls reach the API server: never exec/attach (the channel is the pod port).
@@ -68,7 +62,7 @@ def test_runs_files_pool_claim_and_delete(k8s_provider_factory, fake_apiserver):
 def test_one_shot_gets_a_short_deadline(k8s_provider_factory, fake_apiserver):
     p = k8s_provider_factory(max_timeout=60)
     inst = p.create_instance(tenant_id="t1").instance_id
-    pod = _pod_of(fake_apiserver, inst)
+    pod = pod_of(fake_apiserver, inst)
     assert pod["spec"]["activeDeadlineSeconds"] <= 60 + 20 + 5  # max_timeout + 2 * grace + the pod's age
     assert p.execute_code(inst, "print('once')", "python").stdout == "once\n"
 
@@ -77,7 +71,7 @@ def test_one_shot_gets_a_short_deadline(k8s_provider_factory, fake_apiserver):
 def test_pod_dying_mid_run_is_a_clear_error_and_nothing_leaks(k8s_provider_factory, fake_apiserver, how):
     p = k8s_provider_factory()
     inst = p.create_instance(tenant_id="t1", session_id="s").instance_id
-    name = _pod_of(fake_apiserver, inst)["metadata"]["name"]
+    name = pod_of(fake_apiserver, inst)["metadata"]["name"]
     if how == "Evicted":
         threading.Timer(1.0, fake_apiserver.end_pod, args=(name,), kwargs={"reason": "Evicted"}).start()
     else:  # someone (an operator, a node drain) deletes the pod
@@ -94,7 +88,7 @@ def test_pod_dying_mid_run_is_a_clear_error_and_nothing_leaks(k8s_provider_facto
 def test_oom_killed_pod_is_sb006(k8s_provider_factory, fake_apiserver):
     p = k8s_provider_factory()
     inst = p.create_instance(tenant_id="t1", session_id="s").instance_id
-    name = _pod_of(fake_apiserver, inst)["metadata"]["name"]
+    name = pod_of(fake_apiserver, inst)["metadata"]["name"]
     threading.Timer(1.0, fake_apiserver.end_pod, args=(name,), kwargs={"reason": "OOMKilled"}).start()
     with pytest.raises(OutOfMemoryError) as e:
         p.execute_code(inst, "import time\ntime.sleep(30)", "python", timeout=40)
@@ -125,8 +119,8 @@ def test_pool_self_heals_when_a_warm_pod_dies(k8s_provider_factory, fake_apiserv
     inst = p.create_instance(tenant_id="t1", session_id="s").instance_id
     assert p.execute_code(inst, "print('ok')", "python").stdout == "ok\n"
     # A pooled pod is claimed in the background: wait for the patch before reading the pod by its claim.
-    _wait(lambda: _pod_of(fake_apiserver, inst) is not None, 10, "the claim patch")
-    assert _pod_of(fake_apiserver, inst)["metadata"]["name"] != first
+    _wait(lambda: pod_of(fake_apiserver, inst) is not None, 10, "the claim patch")
+    assert pod_of(fake_apiserver, inst)["metadata"]["name"] != first
     _wait(lambda: first not in fake_apiserver.pod_names(), 10, "the dead warm pod's removal")
 
 
@@ -135,20 +129,20 @@ def test_another_replica_takes_over_a_session(k8s_provider_factory, fake_apiserv
     inst = a.create_instance(tenant_id="t1", session_id="s").instance_id
     a.execute_code(inst, "counter = 41", "python", context_id="c1")
     a.write_file(inst, "note.txt", "from a")
-    _wait(lambda: (_pod_of(fake_apiserver, inst) or {}).get("metadata", {}).get("labels", {}).get(ks.L_STATE)
+    _wait(lambda: (pod_of(fake_apiserver, inst) or {}).get("metadata", {}).get("labels", {}).get(ks.L_STATE)
           == ks.CLAIMED, 10, "the claim")
     r = b.execute_code(inst, "print(counter + 1)", "python", context_id="c1")
     assert r.stdout == "42\n", r
     assert b.read_file(inst, "note.txt").content.startswith("from a")
     assert b.destroy_instance(inst)
-    _wait(lambda: _pod_of(fake_apiserver, inst) is None, 10, "the pod deletion")
+    _wait(lambda: pod_of(fake_apiserver, inst) is None, 10, "the pod deletion")
 
 
 def test_wrong_secret_cannot_take_over(k8s_provider_factory, fake_apiserver):
     a = k8s_provider_factory()
     intruder = k8s_provider_factory(agent_secret="another-secret-0123456789abcdef")
     inst = a.create_instance(tenant_id="t1", session_id="s").instance_id
-    _wait(lambda: _pod_of(fake_apiserver, inst) is not None, 10, "the claim")
+    _wait(lambda: pod_of(fake_apiserver, inst) is not None, 10, "the claim")
     with pytest.raises(InstanceCreationError) as e:
         intruder.execute_code(inst, "print(1)", "python")
     assert "handshake failed" in e.value.message
@@ -214,7 +208,7 @@ def test_sweeper_removes_ended_and_expired_pods_of_any_replica(k8s_provider_fact
     _wait(lambda: fake_apiserver.pod("execbox-default-ended00001")["status"]["phase"] == "Failed", 10, "the end")
     live = p.create_instance(tenant_id="t1", session_id="s").instance_id
     p.sweep()  # another replica's sweeper (a session-shared provider) may take the expired one first
-    assert _mine(fake_apiserver, p) == [_pod_of(fake_apiserver, live)["metadata"]["name"]]
+    assert _mine(fake_apiserver, p) == [pod_of(fake_apiserver, live)["metadata"]["name"]]
 
 
 def test_every_pod_the_provider_created_is_schema_valid_and_hardened(k8s_provider_factory, fake_apiserver):
@@ -225,7 +219,7 @@ def test_every_pod_the_provider_created_is_schema_valid_and_hardened(k8s_provide
                              tolerations=[{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}])
     inst = p.create_instance(tenant_id="t1").instance_id
     assert p.execute_code(inst, "print(1)", "python").stdout == "1\n"
-    name = _pod_of(fake_apiserver, inst)["metadata"]["name"]
+    name = pod_of(fake_apiserver, inst)["metadata"]["name"]
     (body,) = [b for b in fake_apiserver.created if b["metadata"]["name"] == name]
     require(kv is not None, "kubernetes-validate (pip install -e '.[dev]')")
     validate(body)
@@ -247,7 +241,7 @@ def test_named_templates_have_their_own_pod_spec_and_warm_pool(k8s_provider_fact
     _wait(lambda: p.pool_status()["templates"]["small"]["ready"] == 1, 60, "the small template's warm pod")
     small = p.create_instance("small", tenant_id="t1", session_id="a").instance_id
     other = p.create_instance("python", tenant_id="t1", session_id="b").instance_id  # unknown: the top level
-    pod_small, pod_other = _pod_of(fake_apiserver, small), _pod_of(fake_apiserver, other)
+    pod_small, pod_other = pod_of(fake_apiserver, small), pod_of(fake_apiserver, other)
     assert pod_small["metadata"]["labels"][ks.L_TEMPLATE] == "default-small"
     assert pod_small["spec"]["containers"][0]["resources"]["limits"]["memory"] == "128Mi"
     assert pod_other["metadata"]["labels"][ks.L_TEMPLATE] == "default"
