@@ -143,19 +143,15 @@ def _usable_names() -> list[str]:
 def list_runtimes() -> list[dict[str, object]]:
     out: list[dict[str, object]] = [{"name": SYSTEM, "python": SYSTEM_PYTHON, "packages": [], "npm": [],
                                      "path": None, "version": "", "versions": []}]
-    root = runtimes_dir()
-    if os.path.isdir(root):
-        for name in sorted(os.listdir(root)):
-            if not _NAME.match(name):
-                continue
-            try:
-                r = resolve(name)
-            except RuntimeNotUsable:
-                continue
-            info = _read_manifest(r.host_dir or "") or {}
-            out.append({"name": name, "python": info.get("python"), "packages": r.packages, "npm": r.npm,
-                        "path": r.host_dir, "version": r.version, "versions": versions(name),
-                        "from": info.get("from"), "installed_at": info.get("installed_at")})
+    for name in _usable_names():
+        try:
+            r = resolve(name)
+        except RuntimeNotUsable:  # its current version's manifest is gone
+            continue
+        info = _read_manifest(r.host_dir or "") or {}
+        out.append({"name": name, "python": info.get("python"), "packages": r.packages, "npm": r.npm,
+                    "path": r.host_dir, "version": r.version, "versions": versions(name),
+                    "from": info.get("from"), "installed_at": info.get("installed_at")})
     return out
 
 
