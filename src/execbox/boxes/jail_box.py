@@ -2,9 +2,9 @@
 
 Start order: create the cgroup and the quota-limited workspace, then fork bwrap from a
 long-lived spawner thread (``--die-with-parent`` ties a box to the *thread* that forked it,
-so a box started from a short-lived request thread would die with that thread). The forked
-child joins the box's cgroup and, when execbox runs as root, drops to an unprivileged host
-uid before exec, so even the box's mapped "user" is nobody on the host.
+so a box started from a short-lived request thread would die with that thread). Before bwrap
+runs, the child joins the box's cgroup and, when execbox runs as root, drops to an
+unprivileged host uid, so even the box's mapped "user" is nobody on the host.
 """
 
 from __future__ import annotations
@@ -200,7 +200,44 @@ def _wait_for_workspace(caller_dir: str, timeout: float = 30.0) -> None:
         wait_futures([fut], timeout=timeout)
 
 
+# Joins the box's cgroups, then execs the rest of its argv. A constant: every value reaches it as
+# a positional parameter, never as shell text. Exit 125 (with the shell's message on the box's
+# stderr) when a write fails, so the start fails with the reason instead of running unlimited.
+_JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def _launcher(cg: cgroups.BoxCgroup | None, uid: int | None, net_fd: int | None) -> list[str] | None:
+    """The argv that joins the box's cgroups, network namespace and uid, then execs bwrap.
+
+    Run through ``sh``, ``nsenter`` and ``setpriv`` (util-linux) rather than a Python
+    ``preexec_fn``: without one, subprocess starts the child with vfork(), so the service's
+    pages are not copied on write for every box (~15 ms of wall time and ~5 ms of CPU per box
+    start, measured by bench_scaling). None when a tool is missing: the caller falls back to
+    :func:`_preexec`.
+    """
+    sh, setpriv, nsenter = "/bin/sh", _tool("setpriv"), _tool("nsenter")
+    if not os.access(sh, os.X_OK) or (uid is not None and setpriv is None) or (net_fd is not None and nsenter is None):
+        return None
+    argv: list[str] = []
+    if cg is not None:
+        argv += [sh, "-c", _JOIN_CGROUPS, "execbox-join", *cg.procs_files(), "--"]
+    if net_fd is not None:
+        argv += [nsenter, f"--net=/proc/self/fd/{net_fd}", "--no-fork", "--"]  # type: ignore[list-item]
+    if uid is not None:
+        argv += [setpriv, "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--"]  # type: ignore[list-item]
+    return argv
+
+
+def _tool(name: str) -> str | None:
+    for d in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        path = os.path.join(d, name)
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def _preexec(cg: cgroups.BoxCgroup | None, uid: int | None):
+    """The same as :func:`_launcher`, in the forked child (forces fork() over vfork())."""
     procs_files = cg.procs_files() if cg else []
 
     def run() -> None:  # runs in the forked child: only async-signal-safe-ish syscalls
@@ -263,12 +300,18 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
                 spec.extra_ro.append((pip_root, PIP_MOUNT))
             spec.env.update(jn.box_env())
         argv = bwrap.build_argv(spec, bwrap.bwrap_path() or "bwrap")
+        net_fd = jn.net.fd if jn is not None else None
+        launcher = _launcher(cg, uid, net_fd)
+        spawn: dict[str, Any] = {"pass_fds": (seccomp_fd,) if net_fd is None else (seccomp_fd, net_fd)}
+        if launcher is None:
+            spawn["preexec_fn"] = jail_net.preexec(_preexec(cg, uid), jn)
+        else:
+            argv = launcher + argv
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         try:
             proc = _spawner.submit(
                 subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_w,
-                env={"PATH": "/usr/bin:/bin"}, cwd="/", close_fds=True, pass_fds=(seccomp_fd,),
-                preexec_fn=jail_net.preexec(_preexec(cg, uid), jn),
+                env={"PATH": "/usr/bin:/bin"}, cwd="/", close_fds=True, **spawn,
             ).result()
         except BaseException:
             os.close(err_r)

@@ -156,3 +156,57 @@ def test_staged_agent_carries_unchecked_bytecode_that_boxes_load():
         p.destroy_instance(inst.instance_id)
     finally:
         p.shutdown()
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+@pytest.mark.parametrize("launcher", ["sh+setpriv", "preexec fallback"])
+def test_box_processes_join_the_cgroup_and_the_leased_uid_before_bwrap_runs(launcher, monkeypatch):
+    """Without a preexec_fn (so subprocess can vfork), sh + setpriv must do what the fork did:
+    every process of the box, bwrap itself included, in the box's cgroups and as its host uid
+    with no supplementary groups. Where the tools are missing, the preexec path still does it."""
+    from execbox.boxes import jail_box
+
+    require(os.geteuid() == 0, "root (cgroups and a host uid per box)")
+    if launcher == "preexec fallback":
+        monkeypatch.setattr(jail_box, "_tool", lambda name: None)
+    p = make_provider()
+    try:
+        inst = p.create_instance()
+        b = p._instances[inst.instance_id].box
+        assert b.cgroup is not None and b.lease is not None
+        r = p.execute_code(inst.instance_id, "import os; print(os.getuid())", "python", 20)
+        assert (r.exit_code, r.stdout) == (0, "1000\n")  # the box's own view of its user
+        pids = b.cgroup.pids()
+        assert b.proc.pid in pids and len(pids) >= 2  # bwrap and the agent it started
+        for pid in pids:
+            st = _status(pid)
+            assert st["Uid"].split() == [str(b.lease.uid)] * 4, (pid, st["Uid"])
+            assert st["Gid"].split() == [str(b.lease.uid)] * 4, (pid, st["Gid"])
+            assert st["Groups"].strip() == "", (pid, st["Groups"])
+            assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0, pid
+        with open(f"/proc/{b.proc.pid}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[0].endswith(b"bwrap")  # sh and setpriv exec'd themselves away
+    finally:
+        p.shutdown()
+
+
+def test_a_cgroup_that_cannot_be_joined_fails_the_start_with_the_reason(monkeypatch):
+    """The launcher must never start a box outside its limits: a failed write stops it."""
+    from execbox.boxes import cgroups, jail_box
+
+    require(os.geteuid() == 0, "root (cgroups and a host uid per box)")
+    real = cgroups.BoxCgroup.procs_files
+    monkeypatch.setattr(cgroups.BoxCgroup, "procs_files",
+                        lambda self: [*real(self), "/proc/execbox-no-such-dir/cgroup.procs"])
+    p = make_provider()
+    try:
+        with pytest.raises(Exception) as err:
+            p.create_instance()
+        assert "execbox-no-such-dir" in str(err.value)
+        assert jail_box.drain()
+    finally:
+        p.shutdown()
