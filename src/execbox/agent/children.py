@@ -22,6 +22,10 @@ ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "py
            "py": "python", "sh": "bash", "shell": "bash"}
 
 
+EARLY_SPARE_MAX_FORK = 0.002
+"""Seconds: fork the next spare while a run executes only when forking (averaged) is this cheap."""
+
+
 class Spare:
     """A forked child waiting for its one-shot job on ``ctl_w``."""
 
@@ -185,11 +189,13 @@ class Children:
             except OSError:
                 pass
 
-    def make_spare(self) -> None:
+    def make_spare(self, close: tuple[int, ...] = ()) -> None:
         """Fork the child for the next one-shot run ahead of time, off the request's hot path.
 
         The spare has its pipes wired and waits on a control pipe for its job; fork cost and
-        copy-on-write set-up are paid while the host is busy with the previous reply.
+        copy-on-write set-up are paid while the previous run executes (``_start_oneshot``
+        forks the next spare as soon as it hands a job over) or while the host is busy with the
+        reply. ``close``: the agent's ends of a run in flight, which the new spare must not hold.
         """
         if self.spare is not None:
             return
@@ -197,11 +203,12 @@ class Children:
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe()
         ctl_r, ctl_w = os.pipe()
+        started = time.monotonic()
         pid = os.fork()
         if pid == 0:  # the spare child
             try:
                 self.child_prepare()
-                for fd in (out_r, err_r, res_r, ctl_w):
+                for fd in (out_r, err_r, res_r, ctl_w, *close):
                     os.close(fd)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
@@ -222,6 +229,8 @@ class Children:
                 finally:
                     os._exit(127)
             os._exit(1)
+        took = time.monotonic() - started
+        self.fork_cost = took if self.fork_cost is None else 0.8 * self.fork_cost + 0.2 * took
         for fd in (out_w, err_w, res_w, ctl_r):
             os.close(fd)
         self.spare = Spare(pid, out_r, err_r, res_r, ctl_w)
@@ -253,7 +262,9 @@ class Children:
             runners.setup_stdio(bool(job["stream"]))
             rc = runners.run_python(spec["code"], spec["arguments"], {}, res_w, self.artifacts, job["prefix"])
             runners.flush_stdio()
-            os._exit(rc & 0xFF if rc >= 0 else 1)
+            code = rc & 0xFF if rc >= 0 else 1
+            pump.write_exit_record(res_w, code)
+            os._exit(code)
         if lang == "javascript":
             os.dup2(res_w, 3)
             os.set_inheritable(3, True)
@@ -284,6 +295,14 @@ class Children:
             try:
                 protocol.write_frame(spare.ctl_w, job)
                 os.close(spare.ctl_w)
+                # From a box's second run on, the next run's spare warms up while this one runs:
+                # back-to-back session runs then find it ready instead of waiting for its fork
+                # and warm-up. Not on a box's first run, which may be its only one (a one-shot),
+                # and not where fork() itself is slow (gVisor: tens of ms, which the agent would
+                # spend blocked while the run waits for its reply): there the spare is forked
+                # after the reply, off the run's critical path, as before.
+                if self.seq > 1 and self.fork_cost is not None and self.fork_cost < EARLY_SPARE_MAX_FORK:
+                    self.make_spare(close=(spare.out_r, spare.err_r, spare.res_r))
                 break
             except OSError:  # the spare died while waiting (killed from inside the box): fork anew
                 self.spare = spare
@@ -309,7 +328,25 @@ class Children:
                 procs.kill_tree(pid, keep=self._keep_pids())
             return info
 
-        return pump.Watch(pid=pid, is_done=reap_and_clean), kill, (spare.out_r, spare.err_r, spare.res_r)
+        def finished(result_raw: bytes) -> dict[str, Any] | None:
+            """Done before the reap: the Python child wrote its exit record and closed its pipes.
+
+            Its exit (freeing a forked interpreter's pages) and the SIGCHLD round trip took
+            ~1.4 ms of every run; the reply no longer waits for them. The record comes from the
+            run's own process, so code can only misreport its own exit code (as sys.exit can);
+            it is killed here all the same, and its late exit status is dropped by ``on_wake``.
+            """
+            if pid in self.exited:
+                return None  # already reaped: the real status wins
+            info = pump.exit_record(result_raw)
+            if info is None:
+                return None
+            self.detached.add(pid)
+            procs.kill_tree(pid, keep=self._keep_pids() | {pid})  # its group and descendants
+            return info
+
+        watch = pump.Watch(pid=pid, is_done=reap_and_clean, finished=finished if lang == "python" else None)
+        return watch, kill, (spare.out_r, spare.err_r, spare.res_r)
 
     def _context_pids(self) -> set[int]:
         return {c.pid for c in self.contexts.values()}

@@ -45,7 +45,8 @@ class Agent(Children):
         self.bash = _which("bash") or "/bin/bash"
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.detached: set[int] = set()  # finished runs answered before their reap (Children.finished)
+        signal.signal(signal.SIGCHLD, self._on_sigchld)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         self.exited: dict[int, tuple[int, Any]] = {}
         self.contexts: dict[str, contexts.Context] = {}
@@ -58,6 +59,7 @@ class Agent(Children):
         self.preloaded = self._preload(preload)
         self.seq = 0
         self.spare: Spare | None = None
+        self.fork_cost: float | None = None  # seconds a spare's fork blocks the agent (moving average)
         self.bg = background.Background(self)
         # Everything imported so far is shared with every fork: keep the collector from touching
         # (and so copying) those pages in each child.
@@ -149,8 +151,22 @@ class Agent(Children):
                 "details": {"traceback": traceback.format_exc(limit=5)}}})
         return True
 
+    def _on_sigchld(self, *_: Any) -> None:
+        """Reap runs that were answered before they exited (``detached``) as soon as they exit,
+        so no zombie outlives its run while the agent waits for the next request."""
+        for pid in tuple(self.detached):
+            try:
+                got, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                got = pid  # reaped by on_wake already
+            if got:
+                self.detached.discard(pid)
+
     def on_wake(self) -> None:
         for pid, status, ru in procs.reap_all():
+            if pid in self.detached:  # its run already answered from its exit record
+                self.detached.discard(pid)
+                continue
             self.exited[pid] = (status, ru)
 
     def shutdown(self) -> None:

@@ -141,6 +141,14 @@ def _ppid_map() -> dict[int, int]:
     return out
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        stat = _proc_read(f"{pid}/stat")
+        return stat[stat.rindex(")") + 2] in "ZX"
+    except (OSError, ValueError, IndexError):
+        return True  # gone already
+
+
 def descendants(pid: int) -> list[int]:
     out: list[int] = []
     stack = [pid]
@@ -185,6 +193,8 @@ def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = Tr
         targets.discard(me)
         alive = []
         for t in targets:
+            if _zombie(t):  # dead, only not reaped yet: signalling it "succeeds" and would spin this loop
+                continue
             try:
                 os.kill(t, signal.SIGKILL)
                 alive.append(t)

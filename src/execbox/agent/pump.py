@@ -59,13 +59,16 @@ class Stream:
 class Watch:
     """What the pump waits on: the process to watch and how to learn it finished."""
 
-    __slots__ = ("pid", "is_done", "extra_fds", "on_extra", "persistent")
+    __slots__ = ("pid", "is_done", "extra_fds", "on_extra", "persistent", "finished")
 
     def __init__(self, pid: int, is_done: Callable[[], dict[str, Any] | None],
                  extra_fds: list[int] | None = None, on_extra: Callable[[int], None] | None = None,
-                 persistent: bool = False) -> None:
+                 persistent: bool = False, finished: Callable[[bytes], dict[str, Any] | None] | None = None) -> None:
         self.pid = pid
         self.is_done = is_done  # returns the exit info once finished
+        # Once every pipe is at EOF: the exit info from the result pipe's exit record, if any
+        # (the reply then need not wait for the process's exit and reap).
+        self.finished = finished
         self.extra_fds = extra_fds if extra_fds is not None else []  # e.g. a context's control socket
         self.on_extra = on_extra
         self.persistent = persistent  # the output pipes outlive the run (a JS context): drain, no EOF wait
@@ -201,6 +204,8 @@ def pump(
                 watch.on_extra(fd)
         if done is None:
             done = watch.is_done()
+        if done is None and not open_fds and watch.finished is not None:
+            done = watch.finished(bytes(result_buf))
     sel.close()  # the caller closes every fd it created
     exit_info = done or {"exit_code": -signal.SIGKILL, "signal": signal.SIGKILL}
     return {
@@ -225,6 +230,43 @@ def _drain_now(streams: list[Stream], by_fd: dict[int, Stream], open_fds: set[in
                 open_fds.discard(s.fd)
                 break
             by_fd[s.fd].feed(chunk)
+
+
+EXIT_RECORD = b'{"exited":'
+
+
+def write_exit_record(res_w: int, code: int) -> None:
+    """The last thing a Python run's child does: report its exit, then close every pipe.
+
+    ``exit_record`` on the agent's side reads it once all pipes are at EOF; the child's own
+    exit (and its reap) then no longer delays the reply. Peak memory counts the child and the
+    children it waited for, as wait4 would report it.
+    """
+    import resource  # already loaded by procs: no start-up cost
+
+    maxrss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                 resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    os.write(res_w, EXIT_RECORD + b"%d,\"maxrss\":%d}" % (code, maxrss))
+    for fd in (res_w, 1, 2):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def exit_record(raw: bytes) -> dict[str, Any] | None:
+    """The exit info from a result stream that ends with ``write_exit_record``'s record."""
+    at = raw.rfind(EXIT_RECORD)
+    if at < 0:
+        return None
+    try:
+        rec = json.loads(raw[at:])
+        code, maxrss = rec["exited"], rec["maxrss"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(code, int) or not isinstance(maxrss, int) or isinstance(code, bool):
+        return None
+    return {"exit_code": code, "signal": None, "peak_memory_kb": maxrss}
 
 
 def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool]:

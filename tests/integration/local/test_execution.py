@@ -292,3 +292,87 @@ def test_spare_child_is_ready_between_runs_and_replaced_when_killed(local_sandbo
     for _ in range(3):
         r = sb.run_code("import os\nprint(os.getppid())")
         assert r.exit_code == 0 and r.stdout == f"{agent_pid}\n"
+
+
+def test_a_python_run_is_answered_from_its_exit_record_and_leaves_no_zombie(local_sandbox):
+    """A Python run's child reports its exit code and peak memory on the result pipe and closes
+    its pipes; the agent answers from that and reaps the child as soon as it exits."""
+    sb = local_sandbox
+    agent_pid = sb.provider._instances[sb.instance_id].box.proc.pid
+    r = sb.run_code("import sys; x = bytearray(40 * 1024 * 1024); print('big'); sys.exit(5)")
+    assert (r.exit_code, r.stdout) == (5, "big\n")
+    assert r.metadata["peak_memory_kb"] > 40 * 1024  # the child's own high-water mark
+    time.sleep(0.1)
+    with open(f"/proc/{agent_pid}/task/{agent_pid}/children") as f:
+        kids = [int(p) for p in f.read().split()]
+    states = []
+    for pid in kids:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        states.append(stat[stat.rindex(")") + 2])
+    assert states == ["S"], states  # only the next run's waiting spare; no zombie left behind
+
+
+def test_a_run_that_forges_its_exit_record_is_still_killed(sb, tmp_path):
+    """User code can write to its own result pipe. If it fakes the exit record and closes its
+    pipes but keeps running, the run ends anyway: the process is killed when it is answered."""
+    marker = tmp_path / "forger.pid"
+    code = f"""
+import os, time
+open({str(marker)!r}, "w").write(str(os.getpid()))
+for fd in range(3, 64):
+    try:
+        if os.path.islink(f"/proc/self/fd/{{fd}}") and "pipe:" in os.readlink(f"/proc/self/fd/{{fd}}"):
+            os.write(fd, b'{{"exited":0,"maxrss":1}}')
+            os.close(fd)
+    except OSError:
+        pass
+os.close(1); os.close(2)
+time.sleep(300)
+"""
+    r = sb.run_code(code, timeout=60)
+    pid = int(marker.read_text())
+    assert not r.timed_out
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.02)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def test_kill_tree_does_not_spin_on_a_dead_unreaped_child(tmp_path):
+    """A killed process stays a zombie until its parent reaps it, and signalling a zombie
+    succeeds: kill_tree used to count it as alive and retry 50 times (~100 ms per run that left
+    a background process). Run in a child process: kill_tree also kills its caller's orphans."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, time\n"
+        "from execbox.agent import procs\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n    os._exit(0)\n"
+        "time.sleep(0.2)\n"
+        "print(procs.kill_tree(pid))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"
+
+
+def test_a_spare_forked_during_a_run_holds_none_of_that_runs_pipes(local_sandbox):
+    """From a box's second run on, the next spare is forked while a run executes; it must not
+    inherit the agent's ends of that run's pipes (the next run's code could read them)."""
+    code = ("import os\n"
+            "print(sum('pipe:' in os.readlink(f'/proc/self/fd/{f}') for f in os.listdir('/proc/self/fd')\n"
+            "          if os.path.exists(f'/proc/self/fd/{f}')))")
+    counts = [local_sandbox.run_code(code).stdout for _ in range(4)]
+    assert counts == ["3\n"] * 4  # its own stdout, stderr and result pipe
