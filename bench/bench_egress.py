@@ -4,9 +4,12 @@ A fake internet (tests/fakenet.py: a network namespace with an HTTP server) is r
 (a) from the host directly (baseline) and (b) from inside a jail box whose only way out is the
 gateway (allowlist with the server's address). The same client loop runs in both places:
 connect latency = TCP connect + a small HTTP GET answered; throughput = a 10 MB download.
+Both sides run the client with the box's interpreter, and the downloads alternate in rounds
+(``--rounds`` of ``--reps / --rounds`` per side), so a shared machine's drift during the run
+lands on both sides alike instead of on whichever block ran second.
 Targets (issue 14): <= 2 ms added per connection, >= 80 % of direct throughput. Prints only.
 
-    .venv/bin/python bench/bench_egress.py [-n 200] [--mb 10]
+    .venv/bin/python bench/bench_egress.py [-n 200] [--mb 10] [--reps 20] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--mb", type=int, default=10)
     ap.add_argument("--reps", type=int, default=20, help="downloads per side (median and best are shown)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternations of direct and gateway downloads")
     args = ap.parse_args()
     fn = fakenet.start()
     p = JailProvider()
@@ -81,8 +85,10 @@ def main() -> None:
         iid = p.create_instance().instance_id
         gw_tid = gateway().thread_id()
 
+        client_python = p._settings.runtime.python  # the interpreter the box runs the client with
+
         def direct(n: int, reps: int) -> dict[str, Any]:
-            return json.loads(subprocess.run([sys.executable, "-c", CLIENT, fn.server_ip, str(n), str(args.mb),
+            return json.loads(subprocess.run([client_python, "-I", "-c", CLIENT, fn.server_ip, str(n), str(args.mb),
                                               str(reps)], capture_output=True, text=True, check=True).stdout)
 
         def boxed(n: int, reps: int) -> dict[str, Any]:
@@ -91,14 +97,24 @@ def main() -> None:
                 raise SystemExit(r.stderr)
             return r.result
 
-        def measured(run: Any) -> tuple[dict[str, Any], float, float]:
-            """The run's result plus the fake server's and the gateway thread's CPU seconds during it."""
+        def measured(run: Any, reps: int, into: list[Any]) -> None:
+            """Add the run's downloads and CPU plus the fake server's and the gateway thread's CPU."""
             s0, g0 = cpu_seconds(fn.server_pid), cpu_seconds(os.getpid(), gw_tid)
-            out = run(0, args.reps)
-            return out, cpu_seconds(fn.server_pid) - s0, cpu_seconds(os.getpid(), gw_tid) - g0
+            out = run(0, reps)
+            into[0]["dl"] += out["dl"]
+            into[0]["cpu"] += out["cpu"]
+            into[1] += cpu_seconds(fn.server_pid) - s0
+            into[2] += cpu_seconds(os.getpid(), gw_tid) - g0
 
         host, box = direct(args.n, 0), boxed(args.n, 0)
-        (host_dl, host_srv, _), (box_dl, box_srv, box_gw) = measured(direct), measured(boxed)
+        host_side: list[Any] = [{"dl": [], "cpu": 0.0}, 0.0, 0.0]
+        box_side: list[Any] = [{"dl": [], "cpu": 0.0}, 0.0, 0.0]
+        rounds = max(1, min(args.rounds, args.reps))
+        for i in range(rounds):
+            reps = args.reps // rounds + (1 if i < args.reps % rounds else 0)
+            measured(direct, reps, host_side)
+            measured(boxed, reps, box_side)
+        (host_dl, host_srv, _), (box_dl, box_srv, box_gw) = host_side, box_side
         rows = [Row("connect+GET direct (host)", host["lat"], sum(host["lat"]) / 1000, 1),
                 Row("connect+GET via gateway (jail box)", box["lat"], sum(box["lat"]) / 1000, 1,
                     baseline="connect+GET direct (host)")]
