@@ -343,6 +343,7 @@ class Children:
                 return None
             self.detached.add(pid)
             procs.kill_tree(pid, keep=self._keep_pids() | {pid})  # its group and descendants
+            self.reap_detached()  # it may have exited before it was listed: no SIGCHLD is coming
             return info
 
         watch = pump.Watch(pid=pid, is_done=reap_and_clean, finished=finished if lang == "python" else None)

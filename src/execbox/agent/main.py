@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 AGENT_VERSION = "1"
 AUTO_PRELOAD = ("numpy", "pandas", "matplotlib.pyplot")
+SPARE_GRACE = 0.005
+"""Seconds the agent waits for another request after a box's first run before forking a spare."""
 
 
 class Agent(Children):
@@ -124,9 +126,20 @@ class Agent(Children):
                 break
             if not self.handle(req):
                 break
-            if not self.pending:
+            if not self.pending and not (self.seq == 1 and self.spare is None and self._request_within(SPARE_GRACE)):
                 self.make_spare()
         self.shutdown()
+
+    def _request_within(self, seconds: float) -> bool:
+        """Whether the host sends something within ``seconds`` (after a box's first run).
+
+        A box's first run is often its only one: a one-shot is destroyed right after the reply,
+        and a spare forked meanwhile is wasted work on a loaded host. Waiting a moment first
+        keeps that fork off one-shots; a session's next request then forks its child itself.
+        """
+        import select  # noqa: PLC0415 - already loaded (selectors, by pump)
+
+        return bool(select.select([self.proto_in], [], [], seconds)[0])
 
     def handle(self, req: dict[str, Any]) -> bool:
         rid = req.get("id")
@@ -152,6 +165,9 @@ class Agent(Children):
         return True
 
     def _on_sigchld(self, *_: Any) -> None:
+        self.reap_detached()
+
+    def reap_detached(self) -> None:
         """Reap runs that were answered before they exited (``detached``) as soon as they exit,
         so no zombie outlives its run while the agent waits for the next request."""
         for pid in tuple(self.detached):
