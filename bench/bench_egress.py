@@ -97,24 +97,24 @@ def main() -> None:
                 raise SystemExit(r.stderr)
             return r.result
 
-        def measured(run: Any, reps: int, into: list[Any]) -> None:
-            """Add the run's downloads and CPU plus the fake server's and the gateway thread's CPU."""
+        def measured(run: Any, reps: int, side: dict[str, Any]) -> None:
+            """Add the run's downloads and client CPU, and the fake server's and gateway thread's CPU."""
             s0, g0 = cpu_seconds(fn.server_pid), cpu_seconds(os.getpid(), gw_tid)
             out = run(0, reps)
-            into[0]["dl"] += out["dl"]
-            into[0]["cpu"] += out["cpu"]
-            into[1] += cpu_seconds(fn.server_pid) - s0
-            into[2] += cpu_seconds(os.getpid(), gw_tid) - g0
+            side["dl"] += out["dl"]
+            side["cpu"] += out["cpu"]
+            side["server"] += cpu_seconds(fn.server_pid) - s0
+            side["gateway"] += cpu_seconds(os.getpid(), gw_tid) - g0
 
         host, box = direct(args.n, 0), boxed(args.n, 0)
-        host_side: list[Any] = [{"dl": [], "cpu": 0.0}, 0.0, 0.0]
-        box_side: list[Any] = [{"dl": [], "cpu": 0.0}, 0.0, 0.0]
+        host_dl: dict[str, Any] = {"dl": [], "cpu": 0.0, "server": 0.0, "gateway": 0.0}
+        box_dl: dict[str, Any] = {"dl": [], "cpu": 0.0, "server": 0.0, "gateway": 0.0}
         rounds = max(1, min(args.rounds, args.reps))
         for i in range(rounds):
             reps = args.reps // rounds + (1 if i < args.reps % rounds else 0)
-            measured(direct, reps, host_side)
-            measured(boxed, reps, box_side)
-        (host_dl, host_srv, _), (box_dl, box_srv, box_gw) = host_side, box_side
+            measured(direct, reps, host_dl)
+            measured(boxed, reps, box_dl)
+        host_srv, box_srv, box_gw = host_dl["server"], box_dl["server"], box_dl["gateway"]
         rows = [Row("connect+GET direct (host)", host["lat"], sum(host["lat"]) / 1000, 1),
                 Row("connect+GET via gateway (jail box)", box["lat"], sum(box["lat"]) / 1000, 1,
                     baseline="connect+GET direct (host)")]

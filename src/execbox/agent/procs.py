@@ -128,14 +128,21 @@ def children_of(pid: int) -> list[int]:
     return [p for p, pp in _ppid_map().items() if pp == pid]
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name (which may hold spaces): state, ppid, ...
+
+    Raises OSError when the process is gone."""
+    stat = _proc_read(f"{pid}/stat")
+    return stat[stat.rindex(")") + 2 :].split()
+
+
 def _ppid_map() -> dict[int, int]:
     out = {}
     for name in _proc_listdir(""):
         if not name.isdigit():
             continue
         try:
-            stat = _proc_read(f"{name}/stat")
-            out[int(name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            out[int(name)] = int(_stat_fields(name)[1])
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -143,8 +150,7 @@ def _ppid_map() -> dict[int, int]:
 
 def _zombie(pid: int) -> bool:
     try:
-        stat = _proc_read(f"{pid}/stat")
-        return stat[stat.rindex(")") + 2] in "ZX"
+        return _stat_fields(pid)[0] in ("Z", "X")
     except (OSError, ValueError, IndexError):
         return True  # gone already
 

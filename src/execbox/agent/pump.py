@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import resource
 import selectors
 import signal
 import time
@@ -242,8 +243,6 @@ def write_exit_record(res_w: int, code: int) -> None:
     exit (and its reap) then no longer delays the reply. Peak memory counts the child and the
     children it waited for, as wait4 would report it.
     """
-    import resource  # already loaded by procs: no start-up cost
-
     maxrss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     os.write(res_w, EXIT_RECORD + b"%d,\"maxrss\":%d}" % (code, maxrss))

@@ -277,8 +277,7 @@ def test_spare_child_is_ready_between_runs_and_replaced_when_killed(local_sandbo
     agent_pid = sb.provider._instances[sb.instance_id].box.proc.pid
 
     def agent_children() -> list[int]:
-        with open(f"/proc/{agent_pid}/task/{agent_pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        return _children(agent_pid)
 
     sb.run_code("print('warm up')")
     time.sleep(0.05)
@@ -303,13 +302,7 @@ def test_a_python_run_is_answered_from_its_exit_record_and_leaves_no_zombie(loca
     assert (r.exit_code, r.stdout) == (5, "big\n")
     assert r.metadata["peak_memory_kb"] > 40 * 1024  # the child's own high-water mark
     time.sleep(0.1)
-    with open(f"/proc/{agent_pid}/task/{agent_pid}/children") as f:
-        kids = [int(p) for p in f.read().split()]
-    states = []
-    for pid in kids:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        states.append(stat[stat.rindex(")") + 2])
+    states = [_state(pid) for pid in _children(agent_pid)]
     assert states == ["S"], states  # only the next run's waiting spare; no zombie left behind
 
 
@@ -339,13 +332,23 @@ time.sleep(300)
     assert not _alive(pid)
 
 
-def _alive(pid: int) -> bool:
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter from /proc (R, S, Z...); None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in (None, "Z", "X")
 
 
 def test_kill_tree_does_not_spin_on_a_dead_unreaped_child(tmp_path):
