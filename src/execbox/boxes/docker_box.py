@@ -24,7 +24,7 @@ from ..errors import InstanceCreationError
 from . import oci_seccomp
 from .agent_client import AgentClient
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
-from .docker_oom import OOM_SETTLE_SECONDS, at_memory_limit, exit_state, oom_file, read_oom_kills
+from .docker_oom import at_memory_limit, engine_oom, exit_state, oom_file, read_oom_kills
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
 from .runtime import PIP_MOUNT, RUNTIME_MOUNT, SESSION_SITE, staged_pip
 
@@ -216,6 +216,7 @@ class DockerBox(Box):
         self.keep_workspace = spec.host_workspace is not None
         self._oom_file = oom_file(container_id)
         self._oom_seen = 0
+        self._created = time.time()
         self.claimed_by: dict[str, str] = {}
         self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
         self.net: Any = None  # boxes/jail_net.JailNet when the box has egress
@@ -232,18 +233,9 @@ class DockerBox(Box):
             # that died with its peak at the limit ran out of memory.
             count = 1
         if count is None or self.client.dead:
-            try:
-                if self.client.dead and not count:
-                    # The agent's stream can close before the engine records the OOM kill (seen under
-                    # runsc): wait for the container to stop so State.OOMKilled is final.
-                    self.docker.api.wait(self.container_id, timeout=OOM_SETTLE_SECONDS)
-            except Exception:  # noqa: BLE001 - still running after the wait, or already removed
-                pass
-            try:
-                state = self.docker.api.inspect_container(self.container_id)["State"]
-                count = max(count or 0, 1 if state.get("OOMKilled") else 0)
-            except Exception:  # noqa: BLE001 - already removed: keep what we saw
-                count = count or 0
+            # The agent's stream can close before the engine records the OOM kill (seen under runsc).
+            settle = bool(self.client.dead and not count)
+            count = max(count or 0, int(engine_oom(self.docker.api, self.container_id, self._created, settle)))
         self._oom_seen = max(self._oom_seen, count)
         return self._oom_seen
 

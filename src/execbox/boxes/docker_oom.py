@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any
 
 OOM_SETTLE_SECONDS = 5
@@ -26,6 +27,32 @@ def exit_state(api: Any, container_id: str) -> str:
     if st.get("Error"):
         parts.append(f"engine error: {st['Error']}")
     return ", ".join(parts)
+
+
+def engine_oom(api: Any, container_id: str, since: float, settle: bool) -> bool:
+    """Whether the engine saw the container run out of memory: its State.OOMKilled, else an ``oom``
+    event. Docker sets OOMKilled only when the shim reports the OOM before the exit; under runsc the
+    two race (the sandbox is one host process, killed by that very OOM), and the late report is
+    still logged as an event. ``settle``: the box is dead, so first wait for the container to stop."""
+    try:
+        if settle:
+            api.wait(container_id, timeout=OOM_SETTLE_SECONDS)
+    except Exception:  # noqa: BLE001 - still running after the wait, or already removed
+        pass
+    try:
+        state = api.inspect_container(container_id)["State"]
+    except Exception:  # noqa: BLE001 - already removed: nothing more to learn
+        return False
+    if state.get("OOMKilled"):
+        return True
+    if state.get("Running") or state.get("ExitCode") != 137:
+        return False  # an OOM kill is a SIGKILL; anything else died otherwise
+    try:  # ``until`` a second ahead: the call returns once the engine has passed it (a late event lands)
+        events = api.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
+                            filters={"container": container_id, "event": "oom"})
+        return any(ev.get("status") == "oom" or ev.get("Action") == "oom" for ev in events)
+    except Exception:  # noqa: BLE001 - an engine that cannot list events gives no verdict
+        return False
 
 
 def oom_file(container_id: str) -> str | None:

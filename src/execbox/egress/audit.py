@@ -71,6 +71,12 @@ def record(rec: AuditRecord) -> None:
             log.exception("egress audit sink failed")
 
 
+def finish(rec: AuditRecord, started: float) -> None:
+    """Record a connection with its duration since ``started`` (time.monotonic)."""
+    rec.duration_ms = round((time.monotonic() - started) * 1000, 3)
+    record(rec)
+
+
 def recent(*, tenant_id: str | None = None, session_id: str | None = None, box: str | None = None,
            decision: str | None = None, limit: int = 200) -> list[AuditRecord]:
     """Newest first, filtered (the in-memory view; the SQL store keeps the long history)."""

@@ -208,10 +208,12 @@ class Gateway:
         rec = link.record(kind="tcp", host=name, ip=str(dst) if name is None else None, port=port)
         link.active += 1
         link._writers.add(writer)
+        refused = False
         try:
             target, reason = await decide(link, name, dst, port)
-            if target is None:
-                rec.reason = reason
+            if target is None:  # audited before the box can read the refusal
+                rec.reason, refused = reason, True
+                audit.finish(rec, started)
                 await _refuse(reader, writer, reason)
                 return
             rec.ip = str(target)
@@ -229,8 +231,8 @@ class Gateway:
         finally:
             link.active -= 1
             link._writers.discard(writer)
-            rec.duration_ms = round((time.monotonic() - started) * 1000, 3)
-            audit.record(rec)
+            if not refused:
+                audit.finish(rec, started)
             if not writer.is_closing():
                 writer.close()
 

@@ -161,6 +161,7 @@ class EgressProxy:
         started = time.monotonic()
         rec = audit.AuditRecord(box="?", kind="tcp", host=None, ip=None, port=None)
         state: _BoxState | None = None
+        refused = False  # a refusal is audited before the box can read it
         try:
             try:
                 head = await asyncio.wait_for(conn.head, HEAD_TIMEOUT)
@@ -175,9 +176,9 @@ class EgressProxy:
                 req = parse_request(head[:end + 4])
             except BadRequest as e:
                 rec.reason = f"bad request: {e}"
+                audit.record(rec)
                 transport.write(response("400 Bad Request", str(e)))
                 transport.close()
-                audit.record(rec)
                 return
             ip = _ip(req.host)
             rec.host, rec.ip, rec.port = (None if ip else req.host), (req.host if ip else None), req.port
@@ -185,7 +186,8 @@ class EgressProxy:
             rec.box = (box or "?")[:253]
             backends = self._authenticate(box, req.credentials[1]) if req.credentials and box else []
             if not backends or box is None:
-                rec.reason = "missing or bad proxy credentials"
+                rec.reason, refused = "missing or bad proxy credentials", True
+                audit.finish(rec, started)
                 transport.write(response("407 Proxy Authentication Required", rec.reason,
                                           'Proxy-Authenticate: Basic realm="execbox-egress"\r\n'))
                 transport.close()
@@ -202,7 +204,8 @@ class EgressProxy:
                 state.active += 1
                 target, reason = await decide(state, None if ip else req.host, ip, req.port)
             if target is None or state is None:
-                rec.reason = reason
+                rec.reason, refused = reason, True
+                audit.finish(rec, started)
                 transport.write(response("403 Forbidden", reason, "X-Execbox-Egress: denied\r\n"))
                 transport.close()
                 return
@@ -221,9 +224,8 @@ class EgressProxy:
         finally:
             if state is not None:
                 state.active -= 1
-            if rec.port is not None:
-                rec.duration_ms = round((time.monotonic() - started) * 1000, 3)
-                audit.record(rec)
+            if rec.port is not None and not refused:
+                audit.finish(rec, started)
             if not transport.is_closing():
                 transport.close()
 

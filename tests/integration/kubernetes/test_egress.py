@@ -127,6 +127,9 @@ def test_pod_egress_through_the_gateway_proxy(egress_provider, fake_apiserver, f
     r = fetch(p, iid, f"http://{www}/", proxy=bad)
     assert r.get("status") == 407, r
 
+    # A refusal is audited before the box reads it; a tunnel when it closes, so wait for that one.
+    _wait(lambda: any(r.host == www and r.port == 443 and r.bytes_down > 0
+                      for r in audit.recent(box=name, decision="allowed")), what="the TLS tunnel's record")
     recs = audit.recent(box=name, limit=100)
     allowed = [r for r in recs if r.decision == "allowed"]
     denied = [r for r in recs if r.decision == "denied"]
