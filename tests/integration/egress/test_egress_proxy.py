@@ -11,6 +11,7 @@ import http.server
 import json
 import socket
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -116,6 +117,31 @@ def test_missing_or_bad_credentials_are_407(proxy, upstream, creds):
     assert b"tok-" not in out
     recs = audit.recent(decision="denied", limit=10000)
     assert len(recs) > before and "credentials" in recs[0].reason
+
+
+def test_a_refusal_is_audited_before_the_client_reads_it(proxy, upstream):
+    """A slow audit sink holds the 407 and the 403 back: whoever reads the refusal finds its record."""
+    seen: list[float] = []
+
+    def slow_sink(rec):
+        if rec.decision == "denied":
+            time.sleep(0.3)
+            seen.append(time.monotonic())
+
+    audit.add_sink(slow_sink)
+    try:
+        for creds, status in ((auth("pod-a", "wrong"), b"407"), (auth("pod-b", "tok-b"), b"403")):
+            seen.clear()
+            with socket.create_connection(proxy.address, timeout=5) as s:
+                s.sendall(f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\n".encode() + creds + b"\r\n")
+                out = b""
+                while b"\r\n\r\n" not in out and (chunk := s.recv(65536)):  # the head, not the close
+                    out += chunk
+                read_at = time.monotonic()
+            assert out.startswith(b"HTTP/1.1 " + status), out
+            assert len(seen) == 1 and seen[0] <= read_at
+    finally:
+        audit.remove_sink(slow_sink)
 
 
 @pytest.mark.parametrize("target, why", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -83,6 +84,32 @@ def test_unlisted_host_and_direct_ip_denied(allow_jail, abox, fakenet):
     assert r.result["status"] == 403, r
     recs = audited(lambda x: x.ip == fakenet.server_ip and x.decision == "denied", session_id="egress-t")
     assert any(x.ip == fakenet.server_ip and x.decision == "denied" for x in recs)
+
+
+def test_a_refusal_is_audited_before_the_box_reads_it(allow_jail, abox, fakenet):
+    """A slow audit sink holds the gateway's 403 back: code that sees a refusal finds it audited."""
+    from execbox.egress import audit
+
+    seen: list[float] = []
+
+    def slow_sink(rec):
+        if rec.decision == "denied" and rec.ip == fakenet.server_ip:
+            time.sleep(0.3)
+            seen.append(time.time())
+
+    code = ("import time, urllib.request\n"
+            "def main(url):\n"
+            "    try:\n"
+            "        urllib.request.urlopen(url, timeout=8)\n"
+            "    except urllib.error.HTTPError as e:\n"
+            "        return {'status': e.code, 'at': time.time()}\n")
+    audit.add_sink(slow_sink)
+    try:
+        r = allow_jail.execute_code(abox, code, "python", 30, {"url": f"http://{fakenet.server_ip}/"})
+    finally:
+        audit.remove_sink(slow_sink)
+    assert r.result["status"] == 403, r
+    assert len(seen) == 1 and seen[0] <= r.result["at"]
 
 
 def test_rebinding_metadata_and_host_addresses_denied(allow_jail, abox, fakenet):
