@@ -105,8 +105,9 @@ def _configure(ctl: int, img: int, image: str) -> tuple[int, int]:
     raise OSError(errno.EBUSY, f"no free loop device after {RETRIES} tries")
 
 
-def mount_image(image: str, mountpoint: str) -> None:
-    """Mount the ext4 ``image`` on ``mountpoint`` (nosuid, nodev, noatime) through a loop device."""
+def mount_image(image: str, mountpoint: str) -> str:
+    """Mount the ext4 ``image`` on ``mountpoint`` (nosuid, nodev, noatime) through a loop device;
+    returns the device (``/dev/loopN``), so its release can later be checked without a scan."""
     libc = _c()
     dev, n = _attach(image)
     try:
@@ -116,6 +117,7 @@ def mount_image(image: str, mountpoint: str) -> None:
             raise OSError(err, f"mount {image} on {mountpoint}: {os.strerror(err)}")
     finally:
         os.close(dev)  # with autoclear the device goes when the mount does (or now, on failure)
+    return f"/dev/loop{n}"
 
 
 def unmount(mountpoint: str) -> bool:
@@ -127,14 +129,20 @@ def unmount_lazy(mountpoint: str) -> bool:
     return _c().umount2(mountpoint.encode(), MNT_DETACH) == 0
 
 
-def backing_devices(image: str) -> list[str]:
-    """Loop devices backed by ``image``, read from sysfs (what ``losetup -j`` prints, no fork)."""
+def backing_devices(image: str, among: list[str] | None = None) -> list[str]:
+    """Loop devices backed by ``image``, read from sysfs (what ``losetup -j`` prints, no fork).
+
+    ``among``: only these devices (``/dev/loopN``) are checked: the one a box mounted, rather
+    than every loop device on the host (hundreds on a busy one)."""
     target = os.path.realpath(image)
-    out = []
-    try:
-        names = os.listdir("/sys/block")
-    except OSError:
-        return out
+    out: list[str] = []
+    if among is not None:
+        names = [os.path.basename(d) for d in among]
+    else:
+        try:
+            names = os.listdir("/sys/block")
+        except OSError:
+            return out
     for name in names:
         if not name.startswith("loop"):
             continue

@@ -111,26 +111,28 @@ def sparse_copy(src: str, dst: str) -> None:
 _syscalls = True  # False once loopdev said this host cannot: mount(8) and friends from then on
 
 
-def mount_image(image: str, mountpoint: str) -> None:
-    """Loop-mount an ext4 image (nosuid, nodev, noatime): by syscalls (loopdev.py), else mount(8)."""
+def mount_image(image: str, mountpoint: str) -> str | None:
+    """Loop-mount an ext4 image (nosuid, nodev, noatime): by syscalls (loopdev.py), else mount(8).
+    Returns the loop device when the syscalls chose it (None: mount(8) did)."""
     global _syscalls
     if _syscalls:
         try:
-            loopdev.mount_image(image, mountpoint)
-            return
+            return loopdev.mount_image(image, mountpoint)
         except loopdev.LoopUnsupported:
             _syscalls = False
         except OSError as e:
             raise QuotaUnavailable(f"mount failed: {e}") from None
     _run([MOUNT, "-o", "loop,nosuid,nodev,noatime", "-t", "ext4", "--", image, mountpoint])
+    return None
 
 
-def create(image: str, mountpoint: str, size_bytes: int, owner: int) -> None:
-    """Make a ``size_bytes`` ext4 image, mount it on ``mountpoint``, give its root to ``owner``."""
+def create(image: str, mountpoint: str, size_bytes: int, owner: int) -> str | None:
+    """Make a ``size_bytes`` ext4 image, mount it on ``mountpoint``, give its root to ``owner``;
+    returns the loop device as :func:`mount_image` does."""
     os.makedirs(mountpoint, exist_ok=True)
     try:
         sparse_copy(_template(size_bytes), image)
-        mount_image(image, mountpoint)
+        dev = mount_image(image, mountpoint)
     except BaseException:
         if os.path.exists(image):
             os.unlink(image)
@@ -139,9 +141,10 @@ def create(image: str, mountpoint: str, size_bytes: int, owner: int) -> None:
     shutil.rmtree(lost, ignore_errors=True)
     os.chown(mountpoint, owner, owner)
     os.chmod(mountpoint, 0o700)
+    return dev
 
 
-def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, seed_dir: str) -> None:
+def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, seed_dir: str) -> str | None:
     """Mount a caller workspace's image (created on first use), moving in files found beside it.
 
     The image lives inside the caller's directory, so it survives the box and goes when the
@@ -155,9 +158,9 @@ def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, 
                 raise QuotaUnavailable(f"workspace {seed_dir} is still mounted by another box")
             time.sleep(0.05)
         os.makedirs(mountpoint, exist_ok=True)
-        mount_image(image, mountpoint)
+        dev = mount_image(image, mountpoint)
     else:
-        create(image, mountpoint, size_bytes, owner)
+        dev = create(image, mountpoint, size_bytes, owner)
     try:
         for name in os.listdir(seed_dir):
             if name != PERSISTENT_IMAGE:
@@ -170,21 +173,23 @@ def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, 
     except BaseException:
         unmount(mountpoint)
         raise
+    return dev
 
 
-def loop_devices(image: str) -> list[str]:
-    """Loop devices currently backed by ``image`` (sysfs; losetup -j where sysfs says nothing)."""
+def loop_devices(image: str, dev: str | None = None) -> list[str]:
+    """Loop devices currently backed by ``image`` (sysfs; losetup -j where sysfs says nothing).
+    ``dev``: the one it was mounted with, the only one checked."""
     if os.path.isdir("/sys/block"):
-        return loopdev.backing_devices(image)
+        return loopdev.backing_devices(image, [dev] if dev else None)
     proc = subprocess.run([LOSETUP, "-j", image], stdout=subprocess.PIPE, text=True,  # noqa: S603
                           stderr=subprocess.DEVNULL, timeout=30)
     return [line.split(":", 1)[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
-def detach(image: str) -> None:
+def detach(image: str, dev: str | None = None) -> None:
     """Release the loop devices of an unmounted image now rather than whenever autoclear runs."""
-    for dev in loop_devices(image):
-        subprocess.run([LOSETUP, "-d", dev], stdout=subprocess.DEVNULL,  # noqa: S603
+    for held in loop_devices(image, dev):
+        subprocess.run([LOSETUP, "-d", held], stdout=subprocess.DEVNULL,  # noqa: S603
                        stderr=subprocess.DEVNULL, timeout=30)
 
 
@@ -219,10 +224,10 @@ def unmount(mountpoint: str) -> None:
                            stderr=subprocess.DEVNULL, timeout=60)
 
 
-def destroy(image: str, mountpoint: str) -> None:
+def destroy(image: str, mountpoint: str, dev: str | None = None) -> None:
     """Unmount (detaching the loop device) and delete the image."""
     unmount(mountpoint)
-    detach(image)
+    detach(image, dev)
     try:
         os.unlink(image)
     except FileNotFoundError:
@@ -262,6 +267,7 @@ class Workspace:
         self.persistent = False
         self.host_view: str | None = None
         self.loop = False
+        self.loop_dev: str | None = None  # the device the image is mounted with, when known
 
     def setup(self, size: int, owner: int | None) -> None:
         uid = owner if owner is not None else os.getuid()
@@ -269,7 +275,7 @@ class Workspace:
         if self.caller_dir is None:
             if loop_ok:
                 self.image = os.path.join(self.box_dir, "workspace.img")
-                create(self.image, self.mount_dir, size, uid)
+                self.loop_dev = create(self.image, self.mount_dir, size, uid)
                 self.loop = True
                 self.bind_src = self.mount_dir
             return
@@ -277,7 +283,7 @@ class Workspace:
         if loop_ok:
             self.image = os.path.join(self.caller_dir, PERSISTENT_IMAGE)
             self.persistent = True
-            attach_persistent(self.image, self.mount_dir, size, uid, seed_dir=self.caller_dir)
+            self.loop_dev = attach_persistent(self.image, self.mount_dir, size, uid, seed_dir=self.caller_dir)
             self.loop = True
             with open(os.path.join(self.box_dir, "host_view"), "w", encoding="utf-8") as f:
                 f.write(self.caller_dir)
@@ -328,7 +334,7 @@ class Workspace:
         if self.loop:
             if self.persistent:
                 unmount(self.mount_dir)
-                detach(self.image or "")
+                detach(self.image or "", self.loop_dev)
             else:
-                destroy(self.image or "", self.mount_dir)
+                destroy(self.image or "", self.mount_dir, self.loop_dev)
             self.loop = False

@@ -52,10 +52,13 @@ def image(tmp_path):
 
 def test_syscall_mount_has_the_flags_and_quota_and_frees_its_loop_device(image):
     img, mnt = image
-    loopdev.mount_image(img, mnt)
+    dev = loopdev.mount_image(img, mnt)
     opts = _mount_options(mnt)
     assert opts is not None and {"nosuid", "nodev", "noatime"} <= opts
-    assert loopdev.backing_devices(img), "sysfs must name the loop device backing the image"
+    assert loopdev.backing_devices(img) == [dev], "sysfs must name the loop device backing the image"
+    assert loopdev.backing_devices(img, [dev]) == [dev]  # the one-device check teardown uses
+    other = next(f"/dev/{n}" for n in sorted(os.listdir("/sys/block")) if n.startswith("loop") and f"/dev/{n}" != dev)
+    assert loopdev.backing_devices(img, [other, "/dev/loop999999"]) == []
     with pytest.raises(OSError) as e:  # the image size is the quota
         with open(os.path.join(mnt, "big"), "wb") as f:
             f.write(b"\0" * (32 * 1024 * 1024))
@@ -125,7 +128,7 @@ def test_box_teardown_leaves_no_loop_device_or_mount():
         img, mnt = box.ws.image, box.ws.mount_dir
         assert p.execute_code(inst.instance_id, "open('/workspace/f','w').write('x');print(1)", "python", 30).stdout \
             == "1\n"
-        assert loopdev.backing_devices(img)
+        assert loopdev.backing_devices(img) == [box.ws.loop_dev]  # teardown checks only this one
         p.destroy_instance(inst.instance_id)
         assert drain(30)
         assert _mount_options(mnt) is None
