@@ -11,6 +11,7 @@ import collections
 import gc
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -137,8 +138,6 @@ class Agent(Children):
         and a spare forked meanwhile is wasted work on a loaded host. Waiting a moment first
         keeps that fork off one-shots; a session's next request then forks its child itself.
         """
-        import select  # noqa: PLC0415 - already loaded (selectors, by pump)
-
         return bool(select.select([self.proto_in], [], [], seconds)[0])
 
     def handle(self, req: dict[str, Any]) -> bool:
