@@ -57,8 +57,8 @@ def test_syscall_mount_has_the_flags_and_quota_and_frees_its_loop_device(image):
     assert opts is not None and {"nosuid", "nodev", "noatime"} <= opts
     assert loopdev.backing_devices(img) == [dev], "sysfs must name the loop device backing the image"
     assert loopdev.backing_devices(img, [dev]) == [dev]  # the one-device check teardown uses
-    other = next(f"/dev/{n}" for n in sorted(os.listdir("/sys/block")) if n.startswith("loop") and f"/dev/{n}" != dev)
-    assert loopdev.backing_devices(img, [other, "/dev/loop999999"]) == []
+    others = [f"/dev/{n}" for n in sorted(os.listdir("/sys/block")) if n.startswith("loop") and f"/dev/{n}" != dev]
+    assert loopdev.backing_devices(img, [*others[:1], "/dev/loop999999"]) == []  # a host may have no other
     with pytest.raises(OSError) as e:  # the image size is the quota
         with open(os.path.join(mnt, "big"), "wb") as f:
             f.write(b"\0" * (32 * 1024 * 1024))
