@@ -253,10 +253,12 @@ def _preexec(cg: cgroups.BoxCgroup | None, uid: int | None):
     return run
 
 
-def start(settings: JailSettings, workspace: str | None = None, background: bool = False) -> JailBox:
+def start(settings: JailSettings, workspace: str | None = None, background: bool = False,
+          tmpfs_workspace: bool = False) -> JailBox:
     """Start one box with its agent ready (raises on any failure, leaving nothing behind).
 
-    ``background``: a warm-pool refill, started at a low CPU weight until ``promote()``."""
+    ``background``: a warm-pool refill, started at a low CPU weight until ``promote()``.
+    ``tmpfs_workspace``: without ``workspace``, a tmpfs of the quota instead of an image (one-shots)."""
     name = f"jail-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
     box_dir = os.path.join(boxes_dir(), name)
     root = os.geteuid() == 0
@@ -264,7 +266,7 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
     uid = lease.uid if lease is not None else None
     os.makedirs(box_dir, mode=0o755)
     cg: cgroups.BoxCgroup | None = None
-    ws = Workspace(box_dir, workspace)
+    ws = Workspace(box_dir, workspace, tmpfs=tmpfs_workspace)
     if workspace is not None:
         _wait_for_workspace(workspace)  # the previous box of this session may still be unmounting
     seccomp_fd: int | None = None

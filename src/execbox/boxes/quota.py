@@ -255,12 +255,15 @@ class Workspace:
     * caller dir, root: a persistent image ``<dir>/.execbox-workspace.img`` (quota, survives
       the box so a recreated box finds its files), also bound onto ``<dir>`` while the box
       lives so the host sees the files in place;
-    * not root: the caller dir bound as is (no quota), or a bwrap ``--size`` tmpfs.
+    * not root: the caller dir bound as is (no quota), or a bwrap ``--size`` tmpfs;
+    * ``tmpfs`` (a one-shot's box, no caller dir): the bwrap ``--size`` tmpfs as root too, since
+      nothing outlives the box and attaching, mounting and removing an image cost ~7 ms of CPU.
     """
 
-    def __init__(self, box_dir: str, caller_dir: str | None) -> None:
+    def __init__(self, box_dir: str, caller_dir: str | None, tmpfs: bool = False) -> None:
         self.box_dir = box_dir
         self.caller_dir = caller_dir
+        self.tmpfs = tmpfs and caller_dir is None
         self.mount_dir = os.path.join(box_dir, "workspace")
         self.bind_src: str | None = None  # what bwrap binds on /workspace (None: a tmpfs)
         self.image: str | None = None
@@ -273,7 +276,7 @@ class Workspace:
         uid = owner if owner is not None else os.getuid()
         loop_ok = loop_quota_possible()[0]
         if self.caller_dir is None:
-            if loop_ok:
+            if loop_ok and not self.tmpfs:
                 self.image = os.path.join(self.box_dir, "workspace.img")
                 self.loop_dev = create(self.image, self.mount_dir, size, uid)
                 self.loop = True

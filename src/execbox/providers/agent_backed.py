@@ -102,6 +102,10 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         """A warm-pool refill (the jail starts it at a low CPU weight until it is handed out)."""
         return self.start_box()
 
+    def start_oneshot_box(self, runtime: str | None = None) -> Box:
+        """A box for one run and no session (the pool had none): nothing of it outlives the run."""
+        return self.start_box() if runtime is None else self.start_box_with_runtime(None, runtime)
+
     def start_box_with_runtime(self, workspace: str | None, runtime: str) -> Box:
         """Start a box that runs runtime template ``runtime``; backends without templates refuse."""
         raise InvalidConfigError(f"provider {self.name!r} does not support runtime templates "
@@ -158,7 +162,12 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         from_pool = box is not None
         if box is None:
             try:
-                box = self.start_box(workspace) if runtime is None else self.start_box_with_runtime(workspace, runtime)
+                if session_id is None and workspace is None:
+                    box = self.start_oneshot_box(runtime)
+                elif runtime is None:
+                    box = self.start_box(workspace)
+                else:
+                    box = self.start_box_with_runtime(workspace, runtime)
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001

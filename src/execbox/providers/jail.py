@@ -64,6 +64,12 @@ class JailProvider(AgentBackedProvider):
             "disk_quota_mb": {"type": "integer", "default": 512, "min": 8, "max": 1048576,
                               "label": "Workspace quota (MB)",
                               "description": "Size of each box's workspace; writing past it fails (507)."},
+            "oneshot_workspace": {"type": "string", "default": "tmpfs", "options": ["tmpfs", "disk"],
+                                  "label": "One-shot workspace",
+                                  "description": "Where a one-shot run's workspace lives when no pooled box is "
+                                                 "ready: 'tmpfs' (in memory, capped at the quota, counted against "
+                                                 "max_memory like /tmp; no image to attach, mount and remove) or "
+                                                 "'disk' (an ext4 image of the quota, like a session's)."},
             "pool_size": {"type": "integer", "default": 2, "min": 0, "max": 64, "label": "Warm pool size",
                           "description": "Boxes started ahead of time so one-shot runs skip start-up."},
             "pool_sessions": {"type": "boolean", "default": True, "label": "Sessions from the warm pool",
@@ -153,11 +159,20 @@ class JailProvider(AgentBackedProvider):
         if self._gpu is not None:
             self._gpu.admit(tenant_id, self.tenant_boxes(tenant_id))
 
-    def start_box(self, workspace: str | None = None, background: bool = False) -> JailBox:
+    def _jail_settings(self, runtime_name: str | None = None) -> JailSettings:
         if self._settings is None:
             raise ProviderNotInitializedError("jail provider is not initialized; call initialize(config) first",
                                               details={"provider": self.name})
-        return start_jail_box(self._settings, workspace, background)
+        if runtime_name is None:
+            return self._settings
+        return dataclasses.replace(self._settings, runtime=runtime.resolve_runtime(runtime_name))  # SB002 if unknown
+
+    def start_box(self, workspace: str | None = None, background: bool = False) -> JailBox:
+        return start_jail_box(self._jail_settings(), workspace, background)
+
+    def start_oneshot_box(self, runtime_name: str | None = None) -> JailBox:
+        return start_jail_box(self._jail_settings(runtime_name), None,
+                              tmpfs_workspace=self.config.get("oneshot_workspace") != "disk")
 
     def start_pooled_box(self) -> JailBox:
         return self.start_box(background=True)
@@ -171,11 +186,7 @@ class JailProvider(AgentBackedProvider):
             and quota.dir_adoptable(workspace, boxes_dir())
 
     def start_box_with_runtime(self, workspace: str | None, runtime_name: str) -> JailBox:
-        if self._settings is None:
-            raise ProviderNotInitializedError("jail provider is not initialized; call initialize(config) first",
-                                              details={"provider": self.name})
-        rt = runtime.resolve_runtime(runtime_name)  # SB002 naming it when unknown
-        return start_jail_box(dataclasses.replace(self._settings, runtime=rt), workspace)
+        return start_jail_box(self._jail_settings(runtime_name), workspace)
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -192,6 +203,7 @@ class JailProvider(AgentBackedProvider):
             return base
         return {**base, "max_memory": self.config.get("max_memory"), "cpus": s.cpus, "pids_limit": s.pids,
                 "disk_quota_mb": s.disk_bytes // (1024 * 1024), "tmp_mb": s.tmp_bytes // (1024 * 1024),
+                "oneshot_workspace": self.config.get("oneshot_workspace") or "tmpfs",
                 "runtime": s.runtime.ref, "network": s.egress.mode,
                 "gpu": self._gpu.describe() if self._gpu else "off",
                 "enforced_by": "cgroup+rlimit" if s.use_cgroups else "rlimit"}

@@ -22,7 +22,7 @@ OWNER = r"""
 import json, sys, time
 from execbox.providers.jail import JailProvider
 p = JailProvider(); p.initialize({"pool_size": 0, "disk_quota_mb": 16, "preload": "none"})
-inst = p.create_instance()
+inst = p.create_instance(session_id="crash")  # a session's box: its workspace is an image to unmount
 box = p._instances[inst.instance_id].box
 p.execute_code(inst.instance_id, "import subprocess; subprocess.Popen(['sleep', '600'])", "python", 10,
                context_id="keep")
