@@ -13,12 +13,11 @@ clean-up (``Children._keep_pids``) and die with the box like every other child.
 
 from __future__ import annotations
 
-import base64
 import os
-import signal
 import time
 
 from . import privsep, procs
+from .lean import b64decode, b64encode, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -166,8 +165,8 @@ class Background:
         out, out_more, out_size = _read_from(proc.out_path, out_off)
         err, err_more, err_size = _read_from(proc.err_path, err_off)
         self._pace(proc, max(out_size - out_off - len(out), err_size - err_off - len(err)))
-        value: dict[str, Any] = {"stdout_b64": base64.b64encode(out).decode(),
-                                 "stderr_b64": base64.b64encode(err).decode(), "exited": False}
+        value: dict[str, Any] = {"stdout_b64": b64encode(out).decode(),
+                                 "stderr_b64": b64encode(err).decode(), "exited": False}
         if exited and (proc.discard or (not out_more and not err_more)):
             assert proc.status is not None
             code, sig = procs.decode_status(proc.status)
@@ -198,7 +197,7 @@ class Background:
             raise BackgroundError(f"process {proc.pid} has no stdin (start it with stdin enabled)",
                                   status=409, field="pid")
         try:
-            data = base64.b64decode(str(req.get("data_b64") or ""), validate=True)
+            data = b64decode(str(req.get("data_b64") or ""))
         except ValueError:
             raise BackgroundError("data_b64 must be base64", field="data_b64") from None
         view = memoryview(data)

@@ -6,12 +6,11 @@ reaps or kills a child process; main.py only reads requests and dispatches them.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import time
 
 from . import contexts, js_contexts, privsep, procs, protocol, pump, runners
+from .lean import dumps, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -244,7 +243,9 @@ class Children:
                 os.close(fd)
             except OSError:
                 pass
+        self.detached.add(spare.pid)  # reaped as it exits (SIGCHLD), with no exit record kept
         pump.kill_quietly(spare.pid, keep=self._keep_pids())
+        self.reap_detached()
 
     def _child_run(self, job: dict[str, Any], res_w: int) -> None:
         """Body of a one-shot child once its job arrived; never returns."""
@@ -283,7 +284,7 @@ class Children:
             if spec["arguments"] is not None:
                 args_path = os.path.join(self.tmp, "arguments.json")
                 with open(args_path, "w", encoding="utf-8") as f:
-                    json.dump(spec["arguments"], f)
+                    f.write(dumps(spec["arguments"]))
         limits = dict(self.limits)
         limits.update({k: v for k, v in (req.get("limits") or {}).items() if v})
         job = {"spec": spec, "stream": bool(req.get("stream")), "prefix": prefix, "code_path": code_path,

@@ -10,11 +10,10 @@ with its id starts from empty globals.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 
 from . import privsep, procs, pump
+from .lean import dumps, loads, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -81,7 +80,7 @@ def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any])
     """Send one cell; the Watch is done when the reply line (or EOF: the context died) arrives."""
     state: dict[str, Any] = {}
     ctx.reply_buf.clear()
-    line = json.dumps({"code": spec["code"], "cwd": spec["cwd"]}) + "\n"
+    line = dumps({"code": spec["code"], "cwd": spec["cwd"]}) + "\n"
     data = memoryview(line.encode())
     while data:
         data = data[os.write(ctx.req_w, data):]
@@ -97,8 +96,8 @@ def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any])
         ctx.reply_buf += chunk
         if b"\n" in ctx.reply_buf:
             raw, _, _ = bytes(ctx.reply_buf).partition(b"\n")
-            msg = json.loads(raw)
-            state["result_raw"] = json.dumps({"result": msg["result"]}).encode() if msg.get("result") else b""
+            msg = loads(raw)
+            state["result_raw"] = dumps({"result": msg["result"]}).encode() if msg.get("result") else b""
             state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
                              "peak_memory_kb": msg.get("peak_memory_kb")}
 

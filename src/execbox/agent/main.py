@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import collections
 import gc
-import json
 import os
 import select
-import signal
 import sys
 import time
 
 from . import background, contexts, fileops, fsextra, js_contexts, pidns, privsep, procs, protocol, pump, runners
 from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
+from .lean import b64encode, loads, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -27,10 +26,14 @@ AGENT_VERSION = "1"
 AUTO_PRELOAD = ("numpy", "pandas", "matplotlib.pyplot")
 SPARE_GRACE = 0.005
 """Seconds the agent waits for another request after a box's first run before forking a spare."""
+USER_IMPORTS = ("re", "json", "base64", "signal", "linecache", "traceback")
+"""What user code commonly needs and the agent itself does without (lean.py). A box that serves many
+runs imports them at start, so that each run's fork inherits them; a one-shot's box (``--oneshot``),
+destroyed after its single run, starts without them and that run imports what it uses."""
 
 
 class Agent(Children):
-    def __init__(self, workspace: str, preload: list[str], limits: dict[str, Any]) -> None:
+    def __init__(self, workspace: str, preload: list[str], limits: dict[str, Any], oneshot: bool = False) -> None:
         self.t0 = time.monotonic()
         self.proto_in = os.dup(0)
         self.proto_out = os.dup(1)
@@ -60,6 +63,12 @@ class Agent(Children):
         self.subreaper = procs.become_subreaper()
         procs.set_dumpable(False)  # user code (same uid) must not reach our fds through /proc
         self.preloaded = self._preload(preload)
+        if not oneshot:
+            for name in USER_IMPORTS:
+                try:
+                    __import__(name)
+                except ImportError:  # a trimmed runtime: its runs import what they need themselves
+                    pass
         self.seq = 0
         self.spare: Spare | None = None
         self.fork_cost: float | None = None  # seconds a spare's fork blocks the agent (moving average)
@@ -202,10 +211,8 @@ class Agent(Children):
         if op == "files.read":
             return fileops.read_text(ws, req.get("path", ""), int(req.get("offset", 0)), int(req.get("limit", 2000)))
         if op == "files.read_bytes":
-            import base64
-
             data = fileops.read_bytes(ws, req.get("path", ""), int(req.get("max_bytes") or fileops.MAX_READ_BYTES))
-            return {"content_b64": base64.b64encode(data).decode(), "size": len(data)}
+            return {"content_b64": b64encode(data).decode(), "size": len(data)}
         if op == "files.write":
             data = fileops._decode_content(req)
             return fileops.write(ws, req.get("path", ""), data, req.get("mode", "overwrite"))
@@ -258,8 +265,10 @@ OPTIONS = {
 }
 FLAGS = {
     "--pid-ns": "user code in a PID namespace of its own (needs --run-as and CAP_SYS_ADMIN; runsc boxes)",
+    "--oneshot": "the box serves a single run: skip importing what only later runs would share",
 }
-USAGE = "usage: execbox-agent --workspace DIR [--preload P] [--limits JSON] [--run-as UID:GID] [--pid-ns]"
+USAGE = ("usage: execbox-agent --workspace DIR [--preload P] [--limits JSON] [--run-as UID:GID] [--pid-ns]"
+         " [--oneshot]")
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
@@ -328,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         preload = []
     else:
         preload = [p for p in choice.split(",") if p]
-    agent = Agent(opts["--workspace"], preload, json.loads(opts["--limits"]))
+    agent = Agent(opts["--workspace"], preload, loads(opts["--limits"]), oneshot="--oneshot" in opts)
     try:
         agent.serve()
     except (BrokenPipeError, EOFError):

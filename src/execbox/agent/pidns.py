@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
+
+from .lean import signal
 
 CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
+
+from .lean import signal
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24

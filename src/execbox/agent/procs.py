@@ -5,10 +5,10 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-import signal
 import time
 
 from . import paths, pidns
+from .lean import signal
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1

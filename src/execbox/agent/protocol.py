@@ -8,9 +8,10 @@ Stdlib only: this module is imported inside boxes and by the host.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
+
+from .lean import dumps, loads
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ class ProtocolError(Exception):
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    body = dumps(message, ensure_ascii=False).encode("utf-8")
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
     return HEADER.pack(len(body)) + body
@@ -57,7 +58,7 @@ def read_frame(fd: int) -> dict[str, Any]:
     (size,) = HEADER.unpack(read_exact(fd, HEADER.size))
     if size > MAX_FRAME:
         raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
-    return json.loads(read_exact(fd, size))
+    return loads(read_exact(fd, size))
 
 
 class FrameBuffer:
@@ -77,5 +78,5 @@ class FrameBuffer:
                 break
             body = bytes(self._buf[HEADER.size : HEADER.size + size])
             del self._buf[: HEADER.size + size]
-            out.append(json.loads(body))
+            out.append(loads(body))
         return out

@@ -8,15 +8,14 @@ when the deadline passes.
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import resource
 import selectors
-import signal
 import time
 from collections.abc import Callable
 
 from . import procs
+from .lean import b64encode, loads, raw_decode, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -120,9 +119,7 @@ def collect_artifacts(directory: str, before: dict[str, tuple[int, int]], ws_rel
             "mime_type": mimetypes.guess_type(rel)[0] or "application/octet-stream",
         }
         if inline and len(data) <= budget:
-            import base64
-
-            item["content_b64"] = base64.b64encode(data).decode()
+            item["content_b64"] = b64encode(data).decode()
             budget -= len(data)
         out.append(item)
     return out
@@ -259,7 +256,7 @@ def exit_record(raw: bytes) -> dict[str, Any] | None:
     if at < 0:
         return None
     try:
-        rec = json.loads(raw[at:])
+        rec = loads(raw[at:])
         code, maxrss = rec["exited"], rec["maxrss"]
     except (ValueError, KeyError, TypeError):
         return None
@@ -274,11 +271,10 @@ def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool]:
     oom = False
     if raw:
         text = raw.decode("utf-8", errors="replace")
-        decoder = json.JSONDecoder()
         idx = 0
         while idx < len(text):
             try:
-                obj, end = decoder.raw_decode(text, idx)
+                obj, end = raw_decode(text, idx)
             except ValueError:
                 break
             idx = end

@@ -10,10 +10,10 @@ from __future__ import annotations
 import _ast  # the C node types: the ast module (enum, contextlib...) would cost every box start
 import builtins
 import io
-import json
-import linecache
 import os
 import sys
+
+from .lean import dumps
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ CODE_FILENAME = "<code>"
 
 
 def write_result(fd: int, message: dict[str, Any]) -> None:
-    data = json.dumps(message, separators=(",", ":")).encode()
+    data = dumps(message).encode()
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -34,10 +34,63 @@ def write_result(fd: int, message: dict[str, Any]) -> None:
 def encode_value(value: Any) -> dict[str, Any]:
     """JSON-encode ``main()``'s return value, or explain why it cannot be."""
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = dumps(value, allow_nan=False)
     except (TypeError, ValueError) as e:
         return {"error": f"main() returned a value that is not JSON-serializable ({type(value).__name__}): {e}"}
     return {"present": True, "json": text, "type": type(value).__name__}
+
+
+def show_source(code: str) -> None:
+    """Let tracebacks through ``<code>`` show its lines, as they would for a file.
+
+    linecache has no source for a ``<...>`` name unless it is seeded. Importing it just to seed
+    it (tokenize, re, enum: ~6 ms) would cost every run forked from an agent that started lean
+    (lean.py); so until something imports it (any traceback does), the seed waits for that import.
+    """
+    entry = (len(code), None, code.splitlines(True), CODE_FILENAME)
+    linecache = sys.modules.get("linecache")
+    if linecache is not None:
+        linecache.cache[CODE_FILENAME] = entry
+        return
+    for finder in sys.meta_path:
+        if isinstance(finder, _SeedOnImport):  # a context's earlier run: its code is replaced
+            finder.entry = entry
+            return
+    sys.meta_path.insert(0, _SeedOnImport(entry))
+
+
+class _SeedOnImport:
+    """Meta-path finder that hands linecache, when first imported, a loader that seeds it."""
+
+    def __init__(self, entry: tuple[Any, ...]) -> None:
+        self.entry = entry
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "linecache":
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _SeedingLoader(spec.loader, self.entry)
+                return spec
+        return None
+
+
+class _SeedingLoader:
+    def __init__(self, loader: Any, entry: tuple[Any, ...]) -> None:
+        self.loader, self.entry = loader, entry
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package...: the real loader's
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        module.cache[CODE_FILENAME] = self.entry
 
 
 def _walk(node: _ast.AST):  # noqa: ANN202 - ast.walk without importing ast
@@ -99,7 +152,7 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
                artifacts_dir: str | None, figure_prefix: str) -> int:
     """Run ``code`` in ``globs``; call ``main`` per the contract. Returns the exit code."""
     extend_path()
-    linecache.cache[CODE_FILENAME] = (len(code), None, code.splitlines(True), CODE_FILENAME)
+    show_source(code)
     try:
         tree = compile(code, CODE_FILENAME, "exec", _ast.PyCF_ONLY_AST)
         compiled = compile(tree, CODE_FILENAME, "exec")

@@ -45,6 +45,7 @@ class BoxSpec:
     ws_size: int = 512 * 1024 * 1024
     tmp_size: int = 256 * 1024 * 1024
     preload: str = "auto"
+    oneshot: bool = False  # the agent serves one run (agent --oneshot: no imports for later runs)
     extra_ro: list[tuple[str, str]] = field(default_factory=list)
     device_args: list[str] = field(default_factory=list)  # GPU opt-in (boxes/gpu.py); empty: no devices
     share_net: bool = False  # run in the caller's network namespace (boxes/jail_net.py made it)
@@ -102,6 +103,8 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
         "--", spec.runtime.python, "-I", "-c", AGENT_BOOT, AGENT_ROOT_IN_BOX, f"{AGENT_PACKAGE}.main",
         "--workspace", WORKSPACE, "--preload", spec.preload, "--limits", json.dumps(spec.agent_limits),
     ]
+    if spec.oneshot:
+        argv.append("--oneshot")
     return argv
 
 

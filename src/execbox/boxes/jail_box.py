@@ -254,11 +254,12 @@ def _preexec(cg: cgroups.BoxCgroup | None, uid: int | None):
 
 
 def start(settings: JailSettings, workspace: str | None = None, background: bool = False,
-          tmpfs_workspace: bool = False) -> JailBox:
+          tmpfs_workspace: bool = False, oneshot: bool = False) -> JailBox:
     """Start one box with its agent ready (raises on any failure, leaving nothing behind).
 
     ``background``: a warm-pool refill, started at a low CPU weight until ``promote()``.
-    ``tmpfs_workspace``: without ``workspace``, a tmpfs of the quota instead of an image (one-shots)."""
+    ``tmpfs_workspace``: without ``workspace``, a tmpfs of the quota instead of an image (one-shots).
+    ``oneshot``: the box serves a single run; its agent skips what only later runs would share."""
     name = f"jail-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
     box_dir = os.path.join(boxes_dir(), name)
     root = os.geteuid() == 0
@@ -290,7 +291,7 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
             env={**bwrap.box_env(), **settings.runtime.env()}, agent_limits=limits, seccomp_fd=seccomp_fd,
             workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
-            device_args=list(settings.device_args),
+            oneshot=oneshot, device_args=list(settings.device_args),
         )
         if jn is not None:
             spec.share_net = True

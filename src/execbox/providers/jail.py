@@ -172,7 +172,7 @@ class JailProvider(AgentBackedProvider):
 
     def start_oneshot_box(self, runtime_name: str | None = None) -> JailBox:
         return start_jail_box(self._jail_settings(runtime_name), None,
-                              tmpfs_workspace=self.config.get("oneshot_workspace") != "disk")
+                              tmpfs_workspace=self.config.get("oneshot_workspace") != "disk", oneshot=True)
 
     def start_pooled_box(self) -> JailBox:
         return self.start_box(background=True)

@@ -298,3 +298,40 @@ def test_a_bad_oneshot_workspace_value_is_sb002_naming_it():
     with pytest.raises(InvalidConfigError) as e:
         JailProvider().initialize({"oneshot_workspace": "ramdisk"})
     assert e.value.code == "SB002" and "oneshot_workspace" in str(e.value.details) + e.value.message
+
+
+USER_MODULES = "import sys\nprint(sorted(m for m in ('re', 'json', 'linecache') if m in sys.modules))"
+
+
+def test_a_one_shot_box_starts_its_agent_lean_and_a_session_box_shares_common_imports():
+    """A one-shot's box serves one run: its agent skips importing re/json/linecache for later runs
+    (agent --oneshot; ~6 ms of CPU, an eighth of a one-shot). A session's and a pooled box's agents
+    import them at start so each run's fork inherits them. Both still run code that needs them."""
+    p = make_provider()  # pool 0: a one-shot's box is started for it
+    pooled = make_provider(pool_size=1)
+    try:
+        shot = p.create_instance()
+        assert "--oneshot" in p._instances[shot.instance_id].box.proc.args
+        assert p.execute_code(shot.instance_id, USER_MODULES, "python", 30).stdout == "[]\n"
+        r = p.execute_code(shot.instance_id, "import json, re\nprint(json.dumps(re.findall('a.', 'abac')))",
+                           "python", 30)
+        assert r.stdout == '["ab", "ac"]\n'
+        p.destroy_instance(shot.instance_id)
+
+        session = p.create_instance(session_id="lean-s")
+        assert "--oneshot" not in p._instances[session.instance_id].box.proc.args
+        r = p.execute_code(session.instance_id, USER_MODULES, "python", 30)
+        assert r.stdout == "['json', 'linecache', 're']\n"
+        p.destroy_instance(session.instance_id)
+
+        deadline = time.monotonic() + 60
+        while (pooled.pool_status() or {}).get("ready", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        inst = pooled.create_instance()
+        assert inst.metadata["from_pool"] is True
+        r = pooled.execute_code(inst.instance_id, USER_MODULES, "python", 30)
+        assert r.stdout == "['json', 'linecache', 're']\n"
+        pooled.destroy_instance(inst.instance_id)
+    finally:
+        p.shutdown()
+        pooled.shutdown()

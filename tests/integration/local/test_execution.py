@@ -379,3 +379,13 @@ def test_a_spare_forked_during_a_run_holds_none_of_that_runs_pipes(local_sandbox
             "          if os.path.exists(f'/proc/self/fd/{f}')))")
     counts = [local_sandbox.run_code(code).stdout for _ in range(4)]
     assert counts == ["3\n"] * 4  # its own stdout, stderr and result pipe
+
+
+def test_a_session_agent_imports_what_user_code_commonly_needs_so_every_run_inherits_it(local_sandbox):
+    """The agent's own code does without re/json/linecache (agent/lean.py); a box that serves many
+    runs imports them once at start (main.USER_IMPORTS), so no run pays for them again."""
+    sb = local_sandbox
+    r = sb.run_code("import sys\nprint(sorted(m for m in ('re', 'json', 'linecache') if m in sys.modules))")
+    assert r.stdout == "['json', 'linecache', 're']\n"
+    r = sb.run_code("import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()\n")
+    assert 'File "<code>", line 3' in r.stderr and "1 / 0" in r.stderr
