@@ -39,9 +39,17 @@ def test_loads_and_raw_decode_round_trip(value):
     assert lean.loads(text) == value
     assert lean.loads(text.encode("utf-8")) == value
     assert lean.loads(bytearray(f"  {text}\n".encode())) == value
+    assert lean.loads(f"\r\n\t {text} \t\r\n") == value
     doubled = text + json.dumps([value])
     first, end = lean.raw_decode(doubled, 0)
     assert first == value and lean.raw_decode(doubled, end)[0] == [value]
+
+
+def test_bytes_decode_as_json_loads_decodes_them():
+    raw = b'{"s": "\xed\xa0\x80 lone surrogate, \xc3\xa9"}'  # what json.loads accepts (surrogatepass)
+    assert lean.loads(raw) == json.loads(raw)
+    with pytest.raises(UnicodeDecodeError):
+        lean.loads(b'"\xff"')
 
 
 def test_non_finite_floats_as_json_does():

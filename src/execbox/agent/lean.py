@@ -78,10 +78,12 @@ try:
     def loads(s: str | bytes | bytearray) -> Any:
         """``json.loads`` of one document (bytes are UTF-8)."""
         if not isinstance(s, str):
-            s = bytes(s).decode("utf-8")
-        start = len(s) - len(s.lstrip(" \t\n\r"))
+            s = s.decode("utf-8", "surrogatepass")  # as json.loads decodes UTF-8
+        start = 0
+        while start < len(s) and s[start] in " \t\n\r":  # no copy of a frame that may be large
+            start += 1
         obj, end = raw_decode(s, start)
-        if s[end:].strip(" \t\n\r"):
+        if end < len(s) and s[end:].strip(" \t\n\r"):
             from json import JSONDecodeError
 
             raise JSONDecodeError("Extra data", s, end)
