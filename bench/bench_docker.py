@@ -51,6 +51,7 @@ def bench_runtime(runtime: str, n: int, oneshot_n: int, pool: int, preload: str)
     p = DockerProvider()
     p.initialize({"runtime": runtime, "pool_size": pool, "pool_wait": 300, "preload": preload})
     rows: list[Row] = []
+    label = runtime if preload == "auto" else f"{runtime} preload={preload}"  # auto: the default rows
     try:
         wait_ready(p, pool)
         inst = p.create_instance(tenant_id="bench", session_id="s")
@@ -75,15 +76,15 @@ def bench_runtime(runtime: str, n: int, oneshot_n: int, pool: int, preload: str)
             session()
             session_context()
             docker_exec()
-        base = f"{runtime}: docker exec per run"
+        base = f"{label}: docker exec per run"
         s, w, e = timed(docker_exec, n)
         rows.append(Row(base, s, w, 1, None, e))
         s, w, e = timed(session, n)
-        rows.append(Row(f"{runtime}: session execute, fork per run", s, w, 1, base, e))
+        rows.append(Row(f"{label}: session execute, fork per run", s, w, 1, base, e))
         s, w, e = timed(session, max(10, n // 3), before=lambda: time.sleep(0.3))
-        rows.append(Row(f"{runtime}: session execute, 300 ms think time", s, w, 1, base, e))
+        rows.append(Row(f"{label}: session execute, 300 ms think time", s, w, 1, base, e))
         s, w, e = timed(session_context, n)
-        rows.append(Row(f"{runtime}: session execute in a context", s, w, 1, base, e))
+        rows.append(Row(f"{label}: session execute in a context", s, w, 1, base, e))
         p.destroy_instance(inst.instance_id)
 
         def oneshot() -> None:
@@ -95,13 +96,13 @@ def bench_runtime(runtime: str, n: int, oneshot_n: int, pool: int, preload: str)
                 p.destroy_instance(i.instance_id)
 
         s, w, e = timed(oneshot, oneshot_n, before=lambda: wait_ready(p, 1))
-        rows.append(Row(f"{runtime}: one-shot from warm pool", s, w, 1, base, e))
+        rows.append(Row(f"{label}: one-shot from warm pool", s, w, 1, base, e))
 
         def cold_start() -> None:
             p.start_box().destroy()
 
         s, w, e = timed(cold_start, 3)
-        rows.append(Row(f"{runtime}: cold start (pool refill)", s, w, 1, None, e))
+        rows.append(Row(f"{label}: cold start (pool refill)", s, w, 1, None, e))
     finally:
         p.shutdown()
     return rows
@@ -112,7 +113,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--oneshot-n", type=int, default=20)
     ap.add_argument("--pool", type=int, default=2)
-    ap.add_argument("--preload", default="auto", help="agent preload: auto (numpy, pandas, matplotlib) or none")
+    ap.add_argument("--preload", default="auto",
+                    help="agent preload: auto (numpy, pandas, matplotlib) or none; rows of other than auto are "
+                         "labelled '<runtime> preload=<value>'")
     ap.add_argument("--runtimes", default="runc,runsc")
     args = ap.parse_args()
     client = docker_client()
