@@ -2,11 +2,12 @@
 
 ``json``, ``base64`` and ``signal`` are thin Python layers over ``_json``, ``binascii`` and
 ``_signal``, but importing them pulls in ``re`` and ``enum``: about 6 ms of CPU on every box
-start, an eighth of what a one-shot costs end to end. The agent needs only the C halves, so it
+start, a sixth of what a one-shot costs end to end. The agent needs only the C halves, so it
 takes them here, with the same results and error types as the wrappers (tests/unit compares
 them). Any runtime whose C modules differ (another implementation, a future CPython) gets
-the wrappers themselves. User code that imports ``json`` or ``re`` pays for them in its own run,
-and an idle agent imports them ahead of time (``main.IDLE_IMPORTS``).
+the wrappers themselves. A box that serves many runs imports the wrappers at start all the same,
+for its runs' forks to share (``main.USER_IMPORTS``); a one-shot's box (``--oneshot``) does not,
+and its run imports what it uses.
 Stdlib only.
 """
 
