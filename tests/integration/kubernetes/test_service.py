@@ -16,9 +16,13 @@ def test_service_runs_sessions_and_one_shots_in_pods(k8s_provider_factory, fake_
     p = k8s_provider_factory(pool_size=1)
     svc = start_service(p)
 
-    def _mine():
-        return [n for n in fake_apiserver.pod_names()
-                if (fake_apiserver.pod(n) or {}).get("metadata", {}).get("annotations", {}).get(ks.A_OWNER) == p.owner]
+    def _mine(session: str | None = None):
+        out = []
+        for n in fake_apiserver.pod_names():
+            ann = (fake_apiserver.pod(n) or {}).get("metadata", {}).get("annotations", {})
+            if ann.get(ks.A_OWNER) == p.owner and (session is None or ann.get(ks.A_SESSION) == session):
+                out.append(n)
+        return out
     try:
         c = svc.a
         r = c.post("/v1/sandbox/execute", json={"code": "open('n.txt','w').write('7')\nprint('hi')",
@@ -32,11 +36,13 @@ def test_service_runs_sessions_and_one_shots_in_pods(k8s_provider_factory, fake_
         one = c.post("/v1/sandbox/execute", json={"code": "echo $((6*7))", "language": "bash"}).json()
         assert one["stdout"] == "42\n", one
         assert c.get("/readyz").status_code == 200
-        pods_before = len(_mine())
+        # By the session's own pod, not a count: the pool may be refilling after the one-shot took
+        # its pod, and a new pool pod would hide the deleted one from a count.
+        [session_pod] = _mine("k1")
         assert svc.root.delete("/v1/sandbox/sessions/tenant-a/k1").status_code in (200, 204)
         deadline = time.monotonic() + 15
-        while len(_mine()) >= pods_before and time.monotonic() < deadline:
+        while session_pod in _mine() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert len(_mine()) < pods_before  # the closed session's pod is deleted
+        assert session_pod not in _mine()  # the closed session's pod is deleted
     finally:
         svc.stop()
