@@ -243,9 +243,7 @@ class Children:
                 os.close(fd)
             except OSError:
                 pass
-        self.detached.add(spare.pid)  # reaped as it exits (SIGCHLD), with no exit record kept
         pump.kill_quietly(spare.pid, keep=self._keep_pids())
-        self.reap_detached()
 
     def _child_run(self, job: dict[str, Any], res_w: int) -> None:
         """Body of a one-shot child once its job arrived; never returns."""

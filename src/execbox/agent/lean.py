@@ -51,7 +51,6 @@ try:
         parse_float = float
         parse_int = int
         parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
-        memo: dict[str, Any] = {}
 
     _scan = _json.make_scanner(_DecoderSettings())
     _json.make_encoder  # noqa: B018 - its absence sends us to the wrappers

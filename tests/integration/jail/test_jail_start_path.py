@@ -305,7 +305,7 @@ USER_MODULES = "import sys\nprint(sorted(m for m in ('re', 'json', 'linecache') 
 
 def test_a_one_shot_box_starts_its_agent_lean_and_a_session_box_shares_common_imports():
     """A one-shot's box serves one run: its agent skips importing re/json/linecache for later runs
-    (agent --oneshot; ~6 ms of CPU, an eighth of a one-shot). A session's and a pooled box's agents
+    (agent --oneshot; ~6-8 ms of CPU, a sixth of a one-shot). A session's and a pooled box's agents
     import them at start so each run's fork inherits them. Both still run code that needs them."""
     p = make_provider()  # pool 0: a one-shot's box is started for it
     pooled = make_provider(pool_size=1)
