@@ -115,8 +115,8 @@ def test_the_agents_own_imports_leave_out_re_enum_and_json():
     root = runtime.staged_agent()
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import execbox_agent.main as m;"
              "print(sorted(n for n in ('re', 'enum', 'json', 'base64', 'signal', 'linecache', 'tokenize',"
-             " 'typing', 'ast') if n in sys.modules)); print(all(n in m.USER_IMPORTS for n in"
-             " ('re', 'json', 'linecache')))")
+             " 'typing', 'ast', 'ctypes', 'selectors', 'collections', 'shutil') if n in sys.modules));"
+             " print(all(n in m.USER_IMPORTS for n in ('re', 'json', 'linecache')))")
     out = subprocess.run([sys.executable, "-I", "-c", probe, root], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["[]", "True"]
 
@@ -139,3 +139,38 @@ def test_a_traceback_user_code_prints_itself_shows_its_source_line(linecache_fir
     assert out.stdout.split() == [str(linecache_first), "0"]  # the finder left once it had seeded
     assert 'File "<code>", line 2, in f' in out.stderr
     assert "raise ValueError('boom')" in out.stderr and "    f()" in out.stderr
+
+
+def test_libc_calls_prctl_and_reports_errno_as_ctypes_does():
+    """lean.libc() (from _ctypes) answers as ctypes.CDLL does: a value, and errno on failure."""
+    import ctypes
+    import errno
+
+    dll = ctypes.CDLL(None, use_errno=True)
+    pr_get_dumpable, bad_option = 3, 0x7FFF
+    assert lean.libc().prctl(pr_get_dumpable, 0, 0, 0, 0) == dll.prctl(pr_get_dumpable, 0, 0, 0, 0) == 1
+    assert lean.libc().prctl(bad_option, 0, 0, 0, 0) == -1
+    assert lean.libc().get_errno() == errno.EINVAL
+    assert lean.libc().prctl is lean.libc().prctl  # looked up once
+    with pytest.raises(AttributeError):
+        getattr(lean.libc(), "no_such_function_in_libc")  # noqa: B009 - the lookup is the test
+
+
+def test_remove_tree_removes_everything_below_and_follows_no_symlink(tmp_path):
+    """The agent's temp dir goes at exit without shutil; a link in it to elsewhere is unlinked,
+    what it points to stays."""
+    from execbox.agent import fileops
+
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "file").write_text("x")
+    top = tmp_path / "agent-tmp"
+    (top / "a" / "b").mkdir(parents=True)
+    (top / "a" / "b" / "f").write_text("y")
+    (top / "g").write_text("z")
+    (top / "a" / "to-dir").symlink_to(outside / "keep")
+    (top / "to-file").symlink_to(outside / "keep" / "file")
+    fileops.remove_tree(str(top))
+    assert not top.exists()
+    assert (outside / "keep" / "file").read_text() == "x"
+    fileops.remove_tree(str(top))  # already gone: no error

@@ -317,3 +317,28 @@ def delete(ws: str, path: str) -> None:
             os.unlink(real)
     except OSError as e:
         raise _os_error(e, path) from None
+
+
+def remove_tree(path: str) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)`` for the agent's own temp dir at exit.
+
+    Importing shutil (and the re, bz2 and lzma it imports) cost ~7 ms of every box's shutdown.
+    Descriptor-relative like shutil's own: a symlink inside is removed, never followed."""
+    try:
+        for _root, dirs, files, dfd in os.fwalk(path, topdown=False):
+            for name in files:
+                _quiet(os.unlink, name, dfd)
+            for name in dirs:  # a symlink to a directory is listed here too: rmdir fails, unlink works
+                if not _quiet(os.rmdir, name, dfd):
+                    _quiet(os.unlink, name, dfd)
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _quiet(fn: Any, name: str, dfd: int) -> bool:
+    try:
+        fn(name, dir_fd=dfd)
+        return True
+    except OSError:
+        return False

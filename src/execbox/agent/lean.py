@@ -100,3 +100,55 @@ try:
 
 except (ImportError, AttributeError, TypeError):  # pragma: no cover - not this CPython's C modules
     dumps, loads, raw_decode, b64encode, b64decode = _wrappers()
+
+
+class _Libc:
+    """libc functions called with int, bytes or None arguments and an int result, errno kept.
+
+    ``ctypes`` costs ~2 ms of every box start, most of it defining types the agent never uses;
+    prctl() at start is all it needs. ``_ctypes`` (the C half) does it for ~0.7 ms. Any runtime
+    where that fails gets ``ctypes.CDLL`` itself.
+    """
+
+    def __init__(self) -> None:
+        self._fns: dict[str, Any] = {}
+        try:
+            import _ctypes
+
+            class _Int(_ctypes._SimpleCData):
+                _type_ = "i"
+
+            class _Fn(_ctypes.CFuncPtr):
+                _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+                _restype_ = _Int
+
+            class _Self:  # what CFuncPtr((name, dll)) reads off a CDLL
+                _handle = _ctypes.dlopen(None, 0)
+
+            self._make = lambda name: _Fn((name, _Self()))
+            self.get_errno = _ctypes.get_errno
+        except (ImportError, AttributeError, TypeError, OSError):  # pragma: no cover - not CPython
+            import ctypes
+
+            dll = ctypes.CDLL(None, use_errno=True)
+            self._make = lambda name: getattr(dll, name)
+            self.get_errno = ctypes.get_errno
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        fn = self._fns.get(name)
+        if fn is None:
+            fn = self._fns[name] = self._make(name)
+        return fn
+
+
+_libc: _Libc | None = None
+
+
+def libc() -> _Libc:
+    """The process's libc (made on first use): ``libc().prctl(...)``, ``libc().get_errno()``."""
+    global _libc
+    if _libc is None:
+        _libc = _Libc()
+    return _libc

@@ -7,7 +7,6 @@ code prints can corrupt the stream, and children close those fds before running 
 
 from __future__ import annotations
 
-import collections
 import gc
 import os
 import select
@@ -59,7 +58,7 @@ class Agent(Children):
         self.js_contexts: dict[str, js_contexts.JsContext] = {}
         self.reset_contexts: set[str] = set()
         self.frames = protocol.FrameBuffer()
-        self.pending: collections.deque[dict[str, Any]] = collections.deque()
+        self.pending: list[dict[str, Any]] = []  # a frame or two: no deque (collections costs ~1 ms a start)
         self.subreaper = procs.become_subreaper()
         procs.set_dumpable(False)  # user code (same uid) must not reach our fds through /proc
         self.preloaded = self._preload(preload)
@@ -74,8 +73,10 @@ class Agent(Children):
         self.fork_cost: float | None = None  # seconds a spare's fork blocks the agent (moving average)
         self.bg = background.Background(self)
         # Everything imported so far is shared with every fork: keep the collector from touching
-        # (and so copying) those pages in each child.
-        gc.collect()
+        # (and so copying) those pages in each child. A one-shot forks once: the full collection
+        # (~2 ms) would cost more than the pages it saves copying.
+        if not oneshot:
+            gc.collect()
         gc.freeze()
 
     # -- start-up ---------------------------------------------------------------------------
@@ -118,7 +119,7 @@ class Agent(Children):
             if not data:
                 return None
             self.pending.extend(self.frames.feed(data))
-        return self.pending.popleft()
+        return self.pending.pop(0)
 
     def serve(self) -> None:
         self.send({
@@ -200,9 +201,7 @@ class Agent(Children):
         for js in list(self.js_contexts.values()):
             pump.kill_quietly(js.pid)
         procs.kill_tree(os.getpid(), include_root=False)
-        import shutil  # noqa: PLC0415 - once, at exit
-
-        shutil.rmtree(self.tmp, ignore_errors=True)  # background output files included
+        fileops.remove_tree(self.tmp)  # background output files included
 
     # -- files ------------------------------------------------------------------------------
     def op_files(self, rid: Any, req: dict[str, Any]) -> Any:

@@ -26,10 +26,9 @@ profile allows exactly ``unshare(CLONE_NEWPID)`` and a ``nosuid,nodev,noexec`` m
 
 from __future__ import annotations
 
-import ctypes
 import os
 
-from .lean import signal
+from .lean import libc, signal
 
 CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
@@ -43,19 +42,10 @@ proc_fd: int | None = None
 init_pid: int | None = None
 """The namespace's init, as the agent sees it: orphans of user code become its children."""
 
-_libc: ctypes.CDLL | None = None
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
 
 def _check(rc: int, what: str) -> None:
     if rc != 0:
-        err = ctypes.get_errno()
+        err = libc().get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
@@ -74,7 +64,7 @@ def setup() -> None:
     ready_r, ready_w = os.pipe()
     try:
         os.seteuid(0)  # the permitted capabilities (CAP_SYS_ADMIN) become effective again
-        _check(_c().unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        _check(libc().unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
         pid = os.fork()
         if pid == 0:  # the namespace's init
             _init(ready_w)
@@ -108,10 +98,10 @@ def _init(ready_w: int) -> None:
     """pid 1 of the namespace: mount its /proc, then reap orphans until the agent dies."""
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-        _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        _check(_c().mount(b"proc", b"/proc", b"proc", PROC_MOUNT_FLAGS, None), "mount /proc")
+        libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _check(libc().mount(b"proc", b"/proc", b"proc", PROC_MOUNT_FLAGS, None), "mount /proc")
         os.setresuid(0, NOBODY, 0)  # real uid 0 (user code cannot signal it), no effective caps
-        _c().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         os.write(ready_w, b"ok")
     except BaseException as e:  # noqa: BLE001
         os.write(ready_w, str(e).encode()[:4000])

@@ -24,10 +24,9 @@ user code, while the host still kills it with SIGKILL from outside.
 
 from __future__ import annotations
 
-import ctypes
 import os
 
-from .lean import signal
+from .lean import libc, signal
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
@@ -70,14 +69,8 @@ def parse_run_as(spec: str) -> RunAs | None:
 _target: RunAs | None = None
 
 
-_libc: ctypes.CDLL | None = None
-
-
 def _prctl(option: int, arg: int) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc.prctl(option, arg, 0, 0, 0)
+    return libc().prctl(option, arg, 0, 0, 0)
 
 
 def enter_agent(run_as: RunAs | None) -> str:
@@ -88,6 +81,7 @@ def enter_agent(run_as: RunAs | None) -> str:
     if run_as is None or os.getuid() != 0:
         return "none"
     _bounding[:] = _bounding_caps()  # read while still uid 0
+    libc()  # loaded while still uid 0: the interpreter's files may be readable by root only
     os.setgroups([])
     os.setresgid(0, run_as.gid, 0)
     os.setresuid(0, run_as.uid, 0)  # effective caps are cleared; permitted ones stay for children

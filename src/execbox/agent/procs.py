@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import time
 
 from . import paths, pidns
-from .lean import signal
+from .lean import libc, signal
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
@@ -35,8 +34,7 @@ def request_env_and_cwd(ws: str, req: dict, error: type[Exception]) -> tuple[dic
 
 def _prctl(option: int, arg: int) -> bool:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, arg, 0, 0, 0) == 0
+        return libc().prctl(option, arg, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 

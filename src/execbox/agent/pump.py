@@ -10,15 +10,15 @@ from __future__ import annotations
 import codecs
 import os
 import resource
-import selectors
+import select
 import time
-from collections.abc import Callable
 
 from . import procs
 from .lean import b64encode, loads, raw_decode, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 DEFAULT_OUTPUT_CAP = 1024 * 1024
@@ -125,6 +125,11 @@ def collect_artifacts(directory: str, before: dict[str, tuple[int, int]], ws_rel
     return out
 
 
+def _poll_ms(seconds: float) -> int:
+    """poll()'s timeout for a wait of ``seconds`` (0 to 1 s), rounded up so a short wait does not spin."""
+    return int(-(-max(0.0, min(seconds, 1.0)) * 1000 // 1))
+
+
 def pump(
     watch: Watch,
     streams: list[Stream],
@@ -140,18 +145,14 @@ def pump(
 
     ``on_control`` gets bytes from the host and returns True when they cancel this run.
     """
-    sel = selectors.DefaultSelector()
+    # poll(2) rather than selectors: that module (and the collections it imports) costs ~2 ms of
+    # every box start. A hang-up is reported whatever was asked for, and its read returns EOF.
+    poller = select.poll()
     by_fd = {s.fd: s for s in streams}
-    for s in streams:
-        sel.register(s.fd, selectors.EVENT_READ)
     result_buf = bytearray()
-    sel.register(result_fd, selectors.EVENT_READ)
     open_fds = {s.fd for s in streams} | {result_fd}
-    sel.register(wake_fd, selectors.EVENT_READ)
-    if control_fd is not None:
-        sel.register(control_fd, selectors.EVENT_READ)
-    for fd in watch.extra_fds:
-        sel.register(fd, selectors.EVENT_READ)
+    for fd in (*by_fd, result_fd, wake_fd, *([] if control_fd is None else [control_fd]), *watch.extra_fds):
+        poller.register(fd, select.POLLIN)
     timed_out = cancelled = False
     done: dict[str, Any] | None = watch.is_done()
     drain_until: float | None = None
@@ -170,15 +171,14 @@ def pump(
         if done is None and (timed_out or cancelled) and now >= deadline + 5:
             break  # the process will not die: give up waiting, report what we have
         wait = (drain_until - now) if drain_until else (deadline - now if not (timed_out or cancelled) else 0.05)
-        for key, _ in sel.select(max(0.0, min(wait, 1.0))):
-            fd = key.fd
+        for fd, _ in poller.poll(_poll_ms(wait)):
             if fd in by_fd or fd == result_fd:
                 try:
                     chunk = os.read(fd, 65536)
                 except OSError:
                     chunk = b""
                 if not chunk:
-                    sel.unregister(fd)
+                    poller.unregister(fd)
                     open_fds.discard(fd)
                 elif fd == result_fd:
                     result_buf += chunk
@@ -204,7 +204,7 @@ def pump(
             done = watch.is_done()
         if done is None and not open_fds and watch.finished is not None:
             done = watch.finished(bytes(result_buf))
-    sel.close()  # the caller closes every fd it created
+    # the caller closes every fd it created
     exit_info = done or {"exit_code": -signal.SIGKILL, "signal": signal.SIGKILL}
     return {
         "timed_out": timed_out,

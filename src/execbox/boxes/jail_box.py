@@ -9,6 +9,7 @@ unprivileged host uid, so even the box's mapped "user" is nobody on the host.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -231,7 +232,9 @@ def _launcher(cg: cgroups.BoxCgroup | None, uid: int | None, net_fd: int | None)
     return argv
 
 
+@functools.cache
 def _tool(name: str) -> str | None:
+    """Looked up once per process: three PATH walks on every box start otherwise."""
     return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
 
 
