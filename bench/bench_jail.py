@@ -209,7 +209,7 @@ def main() -> None:
     sci = any(r["name"] == "sci" for r in runtime.list_runtimes())
     if sci and not args.no_sci:
         plot_rows: list[Row] = []
-        sci_py = os.path.join(runtime.runtimes_dir(), "sci", "bin", "python")
+        sci_py = os.path.join(runtime.resolve("sci").host_dir or "", "bin", "python")  # legacy or versioned layout
         env = {"PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/execbox-bench-mpl"}
         cold_n = max(3, n // 40)
         plot_rows.append(measure("cold: fresh sci python, import+plot",

@@ -6,7 +6,6 @@ everything); providers are session-scoped because box start-up is the slow part.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,12 +23,12 @@ MEMORY = "256m"
 
 
 def _jail() -> Any:
-    from execbox.boxes.runtime import runtimes_dir
+    from execbox.boxes.runtime import list_runtimes
     from execbox.providers.jail import JailProvider
 
     ok, reason = JailProvider.availability()
     require(ok, f"bubblewrap jail ({reason})")
-    require(os.path.exists(os.path.join(runtimes_dir(), "sci", "execbox-runtime.json")),
+    require(any(r["name"] == "sci" for r in list_runtimes()),  # either layout (legacy or versioned)
             "jail runtime 'sci' (scripts/setup/test/20-jail-runtime.sh)")
     p = JailProvider()
     p.initialize({"pool_size": 1, "max_memory": MEMORY, "pids_limit": 64, "preload": "none", "runtime": "sci",

@@ -21,14 +21,12 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 @pytest.fixture(scope="session")
 def sci_jail() -> Iterator[Any]:
-    from execbox.boxes.runtime import runtimes_dir
+    from execbox.boxes.runtime import list_runtimes
     from execbox.providers.jail import JailProvider
 
     ok, reason = JailProvider.availability()
     require(ok, f"bubblewrap jail ({reason})")
-    import os
-
-    require(os.path.exists(os.path.join(runtimes_dir(), "sci", "execbox-runtime.json")),
+    require(any(r["name"] == "sci" for r in list_runtimes()),  # either layout (legacy or versioned)
             "jail runtime 'sci' (scripts/setup/test/20-jail-runtime.sh)")
     p = JailProvider()
     p.initialize({"pool_size": 1, "max_memory": "512m", "preload": "none", "runtime": "sci"})
