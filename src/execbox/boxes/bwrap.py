@@ -7,6 +7,7 @@ runs arrives later over the agent protocol, never on the command line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ ETC_FROM_HOST = (
 """The only host /etc entries a box sees (no passwd, shadow, resolv.conf, hosts or secrets)."""
 
 MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+HOST_ETC = "/etc"  # where staged_etc copies ETC_FROM_HOST from
 
 
 def bwrap_path() -> str | None:
@@ -37,7 +39,7 @@ def bwrap_path() -> str | None:
 class BoxSpec:
     runtime: Runtime
     agent_root: str  # host dir holding execbox_agent/
-    etc_dir: str  # host dir with the box's passwd, group, hosts, nsswitch.conf
+    etc_dir: str  # the box's whole /etc (staged_etc): synthetic passwd, group... plus ETC_FROM_HOST
     env: dict[str, str]
     agent_limits: dict[str, int]
     seccomp_fd: int | None
@@ -51,7 +53,7 @@ class BoxSpec:
     share_net: bool = False  # run in the caller's network namespace (boxes/jail_net.py made it)
 
 
-def system_mounts() -> list[str]:
+def usr_mounts() -> list[str]:
     """/usr read-only plus /bin, /lib... as symlinks (merged /usr) or read-only binds."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in MERGED_USR:
@@ -60,6 +62,13 @@ def system_mounts() -> list[str]:
             args += ["--symlink", os.readlink(host), host]
         elif os.path.isdir(host):
             args += ["--ro-bind", host, host]
+    return args
+
+
+def system_mounts() -> list[str]:
+    """``usr_mounts`` plus the host's ETC_FROM_HOST entries bound one by one (probes and
+    baselines; a box binds its whole staged /etc instead: ``staged_etc``)."""
+    args = usr_mounts()
     for name in ETC_FROM_HOST:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     return args
@@ -76,11 +85,8 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
         # The agent is pid 1: no bwrap init inside the box holding the protocol pipes (code could
         # reopen them through /proc/1/fd); the agent reaps orphans as it does as a subreaper.
         "--as-pid-1",
-        *system_mounts(),
-    ]
-    for name in ("passwd", "group", "hosts", "nsswitch.conf"):
-        argv += ["--ro-bind", os.path.join(spec.etc_dir, name), f"/etc/{name}"]
-    argv += [
+        *usr_mounts(),
+        "--ro-bind", spec.etc_dir, "/etc",  # the whole /etc in one mount (staged_etc)
         "--proc", "/proc", "--dev", "/dev",
         "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/tmp",
         "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/dev/shm",
@@ -136,27 +142,69 @@ ETC_FILES = {
 }
 
 
-def staged_etc() -> str:
-    """A directory holding the box's synthetic /etc files (written once, world-readable)."""
-    return stage_files("box-etc", ETC_FILES)
+def staged_etc(dirname: str = "box-etc", files: dict[str, str] | None = None,
+               mount_points: tuple[str, ...] = ()) -> str:
+    """The box's whole /etc as one directory, bound with one mount instead of ten (~1 ms of CPU
+    on every box start): the synthetic ``files`` (default ETC_FILES), copies of the host's
+    ETC_FROM_HOST entries, and empty directories for ``mount_points`` (where more is bound on
+    top, inside this read-only /etc).
 
-
-def stage_files(dirname: str, files: dict[str, str]) -> str:
-    """``<jail dir>/<dirname>`` holding ``files`` (name -> content), world-readable; a file is
-    rewritten (atomically) only when its content differs, so concurrent box starts agree."""
-    d = os.path.join(jail_dir(), dirname)
-    os.makedirs(d, mode=0o755, exist_ok=True)
-    for name, content in files.items():
-        path = os.path.join(d, name)
+    Staged as ``<jail dir>/<dirname>-<digest>``, the digest covering ``files`` and the host
+    entries' lstat: a host change (ldconfig, update-alternatives) gives a new directory at the
+    next box start, while boxes already running keep the one they mounted. Never rewritten in
+    place; concurrent starts (other processes too) agree on the name and publish it atomically.
+    """
+    files = ETC_FILES if files is None else files
+    sig = [repr(sorted(files.items())), repr(mount_points)]
+    for name in ETC_FROM_HOST:
         try:
-            with open(path, encoding="utf-8") as f:
-                if f.read() == content:
-                    continue
+            st = os.lstat(os.path.join(HOST_ETC, name))
+            sig.append(f"{name}:{st.st_mode}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
         except OSError:
-            pass
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    return d
+            sig.append(f"{name}:-")
+    key = "\n".join([jail_dir(), *sig])
+    cached = _staged_etc.get(dirname)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    final = os.path.join(jail_dir(), f"{dirname}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+    if not os.path.isdir(final):
+        _publish_etc(final, files, mount_points)
+    _staged_etc[dirname] = (key, final)
+    return final
+
+
+_staged_etc: dict[str, tuple[str, str]] = {}
+
+
+def _publish_etc(final: str, files: dict[str, str], mount_points: tuple[str, ...]) -> None:
+    tmp = f"{final}.tmp-{os.getpid()}-{os.urandom(3).hex()}"
+    os.makedirs(tmp, mode=0o755)
+    try:
+        for name, content in files.items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                f.write(content)
+        for name in ETC_FROM_HOST:
+            src, dst = os.path.join(HOST_ETC, name), os.path.join(tmp, name)
+            if os.path.islink(src):
+                os.symlink(os.readlink(src), dst)  # localtime -> /usr/share/zoneinfo/...
+            elif os.path.isdir(src):
+                shutil.copytree(src, dst, symlinks=True)  # alternatives: symlinks into /usr
+            elif os.path.isfile(src):
+                shutil.copyfile(src, dst)
+        for rel in mount_points:
+            os.makedirs(os.path.join(tmp, rel), mode=0o755, exist_ok=True)
+        for root, dirs, names in os.walk(tmp):  # world-readable: the box's uid is not ours
+            for d in dirs:
+                os.chmod(os.path.join(root, d), 0o755)
+            for n in names:
+                if not os.path.islink(os.path.join(root, n)):
+                    os.chmod(os.path.join(root, n), 0o644)
+        os.chmod(tmp, 0o755)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not os.path.isdir(final):  # not a concurrent start that published it first
+                raise
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -65,7 +65,6 @@ class JailSettings:
     use_cgroups: bool = True
     drop_uid: bool = True
     agent_root: str = ""
-    etc_dir: str = ""
     device_args: list[str] = field(default_factory=list)  # GPU binds (boxes/gpu.py), empty by default
     egress: Any = None  # EgressPolicy; not "none": the box gets a namespace behind the gateway
 
@@ -290,7 +289,7 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
             # No pids cgroup: RLIMIT_NPROC, counted per uid inside the box's own user namespace.
             limits["nproc"] = settings.pids
         spec = bwrap.BoxSpec(
-            runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=settings.etc_dir,
+            runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=bwrap.staged_etc(),
             env={**bwrap.box_env(), **settings.runtime.env()}, agent_limits=limits, seccomp_fd=seccomp_fd,
             workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
@@ -299,7 +298,7 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
         if jn is not None:
             spec.share_net = True
             spec.etc_dir = jail_net.staged_etc_net()
-            spec.extra_ro = [*spec.extra_ro, *jail_net.extra_mounts(spec.etc_dir, jn)]
+            spec.extra_ro = [*spec.extra_ro, *jail_net.extra_mounts(jn)]
             pip_root = staged_pip()  # in-session installs (providers/install.py)
             if pip_root:
                 spec.extra_ro.append((pip_root, PIP_MOUNT))

@@ -14,7 +14,7 @@ from ..egress.gateway import BoxLink, gateway
 from ..egress.inject import BOX_BUNDLE, BOX_ENV, BoxCA, Injector
 from ..egress.policy import EgressPolicy, has_credentials
 from . import netns
-from .bwrap import ETC_FILES, stage_files
+from .bwrap import ETC_FILES, staged_etc
 
 RESOLV_CONF = f"nameserver {netns.GW_ADDR}\noptions timeout:2 attempts:2\n"
 
@@ -83,13 +83,14 @@ def preexec(inner: Any, jn: JailNet | None):  # type: ignore[no-untyped-def]
 
 
 def staged_etc_net() -> str:
-    """Like bwrap.staged_etc, but names resolve through DNS (the gateway) too."""
-    return stage_files("box-etc-net", {**ETC_FILES, "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-                                       "resolv.conf": RESOLV_CONF})
+    """Like bwrap.staged_etc, but names resolve through DNS (the gateway) too, and the host's
+    public CA bundle can be bound at /etc/ssl/certs."""
+    return staged_etc("box-etc-net", {**ETC_FILES, "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+                                      "resolv.conf": RESOLV_CONF}, mount_points=("ssl/certs",))
 
 
-def extra_mounts(etc_dir: str, jn: JailNet) -> list[tuple[str, str]]:
-    out = [(os.path.join(etc_dir, "resolv.conf"), "/etc/resolv.conf")]
+def extra_mounts(jn: JailNet) -> list[tuple[str, str]]:
+    out = []
     if os.path.isdir("/etc/ssl/certs"):
         out.append(("/etc/ssl/certs", "/etc/ssl/certs"))  # public CA bundle only, never /etc/ssl/private
     if jn.ca is not None:

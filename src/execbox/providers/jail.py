@@ -137,7 +137,7 @@ class JailProvider(AgentBackedProvider):
             runtime=rt, memory_bytes=parse_size(cfg.get("max_memory") or "512m"), cpus=float(cfg.get("cpus") or 1),
             pids=int(cfg.get("pids_limit") or 128), disk_bytes=disk, tmp_bytes=min(TMP_MAX, disk),
             preload=str(cfg.get("preload") or "auto"), use_cgroups=use_cgroups,
-            agent_root=runtime.staged_agent(), etc_dir=bwrap.staged_etc(),
+            agent_root=runtime.staged_agent(),
             egress=policy_from_config(cfg),
         )
         self.egress_cap = self._settings.egress
