@@ -6,15 +6,26 @@ exponential backoff and stay visible in ``status()`` (for doctor, /readyz and me
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 log = logging.getLogger("execbox.pool")
 REFILL_PAUSE = 0.02  # seconds a refill waits after a box was handed out (see _run)
+SATURATED_HOLD = 0.5
+"""Seconds the refill keeps holding off after callers' own box starts filled every CPU.
+
+When as many callers start their own boxes (the pool was empty) as the host has CPUs, demand
+is outrunning the refill: every request pays a start anyway, and a pooled box costs more CPU
+than a caller's own one-shot box (a disk image a session could adopt, the imports a session's
+forks share: ~10-15 ms). Refilling then only takes CPU from the requests (sustained one-shots on
+2 cores: ~60 -> ~64/s without it). Below that (one request at a time, say) a CPU is idle and
+the refill uses it, as before."""
 
 
 class PooledBox(Protocol):
@@ -41,6 +52,10 @@ class BoxPool:
         self.started_total = 0
         self.handed_out = 0
         self._last_take = 0.0
+        self._cold = 0  # callers starting a box of their own right now (cold_start)
+        self._saturated_until = float("-inf")
+        self.cold_limit = os.cpu_count() or 1
+        self._waiting = 0  # takes blocked on this pool: they want the refill, saturated or not
         # Box start-up is mostly waiting (exec, mounts, imports): a second starter keeps sustained
         # one-shot traffic from being limited by one start at a time.
         self._threads = [threading.Thread(target=self._run, name=f"execbox-{name}-{i}", daemon=True)
@@ -53,8 +68,14 @@ class BoxPool:
         backoff = 0.5
         while True:
             with self._cond:
-                while not self._closed and len(self._ready) + self._starting >= self.size:
-                    self._cond.wait()
+                while not self._closed:
+                    if len(self._ready) + self._starting >= self.size:
+                        self._cond.wait()
+                        continue
+                    hold = self._hold()
+                    if hold <= 0:
+                        break
+                    self._cond.wait(timeout=hold)
                 if self._closed:
                     return
                 self._starting += 1
@@ -109,7 +130,36 @@ class BoxPool:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed or not self.size:
                     return None
-                self._cond.wait(timeout=remaining)
+                self._waiting += 1
+                self._cond.notify_all()  # a refill holding off starts now
+                try:
+                    self._cond.wait(timeout=remaining)
+                finally:
+                    self._waiting -= 1
+
+    @contextlib.contextmanager
+    def cold_start(self) -> Iterator[None]:
+        """Around a caller's own box start after ``take`` found nothing (see SATURATED_HOLD)."""
+        with self._cond:
+            self._cold += 1
+            if self._cold >= self.cold_limit:
+                self._saturated_until = time.monotonic() + SATURATED_HOLD
+        try:
+            yield
+        finally:
+            with self._cond:
+                if self._cold >= self.cold_limit:  # saturated until now: hold a while longer
+                    self._saturated_until = time.monotonic() + SATURATED_HOLD
+                self._cold -= 1
+                self._cond.notify_all()
+
+    def _hold(self) -> float:
+        """Seconds the refill should still wait (called with the lock held); <= 0: go."""
+        if self._waiting:
+            return 0.0
+        if self._cold >= self.cold_limit:
+            return SATURATED_HOLD
+        return self._saturated_until - time.monotonic()
 
     def status(self) -> dict[str, Any]:
         with self._cond:
@@ -121,6 +171,7 @@ class BoxPool:
                 "handed_out": self.handed_out,
                 "failures": self.failures,
                 "healthy": self.consecutive_failures == 0,
+                "refill_held": self._hold() > 0,
                 "last_error": self.last_error,
                 "last_error_at": self.last_error_at,
             }

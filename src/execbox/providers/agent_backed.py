@@ -7,6 +7,7 @@ SB error mapping live here once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -161,13 +162,15 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
             box = self.adopt_pooled(self._pool, workspace)
         from_pool = box is not None
         if box is None:
+            cold = self._pool.cold_start() if self._pool is not None else contextlib.nullcontext()
             try:
-                if session_id is None and workspace is None:
-                    box = self.start_oneshot_box(runtime)
-                elif runtime is None:
-                    box = self.start_box(workspace)
-                else:
-                    box = self.start_box_with_runtime(workspace, runtime)
+                with cold:
+                    if session_id is None and workspace is None:
+                        box = self.start_oneshot_box(runtime)
+                    elif runtime is None:
+                        box = self.start_box(workspace)
+                    else:
+                        box = self.start_box_with_runtime(workspace, runtime)
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
