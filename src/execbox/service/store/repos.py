@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -204,13 +204,18 @@ class TokensRepo:
         return rec, plaintext
 
     def verify(self, plaintext: str) -> TokenRecord | None:
+        """The live token ``plaintext`` names, or None. Every API request asks, against the database
+        each time (a revocation holds at once, on every replica): so a plain Core select on a
+        connection, ~5x less CPU than an ORM session and entity load (docs/benchmarks.md)."""
         if not plaintext or not plaintext.startswith(TOKEN_PREFIX) or len(plaintext) > 256:
             return None
-        with self._sessions() as s:
-            row = s.scalar(select(Token).where(Token.token_hash == hash_token(plaintext)))
-            if row is None or row.revoked_at is not None:
-                return None
-            return _token(row)
+        engine = self._sessions.kw["bind"]
+        with engine.connect() as conn:
+            row = conn.execute(_VERIFY, {"token_hash": hash_token(plaintext)}).first()
+        if row is None or row.revoked_at is not None:
+            return None
+        return TokenRecord(row.id, row.tenant_id, row.role, row.name, row.prefix, row.last4,
+                           float(row.created_at), row.revoked_at)
 
     def get(self, token_id: str) -> TokenRecord | None:
         with self._sessions() as s:
@@ -236,6 +241,9 @@ class TokensRepo:
             q = q.where(Token.role == role)
         with self._sessions() as s:
             return int(s.scalar(q) or 0)
+
+
+_VERIFY = select(Token.__table__).where(Token.__table__.c.token_hash == bindparam("token_hash"))
 
 
 def _token(row: Token) -> TokenRecord:
