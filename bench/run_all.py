@@ -24,7 +24,7 @@ MEM = re.compile(r"^(?P<name>runtime .+?)\s+(?P<rss>[\d.]+)\s+(?P<pss>[\d.]+)\s+
 # (script, arguments, share of the budget)
 SCRIPTS = [
     ("bench_jail.py", ["-n", "100"], 0.15),
-    ("bench_scaling.py", ["--n", "100", "--oneshot-n", "24"], 0.2),
+    ("bench_scaling.py", ["--n", "100", "--oneshot-n", "60"], 0.2),
     ("bench_http.py", [], 0.15),
     ("bench_docker.py", ["--n", "30", "--oneshot-n", "8"], 0.2),
     ("bench_docker.py", ["--n", "30", "--oneshot-n", "8", "--preload", "none"], 0.15),
