@@ -125,11 +125,6 @@ def collect_artifacts(directory: str, before: dict[str, tuple[int, int]], ws_rel
     return out
 
 
-def _poll_ms(seconds: float) -> int:
-    """poll()'s timeout for a wait of ``seconds`` (0 to 1 s), rounded up so a short wait does not spin."""
-    return int(-(-max(0.0, min(seconds, 1.0)) * 1000 // 1))
-
-
 def pump(
     watch: Watch,
     streams: list[Stream],
@@ -145,14 +140,25 @@ def pump(
 
     ``on_control`` gets bytes from the host and returns True when they cancel this run.
     """
-    # poll(2) rather than selectors: that module (and the collections it imports) costs ~2 ms of
-    # every box start. A hang-up is reported whatever was asked for, and its read returns EOF.
-    poller = select.poll()
+    # epoll itself rather than selectors (whose import, with the collections it pulls in, costs
+    # ~2 ms of every box start). Not poll(2): epoll reports fds in the order they became ready, so
+    # stderr written before stdout is read first. A hang-up is reported whatever was asked for
+    # (its read returns EOF).
+    poller = select.epoll()
+    try:
+        return _pump(poller, watch, streams, result_fd, deadline, wake_fd, control_fd, on_control, on_wake, kill)
+    finally:
+        poller.close()
+
+
+def _pump(poller: Any, watch: Watch, streams: list[Stream], result_fd: int, deadline: float, wake_fd: int,
+          control_fd: int | None, on_control: Callable[[bytes], bool], on_wake: Callable[[], None],
+          kill: Callable[[], None]) -> dict[str, Any]:
     by_fd = {s.fd: s for s in streams}
     result_buf = bytearray()
     open_fds = {s.fd for s in streams} | {result_fd}
     for fd in (*by_fd, result_fd, wake_fd, *([] if control_fd is None else [control_fd]), *watch.extra_fds):
-        poller.register(fd, select.POLLIN)
+        poller.register(fd, select.EPOLLIN)
     timed_out = cancelled = False
     done: dict[str, Any] | None = watch.is_done()
     drain_until: float | None = None
@@ -171,7 +177,7 @@ def pump(
         if done is None and (timed_out or cancelled) and now >= deadline + 5:
             break  # the process will not die: give up waiting, report what we have
         wait = (drain_until - now) if drain_until else (deadline - now if not (timed_out or cancelled) else 0.05)
-        for fd, _ in poller.poll(_poll_ms(wait)):
+        for fd, _ in poller.poll(max(0.0, min(wait, 1.0))):
             if fd in by_fd or fd == result_fd:
                 try:
                     chunk = os.read(fd, 65536)
