@@ -144,73 +144,64 @@ def pump(
     # ~2 ms of every box start). Not poll(2): epoll reports fds in the order they became ready, so
     # stderr written before stdout is read first. A hang-up is reported whatever was asked for
     # (its read returns EOF).
-    poller = select.epoll()
-    try:
-        return _pump(poller, watch, streams, result_fd, deadline, wake_fd, control_fd, on_control, on_wake, kill)
-    finally:
-        poller.close()
-
-
-def _pump(poller: Any, watch: Watch, streams: list[Stream], result_fd: int, deadline: float, wake_fd: int,
-          control_fd: int | None, on_control: Callable[[bytes], bool], on_wake: Callable[[], None],
-          kill: Callable[[], None]) -> dict[str, Any]:
-    by_fd = {s.fd: s for s in streams}
-    result_buf = bytearray()
-    open_fds = {s.fd for s in streams} | {result_fd}
-    for fd in (*by_fd, result_fd, wake_fd, *([] if control_fd is None else [control_fd]), *watch.extra_fds):
-        poller.register(fd, select.EPOLLIN)
-    timed_out = cancelled = False
-    done: dict[str, Any] | None = watch.is_done()
-    drain_until: float | None = None
-    while True:
-        now = time.monotonic()
-        if done is not None and drain_until is None:
-            drain_until = now + DRAIN_GRACE
-        if done is None and not timed_out and not cancelled and now >= deadline:
-            timed_out = True
-            kill()
-        if done is not None and watch.persistent:
-            _drain_now(streams, by_fd, open_fds)
-            break
-        if done is not None and (not open_fds or now >= drain_until):
-            break
-        if done is None and (timed_out or cancelled) and now >= deadline + 5:
-            break  # the process will not die: give up waiting, report what we have
-        wait = (drain_until - now) if drain_until else (deadline - now if not (timed_out or cancelled) else 0.05)
-        for fd, _ in poller.poll(max(0.0, min(wait, 1.0))):
-            if fd in by_fd or fd == result_fd:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                elif fd == result_fd:
-                    result_buf += chunk
-                else:
-                    by_fd[fd].feed(chunk)
-            elif fd == wake_fd:
-                try:
-                    os.read(wake_fd, 4096)
-                except OSError:
-                    pass
-                on_wake()
-            elif fd == control_fd:
-                try:
-                    data = os.read(control_fd, 1 << 20)
-                except OSError:
-                    data = b""
-                if on_control(data) and not cancelled and done is None:
-                    cancelled = True
-                    kill()
-            elif watch.on_extra is not None:
-                watch.on_extra(fd)
-        if done is None:
-            done = watch.is_done()
-        if done is None and not open_fds and watch.finished is not None:
-            done = watch.finished(bytes(result_buf))
-    # the caller closes every fd it created
+    with select.epoll() as poller:
+        by_fd = {s.fd: s for s in streams}
+        result_buf = bytearray()
+        open_fds = {s.fd for s in streams} | {result_fd}
+        for fd in (*by_fd, result_fd, wake_fd, *([] if control_fd is None else [control_fd]), *watch.extra_fds):
+            poller.register(fd, select.EPOLLIN)
+        timed_out = cancelled = False
+        done: dict[str, Any] | None = watch.is_done()
+        drain_until: float | None = None
+        while True:
+            now = time.monotonic()
+            if done is not None and drain_until is None:
+                drain_until = now + DRAIN_GRACE
+            if done is None and not timed_out and not cancelled and now >= deadline:
+                timed_out = True
+                kill()
+            if done is not None and watch.persistent:
+                _drain_now(streams, by_fd, open_fds)
+                break
+            if done is not None and (not open_fds or now >= drain_until):
+                break
+            if done is None and (timed_out or cancelled) and now >= deadline + 5:
+                break  # the process will not die: give up waiting, report what we have
+            wait = (drain_until - now) if drain_until else (deadline - now if not (timed_out or cancelled) else 0.05)
+            for fd, _ in poller.poll(max(0.0, min(wait, 1.0))):
+                if fd in by_fd or fd == result_fd:
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+                    elif fd == result_fd:
+                        result_buf += chunk
+                    else:
+                        by_fd[fd].feed(chunk)
+                elif fd == wake_fd:
+                    try:
+                        os.read(wake_fd, 4096)
+                    except OSError:
+                        pass
+                    on_wake()
+                elif fd == control_fd:
+                    try:
+                        data = os.read(control_fd, 1 << 20)
+                    except OSError:
+                        data = b""
+                    if on_control(data) and not cancelled and done is None:
+                        cancelled = True
+                        kill()
+                elif watch.on_extra is not None:
+                    watch.on_extra(fd)
+            if done is None:
+                done = watch.is_done()
+            if done is None and not open_fds and watch.finished is not None:
+                done = watch.finished(bytes(result_buf))
+    # the epoll object is closed; the caller closes every fd it created
     exit_info = done or {"exit_code": -signal.SIGKILL, "signal": signal.SIGKILL}
     return {
         "timed_out": timed_out,
