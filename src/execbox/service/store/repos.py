@@ -214,8 +214,7 @@ class TokensRepo:
             row = conn.execute(_VERIFY, {"token_hash": hash_token(plaintext)}).first()
         if row is None or row.revoked_at is not None:
             return None
-        return TokenRecord(row.id, row.tenant_id, row.role, row.name, row.prefix, row.last4,
-                           float(row.created_at), row.revoked_at)
+        return _token(row)
 
     def get(self, token_id: str) -> TokenRecord | None:
         with self._sessions() as s:
@@ -246,7 +245,8 @@ class TokensRepo:
 _VERIFY = select(Token.__table__).where(Token.__table__.c.token_hash == bindparam("token_hash"))
 
 
-def _token(row: Token) -> TokenRecord:
+def _token(row: Any) -> TokenRecord:
+    """From a ``Token`` entity or a Core row of its table (same attribute names)."""
     return TokenRecord(row.id, row.tenant_id, row.role, row.name, row.prefix, row.last4,
                        float(row.created_at), row.revoked_at)
 
