@@ -141,9 +141,7 @@ class BoxPool:
     def cold_start(self) -> Iterator[None]:
         """Around a caller's own box start after ``take`` found nothing (see SATURATED_HOLD)."""
         with self._cond:
-            self._cold += 1
-            if self._cold >= self.cold_limit:
-                self._saturated_until = time.monotonic() + SATURATED_HOLD
+            self._cold += 1  # at cold_limit, _hold() holds the refill for as long as this lasts
         try:
             yield
         finally:
