@@ -289,7 +289,8 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
             # No pids cgroup: RLIMIT_NPROC, counted per uid inside the box's own user namespace.
             limits["nproc"] = settings.pids
         spec = bwrap.BoxSpec(
-            runtime=settings.runtime, agent_root=settings.agent_root, etc_dir=bwrap.staged_etc(),
+            runtime=settings.runtime, agent_root=settings.agent_root,
+            etc_dir=jail_net.staged_etc_net() if jn is not None else bwrap.staged_etc(),
             env={**bwrap.box_env(), **settings.runtime.env()}, agent_limits=limits, seccomp_fd=seccomp_fd,
             workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
@@ -297,7 +298,6 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
         )
         if jn is not None:
             spec.share_net = True
-            spec.etc_dir = jail_net.staged_etc_net()
             spec.extra_ro = [*spec.extra_ro, *jail_net.extra_mounts(jn)]
             pip_root = staged_pip()  # in-session installs (providers/install.py)
             if pip_root:
