@@ -37,8 +37,9 @@ class Row:
 
 
 def measure(name: str, fn: Callable[[], object], n: int = 200, concurrency: int = 1, warmup: int = 5,
-            baseline: str | None = None) -> Row:
-    """Call ``fn`` ``n`` times (spread over ``concurrency`` threads) after ``warmup`` calls."""
+            baseline: str | None = None, pause: float = 0.0) -> Row:
+    """Call ``fn`` ``n`` times (spread over ``concurrency`` threads) after ``warmup`` calls;
+    ``pause``: seconds of idle before each call, off the clock (a user's think time)."""
     for _ in range(warmup):
         fn()
     samples: list[float] = []
@@ -46,6 +47,8 @@ def measure(name: str, fn: Callable[[], object], n: int = 200, concurrency: int 
 
     def one() -> None:
         nonlocal errors
+        if pause:
+            time.sleep(pause)
         t = time.perf_counter()
         try:
             fn()
@@ -60,7 +63,8 @@ def measure(name: str, fn: Callable[[], object], n: int = 200, concurrency: int 
     else:
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda _: one(), range(n)))
-    return Row(name, samples, time.perf_counter() - start, concurrency, baseline, errors)
+    wall = time.perf_counter() - start - n * pause / concurrency  # think time is not throughput
+    return Row(name, samples, wall, concurrency, baseline, errors)
 
 
 def print_table(title: str, rows: list[Row]) -> None:

@@ -158,6 +158,10 @@ FLOOR = (
 )
 
 
+IDLE = 0.3
+"""Seconds between warm plot runs in the think-time row (an LLM's pause is seconds)."""
+
+
 def in_process_floor(sci_py: str, env: dict[str, str], n: int) -> Row:
     """The same plot run repeatedly inside one warm interpreter: no fork, no box, no protocol."""
     proc = subprocess.run([sci_py, "-I", "-c", FLOOR, str(n)], input=PLOT, capture_output=True, text=True,
@@ -224,6 +228,10 @@ def main() -> None:
                 plot_rows.append(measure(f"{label}, import+plot", lambda q=q, get=get: run_ok(q, get(), PLOT, ""),
                                          n=cold_n if preload == "none" else max(10, n // 10), warmup=2,
                                          baseline="cold: fresh sci python, import+plot"))
+                if preload == "auto":  # with think time: the spare draws its own figure while idle
+                    plot_rows.append(measure(f"warm: jail session, {IDLE}s idle, import+plot",
+                                             lambda q=q, get=get: run_ok(q, get(), PLOT, ""), n=max(10, n // 10),
+                                             warmup=2, pause=IDLE, baseline="cold: fresh sci python, import+plot"))
                 close()
                 if preload == "auto":
                     mem_rows.append(("runtime sci, preload auto",) + idle_memory(q))

@@ -1,4 +1,4 @@
-"""Forking the agent's children: the one-shot spare, one-shot runs and Python contexts.
+"""Forking the agent's children: one-shot runs (each in a spare, spares.py) and Python contexts.
 
 Split from main.py (the protocol loop) along the process seam: everything here creates, feeds,
 reaps or kills a child process; main.py only reads requests and dispatches them.
@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import time
 
-from . import contexts, js_contexts, privsep, procs, protocol, pump, runners
+from . import contexts, js_contexts, privsep, procs, protocol, pump
 from .lean import dumps, signal
+from .spares import EARLY_SPARE_MAX_FORK, FIGURE_WORDS, Spares
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -21,26 +22,13 @@ ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "py
            "py": "python", "sh": "bash", "shell": "bash"}
 
 
-EARLY_SPARE_MAX_FORK = 0.002
-"""Seconds: fork the next spare while a run executes only when forking (averaged) is this cheap."""
-
-
-class Spare:
-    """A forked child waiting for its one-shot job on ``ctl_w``."""
-
-    __slots__ = ("pid", "out_r", "err_r", "res_r", "ctl_w")
-
-    def __init__(self, pid: int, out_r: int, err_r: int, res_r: int, ctl_w: int) -> None:
-        self.pid, self.out_r, self.err_r, self.res_r, self.ctl_w = pid, out_r, err_r, res_r, ctl_w
-
-
 class RequestError(Exception):
     def __init__(self, message: str, status: int = 400, code: str = "SB002", **details: Any) -> None:
         super().__init__(message)
         self.status, self.code, self.details = status, code, details
 
 
-class Children:
+class Children(Spares):
     """Mixin for :class:`execbox.agent.main.Agent`: the state it uses is set up in ``Agent.__init__``."""
 
     # -- children ---------------------------------------------------------------------------
@@ -64,7 +52,7 @@ class Children:
             except OSError:
                 pass
         if self.spare is not None:  # another child must not feed or read the waiting spare
-            for fd in (self.spare.ctl_w, self.spare.out_r, self.spare.err_r, self.spare.res_r):
+            for fd in self.spare.fds():
                 try:
                     os.close(fd)
                 except OSError:
@@ -156,6 +144,9 @@ class Children:
         oom = oom_marker or pump.looks_oom(stderr, out["exit"])
         artifacts = pump.collect_artifacts(self.artifacts, before, "artifacts",
                                                bool(req.get("inline_artifacts")))
+        if self.figures_preloaded and not self.draws_figures and spec["language"] == "python":
+            self.draws_figures = any(a["name"].startswith(prefix + "-") for a in artifacts) or any(
+                word in spec["code"] for word in FIGURE_WORDS)
         return {
             "stdout": streams[0].text(), "stderr": stderr,
             "exit_code": out["exit"].get("exit_code", -9), "signal": out["exit"].get("signal"),
@@ -188,90 +179,6 @@ class Children:
             except OSError:
                 pass
 
-    def make_spare(self, close: tuple[int, ...] = ()) -> None:
-        """Fork the child for the next one-shot run ahead of time, off the request's hot path.
-
-        The spare has its pipes wired and waits on a control pipe for its job; fork cost and
-        copy-on-write set-up are paid while the previous run executes (``_start_oneshot``
-        forks the next spare as soon as it hands a job over) or while the host is busy with the
-        reply. ``close``: the agent's ends of a run in flight, which the new spare must not hold.
-        """
-        if self.spare is not None:
-            return
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
-        ctl_r, ctl_w = os.pipe()
-        started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # the spare child
-            try:
-                self.child_prepare()
-                for fd in (out_r, err_r, res_r, ctl_w, *close):
-                    os.close(fd)
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                os.close(out_w)
-                os.close(err_w)
-                runners.warm_up()
-                try:
-                    job = protocol.read_frame(ctl_r)
-                except (EOFError, OSError, ValueError):
-                    os._exit(0)  # discarded unused
-                os.close(ctl_r)
-                self._child_run(job, res_w)
-            except BaseException:  # noqa: BLE001
-                try:
-                    import traceback  # only on this failure path: not on every box start
-
-                    os.write(2, traceback.format_exc().encode())
-                finally:
-                    os._exit(127)
-            os._exit(1)
-        took = time.monotonic() - started
-        self.fork_cost = took if self.fork_cost is None else 0.8 * self.fork_cost + 0.2 * took
-        for fd in (out_w, err_w, res_w, ctl_r):
-            os.close(fd)
-        self.spare = Spare(pid, out_r, err_r, res_r, ctl_w)
-
-    def _discard_spare(self) -> None:
-        spare, self.spare = self.spare, None
-        if spare is None:
-            return
-        for fd in (spare.ctl_w, spare.out_r, spare.err_r, spare.res_r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        pump.kill_quietly(spare.pid, keep=self._keep_pids())
-
-    def _child_run(self, job: dict[str, Any], res_w: int) -> None:
-        """Body of a one-shot child once its job arrived; never returns."""
-        spec = job["spec"]
-        lang = spec["language"]
-        os.chdir(spec["cwd"])
-        env = dict(os.environ)
-        env.update(spec["env"])
-        if job["args_path"]:
-            env["EXECBOX_ARGUMENTS_FILE"] = job["args_path"]
-        limits = job["limits"]
-        procs.apply_rlimits(limits, allow_address_space=lang != "javascript")
-        if lang == "python":
-            os.environ.update(spec["env"])
-            runners.setup_stdio(bool(job["stream"]))
-            rc = runners.run_python(spec["code"], spec["arguments"], {}, res_w, self.artifacts, job["prefix"])
-            runners.flush_stdio()
-            code = rc & 0xFF if rc >= 0 else 1
-            pump.write_exit_record(res_w, code)
-            os._exit(code)
-        if lang == "javascript":
-            os.dup2(res_w, 3)
-            os.set_inheritable(3, True)
-            heap = limits.get("memory_bytes")
-            runners.exec_node(self.node or "node", job["code_path"], job["args_path"], env,
-                              int(heap // (1024 * 1024) * 3 // 4) if heap else None)
-        runners.exec_bash(self.bash, job["code_path"], env)
-
     def _start_oneshot(self, spec: dict[str, Any], req: dict[str, Any], prefix: str):
         lang = spec["language"]
         code_path = args_path = ""
@@ -288,26 +195,26 @@ class Children:
         job = {"spec": spec, "stream": bool(req.get("stream")), "prefix": prefix, "code_path": code_path,
                "args_path": args_path, "limits": limits}
         for _attempt in range(2):
-            self.make_spare()
-            spare, self.spare = self.spare, None
-            assert spare is not None
+            spare = self._take_spare()
             try:
                 protocol.write_frame(spare.ctl_w, job)
-                os.close(spare.ctl_w)
-                # From a box's second run on, the next run's spare warms up while this one runs:
-                # back-to-back session runs then find it ready instead of waiting for its fork
-                # and warm-up. Not on a box's first run, which may be its only one (a one-shot),
-                # and not where fork() itself is slow (gVisor: tens of ms, which the agent would
-                # spend blocked while the run waits for its reply): there the spare is forked
-                # after the reply, off the run's critical path, as before.
-                if self.seq > 1 and self.fork_cost is not None and self.fork_cost < EARLY_SPARE_MAX_FORK:
-                    self.make_spare(close=(spare.out_r, spare.err_r, spare.res_r))
-                break
             except OSError:  # the spare died while waiting (killed from inside the box): fork anew
-                self.spare = spare
-                self._discard_spare()
+                self._drop(spare)
+                continue
+            os.close(spare.ctl_w)
+            if spare.ready_r >= 0:
+                os.close(spare.ready_r)
+            break
         else:
             raise RequestError("could not start a child process for the run", status=503, code="SB009")
+        # From a box's second run on, the next run's spare warms up while this one runs:
+        # back-to-back session runs then find it ready instead of waiting for its fork
+        # and warm-up. Not on a box's first run, which may be its only one (a one-shot),
+        # and not where fork() itself is slow (gVisor: tens of ms, which the agent would
+        # spend blocked while the run waits for its reply): there the spare is forked
+        # after the reply, off the run's critical path, as before.
+        if self.seq > 1 and self.fork_cost is not None and self.fork_cost < EARLY_SPARE_MAX_FORK:
+            self.make_spare(close=(spare.out_r, spare.err_r, spare.res_r))
         pid = spare.pid
 
         def done() -> dict[str, Any] | None:

@@ -14,8 +14,9 @@ import sys
 import time
 
 from . import background, contexts, fileops, fsextra, js_contexts, pidns, privsep, procs, protocol, pump, runners
-from .children import ALIASES, LANGS, Children, RequestError, Spare  # noqa: F401 - re-exported
+from .children import ALIASES, LANGS, Children, RequestError  # noqa: F401 - re-exported
 from .lean import b64encode, loads, signal
+from .spares import Spare
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class Agent(Children):
                     pass
         self.seq = 0
         self.spare: Spare | None = None
+        self.figures_preloaded = not oneshot and "matplotlib.pyplot" in sys.modules
+        self.draws_figures = False  # a run drew a figure: spares warm their own (warm_spare_when_idle)
         self.fork_cost: float | None = None  # seconds a spare's fork blocks the agent (moving average)
         self.bg = background.Background(self)
         # Everything imported so far is shared with every fork: keep the collector from touching
@@ -139,6 +142,7 @@ class Agent(Children):
                 break
             if not self.pending and not (self.seq == 1 and self.spare is None and self._request_within(SPARE_GRACE)):
                 self.make_spare()
+            self.warm_spare_when_idle()
         self.shutdown()
 
     def _request_within(self, seconds: float) -> bool:
@@ -233,7 +237,8 @@ class Agent(Children):
         raise RequestError(f"unknown operation {op!r}", field="op")
 
     def op_ping(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
-        return {"pong": True, "pid": os.getpid(), "contexts": sorted({*self.contexts, *self.js_contexts})}
+        return {"pong": True, "pid": os.getpid(), "contexts": sorted({*self.contexts, *self.js_contexts}),
+                "spare_figures": self.spare_figures()}
 
     def op_context_reset(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
         cid = str(req.get("context_id"))

@@ -4,6 +4,7 @@ read-only, heavy imports preloaded."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -69,5 +70,28 @@ def test_heavy_packages_are_preloaded_so_user_imports_cost_nothing():
         r = run(p, inst.instance_id, code, timeout=60)
         assert r.stdout == "True [] True\n", r.stderr[-500:]
         assert [a.mime_type for a in r.artifacts] == ["image/png"]  # the figure was saved automatically
+    finally:
+        p.shutdown()
+
+
+def test_a_plotting_session_s_idle_spare_draws_ahead_and_leaves_no_figure_behind():
+    require(_has_sci(), "jail runtime 'sci' (scripts/setup/test/20-jail-runtime.sh)")
+    p = make_provider(runtime="sci", preload="auto", max_memory="512m", disk_quota_mb=64)
+    try:
+        iid = p.create_instance(session_id="plots").instance_id  # a session: one-shot boxes never warm
+        client = p._instances[iid].box.client
+        plot = "import matplotlib.pyplot as plt\nprint(plt.get_fignums())\nplt.plot([1, 3, 2])"
+        first = run(p, iid, plot, timeout=60)
+        assert (first.stdout, first.stderr) == ("[]\n", ""), first.stderr[-500:]
+        state = None
+        for _ in range(100):  # idle: pings 0.2 s apart leave the spare its FIGURE_IDLE
+            time.sleep(0.2)
+            state = client.call("ping")["spare_figures"]
+            if state == "warm":
+                break
+        assert state == "warm"
+        r = run(p, iid, plot, timeout=60)
+        assert (r.exit_code, r.stdout, r.stderr) == (0, "[]\n", ""), r.stderr[-500:]
+        assert [a.mime_type for a in r.artifacts] == ["image/png"]  # the user's figure only
     finally:
         p.shutdown()
