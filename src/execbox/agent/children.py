@@ -214,7 +214,7 @@ class Children(Spares):
         # spend blocked while the run waits for its reply): there the spare is forked
         # after the reply, off the run's critical path, as before.
         if self.seq > 1 and self.fork_cost is not None and self.fork_cost < EARLY_SPARE_MAX_FORK:
-            self.make_spare(close=(spare.out_r, spare.err_r, spare.res_r))
+            self.make_spare()
         pid = spare.pid
 
         def done() -> dict[str, Any] | None:
@@ -279,7 +279,7 @@ class Children(Spares):
         if pid == 0:
             try:
                 self.child_prepare()
-                parent.close()
+                procs.close_fds_except((child.fileno(),))
                 procs.apply_rlimits(self.limits)
                 contexts.context_main(child, self.ws, self.artifacts)
             finally:

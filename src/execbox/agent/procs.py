@@ -64,6 +64,22 @@ def no_new_privs() -> bool:
     return _prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
+def close_fds_except(keep: tuple[int, ...]) -> None:
+    """In a freshly forked child: close every descriptor from 3 up but ``keep``.
+
+    A child inherits whatever the agent held at the fork: the pipes of a run in flight (a
+    context forked for a run kept that run's stdout open, so each new context's first run waited
+    out the pump's drain grace, ~200 ms), another context's pipes, relay sockets. The child gets
+    only what it is handed. One close_range(2) per gap.
+    """
+    low = 3
+    for fd in sorted({k for k in keep if k >= 3}):
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, max(low, os.sysconf("SC_OPEN_MAX")))
+
+
 def apply_rlimits(limits: dict[str, int | None], allow_address_space: bool = True) -> None:
     """Set the limits a request asks for; never raise (a limit the kernel refuses is skipped)."""
     table = {

@@ -70,18 +70,19 @@ def _warm_figures(ready_w: int) -> None:
 class Spares:
     """Mixin for :class:`execbox.agent.children.Children`: the spare's life cycle."""
 
-    def make_spare(self, close: tuple[int, ...] = ()) -> None:
+    def make_spare(self) -> None:
         """Fork the child for the next one-shot run ahead of time, off the request's hot path.
 
         The spare has its pipes wired and waits on a control pipe for its job; fork cost and
         copy-on-write set-up are paid while the previous run executes (``_start_oneshot``
         forks the next spare as soon as it hands a job over) or while the host is busy with the
-        reply. ``close``: the agent's ends of a run in flight, which the new spare must not hold.
+        reply. The spare holds only its own pipes (``procs.close_fds_except``): not the agent's
+        ends of a run in flight, nor a context's.
         """
         if self.spare is None:
-            self.spare = self._fork_child(close)
+            self.spare = self._fork_child()
 
-    def _fork_child(self, close: tuple[int, ...]) -> Spare:
+    def _fork_child(self) -> Spare:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe()
@@ -94,14 +95,9 @@ class Spares:
         if pid == 0:  # the spare child
             try:
                 self.child_prepare()
-                for fd in (out_r, err_r, res_r, ctl_w, *close):
-                    os.close(fd)
-                if ready_r >= 0:
-                    os.close(ready_r)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
-                os.close(out_w)
-                os.close(err_w)
+                procs.close_fds_except((res_w, ctl_r, ready_w))
                 runners.warm_up()
                 while True:
                     try:

@@ -389,3 +389,17 @@ def test_a_session_agent_imports_what_user_code_commonly_needs_so_every_run_inhe
     assert r.stdout == "['json', 'linecache', 're']\n"
     r = sb.run_code("import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()\n")
     assert 'File "<code>", line 3' in r.stderr and "1 / 0" in r.stderr
+
+
+def test_a_new_context_holds_only_the_pipes_of_its_own_run(local_sandbox):
+    """A context child is forked while the agent holds the write ends of the run that starts it.
+    It used to keep them: the run's stdout never reached EOF, so every new context's first run
+    waited out the pump's drain grace (~200 ms, the Docker pool's pre-warm included)."""
+    sb = local_sandbox
+    code = ("import os\n"
+            "print(sum('pipe:' in os.readlink(f'/proc/self/fd/{f}') for f in os.listdir('/proc/self/fd')\n"
+            "          if os.path.exists(f'/proc/self/fd/{f}')))")
+    counts = [sb.provider.execute_code(sb.instance_id, code, "python", 30, context_id=cid).stdout
+              for cid in ("c1", "c2", "c1")]
+    assert counts == ["3\n"] * 3  # its own stdout, stderr and result pipe
+    assert sb.run_code(code).stdout == "3\n"  # and a spare forked beside the contexts
