@@ -62,6 +62,7 @@ class Agent(Children):
         self.pending: list[dict[str, Any]] = []  # a frame or two: no deque (collections costs ~1 ms a start)
         self.subreaper = procs.become_subreaper()
         procs.set_dumpable(False)  # user code (same uid) must not reach our fds through /proc
+        runners.seed_matplotlib_cache()
         self.preloaded = self._preload(preload)
         if not oneshot:
             for name in USER_IMPORTS:

@@ -23,13 +23,16 @@ from ..errors import InstanceCreationError, InvalidConfigError
 
 CACHE_DIR = os.environ.get("EXECBOX_IMAGE_CACHE", "/var/cache/execbox/images")
 SUITE = "bookworm"
-LAYOUT_VERSION = "2"  # bump when the rootfs customisation below changes
+LAYOUT_VERSION = "3"  # bump when the rootfs customisation below changes
 HASH_LABEL = "execbox.image.hash"
 FLAVOR_LABEL = "execbox.image.flavor"
 SANDBOX_UID = 1000
 WORKSPACE = "/workspace"
 AGENT_ROOT = "/opt/execbox"
 PYTHON = "/usr/bin/python3"
+MPL_SEED = f"{AGENT_ROOT}/mpl-seed"
+"""matplotlib's font cache, built into the image; each box's agent copies it into its own empty
+MPLCONFIGDIR (agent/runners.py ``seed_matplotlib_cache``) instead of scanning the fonts again."""
 
 BASE_PACKAGES = ["python3", "nodejs"]
 FLAVORS: dict[str, list[str]] = {
@@ -57,6 +60,7 @@ ENV = {
     "TMPDIR": "/tmp",
     "MPLBACKEND": "Agg",
     "MPLCONFIGDIR": "/tmp",
+    "EXECBOX_MPL_SEED": MPL_SEED,
     "PYTHONDONTWRITEBYTECODE": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
@@ -179,6 +183,9 @@ def _build_rootfs_tarball(spec: ImageSpec, tarball: str, cache_dir: str, say: Pr
         purge_toolchain(rootfs)
         say("customising rootfs (sandbox user, mount points, trimming)", 0.85)
         customise_rootfs(rootfs)
+        if "python3-matplotlib" in spec.packages:
+            say("building matplotlib's font cache", 0.87)
+            build_font_cache(rootfs)
         say("writing rootfs tarball", 0.88)
         tmp = tarball + ".part"
         with tarfile.open(tmp, "w") as tar:
@@ -248,6 +255,27 @@ def customise_rootfs(rootfs: str) -> None:
                     shutil.rmtree(full, ignore_errors=True)
                 elif entry not in ("lock", "partial"):
                     os.unlink(full)
+
+
+def build_font_cache(rootfs: str) -> None:
+    """matplotlib's font list, made inside the rootfs (so its font paths are the image's) into
+    ``MPL_SEED``, read-only."""
+    seed = os.path.join(rootfs, MPL_SEED.lstrip("/"))
+    os.makedirs(seed, exist_ok=True)
+    proc = subprocess.run(["chroot", rootfs, PYTHON, "-I", "-c", "import matplotlib.font_manager"],  # noqa: S603,S607
+                          capture_output=True, text=True,
+                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp", "MPLBACKEND": "Agg",
+                               "MPLCONFIGDIR": MPL_SEED})
+    made = [n for n in os.listdir(seed) if n.startswith("fontlist-") and n.endswith(".json")]
+    if proc.returncode != 0 or not made:
+        raise InstanceCreationError(f"building matplotlib's font cache in the rootfs failed: {proc.stderr[-1500:]}")
+    for name in os.listdir(seed):
+        path = os.path.join(seed, name)
+        if name in made:
+            os.chmod(path, 0o644)
+        else:  # lock files and the like
+            os.unlink(path)
+    os.chmod(seed, 0o755)
 
 
 def _import(client: Any, spec: ImageSpec, tarball: str) -> None:

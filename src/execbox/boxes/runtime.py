@@ -30,6 +30,9 @@ from .box import agent_source_dir
 SYSTEM_PYTHON = "/usr/bin/python3"
 SYSTEM = "system"
 RUNTIME_MOUNT = "/opt/execbox/runtime"
+MPL_SEED = "mpl-seed"
+"""A version's matplotlib font cache (when it has matplotlib): boxes copy it into their empty
+MPLCONFIGDIR instead of scanning the fonts again (agent/runners.py ``seed_matplotlib_cache``)."""
 AGENT_ROOT_IN_BOX = "/opt/execbox"
 AGENT_PACKAGE = "execbox_agent"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -79,9 +82,12 @@ class Runtime:
         """Box environment for this runtime: in-session installs first, then the template's packages."""
         node = [f"{WORKSPACE_IN_BOX}/node_modules"] + ([f"{RUNTIME_MOUNT}/node_modules"] if self.npm else [])
         path = "/usr/local/bin:/usr/bin:/bin"
+        env = {"NODE_PATH": ":".join(node), "PYTHONPATH": SESSION_SITE}
         if self.host_dir:
             path = f"{RUNTIME_MOUNT}/bin:" + (f"{RUNTIME_MOUNT}/node_modules/.bin:" if self.npm else "") + path
-        return {"NODE_PATH": ":".join(node), "PYTHONPATH": SESSION_SITE, "PATH": path}
+            if os.path.isdir(os.path.join(self.host_dir, MPL_SEED)):  # built with matplotlib (runtime_build)
+                env["EXECBOX_MPL_SEED"] = f"{RUNTIME_MOUNT}/{MPL_SEED}"
+        return {**env, "PATH": path}
 
 
 class RuntimeNotUsable(InvalidConfigError):

@@ -156,6 +156,9 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
             env = {**os.environ, "npm_config_userconfig": os.path.join(work, ".npmrc-none")}
             _stream(argv, report, 0.6 if pip else 0.1, 0.9, "npm", env)
             shutil.rmtree(cache, ignore_errors=True)
+        if pip:
+            report("building matplotlib's font cache", 0.93)
+            font_cache(work)
         report("writing manifest", 0.95)
         info = {"name": name, "python": python, "packages": [*(parent.packages if parent else []), *pip],
                 "npm": [*(parent.npm if parent else []), *npm], "from": parent.ref if parent else None,
@@ -186,6 +189,32 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
                 pass
         raise
     return rt.resolve(f"{name}@{version}")
+
+
+def font_cache(work: str) -> None:
+    """matplotlib's font list for a version that has matplotlib, in ``<version>/mpl-seed``.
+
+    Made on the host with the version's own interpreter: matplotlib stores its bundled fonts
+    relative to its data dir and the system fonts under /usr, which boxes see at the same paths.
+    HOME points nowhere, so no font of the host user's gets listed. No matplotlib: nothing.
+    """
+    seed = os.path.join(work, rt.MPL_SEED)
+    os.makedirs(seed, exist_ok=True)
+    proc = subprocess.run([os.path.join(work, "bin", "python"), "-I", "-c",  # noqa: S603
+                           "import importlib.util, sys\n"
+                           "if importlib.util.find_spec('matplotlib') is None: sys.exit(3)\n"
+                           "import matplotlib.font_manager"],
+                          capture_output=True, text=True, cwd=seed,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MPLBACKEND": "Agg",
+                               "MPLCONFIGDIR": seed})
+    made = [n for n in os.listdir(seed) if n.startswith("fontlist-") and n.endswith(".json")]
+    for name in os.listdir(seed):
+        if name not in made:
+            os.unlink(os.path.join(seed, name))
+    if proc.returncode == 3 or not made:
+        os.rmdir(seed)
+    if proc.returncode not in (0, 3):
+        raise RuntimeNotUsable(f"building matplotlib's font cache failed: {proc.stderr[-1500:]}")
 
 
 def _publish(top: str, work: str) -> str:

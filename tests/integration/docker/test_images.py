@@ -37,6 +37,20 @@ def test_image_has_no_compiler(provider, instance):
     assert r.stdout == "3\n", r.stderr
 
 
+def test_a_box_starts_from_the_image_s_font_cache_instead_of_scanning_fonts(provider, instance):
+    """The image carries matplotlib's font list; each box's agent copies it into its empty /tmp
+    (MPLCONFIGDIR), owned by the sandbox user, and matplotlib uses it as it is (no rebuild)."""
+    code = ("import os\n"
+            "seed = '/opt/execbox/mpl-seed/fontlist-v330.json'\n"
+            "box = '/tmp/fontlist-v330.json'\n"
+            "before = os.stat(box).st_mtime_ns\n"
+            "import matplotlib.font_manager\n"
+            "same = open(seed, 'rb').read() == open(box, 'rb').read()\n"
+            "print(os.stat(box).st_uid == os.getuid(), os.stat(box).st_mtime_ns == before, same)")
+    r = provider.execute_code(instance, code, "python", 60)
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "True True True\n", ""), r.stderr[-500:]
+
+
 def test_cli_build_reports_cache_hit(docker_engine):
     result = CliRunner().invoke(app, ["image", "build", "python"])
     assert result.exit_code == 0, result.output

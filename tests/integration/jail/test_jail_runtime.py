@@ -95,3 +95,26 @@ def test_a_plotting_session_s_idle_spare_draws_ahead_and_leaves_no_figure_behind
         assert [a.mime_type for a in r.artifacts] == ["image/png"]  # the user's figure only
     finally:
         p.shutdown()
+
+
+def test_a_box_copies_the_runtime_s_font_cache_and_matplotlib_uses_it_as_is():
+    """A runtime built with matplotlib carries its font list (mpl-seed); a box's agent copies it
+    into the box's empty MPLCONFIGDIR, so the first import does not scan every font again."""
+    sci = next((r for r in runtime.list_runtimes() if r["name"] == "sci"), None)
+    require(sci is not None and os.path.isdir(os.path.join(sci["path"] or "", runtime.MPL_SEED)),
+            "jail runtime 'sci' built with its font cache (scripts/setup/test/20-jail-runtime.sh)")
+    p = make_provider(runtime="sci", preload="none", max_memory="512m", disk_quota_mb=64)
+    try:
+        iid = p.create_instance(session_id="fonts").instance_id
+        code = ("import os\n"
+                "names = [n for n in os.listdir('/tmp') if n.startswith('fontlist-')]\n"
+                "box = '/tmp/' + names[0]\n"
+                "before = os.stat(box).st_mtime_ns\n"
+                "import matplotlib.pyplot as plt\n"
+                "plt.plot([1, 2])\n"
+                "seed = open('/opt/execbox/runtime/mpl-seed/' + names[0], 'rb').read()\n"
+                "print(len(names), os.stat(box).st_mtime_ns == before, seed == open(box, 'rb').read())")
+        r = run(p, iid, code, timeout=60)
+        assert (r.exit_code, r.stdout, r.stderr) == (0, "1 True True\n", ""), r.stderr[-500:]
+    finally:
+        p.shutdown()
