@@ -42,8 +42,10 @@ def _docker(request: pytest.FixtureRequest, runtime: str) -> Any:
     from execbox.providers.docker import DockerProvider
 
     p = DockerProvider()
+    # preload none, as the jail's: the contract does not depend on it, and under gVisor every forked
+    # context of a fully preloaded agent (matplotlib included) holds ~50 MB of the box's MEMORY
     p.initialize({"runtime": runtime, "pool_size": 1, "pool_wait": 120, "max_memory": MEMORY, "pids_limit": 64,
-                  "cpus": 1.0, "timeout": 30})
+                  "cpus": 1.0, "timeout": 30, "preload": "none"})
     return p
 
 

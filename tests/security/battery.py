@@ -179,7 +179,8 @@ def run_battery(provider, instance_id: str) -> dict:
 
 BOX_ENV_KEYS = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "MPLBACKEND", "MPLCONFIGDIR", "PYTHONDONTWRITEBYTECODE",
                 "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "HOSTNAME", "USER", "LOGNAME",
-                "PYTHONPATH", "NODE_PATH"}  # fixed paths in the workspace (in-session installs, issue 14)
+                "PYTHONPATH", "NODE_PATH",  # fixed paths in the workspace (in-session installs, issue 14)
+                "EXECBOX_MPL_SEED"}  # the read-only font cache the agent copies into /tmp
 """Every variable a box's agent and init may hold: fixed, built from scratch, nothing secret."""
 
 
