@@ -54,3 +54,17 @@ def test_a_runtime_without_matplotlib_gets_no_font_cache(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(work)], check=True)
     runtime_build.font_cache(str(work))
     assert not (work / "mpl-seed").exists()
+
+
+def test_seeds_are_tried_in_order_and_the_first_list_of_a_version_wins(tmp_path, monkeypatch):
+    runtime_seed, image_seed, box = tmp_path / "rt", tmp_path / "img", tmp_path / "tmp"
+    for d in (runtime_seed, image_seed, box):
+        d.mkdir()
+    (runtime_seed / "fontlist-v3.11.0.json").write_text("runtime")
+    (image_seed / "fontlist-v3.11.0.json").write_text("image")
+    (image_seed / "fontlist-v330.json").write_text("image 3.6")
+    monkeypatch.setenv("EXECBOX_MPL_SEED", f"{runtime_seed}:{tmp_path / 'missing'}:{image_seed}")
+    monkeypatch.setenv("MPLCONFIGDIR", str(box))
+    runners.seed_matplotlib_cache()
+    assert {p.name: p.read_text() for p in box.iterdir()} == {"fontlist-v3.11.0.json": "runtime",
+                                                              "fontlist-v330.json": "image 3.6"}

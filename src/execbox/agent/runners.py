@@ -217,12 +217,19 @@ def seed_matplotlib_cache() -> None:
     The config dir is the box's private /tmp, empty at every start, so matplotlib's first import
     in each box scanned every font again (~110 ms of a Docker box's start, and of each one-shot
     that plots). ``EXECBOX_MPL_SEED`` names a read-only directory of ``fontlist-*.json`` made at
-    image build time for the same paths; a missing seed or an existing cache leaves things as
-    they are.
+    image build time for the same paths (colon-separated: a runtime version's, then the base
+    image's; the first one holding a given matplotlib version's list wins); a missing seed or an
+    existing cache leaves things as they are.
     """
-    seed, target = os.environ.get("EXECBOX_MPL_SEED"), os.environ.get("MPLCONFIGDIR")
-    if not seed or not target:
+    seeds, target = os.environ.get("EXECBOX_MPL_SEED"), os.environ.get("MPLCONFIGDIR")
+    if not seeds or not target:
         return
+    for seed in seeds.split(":"):
+        if seed:
+            _seed_from(seed, target)
+
+
+def _seed_from(seed: str, target: str) -> None:
     try:
         names = [n for n in os.listdir(seed) if n.startswith("fontlist-") and n.endswith(".json")]
     except OSError:

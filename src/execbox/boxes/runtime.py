@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InvalidConfigError
 from .box import agent_source_dir
+from .images import MPL_SEED as IMAGE_MPL_SEED
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 SYSTEM = "system"
@@ -86,7 +87,8 @@ class Runtime:
         if self.host_dir:
             path = f"{RUNTIME_MOUNT}/bin:" + (f"{RUNTIME_MOUNT}/node_modules/.bin:" if self.npm else "") + path
             if os.path.isdir(os.path.join(self.host_dir, MPL_SEED)):  # built with matplotlib (runtime_build)
-                env["EXECBOX_MPL_SEED"] = f"{RUNTIME_MOUNT}/{MPL_SEED}"
+                # then the base image's, for a template image whose matplotlib is the image's own
+                env["EXECBOX_MPL_SEED"] = f"{RUNTIME_MOUNT}/{MPL_SEED}:{IMAGE_MPL_SEED}"
         return {**env, "PATH": path}
 
 
