@@ -257,24 +257,31 @@ def customise_rootfs(rootfs: str) -> None:
                     os.unlink(full)
 
 
+def make_font_list(argv: list[str], seed: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run ``argv`` (an interpreter that imports matplotlib.font_manager, its MPLCONFIGDIR in
+    ``env`` pointing at ``seed``) and keep only the ``fontlist-*.json`` it wrote in ``seed`` (a
+    host path): the lock files and the like go. Returns the process and the lists' names.
+    Shared by the image build (here) and runtime templates (runtime_build.font_cache)."""
+    os.makedirs(seed, exist_ok=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=seed, env=env)  # noqa: S603
+    made = [n for n in os.listdir(seed) if n.startswith("fontlist-") and n.endswith(".json")]
+    for name in os.listdir(seed):
+        if name not in made:
+            os.unlink(os.path.join(seed, name))
+    return proc, made
+
+
 def build_font_cache(rootfs: str) -> None:
     """matplotlib's font list, made inside the rootfs (so its font paths are the image's) into
     ``MPL_SEED``, read-only."""
     seed = os.path.join(rootfs, MPL_SEED.lstrip("/"))
-    os.makedirs(seed, exist_ok=True)
-    proc = subprocess.run(["chroot", rootfs, PYTHON, "-I", "-c", "import matplotlib.font_manager"],  # noqa: S603,S607
-                          capture_output=True, text=True,
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp", "MPLBACKEND": "Agg",
-                               "MPLCONFIGDIR": MPL_SEED})
-    made = [n for n in os.listdir(seed) if n.startswith("fontlist-") and n.endswith(".json")]
+    proc, made = make_font_list(["chroot", rootfs, PYTHON, "-I", "-c", "import matplotlib.font_manager"], seed,
+                                {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp", "MPLBACKEND": "Agg",
+                                 "MPLCONFIGDIR": MPL_SEED})
     if proc.returncode != 0 or not made:
         raise InstanceCreationError(f"building matplotlib's font cache in the rootfs failed: {proc.stderr[-1500:]}")
-    for name in os.listdir(seed):
-        path = os.path.join(seed, name)
-        if name in made:
-            os.chmod(path, 0o644)
-        else:  # lock files and the like
-            os.unlink(path)
+    for name in made:
+        os.chmod(os.path.join(seed, name), 0o644)
     os.chmod(seed, 0o755)
 
 

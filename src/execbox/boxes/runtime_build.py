@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import runtime as rt
+from .images import make_font_list
 from .runtime import MANIFEST, Runtime, RuntimeNotUsable
 
 _PIP_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+"
@@ -199,18 +200,12 @@ def font_cache(work: str) -> None:
     HOME points nowhere, so no font of the host user's gets listed. No matplotlib: nothing.
     """
     seed = os.path.join(work, rt.MPL_SEED)
-    os.makedirs(seed, exist_ok=True)
-    proc = subprocess.run([os.path.join(work, "bin", "python"), "-I", "-c",  # noqa: S603
-                           "import importlib.util, sys\n"
-                           "if importlib.util.find_spec('matplotlib') is None: sys.exit(3)\n"
-                           "import matplotlib.font_manager"],
-                          capture_output=True, text=True, cwd=seed,
-                          env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MPLBACKEND": "Agg",
-                               "MPLCONFIGDIR": seed})
-    made = [n for n in os.listdir(seed) if n.startswith("fontlist-") and n.endswith(".json")]
-    for name in os.listdir(seed):
-        if name not in made:
-            os.unlink(os.path.join(seed, name))
+    proc, made = make_font_list([os.path.join(work, "bin", "python"), "-I", "-c",
+                                 "import importlib.util, sys\n"
+                                 "if importlib.util.find_spec('matplotlib') is None: sys.exit(3)\n"
+                                 "import matplotlib.font_manager"], seed,
+                                {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MPLBACKEND": "Agg",
+                                 "MPLCONFIGDIR": seed})
     if proc.returncode == 3 or not made:
         os.rmdir(seed)
     if proc.returncode not in (0, 3):
