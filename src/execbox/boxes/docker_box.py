@@ -256,16 +256,7 @@ class DockerBox(Box):
             if "No such container" not in str(e):
                 log.warning("removing container %s failed: %s", self.name, e)
         if self.spec.volume and not self.keep_workspace:
-            for attempt in range(5):
-                try:
-                    self.docker.api.remove_volume(self.spec.volume, force=True)
-                    break
-                except Exception as e:  # noqa: BLE001 - in use for a moment after container removal
-                    if "no such volume" in str(e).lower():
-                        break
-                    if attempt == 4:
-                        log.warning("removing volume %s failed: %s", self.spec.volume, e)
-                    time.sleep(0.2)
+            remove_volume(self.docker.api, self.spec.volume)
 
     def destroy(self) -> None:
         """Close the stream and remove the container (in the background when a remover is set)."""
@@ -283,6 +274,29 @@ class DockerBox(Box):
         return {**super().info(), "container": self.container_id[:12], "container_name": self.name,
                 "runtime": self.spec.runtime, "image": self.spec.image, "volume": self.spec.volume,
                 **({"claimed_by": self.claimed_by} if self.claimed_by else {})}
+
+
+VOLUME_PATIENCE = 15.0
+"""Seconds a volume may stay "in use" after its container's removal returned. The engine lets go
+late when the host is loaded (seen on 2 busy cores, under runsc most); one second leaked volumes."""
+
+
+def remove_volume(api: Any, name: str, patience: float = VOLUME_PATIENCE) -> bool:
+    """Remove a workspace volume, retrying while the engine still counts it in use; False if kept."""
+    deadline = time.monotonic() + patience
+    delay = 0.1
+    while True:
+        try:
+            api.remove_volume(name, force=True)
+            return True
+        except Exception as e:  # noqa: BLE001 - in use for a moment after container removal
+            if "no such volume" in str(e).lower():
+                return True
+            if time.monotonic() + delay > deadline:
+                log.warning("removing volume %s failed after %.0fs: %s", name, patience, e)
+                return False
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
 
 
 def start_container(docker_client: Any, spec: ContainerSpec,
@@ -331,10 +345,7 @@ def start_container(docker_client: Any, spec: ContainerSpec,
             except Exception:  # noqa: BLE001
                 pass
         if spec.volume and not spec.host_workspace:
-            try:
-                api.remove_volume(spec.volume, force=True)
-            except Exception:  # noqa: BLE001
-                pass
+            remove_volume(api, spec.volume)
         raise
 
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..boxes import oci_seccomp
-from ..boxes.docker_box import ContainerSpec, DockerBox, start_container
+from ..boxes.docker_box import ContainerSpec, DockerBox, remove_volume, start_container
 from ..boxes.docker_owner import (
     OWNER_LABEL,
     labelled_resources,
@@ -363,7 +363,9 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
         if self.docker is not None:
             try:
                 containers, volumes = self.owned_resources(mine=True)
-                remove_all([*(c for c in containers if c.id not in self._kept), *volumes])
+                remove_all([c for c in containers if c.id not in self._kept])
+                for v in volumes:  # a kept session mounts its host workspace, never a volume
+                    remove_volume(self.docker.api, v.name)
             except Exception as e:  # noqa: BLE001
                 log.warning("docker: final cleanup failed: %s", e)
             self.docker.close()

@@ -1,0 +1,69 @@
+"""A workspace volume whose container is gone is removed even while the engine still counts it in
+use for a while (a leaked volume failed a CI run: one second of retries was not enough)."""
+
+from __future__ import annotations
+
+import pytest
+
+from execbox.boxes import docker_box
+
+
+class FakeApi:
+    def __init__(self, busy_for: int, error: str = "remove execbox-ws-x: volume is in use - [abc]") -> None:
+        self.busy_for, self.error, self.calls = busy_for, error, 0
+        self.volumes = {"execbox-ws-x"}
+
+    def remove_volume(self, name: str, force: bool = False) -> None:
+        self.calls += 1
+        if name not in self.volumes:
+            raise RuntimeError(f"get {name}: no such volume")
+        if self.calls <= self.busy_for:
+            raise RuntimeError(self.error)
+        self.volumes.discard(name)
+
+
+@pytest.fixture(autouse=True)
+def no_sleep(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(docker_box.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(docker_box.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    return clock
+
+
+def test_a_volume_busy_for_several_seconds_is_still_removed(no_sleep):
+    api = FakeApi(busy_for=9)  # ~4 s of "in use" with the back-off
+    assert docker_box.remove_volume(api, "execbox-ws-x") is True
+    assert api.volumes == set() and api.calls == 10
+    assert 1.0 < no_sleep[0] < docker_box.VOLUME_PATIENCE
+
+
+def test_a_volume_already_gone_counts_as_removed():
+    api = FakeApi(busy_for=0)
+    api.volumes.clear()
+    assert docker_box.remove_volume(api, "execbox-ws-x") is True and api.calls == 1
+
+
+def test_a_volume_never_freed_is_given_up_after_the_patience_and_logged(no_sleep, caplog):
+    api = FakeApi(busy_for=10**6)
+    assert docker_box.remove_volume(api, "execbox-ws-x", patience=5.0) is False
+    assert no_sleep[0] <= 5.0 and "execbox-ws-x" in caplog.text and "in use" in caplog.text
+
+
+def test_a_failed_start_retries_the_volume_removal(monkeypatch):
+    class Containers:
+        def create(self, **kwargs):
+            raise RuntimeError("engine refused the create")
+
+    class Client:
+        containers = Containers()
+
+        def __init__(self) -> None:
+            self.api = FakeApi(busy_for=3)
+            self.api.create_volume = lambda name, labels=None: None
+
+    client = Client()
+    spec = docker_box.ContainerSpec(name="b", image="i", runtime="runc", volume="execbox-ws-x", labels={},
+                                    memory_bytes=256 << 20, cpus=1.0, pids_limit=64)
+    with pytest.raises(RuntimeError, match="refused"):
+        docker_box.start_container(client, spec)
+    assert client.api.volumes == set()
