@@ -74,8 +74,9 @@ def docker_engine():
         time.sleep(0.5)
     # Whatever is left is removed (so the next run starts clean) and fails the run, naming the
     # test that built the provider it came from.
-    sources = sorted({created_by.get((c.labels or {}).get(PROVIDER_LABEL, ""), "a provider built before the "
-                                     "engine fixture") for c in left})
+    labels = [c.labels or {} for c in left] + [v.attrs.get("Labels") or {} for v in vols]
+    sources = sorted({created_by.get(lb.get(PROVIDER_LABEL, ""), "a provider built before the engine fixture")
+                      for lb in labels})
     for obj in [*left, *vols]:
         try:
             obj.remove(force=True)
