@@ -277,8 +277,10 @@ class DockerBox(Box):
 
 
 VOLUME_PATIENCE = 15.0
-"""Seconds a volume may stay "in use" after its container's removal returned. The engine lets go
-late when the host is loaded (seen on 2 busy cores, under runsc most); one second leaked volumes."""
+"""Seconds to keep retrying a volume the engine still reports in use after its container's removal
+returned. A CI run on a busy 2-core machine leaked a workspace volume with no container left;
+one second of retries at teardown, and a single try on a failed start or at shutdown, were the
+paths that could leave one."""
 
 
 def remove_volume(api: Any, name: str, patience: float = VOLUME_PATIENCE) -> bool:
