@@ -22,11 +22,23 @@ class FakeApi:
         self.volumes.discard(name)
 
 
+class FakeClock:
+    """Stands in for docker_box's ``time`` module only: sleeping advances it, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(docker_box.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(docker_box.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    clock = FakeClock()
+    monkeypatch.setattr(docker_box, "time", clock)  # not the process-wide time module
     return clock
 
 
@@ -34,7 +46,7 @@ def test_a_volume_busy_for_several_seconds_is_still_removed(no_sleep):
     api = FakeApi(busy_for=9)  # ~4 s of "in use" with the back-off
     assert docker_box.remove_volume(api, "execbox-ws-x") is True
     assert api.volumes == set() and api.calls == 10
-    assert 1.0 < no_sleep[0] < docker_box.VOLUME_PATIENCE
+    assert 1.0 < no_sleep.now < docker_box.VOLUME_PATIENCE
 
 
 def test_a_volume_already_gone_counts_as_removed():
@@ -46,7 +58,7 @@ def test_a_volume_already_gone_counts_as_removed():
 def test_a_volume_never_freed_is_given_up_after_the_patience_and_logged(no_sleep, caplog):
     api = FakeApi(busy_for=10**6)
     assert docker_box.remove_volume(api, "execbox-ws-x", patience=5.0) is False
-    assert no_sleep[0] <= 5.0 and "execbox-ws-x" in caplog.text and "in use" in caplog.text
+    assert no_sleep.now <= 5.0 and "execbox-ws-x" in caplog.text and "in use" in caplog.text
 
 
 def test_a_failed_start_retries_the_volume_removal(monkeypatch):
