@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..egress.gateway import BoxLink, gateway
+from ..egress.gateway import BoxLink, Limits, gateway
 from ..egress.inject import BOX_BUNDLE, BOX_ENV, BoxCA, Injector
 from ..egress.policy import EgressPolicy, has_credentials
-from . import netns
+from . import netns, netroute
 from .bwrap import ETC_FILES, staged_etc
 
 RESOLV_CONF = f"nameserver {netns.GW_ADDR}\noptions timeout:2 attempts:2\n"
@@ -45,17 +45,34 @@ def wanted(policy: EgressPolicy | None) -> bool:
     return policy is not None and policy.mode != "none"
 
 
+def route_spec(policy: EgressPolicy, limits: Limits) -> netns.RouteSpec | None:
+    """A kernel route when the policy lists public IPs/CIDRs and the host forwards (netroute.py).
+
+    Decided once per box from the policy it starts with (pool boxes: the provider's); sessions
+    only narrow it, and a narrowed policy re-points the route (``BoxLink.on_policy``)."""
+    fast = netroute.fast_entries(policy)
+    if not fast or not netroute.available()[0]:
+        return None
+    return netns.RouteSpec(fast, limits.max_connections, limits.max_bytes)
+
+
 def attach(box_name: str, policy: EgressPolicy, *, pid: int | None = None, ca: BoxCA | None = None) -> JailNet:
     """A new namespace (or, with ``pid``, that process's) joined to the gateway under ``policy``."""
+    limits = Limits.from_env()
+    spec = route_spec(policy, limits)
     try:
-        net = netns.adopt(pid) if pid is not None else netns.create()
+        net = netns.adopt(pid, spec) if pid is not None else netns.create(spec)
     except BaseException:
         if ca is not None:
             ca.close()
         raise
     jn = JailNet(net, None, ca)  # type: ignore[arg-type]
     try:
-        jn.link = gateway().attach(box_name, policy, net.tcp, net.udp)
+        jn.link = gateway().attach(box_name, policy, net.tcp, net.udp, limits, ct=net.ct,
+                                   box_addr=str(net.route.addr) if net.route is not None else None)
+        if net.route is not None:
+            jn.link.on_policy = lambda p, link=jn.link: net.set_fast(
+                netroute.fast_entries(p), link.limits.max_connections, link.limits.max_bytes - link.bytes_total)
         if ca is not None:
             jn.link.intercept = Injector(ca)
     except BaseException:

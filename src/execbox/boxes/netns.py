@@ -16,6 +16,13 @@ The box itself joins the namespace with no capability in it (it is owned by the 
 namespace), so code inside cannot change these rules. Nothing from the host's namespaces is
 reachable: the packets never leave; the gateway dials out from the service's namespace after
 its checks. Names are ``exb-<service pid>-<n>`` so ``reap_stale`` can remove leftovers.
+
+With a kernel route (boxes/netroute.py: IP-literal allow entries, on a host that forwards IPv4)
+the veth's other end is in the host's namespace instead, the box's address is unique on the
+host, and the listed CIDRs and ports are exempt from the REDIRECT and accepted out of eb0. The
+namespace then also keeps conntrack accounting and an event socket, from which those
+connections are audited (egress/conntrack.py); its TIME_WAIT and CLOSE timeouts are 1 s so a
+closed connection's record arrives at once.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from . import netroute
+
 log = logging.getLogger("execbox.netns")
 
 CLONE_NEWNET = 0x40000000
@@ -38,17 +47,30 @@ GW_DNS_PORT = 15053
 BOX_ADDR = "198.18.255.2"
 GW_ADDR = "198.18.255.1"
 PREFIX = "exb-"
+NETLINK_NETFILTER = 12
+ROUTED_MARK = 0x5EB
+CT_GROUPS = (1 << 0) | (1 << 1) | (1 << 2)  # NFNLGRP_CONNTRACK_NEW, _UPDATE, _DESTROY
 
 _counter = itertools.count(1)
 _ns_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-netns")
 _libc = ctypes.CDLL(None, use_errno=True)
 
-IPTABLES_RULES = f"""*nat
+
+
+def iptables_rules(box_addr: str = BOX_ADDR, fast: tuple[netroute.FastEntry, ...] = ()) -> str:
+    """The namespace's whole rule set; ``fast``: destinations routed by the kernel, not redirected."""
+    exempt = [f"-p tcp -d {net} -m multiport --dports {','.join(map(str, ports))}" for net, ports in fast]
+    nat = "".join(f"-A OUTPUT {m} -j CONNMARK --set-mark {ROUTED_MARK}\n-A OUTPUT {m} -j RETURN\n" for m in exempt)
+    # established routed connections skip the destination rules (cheap per packet); a narrowing
+    # deletes the routed ones (conntrack mark) so their next packet is judged again as new
+    out = "-A OUTPUT -o eb0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n" if fast else ""
+    out += "".join(f"-A OUTPUT -o eb0 {m} -j ACCEPT\n" for m in exempt)
+    return f"""*nat
 :PREROUTING ACCEPT [0:0]
 :INPUT ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]
 :POSTROUTING ACCEPT [0:0]
--A OUTPUT -p tcp ! -d 127.0.0.0/8 -j REDIRECT --to-ports {GW_TCP_PORT}
+{nat}-A OUTPUT -p tcp ! -d 127.0.0.0/8 -j REDIRECT --to-ports {GW_TCP_PORT}
 -A OUTPUT -p udp ! -d 127.0.0.0/8 --dport 53 -j REDIRECT --to-ports {GW_DNS_PORT}
 COMMIT
 *filter
@@ -56,10 +78,16 @@ COMMIT
 :FORWARD DROP [0:0]
 :OUTPUT DROP [0:0]
 -A OUTPUT -d 127.0.0.0/8 -j ACCEPT
--A OUTPUT -d {BOX_ADDR}/32 -j ACCEPT
--A OUTPUT -j REJECT --reject-with icmp-admin-prohibited
+-A OUTPUT -d {box_addr}/32 -j ACCEPT
+{out}-A OUTPUT -j REJECT --reject-with icmp-admin-prohibited
 COMMIT
 """
+
+
+IPTABLES_RULES = iptables_rules()
+
+ROUTED_SYSCTLS = ("net.netfilter.nf_conntrack_acct=1", "net.netfilter.nf_conntrack_tcp_timeout_time_wait=1",
+                  "net.netfilter.nf_conntrack_tcp_timeout_close=1")
 
 IP_BATCH = f"""link set lo up
 link add eb0 type veth peer name eb1
@@ -96,11 +124,29 @@ class BoxNet:
     fd: int  # open /run/netns/<name>: the box's bwrap joins it with setns() before exec
     tcp: socket.socket
     udp: socket.socket
+    route: netroute.Route | None = None  # the kernel route's host side, when the box has one
+    ct: socket.socket | None = None  # conntrack events of the namespace (kernel route only)
+
+    def set_fast(self, fast: tuple[netroute.FastEntry, ...], max_connections: int, bytes_left: int) -> None:
+        """Re-point the kernel route at ``fast`` (a narrowed policy's entries), host side first:
+        if the box's side then fails, its packets still meet the host's new rules. Routed
+        connections already open are then forgotten by the box's conntrack, so each one's next
+        packet is judged as new: still listed, it goes on; no longer listed, it is redirected to
+        the gateway, which knows no such connection and resets it."""
+        if self.route is None or fast == self.route.entries:
+            return
+        self.route.apply(fast, max_connections, bytes_left)
+        _run(["ip", "netns", "exec", self.name, "iptables-restore"], iptables_rules(str(self.route.addr), fast))
+        if self.ct is not None:
+            from ..egress.conntrack import flush_mark
+
+            flush_mark(self.ct, ROUTED_MARK)
 
     def close(self) -> None:
-        for s in (self.tcp, self.udp):
+        for s in (self.tcp, self.udp, self.ct):
             try:
-                s.close()
+                if s is not None:
+                    s.close()
             except OSError:
                 pass
         try:
@@ -108,6 +154,8 @@ class BoxNet:
         except OSError:
             pass
         delete(self.name)
+        if self.route is not None:
+            self.route.remove()
 
 
 def _in_netns(fd: int, fn):  # type: ignore[no-untyped-def]
@@ -142,39 +190,75 @@ def _sockets() -> tuple[socket.socket, socket.socket]:
     return tcp, udp
 
 
-def create() -> BoxNet:
+def _ct_socket() -> socket.socket:
+    """A conntrack event socket (new and destroyed connections) of the calling thread's namespace."""
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        s.bind((0, CT_GROUPS))
+        s.setblocking(False)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+@dataclass
+class RouteSpec:
+    """What a box with a kernel route starts with (boxes/netroute.py)."""
+
+    fast: tuple[netroute.FastEntry, ...]
+    max_connections: int
+    max_bytes: int
+
+
+def create(route: RouteSpec | None = None) -> BoxNet:
     """A fresh, fully configured namespace with the gateway's two sockets inside it."""
-    name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
+    n = next(_counter)
+    name = f"{PREFIX}{os.getpid()}-{n}"
     _run(["ip", "netns", "add", name])
-    return _configure(name)
+    return _configure(name, n, route)
 
 
-def adopt(pid: int) -> BoxNet:
+def adopt(pid: int, route: RouteSpec | None = None) -> BoxNet:
     """Configure the (network-less) namespace of a running process, e.g. a runc container's init.
 
     ``ip netns attach`` gives it a name (for the rules and for ``reap_stale``); the namespace
     itself lives as long as the container does.
     """
-    name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
+    n = next(_counter)
+    name = f"{PREFIX}{os.getpid()}-{n}"
     _run(["ip", "netns", "attach", name, str(int(pid))])
-    return _configure(name)
+    return _configure(name, n, route)
 
 
-def _configure(name: str) -> BoxNet:
+def _configure(name: str, n: int, spec: RouteSpec | None) -> BoxNet:
     fd = -1
+    route: netroute.Route | None = None
+    sysctls = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
+               "net.ipv6.conf.lo.disable_ipv6=1"]
     try:
-        _run(["ip", "-n", name, "-batch", "-"], IP_BATCH)
-        _run(["ip", "netns", "exec", name, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
-              "net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.lo.disable_ipv6=1"])
-        _run(["ip", "netns", "exec", name, "iptables-restore"], IPTABLES_RULES)
+        if spec is not None:
+            route = netroute.create(f"{os.getpid():x}-{n:x}", name, spec.fast, spec.max_connections, spec.max_bytes)
+            _run(["ip", "-n", name, "-batch", "-"], f"link set lo up\naddr add {route.addr}/32 dev eb0\n"
+                 f"link set eb0 up\nroute add default via {route.addr - 1} dev eb0 onlink\n")
+            sysctls += ROUTED_SYSCTLS
+        else:
+            _run(["ip", "-n", name, "-batch", "-"], IP_BATCH)
+        _run(["ip", "netns", "exec", name, "sysctl", "-q", "-w", *sysctls])
+        _run(["ip", "netns", "exec", name, "iptables-restore"],
+             iptables_rules(str(route.addr), spec.fast) if route is not None and spec is not None else IPTABLES_RULES)
         fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY | os.O_CLOEXEC)
         tcp, udp = _ns_thread.submit(_in_netns, fd, _sockets).result(10)
+        ct = _ns_thread.submit(_in_netns, fd, _ct_socket).result(10) if route is not None else None
     except BaseException:
         if fd >= 0:
             os.close(fd)
         delete(name)
+        if route is not None:
+            route.remove()
         raise
-    return BoxNet(name, fd, tcp, udp)
+    return BoxNet(name, fd, tcp, udp, route, ct)
 
 
 def join(fd: int) -> None:
@@ -204,5 +288,9 @@ def reap_stale() -> list[str]:
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             delete(n)
             out.append(n)
+    try:
+        out += netroute.reap_stale()
+    except (netroute.RouteError, OSError, subprocess.TimeoutExpired) as e:
+        log.error("cannot reap stale kernel-route chains: %s", e)
     return out
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import audit
+from .conntrack import ConntrackAudit
 from .policy import EgressPolicy
 from .relay import splice
 from .resolver import resolve
@@ -80,9 +81,25 @@ class BoxLink:
         self._writers: set[asyncio.StreamWriter] = set()
         self.relays: set[Any] = set()  # spliced connections (egress/relay.py), aborted on detach
         self.intercept: Any = None  # credential injection (egress/inject.py), set when the policy needs it
+        self.on_policy: Any = None  # the kernel route's re-pointing (boxes/jail_net.py), when the box has one
+        self.conntrack: ConntrackAudit | None = None
 
     def set_policy(self, policy: EgressPolicy) -> None:
-        """Replace the policy; connections opened from now on (and DNS answers) follow it."""
+        """Replace the policy; connections opened from now on (and DNS answers) follow it.
+
+        A kernel-routed box also gets its routed destinations re-pointed; if that fails the route
+        is shut (no routed destination at all, the gateway still serves the rest) and the error
+        is raised, so a narrowing is never reported done while the wider rules still stand."""
+        if self.on_policy is not None and policy != self.policy:
+            try:
+                self.on_policy(policy)
+            except Exception:
+                try:
+                    self.on_policy(EgressPolicy())
+                except Exception:  # noqa: BLE001
+                    log.exception("egress: cannot shut the kernel route of %s", self.box)
+                self.policy = policy
+                raise
         self.policy = policy
 
     def synth(self, name: str) -> ipaddress.IPv4Address:
@@ -164,8 +181,12 @@ class Gateway:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def attach(self, box: str, policy: EgressPolicy, tcp: socket.socket, udp: socket.socket,
-               limits: Limits | None = None) -> BoxLink:
+               limits: Limits | None = None, ct: socket.socket | None = None,
+               box_addr: str | None = None) -> BoxLink:
+        """``ct``/``box_addr``: the conntrack event socket and address of a kernel-routed box."""
         link = BoxLink(box, policy, limits or Limits.from_env(), tcp, udp)
+        if ct is not None and box_addr is not None:
+            link.conntrack = ConntrackAudit(link, ct, box_addr)
         self._run(self._attach(link))
         return link
 
@@ -173,6 +194,8 @@ class Gateway:
         link._server = await asyncio.start_server(lambda r, w: self._handle(link, r, w), sock=link._tcp,
                                                   limit=1 << 18)
         link._transport, _ = await self.loop.create_datagram_endpoint(lambda: _Dns(self, link), sock=link._udp)
+        if link.conntrack is not None:
+            self.loop.add_reader(link.conntrack.sock.fileno(), link.conntrack.readable)
 
     def detach(self, link: BoxLink) -> None:
         try:
@@ -185,6 +208,10 @@ class Gateway:
             link._server.close()
         if link._transport is not None:
             link._transport.close()
+        if link.conntrack is not None:
+            self.loop.remove_reader(link.conntrack.sock.fileno())
+            link.conntrack.readable()  # what already arrived
+            link.conntrack.close()
         for r in list(link.relays):
             r.abort()
         for w in list(link._writers):

@@ -76,3 +76,30 @@ print(out)
         assert not r["ok"], r
     finally:
         dprov.destroy_instance(iid)
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_docker_ip_entry_takes_the_kernel_route(runtime, fakenet, docker_engine):
+    """An IP allow entry: the container's namespace routes it through the host (boxes/netroute.py),
+    audited from its conntrack; the host's own address in a listed range stays refused."""
+    from execbox.boxes import netroute
+    from execbox.providers.docker import DockerProvider
+
+    from .conftest import audited
+
+    require(netroute.available()[0], f"the kernel route ({netroute.available()[1]})")
+    if runtime == "runsc":
+        require("runsc-net" in (docker_engine.info().get("Runtimes") or {}), "the runsc-net Docker runtime")
+    p = DockerProvider()
+    p.initialize({"runtime": runtime, "pool_size": 0, "preload": "none", "network": "allowlist",
+                  "network_allow": [f"{fakenet.server_ip}:80", "203.0.113.0/24:8080"]})
+    try:
+        iid = p.create_instance(session_id=f"kroute-{runtime}").instance_id
+        r = py(p, iid, f"http://{fakenet.server_ip}/bytes/100000")
+        assert r.get("status") == 200 and len(r["body"]) == 100000, r
+        r = py(p, iid, f"http://{fakenet.host_ip}:8080/")
+        assert not r["ok"] and "refused" in r.get("error", "").lower(), r
+        recs = audited(lambda x: x.bytes_down >= 100000, session_id=f"kroute-{runtime}")
+        assert any(x.reason == "kernel route (IP allow entry)" and x.ip == fakenet.server_ip for x in recs), recs
+    finally:
+        p.shutdown()

@@ -1,0 +1,215 @@
+"""The kernel route: IP-literal allow entries leave a box through the host's forwarding path.
+
+Why: through the gateway every byte crosses a second TCP connection (box -> gateway -> upstream),
+which on a small machine costs about a third of the throughput (docs/network.md). For an allow
+entry that names public addresses by IP/CIDR there is nothing for the gateway to decide per
+connection beyond "destination and port in the list", which netfilter checks as well; so such
+connections are routed by the kernel and audited from the box's conntrack events
+(egress/conntrack.py). Hostname entries, ``open``, credential injection and CIDRs that touch an
+always-denied range keep going through the gateway.
+
+Layout per box (only when the host already forwards IPv4, ``net.ipv4.ip_forward=1``, as every
+Docker or Kubernetes host does: execbox never turns routing on for a host):
+
+- the box's veth peer ``exh<pid>-<n>`` (hex) lives in the host's namespace; the pair gets a /31
+  of 198.18.0.0/17 (inside the always-denied 198.18.0.0/15), unique on the host: the host's end
+  is the box's next hop, the other address is the box's;
+- filter FORWARD jumps to ``EXB-FWD`` for anything in or out of an ``exh+`` interface; there each
+  box has its chain ``EXB-<pid>-<n>``: a byte quota (the box's remaining byte cap), packets of
+  established connections, a connection cap, then ACCEPT of new connections only to the listed
+  CIDRs and ports and from the box's own address; the rest is refused (tcp-reset) and
+  ``EXB-FWD`` ends in DROP;
+- nat PREROUTING returns at once for anything from ``exh+`` (so no nat rule, e.g. Docker's port
+  DNAT, maps a box's packet anywhere), and filter INPUT refuses it (TCP: a reset, so the box
+  sees "connection refused" at once): no listed CIDR reaches the host itself;
+- nat POSTROUTING masquerades 198.18.0.0/17.
+
+The box's own namespace (boxes/netns.py) sends only those destinations out of its veth and still
+REDIRECTs everything else to the gateway, so each rule set is enough on its own: code that could
+change the rules of its namespace would still meet the host's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import random
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from ..egress.policy import ALWAYS_DENIED, EgressPolicy
+
+log = logging.getLogger("execbox.netroute")
+
+BOX_NET = ipaddress.ip_network("198.18.0.0/17")
+IF_PREFIX = "exh"
+CHAIN_PREFIX = "EXB-"
+DISPATCH = "EXB-FWD"
+_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+_base_lock = threading.Lock()
+_base_done = False
+
+FastEntry = tuple[ipaddress.IPv4Network, tuple[int, ...]]
+
+
+class RouteError(RuntimeError):
+    pass
+
+
+def _run(argv: list[str], stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=20,  # noqa: S603
+                          env=_ENV)
+    if check and proc.returncode != 0:
+        raise RouteError(f"{' '.join(argv[:4])}... failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
+    return proc
+
+
+def available() -> tuple[bool, str]:
+    """Is the kernel route usable here? Off with ``EXECBOX_EGRESS_KERNEL_ROUTE=0``."""
+    if os.environ.get("EXECBOX_EGRESS_KERNEL_ROUTE", "1").strip() == "0":
+        return False, "turned off (EXECBOX_EGRESS_KERNEL_ROUTE=0)"
+    try:
+        with open("/proc/sys/net/ipv4/ip_forward", encoding="ascii") as f:
+            if f.read().strip() != "1":
+                return False, "the host does not forward IPv4 (net.ipv4.ip_forward=0); execbox leaves that alone"
+    except OSError as e:
+        return False, f"cannot read net.ipv4.ip_forward: {e}"
+    return True, "ok"
+
+
+def fast_entries(policy: EgressPolicy | None) -> tuple[FastEntry, ...]:
+    """The policy's entries the kernel route may carry: IP/CIDR entries of an allowlist that
+    overlap no always-denied range (those keep the gateway's finer checks)."""
+    if policy is None or policy.mode != "allowlist":
+        return ()
+    out = []
+    for e in policy.allow:
+        if e.network is not None and not any(e.network.overlaps(d) for d in ALWAYS_DENIED):
+            out.append((e.network, tuple(sorted(e.ports))))
+    return tuple(sorted(set(out), key=lambda x: (int(x[0].network_address), x[0].prefixlen, x[1])))
+
+
+def _ensure_base() -> None:
+    """The shared chains and rules (idempotent; several execbox processes may share a host)."""
+    global _base_done
+    with _base_lock:
+        if _base_done:
+            return
+        if _run(["iptables", "-w", "-n", "-L", DISPATCH], check=False).returncode != 0:
+            _run(["iptables", "-w", "-N", DISPATCH], check=False)
+            _run(["iptables", "-w", "-A", DISPATCH, "-j", "DROP"])
+        for table, chain, rule in (
+                ("filter", "FORWARD", ["-o", f"{IF_PREFIX}+", "-j", DISPATCH]),
+                ("filter", "FORWARD", ["-i", f"{IF_PREFIX}+", "-j", DISPATCH]),
+                ("nat", "PREROUTING", ["-i", f"{IF_PREFIX}+", "-j", "RETURN"]),
+                ("filter", "INPUT", ["-i", f"{IF_PREFIX}+", "-j", "DROP"]),
+                ("filter", "INPUT", ["-i", f"{IF_PREFIX}+", "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]),
+                ("nat", "POSTROUTING", ["-s", str(BOX_NET), "!", "-o", f"{IF_PREFIX}+", "-j", "MASQUERADE"])):
+            if _run(["iptables", "-w", "-t", table, "-C", chain, *rule], check=False).returncode != 0:
+                _run(["iptables", "-w", "-t", table, "-I", chain, "1", *rule])
+        _base_done = True
+
+
+@dataclass
+class Route:
+    """One box's host side: its interface, address and FORWARD chain."""
+
+    box_id: str  # "<pid hex>-<n hex>"
+    ifname: str
+    addr: ipaddress.IPv4Address  # the box's end of the /31
+    entries: tuple[FastEntry, ...] = ()
+
+    @property
+    def chain(self) -> str:
+        return f"{CHAIN_PREFIX}{self.box_id}"
+
+    def rules(self, entries: tuple[FastEntry, ...], max_connections: int, bytes_left: int) -> str:
+        c, i = self.chain, self.ifname
+        # every packet passes the quota and, once its connection is up, the state check only:
+        # the per-packet path stays two rules (narrowing cuts routed connections in the box's
+        # namespace, netns.BoxNet.set_fast, so established ones need no destination check here)
+        lines = [f"-A {c} -m quota ! --quota {max(bytes_left, 0)} -j DROP",
+                 f"-A {c} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+                 f"-A {c} -o {i} -j DROP",
+                 f"-A {c} -i {i} ! -s {self.addr}/32 -j DROP",
+                 f"-A {c} -i {i} -p tcp --syn -m connlimit --connlimit-above {max_connections} "
+                 f"--connlimit-mask 0 -j REJECT --reject-with tcp-reset"]
+        for net, ports in entries:
+            lines.append(f"-A {c} -i {i} -p tcp -d {net} -m multiport --dports {','.join(map(str, ports))} -j ACCEPT")
+        lines += [f"-A {c} -p tcp -j REJECT --reject-with tcp-reset", f"-A {c} -j DROP"]
+        return "\n".join(lines)
+
+    def apply(self, entries: tuple[FastEntry, ...], max_connections: int, bytes_left: int) -> None:
+        """Replace the chain's rules in one transaction (declaring the chain flushes it)."""
+        _run(["iptables-restore", "-w", "--noflush"],
+             f"*filter\n:{self.chain} - [0:0]\n{self.rules(entries, max_connections, bytes_left)}\nCOMMIT\n")
+        self.entries = entries
+
+    def remove(self) -> None:
+        for table, args in (("filter", ["-D", DISPATCH, "-i", self.ifname, "-j", self.chain]),
+                            ("filter", ["-D", DISPATCH, "-o", self.ifname, "-j", self.chain]),
+                            ("filter", ["-F", self.chain]), ("filter", ["-X", self.chain])):
+            _run(["iptables", "-w", "-t", table, *args], check=False)
+        _run(["ip", "link", "del", self.ifname], check=False)  # gone with the namespace, usually
+
+
+def create(box_id: str, ns_name: str, entries: tuple[FastEntry, ...], max_connections: int,
+           bytes_left: int) -> Route:
+    """The host side of a box's kernel route; the box-side address is set by the caller."""
+    _ensure_base()
+    ifname = f"{IF_PREFIX}{box_id}"
+    if len(ifname) > 15:
+        raise RouteError(f"interface name {ifname!r} is too long")
+    _run(["ip", "link", "add", ifname, "type", "veth", "peer", "name", "eb0", "netns", ns_name])
+    route = Route(box_id, ifname, ipaddress.IPv4Address(0))
+    try:
+        _run(["ip", "link", "set", ifname, "up"])
+        route.addr = _claim_pair(ifname) + 1
+        route.apply(entries, max_connections, bytes_left)
+        jumps = "".join(f"-I {DISPATCH} 1 {d} {ifname} -j {route.chain}\n" for d in ("-i", "-o"))
+        _run(["iptables-restore", "-w", "--noflush"], f"*filter\n{jumps}COMMIT\n")
+    except BaseException:
+        route.remove()
+        raise
+    return route
+
+
+def _claim_pair(ifname: str) -> ipaddress.IPv4Address:
+    """A /31 no other box on the host has; returns the host's end, now set on ``ifname``.
+
+    The host's routing table is the registry (adding a route that exists fails), so concurrent
+    execbox processes never collide."""
+    pairs = BOX_NET.num_addresses // 2
+    start = random.randrange(pairs)  # noqa: S311 - spreading, not security
+    for k in range(pairs):
+        host = BOX_NET[2 * ((start + k) % pairs)]
+        proc = _run(["ip", "route", "add", f"{host}/31", "dev", ifname], check=False)
+        if proc.returncode == 0:
+            _run(["ip", "addr", "add", f"{host}/32", "dev", ifname])
+            return host
+        if "File exists" not in proc.stderr:
+            raise RouteError(f"ip route add {host}/31 failed: {proc.stderr.strip()[-300:]}")
+    raise RouteError(f"no free box address pair left in {BOX_NET}")
+
+
+def reap_stale(live_pid: int | None = None) -> list[str]:
+    """Remove box chains (and their dispatch jumps) of execbox processes that are gone."""
+    out: list[str] = []
+    proc = _run(["iptables-save", "-t", "filter"], check=False)
+    if proc.returncode != 0:
+        return out
+    for line in proc.stdout.splitlines():
+        if not line.startswith(f":{CHAIN_PREFIX}") or line.startswith(f":{DISPATCH} "):
+            continue
+        chain = line[1:].split()[0]
+        box_id = chain[len(CHAIN_PREFIX):]
+        try:
+            pid = int(box_id.split("-")[0], 16)
+        except ValueError:
+            continue
+        if pid != live_pid and not os.path.exists(f"/proc/{pid}"):
+            Route(box_id, f"{IF_PREFIX}{box_id}", ipaddress.IPv4Address(0)).remove()
+            out.append(chain)
+    return out

@@ -1,0 +1,203 @@
+"""Audit of kernel-routed connections (boxes/netroute.py) from the box namespace's conntrack events.
+
+The gateway never sees these connections, so their records come from the kernel: a NEW event
+opens one (tenant, session and run as they are at that moment), an UPDATE into a closing TCP state
+marks its end, and the DESTROY event brings the byte counters. The kernel reaps an ended entry
+only when its garbage collector passes by (seconds to a minute later), so on TIME_WAIT or CLOSE
+the entry is deleted at once (by its original tuple, in the box's own namespace): its DESTROY
+event, and so the record, follow within milliseconds. Bytes here are IP bytes, headers
+included, where the gateway counts payload. Connections the namespace REDIRECTs to the gateway
+show up too; they are skipped (their reply comes from 127.0.0.1), the gateway audits them itself.
+Messages are read with a small attribute walker (only the fields above): the reader runs on the
+gateway's loop while the box's transfers run, so it must cost microseconds per message.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import struct
+import time
+from typing import Any
+
+from . import audit
+from .policy import is_host_address
+
+log = logging.getLogger("execbox.egress")
+
+IPCTNL_MSG_CT_NEW = 0
+IPCTNL_MSG_CT_DELETE = 2
+NFNL_SUBSYS_CTNETLINK = 1
+# linux/netfilter/nfnetlink_conntrack.h
+CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_MARK = 1, 2, 4, 8
+CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY, CTA_ID, CTA_MARK_MASK = 9, 10, 12, 21
+CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
+CTA_IP_V4_SRC, CTA_IP_V4_DST = 1, 2
+CTA_PROTO_NUM, CTA_PROTO_DST_PORT = 1, 3
+CTA_COUNTERS_BYTES = 2
+CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE = 1, 1
+NLM_F_REQUEST = 1
+NLM_F_CREATE = 0x400
+CLOSING = {4, 5, 6, 7, 8}  # FIN_WAIT, CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSE
+ENDED = {7, 8}  # TIME_WAIT, CLOSE: nothing more will flow
+REASON = "kernel route (IP allow entry)"
+
+
+class ConntrackAudit:
+    """Reads one box's conntrack event socket on the gateway's loop and audits its routed connections."""
+
+    def __init__(self, link: Any, sock: socket.socket, box_addr: str) -> None:
+        self.link = link
+        self.sock = sock
+        self.box_addr = box_addr
+        self.open: dict[int, tuple[audit.AuditRecord, float, float | None]] = {}
+
+    def readable(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return
+            except OSError as e:  # ENOBUFS: the kernel dropped events; the records are lost, say so
+                log.warning("egress: conntrack events of %s lost (%s)", self.link.box, e)
+                continue
+            if not data:
+                return
+            off = 0
+            while off + 16 <= len(data):
+                length = struct.unpack_from("=I", data, off)[0]
+                if length < 16:
+                    break
+                try:
+                    if struct.unpack_from("=H", data, off + 4)[0] >> 8 == NFNL_SUBSYS_CTNETLINK:
+                        self.event(data[off:off + length])
+                except Exception:  # noqa: BLE001 - one odd message must not stop the audit
+                    log.exception("egress: cannot decode a conntrack event of %s", self.link.box)
+                off += (length + 3) & ~3
+
+    def event(self, raw: bytes) -> None:
+        mtype, flags = struct.unpack_from("=HH", raw, 4)
+        kind = mtype & 0xFF
+        top = _attrs(raw, 20, len(raw))
+        orig, reply = _tuple(raw, top.get(CTA_TUPLE_ORIG)), _tuple(raw, top.get(CTA_TUPLE_REPLY))
+        if orig is None or reply is None or orig[2] != socket.IPPROTO_TCP:
+            return
+        src, dst, _, port = orig
+        if src != self.box_addr or reply[0] != dst:
+            return  # not the box's, or redirected to the gateway
+        ct_id = _u(raw, top.get(CTA_ID))
+        now = time.monotonic()
+        if kind == IPCTNL_MSG_CT_NEW:
+            if ct_id in self.open:
+                rec, started, closed = self.open[ct_id]
+                state = _tcp_state(raw, top.get(CTA_PROTOINFO))
+                if closed is None and state in CLOSING:
+                    self.open[ct_id] = (rec, started, now)
+                if state in ENDED:
+                    self._delete(raw)
+                return
+            if not flags & NLM_F_CREATE:
+                return  # an update of a connection opened before we listened
+            self.open[ct_id] = (self._record(dst, port), now, None)
+        elif kind == IPCTNL_MSG_CT_DELETE:
+            rec, started, closed = self.open.pop(ct_id, (None, now, None))
+            if rec is None:
+                rec = self._record(dst, port)
+            rec.bytes_up = _counter(raw, top.get(CTA_COUNTERS_ORIG))
+            rec.bytes_down = _counter(raw, top.get(CTA_COUNTERS_REPLY))
+            if not rec.bytes_down and rec.decision == "allowed":
+                rec.reason = f"{REASON}: no answer from upstream"
+            self.link.bytes_total += rec.bytes_up + rec.bytes_down
+            rec.duration_ms = round(((closed or now) - started) * 1000, 3)
+            audit.record(rec)
+
+    def _record(self, ip: str, port: int) -> audit.AuditRecord:
+        rec = self.link.record(kind="tcp", host=None, ip=ip, port=port)
+        if is_host_address(ipaddress.IPv4Address(ip)):  # listed by CIDR, refused by the host's INPUT rule
+            rec.reason = f"{ip} is an address of the host (refused by the host's firewall)"
+        else:
+            rec.decision, rec.reason = "allowed", REASON
+        return rec
+
+    def _delete(self, raw: bytes) -> None:
+        """Ask the kernel to drop the entry now (by the event's own CTA_TUPLE_ORIG attribute)."""
+        off = 20  # nlmsghdr + nfgenmsg
+        while off + 4 <= len(raw):
+            alen, atype = struct.unpack_from("=HH", raw, off)
+            if alen < 4:
+                return
+            if atype & 0x3FFF == CTA_TUPLE_ORIG:
+                attr = raw[off:off + alen] + b"\0" * (-alen % 4)
+                head = struct.pack("=IHHII", 20 + len(attr), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
+                                   NLM_F_REQUEST, 0, 0)
+                try:
+                    self.sock.send(head + struct.pack("=BBH", socket.AF_INET, 0, 0) + attr)
+                except OSError as e:  # the entry then ends with the kernel's own timeout
+                    log.debug("egress: conntrack delete failed: %s", e)
+                return
+            off += (alen + 3) & ~3
+
+    def close(self) -> None:
+        """Record what is still open (the box is going away; its namespace's entries with it)."""
+        for rec, started, closed in self.open.values():
+            rec.duration_ms = round(((closed or time.monotonic()) - started) * 1000, 3)
+            rec.reason = f"{REASON}: box removed before the connection's end was seen"
+            audit.record(rec)
+        self.open.clear()
+
+
+def flush_mark(sock: socket.socket, mark: int) -> None:
+    """Delete every conntrack entry carrying ``mark`` in the namespace of ``sock`` (the kernel
+    does it within this send). Errors come back as messages on the socket; the reader skips them."""
+    attrs = struct.pack("=HH", 8, CTA_MARK) + struct.pack("!I", mark)
+    attrs += struct.pack("=HH", 8, CTA_MARK_MASK) + struct.pack("!I", 0xFFFFFFFF)
+    head = struct.pack("=IHHII", 20 + len(attrs), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
+                       NLM_F_REQUEST, 0, 0)
+    sock.send(head + struct.pack("=BBH", socket.AF_INET, 0, 0) + attrs)
+
+
+Span = tuple[int, int]
+
+
+def _attrs(raw: bytes, off: int, end: int) -> dict[int, Span]:
+    """Netlink attributes between ``off`` and ``end``: type -> (payload start, payload end)."""
+    out: dict[int, Span] = {}
+    while off + 4 <= end:
+        alen, atype = struct.unpack_from("=HH", raw, off)
+        if alen < 4 or off + alen > end:
+            break
+        out[atype & 0x3FFF] = (off + 4, off + alen)
+        off += (alen + 3) & ~3
+    return out
+
+
+def _u(raw: bytes, span: Span | None) -> int:
+    """A big-endian unsigned integer attribute (ids, ports, counters are in network order)."""
+    return int.from_bytes(raw[span[0]:span[1]], "big") if span is not None else 0
+
+
+def _tuple(raw: bytes, span: Span | None) -> tuple[str, str, int, int] | None:
+    """(source IP, destination IP, protocol, destination port) of a CTA_TUPLE_* attribute."""
+    if span is None:
+        return None
+    t = _attrs(raw, *span)
+    ip, proto = t.get(CTA_TUPLE_IP), t.get(CTA_TUPLE_PROTO)
+    if ip is None or proto is None:
+        return None
+    a, p = _attrs(raw, *ip), _attrs(raw, *proto)
+    src, dst = a.get(CTA_IP_V4_SRC), a.get(CTA_IP_V4_DST)
+    if src is None or dst is None:
+        return None
+    return (socket.inet_ntoa(raw[src[0]:src[1]]), socket.inet_ntoa(raw[dst[0]:dst[1]]),
+            _u(raw, p.get(CTA_PROTO_NUM)), _u(raw, p.get(CTA_PROTO_DST_PORT)))
+
+
+def _counter(raw: bytes, span: Span | None) -> int:
+    return _u(raw, _attrs(raw, *span).get(CTA_COUNTERS_BYTES)) if span is not None else 0
+
+
+def _tcp_state(raw: bytes, span: Span | None) -> int | None:
+    tcp = _attrs(raw, *span).get(CTA_PROTOINFO_TCP) if span is not None else None
+    state = _attrs(raw, *tcp).get(CTA_PROTOINFO_TCP_STATE) if tcp is not None else None
+    return _u(raw, state) if state is not None else None

@@ -1,0 +1,213 @@
+"""The kernel route (boxes/netroute.py): IP allow entries leave a jail box through the host's
+forwarding path. Attacked from inside the box: it must reach exactly what the entries list and
+be audited like the gateway's connections."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import require
+
+from .conftest import audited, jail_with
+from .test_jail_egress import NODE_FETCH, PY_FETCH
+
+ROUTED = "kernel route (IP allow entry)"
+
+
+@pytest.fixture(scope="module")
+def rjail(fakenet):
+    from execbox.boxes import netroute
+
+    ok, why = netroute.available()
+    require(ok, f"the kernel route ({why})")
+    p = jail_with("allowlist", [f"{fakenet.server_ip}:80", "203.0.113.0/24:8080", fakenet.name("www")])
+    yield p
+    p.shutdown()
+
+
+def _link(p, iid):
+    return p._get(iid).box.net.link
+
+
+def py(p, iid, url):
+    r = p.execute_code(iid, PY_FETCH, "python", 30, {"url": url})
+    assert r.exit_code == 0, r
+    return r.result
+
+
+def _iptables_save() -> str:
+    return subprocess.run(["iptables-save", "-t", "filter"], capture_output=True, text=True, check=True).stdout
+
+
+def test_ip_entry_is_routed_and_audited(rjail, fakenet, node_available):
+    iid = rjail.create_instance(session_id="kroute").instance_id
+    try:
+        assert _link(rjail, iid).conntrack is not None  # the box has a kernel route
+        r = py(rjail, iid, f"http://{fakenet.server_ip}/bytes/200000")
+        assert r.get("status") == 200 and len(r["body"]) == 200000, r
+        r = rjail.run_command(iid, f"curl -s -o /dev/null -w '%{{http_code}}' http://{fakenet.server_ip}/curl", 30)
+        assert r.stdout == "200", r
+        if node_available:
+            r = rjail.execute_code(iid, NODE_FETCH, "javascript", 30, {"url": f"http://{fakenet.server_ip}/node"})
+            assert r.result.get("status") == 200 and json.loads(r.result["body"])["path"] == "/node", r
+        # a hostname entry still goes through the gateway, in the same box
+        r = py(rjail, iid, f"http://{fakenet.name('www')}/named")
+        assert r.get("status") == 200, r
+        audited(lambda x: x.host == fakenet.name("www"), session_id="kroute")
+        recs = audited(lambda x: x.bytes_down >= 200000, session_id="kroute")
+        routed = [x for x in recs if x.reason == ROUTED]
+        assert any(x.bytes_down >= 200000 and x.bytes_up > 0 and x.ip == fakenet.server_ip and x.port == 80
+                   for x in routed), recs
+        assert all(x.tenant_id and x.box for x in routed)
+        assert any(x.host == fakenet.name("www") and x.reason != ROUTED for x in recs), recs
+    finally:
+        rjail.destroy_instance(iid)
+
+
+def test_routed_cidr_never_reaches_the_host_other_ports_or_boxes(rjail, fakenet):
+    a = rjail.create_instance(session_id="kroute-attack").instance_id
+    b = rjail.create_instance().instance_id
+    try:
+        b_addr = str(rjail._get(b).box.net.net.route.addr)
+        code = f"""
+import socket
+out = {{}}
+for ip, port in (("{fakenet.host_ip}", 8080), ("{fakenet.host_ip}", 80), ("{fakenet.server_ip}", 8080),
+                 ("{b_addr}", 8000), ("169.254.169.254", 80), ("10.0.0.1", 80)):
+    try:
+        s = socket.create_connection((ip, port), timeout=3)
+        s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+        out[f"{{ip}}:{{port}}"] = s.recv(200).decode(errors="replace")[:60]
+    except Exception as e:
+        out[f"{{ip}}:{{port}}"] = type(e).__name__
+print(out)
+"""
+        assert rjail.execute_code(b, "import socket; s = socket.socket(); s.bind(('0.0.0.0', 8000)); s.listen()\n"
+                                  "print('up')", "python", 10, context_id="srv").stdout == "up\n"
+        got = eval(rjail.execute_code(a, code, "python", 60).stdout)  # noqa: S307 - our own dict repr
+        # the host's own address inside the listed /24: refused by the host at once, on any port
+        assert got[f"{fakenet.host_ip}:8080"] == "ConnectionRefusedError", got
+        # port 80 of the /24 is not listed (only the server's /32 is): the gateway refuses it
+        assert "403" in got[f"{fakenet.host_ip}:80"], got
+        # listed /24:8080 but nothing listens there: the server's own refusal (the route works)
+        assert got[f"{fakenet.server_ip}:8080"] == "ConnectionRefusedError", got
+        for k in (f"{b_addr}:8000", "169.254.169.254:80", "10.0.0.1:80"):
+            assert "403" in got[k], (k, got)  # never routed: the gateway refuses (always-denied ranges)
+        recs = audited(lambda x: x.decision == "denied" and x.ip == fakenet.host_ip, session_id="kroute-attack")
+        assert any(x.ip == fakenet.host_ip and x.port == 8080 and x.decision == "denied"
+                   and "address of the host" in x.reason for x in recs), recs
+    finally:
+        rjail.destroy_instance(a)
+        rjail.destroy_instance(b)
+
+
+def test_narrowing_removes_the_route_and_cuts_open_connections(rjail, fakenet):
+    iid = rjail.create_instance(session_id="kroute-narrow").instance_id
+    try:
+        chain = _link(rjail, iid)
+        route = rjail._get(iid).box.net.net.route
+        hold = f"""
+import socket
+s = socket.create_connection(("{fakenet.server_ip}", 80), timeout=5)
+f = s.makefile("rb")
+def ask(path):  # one whole keep-alive exchange: status line, headers, body
+    s.sendall(f"GET {{path}} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n".encode())
+    status, size = f.readline().decode().strip(), 0
+    while (line := f.readline()) not in (b"\\r\\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            size = int(line.split(b":")[1])
+    f.read(size)
+    return status
+print(ask("/one"))
+"""
+        assert rjail.execute_code(iid, hold, "python", 20, context_id="c").stdout == "HTTP/1.1 200 OK\n"
+        assert f"-d {fakenet.server_ip}/32" in _iptables_save()
+        # still a routed entry left (the /24 on 8080), so the route stays and only its rules change
+        rjail.set_network_policy(iid, "allowlist", ["203.0.113.0/24:8080", fakenet.name("www")])
+        assert f"-d {fakenet.server_ip}/32" not in _iptables_save().split(f":{route.chain}")[1]
+        again = """
+try:
+    print(repr(ask("/two")))
+except Exception as e:
+    print(type(e).__name__)
+"""
+        out = rjail.execute_code(iid, again, "python", 20, context_id="c").stdout
+        assert "200 OK" not in out, out  # the open connection is cut (reset), not carried on
+        r = py(rjail, iid, f"http://{fakenet.server_ip}/three")
+        assert r.get("status") == 403, r  # a new one meets the gateway, which refuses it
+        assert chain.policy.to_dict()["allow"] == ["203.0.113.0/24:8080", f"{fakenet.name('www')}:80|443"]
+    finally:
+        rjail.destroy_instance(iid)
+
+
+def test_caps_hold_on_the_kernel_route(fakenet, monkeypatch):
+    from execbox.boxes import netroute
+
+    require(netroute.available()[0], f"the kernel route ({netroute.available()[1]})")
+    monkeypatch.setenv("EXECBOX_EGRESS_MAX_BYTES", str(2 * 1024 * 1024))
+    monkeypatch.setenv("EXECBOX_EGRESS_MAX_CONNECTIONS", "2")
+    p = jail_with("allowlist", [f"{fakenet.server_ip}:80"])
+    try:
+        iid = p.create_instance(session_id="kroute-caps").instance_id
+        r = p.execute_code(iid, f"""
+import socket, urllib.request
+held = [socket.create_connection(("{fakenet.server_ip}", 80), timeout=5) for _ in range(2)]
+try:
+    socket.create_connection(("{fakenet.server_ip}", 80), timeout=5); print("third ok")
+except Exception as e:
+    print("third refused", type(e).__name__)
+for s in held: s.close()
+try:
+    n = len(urllib.request.urlopen("http://{fakenet.server_ip}/bytes/{8 * 1024 * 1024}", timeout=10).read())
+    print("downloaded", n)
+except Exception as e:
+    print("cut", type(e).__name__)
+""", "python", 60)
+        assert "third refused ConnectionRefusedError" in r.stdout, r
+        assert "downloaded 8388608" not in r.stdout and "cut" in r.stdout, r
+    finally:
+        p.shutdown()
+
+
+def test_route_off_means_the_gateway_and_nothing_is_left_behind(fakenet, monkeypatch):
+    from execbox.boxes import netroute
+
+    monkeypatch.setenv("EXECBOX_EGRESS_KERNEL_ROUTE", "0")
+    p = jail_with("allowlist", [f"{fakenet.server_ip}:80"])
+    try:
+        iid = p.create_instance(session_id="kroute-off").instance_id
+        assert _link(p, iid).conntrack is None
+        r = py(p, iid, f"http://{fakenet.server_ip}/viagw")
+        assert r.get("status") == 200, r
+        recs = audited(lambda x: x.decision == "allowed", session_id="kroute-off")
+        assert recs and all(x.reason != ROUTED for x in recs), recs
+    finally:
+        p.shutdown()
+    monkeypatch.delenv("EXECBOX_EGRESS_KERNEL_ROUTE")
+    require(netroute.available()[0], f"the kernel route ({netroute.available()[1]})")
+    p = jail_with("allowlist", [f"{fakenet.server_ip}:80"])
+    iid = p.create_instance().instance_id
+    route = p._get(iid).box.net.net.route
+    assert route is not None and route.chain in _iptables_save()
+    p.shutdown()
+    assert f":{route.chain} " not in _iptables_save()
+    assert not os.path.exists(f"/sys/class/net/{route.ifname}")
+
+
+def test_chains_of_a_dead_process_are_reaped():
+    from execbox.boxes import netroute
+
+    require(os.geteuid() == 0, "root (iptables)")
+    dead = 4194000  # above any pid this machine hands out (pid_max is 4194304 at most)
+    while os.path.exists(f"/proc/{dead}"):
+        dead += 1
+    chain = f"{netroute.CHAIN_PREFIX}{dead:x}-1"
+    netroute._ensure_base()
+    subprocess.run(["iptables", "-w", "-N", chain], check=True)
+    subprocess.run(["iptables", "-w", "-I", netroute.DISPATCH, "1", "-i", f"exh{dead:x}-1", "-j", chain], check=True)
+    assert chain in netroute.reap_stale()
+    assert f":{chain} " not in _iptables_save()
