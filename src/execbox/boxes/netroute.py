@@ -35,6 +35,7 @@ import ipaddress
 import logging
 import os
 import random
+import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -197,6 +198,8 @@ def _claim_pair(ifname: str) -> ipaddress.IPv4Address:
 def reap_stale(live_pid: int | None = None) -> list[str]:
     """Remove box chains (and their dispatch jumps) of execbox processes that are gone."""
     out: list[str] = []
+    if shutil.which("iptables-save", path=_ENV["PATH"]) is None:
+        return out  # no iptables, so no box of this host ever had a route
     proc = _run(["iptables-save", "-t", "filter"], check=False)
     if proc.returncode != 0:
         return out
