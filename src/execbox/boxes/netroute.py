@@ -15,10 +15,10 @@ Docker or Kubernetes host does: execbox never turns routing on for a host):
   of 198.18.0.0/17 (inside the always-denied 198.18.0.0/15), unique on the host: the host's end
   is the box's next hop, the other address is the box's;
 - filter FORWARD jumps to ``EXB-FWD`` for anything in or out of an ``exh+`` interface; there each
-  box has its chain ``EXB-<pid>-<n>``: a byte quota (the box's remaining byte cap), packets of
-  established connections, a connection cap, then ACCEPT of new connections only to the listed
-  CIDRs and ports and from the box's own address; the rest is refused (tcp-reset) and
-  ``EXB-FWD`` ends in DROP;
+  box has its chain ``EXB-<pid>-<n>``: a byte quota (the box's remaining byte cap; past it the
+  box's packets get resets, chain ``EXB-<pid>-<n>-x``), packets of established connections, a
+  connection cap, then ACCEPT of new connections only to the listed CIDRs and ports and from the
+  box's own address; the rest is refused (tcp-reset) and ``EXB-FWD`` ends in DROP;
 - nat PREROUTING returns at once for anything from ``exh+`` (so no nat rule, e.g. Docker's port
   DNAT, maps a box's packet anywhere), and filter INPUT refuses it (TCP: a reset, so the box
   sees "connection refused" at once): no listed CIDR reaches the host itself;
@@ -48,6 +48,7 @@ BOX_NET = ipaddress.ip_network("198.18.0.0/17")
 IF_PREFIX = "exh"
 CHAIN_PREFIX = "EXB-"
 DISPATCH = "EXB-FWD"
+OVER_SUFFIX = "-x"
 _ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 _base_lock = threading.Lock()
 _base_done = False
@@ -126,12 +127,17 @@ class Route:
     def chain(self) -> str:
         return f"{CHAIN_PREFIX}{self.box_id}"
 
+    @property
+    def over(self) -> str:
+        """Where packets go once the byte quota is spent."""
+        return f"{self.chain}{OVER_SUFFIX}"
+
     def rules(self, entries: tuple[FastEntry, ...], max_connections: int, bytes_left: int) -> str:
         c, i = self.chain, self.ifname
         # every packet passes the quota and, once its connection is up, the state check only:
         # the per-packet path stays two rules (narrowing cuts routed connections in the box's
         # namespace, netns.BoxNet.set_fast, so established ones need no destination check here)
-        lines = [f"-A {c} -m quota ! --quota {max(bytes_left, 0)} -j DROP",
+        lines = [f"-A {c} -m quota ! --quota {max(bytes_left, 0)} -j {self.over}",
                  f"-A {c} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
                  f"-A {c} -o {i} -j DROP",
                  f"-A {c} -i {i} ! -s {self.addr}/32 -j DROP",
@@ -140,19 +146,26 @@ class Route:
         for net, ports in entries:
             lines.append(f"-A {c} -i {i} -p tcp -d {net} -m multiport --dports {','.join(map(str, ports))} -j ACCEPT")
         lines += [f"-A {c} -p tcp -j REJECT --reject-with tcp-reset", f"-A {c} -j DROP"]
+        # past the byte cap: the box's own next packet (an ACK of the data still let in, or new
+        # data) gets a reset, so its connections end at once with an error instead of stalling;
+        # a reset can only be sent back to a packet's sender, hence the data towards the box passes
+        lines += [f"-A {self.over} -i {i} -p tcp -j REJECT --reject-with tcp-reset",
+                  f"-A {self.over} -o {i} -p tcp -m conntrack --ctstate ESTABLISHED -j ACCEPT",
+                  f"-A {self.over} -j DROP"]
         return "\n".join(lines)
 
     def apply(self, entries: tuple[FastEntry, ...], max_connections: int, bytes_left: int) -> None:
-        """Replace the chain's rules in one transaction (declaring the chain flushes it)."""
+        """Replace the chains' rules in one transaction (declaring a chain flushes it)."""
         _run(["iptables-restore", "-w", "--noflush"],
-             f"*filter\n:{self.chain} - [0:0]\n{self.rules(entries, max_connections, bytes_left)}\nCOMMIT\n")
+             f"*filter\n:{self.chain} - [0:0]\n:{self.over} - [0:0]\n"
+             f"{self.rules(entries, max_connections, bytes_left)}\nCOMMIT\n")
         self.entries = entries
 
     def remove(self) -> None:
-        for table, args in (("filter", ["-D", DISPATCH, "-i", self.ifname, "-j", self.chain]),
-                            ("filter", ["-D", DISPATCH, "-o", self.ifname, "-j", self.chain]),
-                            ("filter", ["-F", self.chain]), ("filter", ["-X", self.chain])):
-            _run(["iptables", "-w", "-t", table, *args], check=False)
+        for args in (["-D", DISPATCH, "-i", self.ifname, "-j", self.chain],
+                     ["-D", DISPATCH, "-o", self.ifname, "-j", self.chain],
+                     ["-F", self.chain], ["-F", self.over], ["-X", self.chain], ["-X", self.over]):
+            _run(["iptables", "-w", "-t", "filter", *args], check=False)
         _run(["ip", "link", "del", self.ifname], check=False)  # gone with the namespace, usually
 
 
@@ -207,6 +220,8 @@ def reap_stale(live_pid: int | None = None) -> list[str]:
         if not line.startswith(f":{CHAIN_PREFIX}") or line.startswith(f":{DISPATCH} "):
             continue
         chain = line[1:].split()[0]
+        if chain.endswith(OVER_SUFFIX):
+            continue  # removed with its box's chain
         box_id = chain[len(CHAIN_PREFIX):]
         try:
             pid = int(box_id.split("-")[0], 16)

@@ -109,6 +109,9 @@ class ConntrackAudit:
             if not rec.bytes_down and rec.decision == "allowed":
                 rec.reason = f"{REASON}: no answer from upstream"
             self.link.bytes_total += rec.bytes_up + rec.bytes_down
+            cap = self.link.limits.max_bytes
+            if rec.decision == "allowed" and self.link.bytes_total > cap:  # the host's quota reset it
+                rec.decision, rec.reason = "limited", f"byte cap of {cap} reached ({REASON})"
             rec.duration_ms = round(((closed or now) - started) * 1000, 3)
             audit.record(rec)
 
