@@ -33,6 +33,7 @@ import logging
 import os
 import socket
 import subprocess
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -272,6 +273,20 @@ def delete(name: str) -> None:
         _run(["ip", "netns", "delete", name])
     except (NetnsError, OSError, subprocess.TimeoutExpired) as e:
         log.error("cannot delete network namespace %s: %s", name, e)
+
+
+_reap_lock = threading.Lock()
+_reaped = False
+
+
+def reap_stale_once() -> list[str]:
+    """``reap_stale`` once per process (jail and Docker providers both call it at start)."""
+    global _reaped
+    with _reap_lock:
+        if _reaped:
+            return []
+        _reaped = True
+    return reap_stale()
 
 
 def reap_stale() -> list[str]:

@@ -16,7 +16,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..boxes import oci_seccomp
+from ..boxes import netns, oci_seccomp
 from ..boxes.docker_box import ContainerSpec, DockerBox, remove_volume, start_container
 from ..boxes.docker_owner import (
     OWNER_LABEL,
@@ -158,6 +158,10 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
         self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-reaper")
         self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-warmer")
         self.remove_stale()
+        if self.network_enabled and os.geteuid() == 0:  # names and kernel-route chains of a crashed execbox
+            stale = netns.reap_stale_once()
+            if stale:
+                log.warning("docker: removed %d network leftovers of dead execbox processes", len(stale))
 
     def _check_box_seccomp(self, info: dict[str, Any]) -> None:
         """gVisor silently ignores the boxes' seccomp profile unless started with --oci-seccomp."""

@@ -290,7 +290,7 @@ def _reap_once() -> None:
         _reaped = True
     names = reap_stale()
     if os.geteuid() == 0:
-        names += netns.reap_stale()
+        names += netns.reap_stale_once()
     if names:
         log.warning("jail: removed %d boxes left by dead execbox processes", len(names))
 
