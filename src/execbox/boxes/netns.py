@@ -37,6 +37,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..egress.conntrack import flush_mark
 from . import netroute
 
 log = logging.getLogger("execbox.netns")
@@ -55,7 +56,6 @@ CT_GROUPS = (1 << 0) | (1 << 1) | (1 << 2)  # NFNLGRP_CONNTRACK_NEW, _UPDATE, _D
 _counter = itertools.count(1)
 _ns_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-netns")
 _libc = ctypes.CDLL(None, use_errno=True)
-
 
 
 def iptables_rules(box_addr: str = BOX_ADDR, fast: tuple[netroute.FastEntry, ...] = ()) -> str:
@@ -139,8 +139,6 @@ class BoxNet:
         self.route.apply(fast, max_connections, bytes_left)
         _run(["ip", "netns", "exec", self.name, "iptables-restore"], iptables_rules(str(self.route.addr), fast))
         if self.ct is not None:
-            from ..egress.conntrack import flush_mark
-
             flush_mark(self.ct, ROUTED_MARK)
 
     def close(self) -> None:
@@ -248,7 +246,7 @@ def _configure(name: str, n: int, spec: RouteSpec | None) -> BoxNet:
             _run(["ip", "-n", name, "-batch", "-"], IP_BATCH)
         _run(["ip", "netns", "exec", name, "sysctl", "-q", "-w", *sysctls])
         _run(["ip", "netns", "exec", name, "iptables-restore"],
-             iptables_rules(str(route.addr), spec.fast) if route is not None and spec is not None else IPTABLES_RULES)
+             iptables_rules(str(route.addr), route.entries) if route is not None else IPTABLES_RULES)
         fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY | os.O_CLOEXEC)
         tcp, udp = _ns_thread.submit(_in_netns, fd, _sockets).result(10)
         ct = _ns_thread.submit(_in_netns, fd, _ct_socket).result(10) if route is not None else None

@@ -95,7 +95,7 @@ class ConntrackAudit:
                 if closed is None and state in CLOSING:
                     self.open[ct_id] = (rec, started, now)
                 if state in ENDED:
-                    self._delete(raw)
+                    self._delete(raw, top[CTA_TUPLE_ORIG])
                 return
             if not flags & NLM_F_CREATE:
                 return  # an update of a connection opened before we listened
@@ -123,23 +123,12 @@ class ConntrackAudit:
             rec.decision, rec.reason = "allowed", REASON
         return rec
 
-    def _delete(self, raw: bytes) -> None:
-        """Ask the kernel to drop the entry now (by the event's own CTA_TUPLE_ORIG attribute)."""
-        off = 20  # nlmsghdr + nfgenmsg
-        while off + 4 <= len(raw):
-            alen, atype = struct.unpack_from("=HH", raw, off)
-            if alen < 4:
-                return
-            if atype & 0x3FFF == CTA_TUPLE_ORIG:
-                attr = raw[off:off + alen] + b"\0" * (-alen % 4)
-                head = struct.pack("=IHHII", 20 + len(attr), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
-                                   NLM_F_REQUEST, 0, 0)
-                try:
-                    self.sock.send(head + struct.pack("=BBH", socket.AF_INET, 0, 0) + attr)
-                except OSError as e:  # the entry then ends with the kernel's own timeout
-                    log.debug("egress: conntrack delete failed: %s", e)
-                return
-            off += (alen + 3) & ~3
+    def _delete(self, raw: bytes, orig: Span) -> None:
+        """Ask the kernel to drop the entry now, naming it by the event's own CTA_TUPLE_ORIG."""
+        try:
+            _ct_delete(self.sock, raw[orig[0] - 4:orig[1]])  # the attribute with its header
+        except OSError as e:  # the entry then ends with the kernel's own timeout
+            log.debug("egress: conntrack delete failed: %s", e)
 
     def close(self) -> None:
         """Record what is still open (the box is going away; its namespace's entries with it)."""
@@ -153,8 +142,13 @@ class ConntrackAudit:
 def flush_mark(sock: socket.socket, mark: int) -> None:
     """Delete every conntrack entry carrying ``mark`` in the namespace of ``sock`` (the kernel
     does it within this send). Errors come back as messages on the socket; the reader skips them."""
-    attrs = struct.pack("=HH", 8, CTA_MARK) + struct.pack("!I", mark)
-    attrs += struct.pack("=HH", 8, CTA_MARK_MASK) + struct.pack("!I", 0xFFFFFFFF)
+    _ct_delete(sock, struct.pack("=HH", 8, CTA_MARK) + struct.pack("!I", mark)
+               + struct.pack("=HH", 8, CTA_MARK_MASK) + struct.pack("!I", 0xFFFFFFFF))
+
+
+def _ct_delete(sock: socket.socket, attrs: bytes) -> None:
+    """Send one IPCTNL_MSG_CT_DELETE request with ``attrs`` (no ACK asked: errors arrive as messages)."""
+    attrs += b"\0" * (-len(attrs) % 4)
     head = struct.pack("=IHHII", 20 + len(attrs), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
                        NLM_F_REQUEST, 0, 0)
     sock.send(head + struct.pack("=BBH", socket.AF_INET, 0, 0) + attrs)
