@@ -122,7 +122,7 @@ class Children(Spares):
             streams = [pump.Stream("stdout", out_r, cap, emit), pump.Stream("stderr", err_r, cap, emit)]
             out = pump.pump(
                 watch, streams, res_r, start + spec["timeout"], self.wake_r, self.proto_in,
-                lambda data: self._on_control(rid, data), self.on_wake, kill,
+                lambda data: self._on_control(rid, data), self.on_wake, kill, self._cancel_waiting(rid),
             )
         finally:
             for fd in read_fds:
@@ -156,6 +156,13 @@ class Children(Spares):
             "peak_memory_kb": out["exit"].get("peak_memory_kb"), "artifacts": artifacts,
             "language": spec["language"], **ctx_note,
         }
+
+    def _cancel_waiting(self, rid: Any) -> bool:
+        """Whether a cancel of run ``rid`` was read before its pump started (in ``pending``)."""
+        mine = [m for m in self.pending if m.get("op") == "cancel" and m.get("target") == rid]
+        for msg in mine:
+            self.pending.remove(msg)
+        return bool(mine)
 
     def _on_control(self, rid: Any, data: bytes) -> bool:
         cancel = False

@@ -118,12 +118,26 @@ class Agent(Children):
         protocol.write_frame(self.proto_out, message)
 
     def next_request(self) -> dict[str, Any] | None:
-        while not self.pending:
+        """The next request to serve: background-process ops (``INLINE_OPS``) first.
+
+        One read may bring an ``exec`` and, right behind it, another thread's ``proc.poll``;
+        served in order, the poll would wait in ``pending`` for the whole run (the run's pump
+        only sees bytes read after it starts). Inline ops never depend on an ordinary request
+        the host has not had a reply to, so serving them first reorders nothing it relies on.
+        A ``cancel`` is only meaningful during its run (see ``op_exec``): a late one is dropped.
+        """
+        while True:
+            for i, msg in enumerate(self.pending):
+                if msg.get("op") in protocol.INLINE_OPS:
+                    return self.pending.pop(i)
+            while self.pending:
+                msg = self.pending.pop(0)
+                if msg.get("op") != "cancel":
+                    return msg
             data = os.read(self.proto_in, 1 << 20)
             if not data:
                 return None
             self.pending.extend(self.frames.feed(data))
-        return self.pending.pop(0)
 
     def serve(self) -> None:
         self.send({

@@ -135,10 +135,12 @@ def pump(
     on_control: Callable[[bytes], bool],
     on_wake: Callable[[], None],
     kill: Callable[[], None],
+    cancelled: bool = False,
 ) -> dict[str, Any]:
     """Run the IO loop until the watched process is done and its pipes are drained.
 
-    ``on_control`` gets bytes from the host and returns True when they cancel this run.
+    ``on_control`` gets bytes from the host and returns True when they cancel this run;
+    ``cancelled`` says a cancel came before the loop started (read together with the request).
     """
     # epoll itself rather than selectors (whose import, with the collections it pulls in, costs
     # ~2 ms of every box start). Not poll(2): epoll reports fds in the order they became ready, so
@@ -150,8 +152,10 @@ def pump(
         open_fds = {s.fd for s in streams} | {result_fd}
         for fd in (*by_fd, result_fd, wake_fd, *([] if control_fd is None else [control_fd]), *watch.extra_fds):
             poller.register(fd, select.EPOLLIN)
-        timed_out = cancelled = False
+        timed_out = False
         done: dict[str, Any] | None = watch.is_done()
+        if cancelled and done is None:
+            kill()
         drain_until: float | None = None
         while True:
             now = time.monotonic()

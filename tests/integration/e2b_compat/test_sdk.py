@@ -156,16 +156,18 @@ def test_background_command_does_not_hold_the_sandbox(sbx) -> None:
     code = "import os, time\nwhile not os.path.exists('/tmp/release-cell'):\n    time.sleep(0.05)\n'released'"
     runner = threading.Thread(target=lambda: cell.setdefault("ex", sbx.run_code(code, timeout=120)), daemon=True)
     runner.start()
-    time.sleep(0.5)
-    seen_before = len(lines)
-    r = sbx.commands.run("echo beside")  # a second process while the cell and the loop run
-    assert r.stdout == "beside\n"
-    assert runner.is_alive(), "the cell ended before it was released"
-    deadline = time.monotonic() + 15
-    while len(lines) <= seen_before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(lines) > seen_before and runner.is_alive(), "background output stopped while the cell ran"
-    sbx.commands.run("touch /tmp/release-cell")
+    try:
+        time.sleep(0.5)
+        seen_before = len(lines)
+        r = sbx.commands.run("echo beside")  # a second process while the cell and the loop run
+        assert r.stdout == "beside\n"
+        assert runner.is_alive(), "the cell ended before it was released"
+        deadline = time.monotonic() + 15
+        while len(lines) <= seen_before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(lines) > seen_before and runner.is_alive(), "background output stopped while the cell ran"
+    finally:  # a failure here must not leave the module's sandbox busy with the cell
+        sbx.commands.run("touch /tmp/release-cell")
     runner.join(60)
     assert cell["ex"].text == "'released'"
     assert sbx.commands.kill(handle.pid) is True
