@@ -103,3 +103,23 @@ def test_docker_ip_entry_takes_the_kernel_route(runtime, fakenet, docker_engine)
         assert any(x.reason == "kernel route (IP allow entry)" and x.ip == fakenet.server_ip for x in recs), recs
     finally:
         p.shutdown()
+
+
+def test_docker_provider_start_reaps_dead_processes_routes(fakenet, docker_engine, monkeypatch):
+    """A crashed execbox that ran Docker boxes only leaves route chains too: a Docker provider
+    with network removes them when it starts, as the jail provider does."""
+    from execbox.boxes import netns, netroute
+    from execbox.providers.docker import DockerProvider
+
+    from .test_kernel_route import _iptables_save, dead_process_chain
+
+    require(netroute.available()[0], f"the kernel route ({netroute.available()[1]})")
+    chain = dead_process_chain()
+    monkeypatch.setattr(netns, "_reaped", False)  # this test process has reaped once already
+    p = DockerProvider()
+    try:
+        p.initialize({"runtime": "runc", "pool_size": 0, "preload": "none", "network": "allowlist",
+                      "network_allow": [f"{fakenet.server_ip}:80"]})
+        assert f":{chain} " not in _iptables_save()
+    finally:
+        p.shutdown()

@@ -202,7 +202,8 @@ def test_route_off_means_the_gateway_and_nothing_is_left_behind(fakenet, monkeyp
     assert not os.path.exists(f"/sys/class/net/{route.ifname}")
 
 
-def test_chains_of_a_dead_process_are_reaped():
+def dead_process_chain() -> str:
+    """A route chain, jumped to from the dispatch chain, named for a process that does not exist."""
     from execbox.boxes import netroute
 
     require(os.geteuid() == 0, "root (iptables)")
@@ -213,5 +214,12 @@ def test_chains_of_a_dead_process_are_reaped():
     netroute._ensure_base()
     subprocess.run(["iptables", "-w", "-N", chain], check=True)
     subprocess.run(["iptables", "-w", "-I", netroute.DISPATCH, "1", "-i", f"exh{dead:x}-1", "-j", chain], check=True)
+    return chain
+
+
+def test_chains_of_a_dead_process_are_reaped():
+    from execbox.boxes import netroute
+
+    chain = dead_process_chain()
     assert chain in netroute.reap_stale()
     assert f":{chain} " not in _iptables_save()
