@@ -88,3 +88,29 @@ def test_threads_sharing_one_box_each_get_their_own_answers(client: AgentClient)
     assert not [w for w in workers if w.is_alive()], "a caller is still waiting for its reply"
     assert not errors, errors
     assert client.call("ping", timeout=10)["pong"] is True
+
+
+@pytest.mark.parametrize("agent_serves_files_beside_runs", [True, False])
+def test_a_file_write_during_a_run_waits_only_for_an_agent_that_cannot_serve_it(
+        client: AgentClient, tmp_path: Path, agent_serves_files_beside_runs: bool) -> None:
+    if not agent_serves_files_beside_runs:
+        client.beside_run = frozenset()  # as for an agent that did not offer it (older, or re-attached)
+    release = tmp_path / "release"
+    code = f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\nprint('ran')"
+    run: dict = {}
+    runner = threading.Thread(target=lambda: run.update(client.call(
+        "exec", {"language": "python", "code": code, "timeout": 60}, timeout=90)), daemon=True)
+    runner.start()
+    time.sleep(0.3)  # the run is under way
+    wrote = threading.Event()
+    writer = threading.Thread(target=lambda: (client.call("files.write", {"path": "w.txt", "content": "x"},
+                                                          timeout=90), wrote.set()), daemon=True)
+    writer.start()
+    # served beside the run: at once (10 s is for a loaded machine); held: still waiting after 1.5 s
+    assert wrote.wait(10 if agent_serves_files_beside_runs else 1.5) is agent_serves_files_beside_runs
+    assert runner.is_alive()
+    release.touch()
+    runner.join(30)
+    writer.join(30)
+    assert run["stdout"] == "ran\n" and wrote.is_set()
+    assert (tmp_path / "ws" / "w.txt").read_text() == "x"

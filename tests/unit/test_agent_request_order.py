@@ -1,5 +1,5 @@
-"""Requests the agent reads in one chunk: a background-process op that arrives together with an
-``exec`` is answered while the run goes on, and a cancel read with its run stops that run.
+"""Requests the agent reads in one chunk: a background-process or file op that arrives together
+with an ``exec`` is answered while the run goes on, and a cancel read with its run stops that run.
 
 A real agent process on pipes; both frames go to it in one write, which is what a busy host does
 when one thread sends a run and another polls a background process a moment later (CI saw an
@@ -27,6 +27,7 @@ class RawAgent:
         self.proc, self.w, self.r = proc, proc.stdin.fileno(), proc.stdout.fileno()
         self.frames = protocol.FrameBuffer()
         self.seen: list[dict] = []
+        self.ready: dict = {}
 
     def send_together(self, *messages: dict) -> None:
         os.write(self.w, b"".join(protocol.encode_frame(m) for m in messages))
@@ -57,6 +58,7 @@ def agent(tmp_path: Path):
     while not any(m.get("event") == "ready" for m in raw.seen):
         assert select.select([raw.r], [], [], max(0.0, end - time.monotonic()))[0], "agent not ready"
         raw.seen.extend(raw.frames.feed(os.read(raw.r, 1 << 20)))
+    raw.ready = raw.seen.pop(0)
     raw.seen.clear()
     yield raw
     proc.kill()
@@ -92,3 +94,18 @@ def test_a_cancel_read_with_its_run_stops_it(agent: RawAgent, tmp_path: Path) ->
     agent.send_together({"op": "cancel", "target": 7}, {"id": 8, "op": "ping"})  # a late cancel: ignored
     assert agent.reply(8, timeout=10)["ok"]
     assert not [m for m in agent.seen if m.get("id") is None]  # and not answered with an error
+
+
+def test_file_ops_are_served_beside_a_run_and_the_agent_says_so(agent: RawAgent) -> None:
+    assert set(agent.ready["beside_run"]) == set(protocol.FILE_OPS)
+    code = "import os, time\nwhile not os.path.exists('go.txt'):\n    time.sleep(0.02)\nprint(open('go.txt').read())"
+    agent.send_together({"id": 1, "op": "exec", "language": "python", "code": code, "timeout": 60},
+                        {"id": 2, "op": "files.write", "path": "note.txt", "content": "beside"})
+    assert agent.reply(2, timeout=10)["ok"], "a file write read with a run waited for it"
+    agent.send_together({"id": 3, "op": "files.read", "path": "note.txt"})  # during the run's pump
+    assert agent.reply(3, timeout=10)["value"]["content"] == "beside"
+    assert agent.reply(1, timeout=0.2) is None  # still waiting for go.txt
+    agent.send_together({"id": 4, "op": "files.write", "path": "go.txt", "content": "released by a write"})
+    assert agent.reply(4, timeout=10)["ok"]
+    done = agent.reply(1, timeout=30)
+    assert done is not None and done["value"]["stdout"] == "released by a write\n"

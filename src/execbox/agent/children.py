@@ -171,8 +171,8 @@ class Children(Spares):
                 cancel = True
             elif msg.get("op") == "cancel":
                 continue
-            elif msg.get("op") in protocol.INLINE_OPS:
-                self.handle(msg)  # background-process ops never wait for the run to end
+            elif msg.get("op") in protocol.BESIDE_RUN:
+                self.handle(msg)  # background-process and file ops never wait for the run to end
             else:
                 self.pending.append(msg)
         if not data:

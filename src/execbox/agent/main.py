@@ -118,17 +118,17 @@ class Agent(Children):
         protocol.write_frame(self.proto_out, message)
 
     def next_request(self) -> dict[str, Any] | None:
-        """The next request to serve: background-process ops (``INLINE_OPS``) first.
+        """The next request to serve: ops served beside runs (``protocol.BESIDE_RUN``) first.
 
-        One read may bring an ``exec`` and, right behind it, another thread's ``proc.poll``;
-        served in order, the poll would wait in ``pending`` for the whole run (the run's pump
-        only sees bytes read after it starts). Inline ops never depend on an ordinary request
-        the host has not had a reply to, so serving them first reorders nothing it relies on.
+        One read may bring an ``exec`` and, right behind it, another thread's ``proc.poll`` or
+        file write; served in order, it would wait in ``pending`` for the whole run (the run's pump
+        only sees bytes read after it starts). The host sends these ops without waiting for a reply
+        to an ordinary request, so serving them first reorders nothing it relies on.
         A ``cancel`` is only meaningful during its run (see ``op_exec``): a late one is dropped.
         """
         while True:
             for i, msg in enumerate(self.pending):
-                if msg.get("op") in protocol.INLINE_OPS:
+                if msg.get("op") in protocol.BESIDE_RUN:
                     return self.pending.pop(i)
             while self.pending:
                 msg = self.pending.pop(0)
@@ -145,7 +145,7 @@ class Agent(Children):
             "pid": os.getpid(), "uid": os.getuid(), "python": sys.version.split()[0],
             "languages": self.languages(), "preloaded": self.preloaded, "workspace": self.ws,
             "subreaper": self.subreaper, "privsep": privsep.mode(),
-            "pid_ns": pidns.enabled(),
+            "pid_ns": pidns.enabled(), "beside_run": sorted(protocol.FILE_OPS),
             "startup_ms": round((time.monotonic() - self.t0) * 1000, 1),
         })
         self.make_spare()

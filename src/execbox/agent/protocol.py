@@ -23,6 +23,12 @@ PROTOCOL_VERSION = 1
 INLINE_OPS = frozenset({"ping", "proc.start", "proc.poll", "proc.input", "proc.close_stdin", "proc.signal",
                         "proc.list", "proc.resize"})
 """Ops the agent answers even while an ``exec`` runs; the host sends them without waiting for it."""
+FILE_OPS = frozenset({"files.read", "files.read_bytes", "files.write", "files.write_many", "files.list",
+                      "files.glob", "files.grep", "files.delete", "files.mkdir", "files.move"})
+"""Workspace file ops the agent also serves during a run, as E2B's envd does beside its code
+interpreter. The agent names them in its ready message (``beside_run``); a host sends them without
+waiting for a run only to an agent that does (an older agent would hold them until the run ends)."""
+BESIDE_RUN = INLINE_OPS | FILE_OPS
 
 
 class ProtocolError(Exception):

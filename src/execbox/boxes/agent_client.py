@@ -2,7 +2,7 @@
 
 Transport-agnostic: a ``Transport`` moves bytes (subprocess pipes for local/jail boxes, an
 attached container socket for Docker). One ordinary request at a time per box, plus any number
-of background-process requests beside it; ``cancel`` may be called from another thread while a
+of background-process and file requests beside it; ``cancel`` may be called from another thread while a
 request runs.
 """
 
@@ -80,6 +80,7 @@ class AgentClient:
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()
         self.hello: dict[str, Any] = {}
+        self.beside_run: frozenset[str] = frozenset()  # file ops this agent serves during a run
         self.dead: str | None = None
         self.current: int | None = None  # the running ordinary request (what ``cancel`` stops)
         self.mail: dict[int, list[dict[str, Any]]] = {}  # replies and events by request id
@@ -114,19 +115,22 @@ class AgentClient:
         if msg.get("event") != "ready":
             raise InstanceCreationError(f"{self.box_name}: unexpected first message from agent: {msg!r:.200}")
         self.hello = msg
+        self.beside_run = protocol.FILE_OPS.intersection(msg.get("beside_run") or ())
         return msg
 
     def call(self, op: str, params: dict[str, Any] | None = None, *, timeout: float = 60.0,
              on_event: EventCallback | None = None) -> Any:
         """Send one request and wait for its reply; raise the SB error the agent reports.
 
-        Ordinary requests go one at a time (``lock``), as the agent serves them; ops in
-        ``protocol.INLINE_OPS`` (background processes) are sent at once, even while another
-        request runs, and their replies are picked out of the shared stream by id.
+        Ordinary requests (runs, context resets) go one at a time (``lock``), as the agent serves
+        them; ops in ``protocol.INLINE_OPS`` (background processes) and the file ops the agent
+        said it serves beside a run (``beside_run``) are sent at once, even while a run goes on,
+        and their replies are picked out of the shared stream by id. Such an op that gets no reply
+        in time reports the box busy instead of dead.
         """
         if self.dead:
             raise BoxDied(f"{self.box_name} is gone ({self.dead})", details={"box": self.box_name})
-        if op in protocol.INLINE_OPS:
+        if op in protocol.INLINE_OPS or op in self.beside_run:
             return self._call(op, params, timeout, on_event)
         with self.lock:
             return self._call(op, params, timeout, on_event, track=True)

@@ -221,6 +221,12 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         inst = self._instances.get(instance_id)
         return bool(inst and inst.box.alive())
 
+    def files_beside_runs(self, instance_id: str) -> bool:
+        """Whether the box's agent serves file operations while a run goes on (it says so when
+        it starts; a box re-attached after a restart, whose agent was not asked, does not)."""
+        inst = self._instances.get(instance_id)
+        return bool(inst and inst.box.alive() and inst.box.client.beside_run)
+
     def list_instances(self) -> list[SandboxInstance]:
         with self._lock:
             insts = list(self._instances.values())

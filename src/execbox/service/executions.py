@@ -77,7 +77,11 @@ class RunService:
         else:
             with self.sessions.session(spec.tenant_id, spec.session_id, template, **_rt(spec)) as s:
                 assert s.provider is not None and s.instance_id is not None
-                yield s.provider, s.instance_id
+                s.running += 1
+                try:
+                    yield s.provider, s.instance_id
+                finally:
+                    s.running -= 1
                 if s.contexts_lost:  # reported once, on the first run after a restart or pause
                     spec.notices["contexts_lost"] = True
                     s.contexts_lost = False
@@ -120,16 +124,25 @@ class RunService:
 
         The same per-tenant execution slot (SB008 beyond ``tenant_max_executions``), the same
         ``execbox_executions`` metric (language ``files``) and one audit record whose ``code`` is
-        the path (so ``audit_code`` shows which file; the hash is of the path)."""
+        the path (so ``audit_code`` shows which file; the hash is of the path).
+
+        While a run holds the session, the operation goes to its box beside the run when the box
+        serves file operations during runs (``SessionManager.beside_run``), as E2B's envd does;
+        otherwise it waits for the session like any request."""
         spec = RunSpec(tenant_id, session_id, operation, FILE_LANGUAGE, path, token_id, _no_call)
         provider_name, instance_id = "", None
         started = time.monotonic()
         try:
-            with self.sessions.execution_slot(tenant_id), \
-                    self.sessions.session(tenant_id, session_id) as s:
-                assert s.provider is not None and s.instance_id is not None
-                provider_name, instance_id = s.provider.name, s.instance_id
-                out = call(s.provider, s.instance_id)
+            with self.sessions.execution_slot(tenant_id):
+                beside = self.sessions.beside_run(tenant_id, session_id)
+                if beside is not None:
+                    provider_name, instance_id = beside[0].name, beside[1]
+                    out = call(*beside)
+                else:
+                    with self.sessions.session(tenant_id, session_id) as s:
+                        assert s.provider is not None and s.instance_id is not None
+                        provider_name, instance_id = s.provider.name, s.instance_id
+                        out = call(s.provider, s.instance_id)
         except Exception as e:  # an SB error, or a protocol error raised by the caller's call
             code = e.code if isinstance(e, SandboxError) else None
             self._record(spec, provider_name, instance_id, started, "error", None, None, code)

@@ -174,6 +174,28 @@ def test_background_command_does_not_hold_the_sandbox(sbx) -> None:
     listener.join(30)
 
 
+def test_files_work_while_a_cell_runs(sbx) -> None:
+    """As with E2B's envd, the filesystem does not wait for the code interpreter: a cell waiting
+    for a file is released by a file written through the SDK."""
+    sbx.files.write("progress.txt", "step 1")
+    code = "import os, time\nwhile not os.path.exists('go.txt'):\n    time.sleep(0.05)\nopen('go.txt').read()"
+    cell: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: cell.setdefault("ex", sbx.run_code(code, timeout=120)), daemon=True)
+    runner.start()
+    try:
+        time.sleep(0.5)
+        assert runner.is_alive(), "the cell ended before it was released"
+        started = time.monotonic()
+        assert sbx.files.read("progress.txt") == "step 1"
+        assert "progress.txt" in [e.name for e in sbx.files.list("/home/user")]
+        assert runner.is_alive() and time.monotonic() - started < 30  # the reads did not wait for the cell
+        sbx.files.write("go.txt", "released by the sdk")
+    finally:
+        sbx.commands.run("touch go.txt")  # whatever happened above, the cell must not hold the sandbox
+    runner.join(60)
+    assert cell["ex"].text == "'released by the sdk'"
+
+
 def test_pty_create_input_resize_exit(sbx) -> None:
     from e2b.sandbox.commands.command_handle import PtySize
 

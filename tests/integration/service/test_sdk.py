@@ -116,3 +116,17 @@ def test_async_twins_have_the_same_namespaces(kind: str, jail_provider: Any, ser
     # A fresh thread: another suite's sync Playwright may own this thread's running event loop.
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, go()).result()
+
+
+def test_files_work_while_code_runs(sb: Any) -> None:
+    """A run waiting for a file is released by a write through ``files``: file operations go to
+    the box beside the run instead of queueing behind it."""
+    code = "import os, time\nwhile not os.path.exists('go.txt'):\n    time.sleep(0.05)\nprint(open('go.txt').read())"
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(sb.run_code, code, timeout=30)  # if the write never comes, the run ends here
+        time.sleep(0.5)
+        sb.files.write("note.txt", "beside")
+        assert "note.txt" in [f.path for f in sb.files.list(".")]
+        assert not run.done()  # those two did not wait for the run
+        sb.files.write("go.txt", "released")
+        assert run.result(timeout=30).stdout == "released\n"

@@ -154,10 +154,11 @@ def test_requests_queued_on_a_busy_session_are_bounded_per_tenant(service_factor
         "code": "import time; time.sleep(1.5)", "session_id": "q"}))
     slow.start()
     assert _wait(lambda: svc.app.state.services.sessions._inflight.get("tenant-a") == 1, 5)
-    queued = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"}))
+    # runs queue behind the session's run (file operations would go beside it)
+    queued = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "q"}))
     queued.start()
     assert _wait(lambda: svc.app.state.services.sessions._inflight.get("tenant-a") == 2, 5)
-    r = svc.a.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"})
+    r = svc.a.post("/v1/sandbox/execute", json={"code": "2", "session_id": "q"})
     assert r.status_code == 429 and error_of(r)["details"]["reason"] == "tenant_max_requests"
     assert svc.b.post("/v1/sandbox/read", json={"session_id": "q", "path": "f"}).status_code == 404  # B unaffected
     slow.join()

@@ -176,6 +176,24 @@ class SessionManager(AdminMixin, LifecycleMixin):
                      "owner_url": urls.get(rec.owner or ""), "lease_expires": rec.lease_expires})
 
     # -- using a session --------------------------------------------------------------------
+    def beside_run(self, tenant_id: str, session_id: str) -> tuple[SandboxProvider, str] | None:
+        """(provider, instance id) of a session a run holds here, when its box serves file
+        operations beside the run; None otherwise (the caller then waits for the session).
+
+        Not for lifecycle holds (start, pause, restore): only ``running`` sessions qualify, and the
+        box is the one the run uses, so a file operation never reaches a box being replaced."""
+        if self._draining:
+            return None
+        with self._lock:
+            s = self._sessions.get((tenant_id, session_id))
+            if s is None or s.closed or not s.running or s.provider is None or s.instance_id is None:
+                return None
+            provider, instance_id = s.provider, s.instance_id
+        serves = getattr(provider, "files_beside_runs", None)
+        if serves is None or not serves(instance_id):
+            return None
+        return provider, instance_id
+
     @contextmanager
     def session(self, tenant_id: str, session_id: str, template: str = "python",
                 runtime: str | None = None) -> Iterator[Session]:

@@ -41,6 +41,8 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     busy: int = 0
+    running: int = 0
+    """Runs of code in progress (RunService); file operations may go beside them (``beside_run``)."""
     operations: int = 0
     boxes_started: int = 0
     closed: bool = False
