@@ -253,7 +253,7 @@ class Agent(Children):
 
     def op_ping(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
         return {"pong": True, "pid": os.getpid(), "contexts": sorted({*self.contexts, *self.js_contexts}),
-                "spare_figures": self.spare_figures()}
+                "spare_figures": self.spare_figures(), "beside_run": sorted(protocol.FILE_OPS)}
 
     def op_context_reset(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
         cid = str(req.get("context_id"))

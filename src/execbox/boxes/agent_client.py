@@ -80,7 +80,7 @@ class AgentClient:
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()
         self.hello: dict[str, Any] = {}
-        self.beside_run: frozenset[str] = frozenset()  # file ops this agent serves during a run
+        self.beside_run: frozenset[str] = frozenset()  # file ops this agent serves during a run (ready/ping)
         self.dead: str | None = None
         self.current: int | None = None  # the running ordinary request (what ``cancel`` stops)
         self.mail: dict[int, list[dict[str, Any]]] = {}  # replies and events by request id

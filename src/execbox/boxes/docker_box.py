@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..agent import protocol
 from ..errors import InstanceCreationError
 from . import oci_seccomp
 from .agent_client import AgentClient
@@ -383,6 +384,7 @@ def reattach_container(docker_client: Any, container_id: str, workspace: str | N
         transport.close()
         raise
     client.hello = {"event": "ready", "pid": pong.get("pid"), "reattached": True}
+    client.beside_run = protocol.FILE_OPS.intersection(pong.get("beside_run") or ())  # an older agent: none
     box = DockerBox(spec.name, client, docker_client, attrs["Id"], spec, transport)
     box.keep_workspace = workspace is not None
     return box

@@ -223,7 +223,7 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
 
     def files_beside_runs(self, instance_id: str) -> bool:
         """Whether the box's agent serves file operations while a run goes on (it says so when
-        it starts; a box re-attached after a restart, whose agent was not asked, does not)."""
+        it starts, or in its ping answer when a box is re-attached after a restart)."""
         inst = self._instances.get(instance_id)
         return bool(inst and inst.box.alive() and inst.box.client.beside_run)
 

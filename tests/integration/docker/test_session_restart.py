@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -67,6 +68,17 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine, runtim
                 proc.send_signal(subprocess.signal.SIGTERM)
                 raise AssertionError(f"{r.json()}\n{proc.communicate(timeout=60)[1][-3000:]}")
             assert "session" not in r.json()["metadata"]  # nothing was lost
+            # the re-attached agent was asked whether it serves files beside runs: a run waiting
+            # for a file is released by a write through the API
+            waiting = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\nprint('went')"
+            with ThreadPoolExecutor(1) as pool:
+                run = pool.submit(c.post, "/v1/sandbox/execute",
+                                  json={"session_id": "d", "code": waiting, "timeout": 60})
+                time.sleep(1.0)
+                assert not run.done()
+                w = c.post("/v1/sandbox/write", json={"session_id": "d", "path": "go", "content": "1"})
+                assert w.status_code == 200, w.text
+                assert run.result(timeout=60).json()["stdout"] == "went\n"
             ids = [k.id for k in _labelled(docker_engine, label)]
             assert ids == [container.id]  # the stray one was removed at start
             stray = None
