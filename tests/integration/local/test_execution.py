@@ -126,7 +126,7 @@ def test_nonzero_exit(sb):
 # -- limits ---------------------------------------------------------------------------------------
 
 def test_timeout_kills_tree_and_sets_flag(sb):
-    r = sb.run_code("import subprocess\nsubprocess.Popen(['sleep', '300'])\nimport time\ntime.sleep(300)",
+    r = sb.run_code(f"import subprocess\nsubprocess.Popen(['sleep', '{LONG}'])\nimport time\ntime.sleep(300)",
                     timeout=1)
     assert r.timed_out and r.error_code == "SB005" and r.execution_time < 10
     assert not _sleepers(), "a child of the timed-out run survived"
@@ -142,18 +142,18 @@ def test_timeout_when_sigterm_is_ignored(sb):
 
 
 def test_background_processes_end_with_the_run(sb):
-    r = sb.run_code("sleep 300 & echo started", "bash")
+    r = sb.run_code(f"sleep {LONG} & echo started", "bash")
     assert r.stdout == "started\n" and r.execution_time < 5
     assert not _sleepers()
 
 
 def test_daemonized_process_is_killed(sb):
     code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-            "        os.execvp('sleep', ['sleep', '301'])\n    os._exit(0)\nos.wait()\nprint('parent done')")
+            f"        os.execvp('sleep', ['sleep', '{LONGER}'])\n    os._exit(0)\nos.wait()\nprint('parent done')")
     r = sb.run_code(code)
     assert r.stdout == "parent done\n"
     time.sleep(0.1)
-    assert not _sleepers("301")
+    assert not _sleepers(LONGER)
 
 
 def test_output_truncation():
@@ -253,7 +253,12 @@ def test_cancel_stops_a_run(sb):
 
 # -- helpers -------------------------------------------------------------------------------------
 
-def _sleepers(tag: str = "300") -> list[str]:
+# The sleeps these tests leave for the sandbox to kill carry this run's pid in their duration, so a
+# `sleep 300` elsewhere on the machine (another test run, a shell) is never taken for a survivor.
+LONG, LONGER = f"300.{os.getpid()}", f"301.{os.getpid()}"
+
+
+def _sleepers(tag: str = LONG) -> list[str]:
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
