@@ -13,6 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
+from . import staged_leases
 from .box import AGENT_BOOT
 from .runtime import AGENT_PACKAGE, AGENT_ROOT_IN_BOX, Runtime, jail_dir
 
@@ -167,6 +168,8 @@ def staged_etc(dirname: str = "box-etc", files: dict[str, str] | None = None,
     if cached is not None and cached[0] == key:
         return cached[1]
     final = os.path.join(jail_dir(), f"{dirname}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+    os.makedirs(jail_dir(), mode=0o755, exist_ok=True)
+    staged_leases.hold(final)  # boxes of this process mount it: no sweep may remove it now
     if not os.path.isdir(final):
         _publish_etc(final, files, mount_points)
     _staged_etc[dirname] = (key, final)

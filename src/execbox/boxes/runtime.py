@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import InvalidConfigError
+from . import staged_leases
 from .box import agent_source_dir
 from .images import MPL_SEED as IMAGE_MPL_SEED
 
@@ -262,9 +263,10 @@ def staged_agent() -> str:
             h.update(f.read())
     root = os.path.join(jail_dir(), "agent", h.hexdigest()[:16])
     target = os.path.join(root, AGENT_PACKAGE)
+    os.makedirs(os.path.dirname(root), mode=0o755, exist_ok=True)
+    staged_leases.hold(root)  # boxes of this process mount it: no sweep may remove it now
     if os.path.isfile(os.path.join(target, ".complete")):
         return root
-    os.makedirs(os.path.dirname(root), mode=0o755, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".agent-", dir=os.path.dirname(root))
     os.chmod(tmp, 0o755)
     pkg = os.path.join(tmp, AGENT_PACKAGE)

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from ..boxes import bwrap, cgroups, gpu, netns, quota, runtime, seccomp, uids
+from ..boxes import bwrap, cgroups, gpu, jail_net, netns, quota, runtime, seccomp, staged_leases, uids
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
 from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
@@ -140,6 +140,7 @@ class JailProvider(AgentBackedProvider):
             agent_root=runtime.staged_agent(),
             egress=policy_from_config(cfg),
         )
+        _sweep_staged_once()
         self.egress_cap = self._settings.egress
 
     # -- GPU opt-in (boxes/gpu.py) ----------------------------------------------------------------
@@ -293,6 +294,35 @@ def _reap_once() -> None:
         names += netns.reap_stale_once()
     if names:
         log.warning("jail: removed %d boxes left by dead execbox processes", len(names))
+
+
+_swept = False
+
+
+def _sweep_staged_once() -> None:
+    """Once per process: remove staged /etc and agent copies that no live execbox process uses.
+
+    A new one appears with every host change or upgrade (~300 KB and ~1 MB). This process
+    leases the current ones first, so only older ones can go (boxes/staged_leases.py).
+    """
+    global _swept
+    with _avail_lock:
+        if _swept:
+            return
+        _swept = True
+    try:
+        bwrap.staged_etc()
+        jail_net.staged_etc_net()
+        runtime.staged_agent()
+        top = runtime.jail_dir()
+        gone = staged_leases.sweep(top, lambda n: n.startswith("box-etc") and ".tmp-" in n)
+        gone += staged_leases.sweep(os.path.join(top, "agent"), lambda n: n.startswith(".agent-"))
+    except OSError as e:
+        log.warning("jail: cannot sweep old staged directories: %s", e)
+        return
+    if gone:
+        log.info("jail: removed %d staged directories no execbox process uses: %s",
+                 len(gone), ", ".join(os.path.basename(g) for g in gone))
 
 
 def _uid_range_check() -> dict[str, Any]:
