@@ -129,6 +129,7 @@ def test_the_jail_provider_sweep_keeps_the_current_copies_and_removes_unused_old
         h.close()
     holder = Holder(in_use)
     try:
+        runtime.staged_agent()  # as JailProvider.initialize does before its sweep
         jail._sweep_staged_once()
         assert not etc_before_change.exists() and not agent_before_upgrade.exists()
         assert (in_use / "passwd").is_file()

@@ -140,7 +140,7 @@ class JailProvider(AgentBackedProvider):
             agent_root=runtime.staged_agent(),
             egress=policy_from_config(cfg),
         )
-        _sweep_staged_once()
+        _sweep_staged_once()  # after staged_agent(): the current agent copy is leased
         self.egress_cap = self._settings.egress
 
     # -- GPU opt-in (boxes/gpu.py) ----------------------------------------------------------------
@@ -303,7 +303,8 @@ def _sweep_staged_once() -> None:
     """Once per process: remove staged /etc and agent copies that no live execbox process uses.
 
     A new one appears with every host change or upgrade (~300 KB and ~1 MB). This process
-    leases the current ones first, so only older ones can go (boxes/staged_leases.py).
+    leases the current ones first (the agent copy when ``initialize`` staged it, the /etc copies
+    here), so only older ones can go (boxes/staged_leases.py).
     """
     global _swept
     with _avail_lock:
@@ -313,7 +314,6 @@ def _sweep_staged_once() -> None:
     try:
         bwrap.staged_etc()
         jail_net.staged_etc_net()
-        runtime.staged_agent()
         top = runtime.jail_dir()
         gone = staged_leases.sweep(top, lambda n: n.startswith("box-etc") and ".tmp-" in n)
         gone += staged_leases.sweep(os.path.join(top, "agent"), lambda n: n.startswith(".agent-"))
