@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -76,6 +79,27 @@ def test_this_process_keeps_what_it_leased(top):
     # owner only: flock needs just read access, and an exclusive lock by another host user would stall
     # box starts
     assert os.stat(f"{mine}{staged_leases.LEASE}").st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to try the lease as another host user")
+def test_another_host_user_cannot_lock_a_lease_and_stall_box_starts():
+    top = tempfile.mkdtemp(prefix="execbox-lease-")  # traversable by all, as /var/lib/execbox is
+    try:
+        os.chmod(top, 0o755)
+        mine = staged(pathlib.Path(top), "box-etc-0000000000000008")
+        staged_leases.hold(str(mine))
+        attack = ("import fcntl, os, sys\n"
+                  "print(len(open(sys.argv[1]).read()) > 0)\n"  # it does reach the directory
+                  "try:\n    fd = os.open(sys.argv[2], os.O_RDONLY)\n"
+                  "except PermissionError:\n    print('refused'); sys.exit()\n"
+                  "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked')\n")
+        out = subprocess.run(["/usr/bin/python3", "-I", "-c", attack, str(mine / "passwd"),
+                              f"{mine}{staged_leases.LEASE}"],
+                             user=65534, group=65534, capture_output=True, text=True, timeout=30)
+        assert out.stdout == "True\nrefused\n", out
+    finally:
+        os.close(staged_leases._held.pop(os.path.join(top, "box-etc-0000000000000008")))
+        shutil.rmtree(top)
 
 
 def test_a_directory_from_before_leases_is_left_alone(top):
