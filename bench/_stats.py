@@ -89,33 +89,77 @@ class CpuMeter:
     agent is reaped by init and its CPU is lost. On a cgroup-v1 host with a cpuacct hierarchy
     (and root) the bench moves itself into a private cpuacct group, which every process it
     starts inherits (a box only joins its own memory/pids/cpu/freezer groups), so
-    ``cpuacct.usage`` counts all of it. Kernel threads (loop I/O, unmount work) are not counted.
-    Elsewhere it falls back to getrusage and says so in ``source``. CPU time is what makes a
-    saving visible on a shared, loaded machine where wall-clock numbers are noisy.
+    ``cpuacct.usage`` counts all of it. On cgroup v2 it does the same with a private group's
+    ``cpu.stat``: the jail nests its boxes under the group it runs in. Kernel threads (loop I/O,
+    unmount work) are not counted. Elsewhere it falls back to getrusage and says so in ``source``.
+    CPU time is what makes a saving visible on a shared, loaded machine where wall-clock numbers
+    are noisy.
     """
 
     V1 = "/sys/fs/cgroup/cpuacct"
+    V2 = "/sys/fs/cgroup"
 
     def __init__(self) -> None:
         import os
 
         self.path: str | None = None
+        self.v2_home: str | None = None  # the cgroup v2 group to return to at close()
         self.source = "getrusage (self + reaped children; boxes' agents not counted)"
-        if os.geteuid() == 0 and os.path.isfile(os.path.join(self.V1, "cpuacct.usage")):
-            path = os.path.join(self.V1, f"execbox-bench-{os.getpid()}")
-            try:
-                os.makedirs(path, exist_ok=True)
-                with open(os.path.join(path, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
-                self.path = path
-                self.source = "cpuacct (this process and all its descendants)"
-            except OSError:
-                self.path = None
+        if os.geteuid() != 0:
+            return
+        if os.path.isfile(os.path.join(self.V1, "cpuacct.usage")):
+            self._enter(os.path.join(self.V1, f"execbox-bench-{os.getpid()}"),
+                        "cpuacct (this process and all its descendants)")
+        elif os.path.isfile(os.path.join(self.V2, "cgroup.controllers")):
+            # v2: the jail nests its boxes (and its own leaf) under the cgroup it runs in, so a
+            # private group's cpu.stat counts the bench, the service and every box
+            with open("/proc/self/cgroup", encoding="ascii") as f:
+                home = next((ln[3:].strip() for ln in f if ln.startswith("0::")), None)
+            if home is not None:
+                self._enter_v2(os.path.join(self.V2, home.lstrip("/")))
+
+    def _enter(self, path: str, source: str) -> None:
+        import os
+
+        try:
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            self.path = path
+            self.source = source
+        except OSError:
+            self.path = None
+
+    def _enter_v2(self, home: str) -> None:
+        """Only where the private group gets the controllers the jail needs for its boxes (as the
+        jail itself would enable them in ``home``): elsewhere the jail would run without limits."""
+        import os
+
+        wanted = {"memory", "pids", "cpu"}
+        try:
+            with open(os.path.join(home, "cgroup.subtree_control"), "w") as f:
+                f.write(" ".join(f"+{c}" for c in sorted(wanted)))
+        except OSError:
+            pass
+        path = os.path.join(home, f"execbox-bench-{os.getpid()}")
+        try:
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "cgroup.controllers")) as f:
+                if not wanted <= set(f.read().split()):
+                    os.rmdir(path)
+                    return
+        except OSError:
+            return
+        self.v2_home = home
+        self._enter(path, "cgroup v2 cpu.stat (this process and all its descendants)")
 
     def seconds(self) -> float:
-        if self.path is not None:
+        if self.path is not None and self.v2_home is None:
             with open(f"{self.path}/cpuacct.usage") as f:
                 return int(f.read()) / 1e9
+        if self.path is not None:
+            with open(f"{self.path}/cpu.stat") as f:
+                return next(int(ln.split()[1]) for ln in f if ln.startswith("usage_usec")) / 1e6
         import resource
 
         own = resource.getrusage(resource.RUSAGE_SELF)
@@ -123,16 +167,16 @@ class CpuMeter:
         return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
     def close(self) -> None:
-        """Move back to the root cpuacct group and remove the private one (if empty)."""
+        """Move back to where this process was and remove the private group (if empty)."""
         import os
 
         if self.path is None:
             return
         try:
-            with open(os.path.join(self.V1, "cgroup.procs"), "w") as f:
+            with open(os.path.join(self.v2_home or self.V1, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-            # where cpu and cpuacct share a hierarchy the jail put its box parent inside ours
-            for sub in ("execbox", ""):
+            # the jail put its box parent (and, on v2, its own leaf) inside ours
+            for sub in ("execbox", "execbox-service", ""):
                 if os.path.isdir(os.path.join(self.path, sub)):
                     os.rmdir(os.path.join(self.path, sub))
         except OSError:

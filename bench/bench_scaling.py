@@ -6,7 +6,9 @@ every descendant, boxes included: _stats.CpuMeter), so a saving shows up even wh
 machine makes wall-clock numbers noisy. ``cores / CPU per run`` is the throughput the host could
 reach if nothing else ran on it ("CPU-bound runs/s"). The issue's target (>= 75 % of linear to 16
 cores for session runs) can only be checked on a 16-core machine; on fewer cores the efficiency
-column is relative to the cores present. Prints tables only, asserts nothing.
+column is relative to the cores present. "service ms/run" is the CPU of this process alone (the
+provider: one interpreter, one GIL), the share that cannot spread over cores. Prints tables only,
+asserts nothing.
 
     .venv/bin/python bench/bench_scaling.py [--n 200] [--oneshot-n 40] [--conc 1,2,4,8,16]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import threading
 import time
@@ -42,8 +45,16 @@ def run_ok(p: JailProvider, iid: str) -> None:
         raise RuntimeError(r.stderr[-300:] or r.stdout[-300:])
 
 
-def drive(fn, n: int, conc: int) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, errors) for ``n`` calls of ``fn`` over ``conc`` threads."""
+def own_cpu() -> float:
+    """CPU of this process alone: the provider's threads, i.e. the service side of every run (one
+    interpreter, one GIL: the part that cannot scale past one core)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def drive(fn, n: int, conc: int) -> tuple[float, float, float, int]:
+    """(wall seconds, CPU seconds, service CPU seconds, errors) for ``n`` calls of ``fn`` over
+    ``conc`` threads."""
     errors = 0
     lock = threading.Lock()
 
@@ -56,13 +67,13 @@ def drive(fn, n: int, conc: int) -> tuple[float, float, int]:
                 errors += 1
             print(f"  error: {e}", file=sys.stderr)
 
-    c0, t0 = cpu_seconds(), time.perf_counter()
+    c0, s0, t0 = cpu_seconds(), own_cpu(), time.perf_counter()
     with ThreadPoolExecutor(conc) as ex:
         list(ex.map(one, range(n)))
-    return time.perf_counter() - t0, cpu_seconds() - c0, errors
+    return time.perf_counter() - t0, cpu_seconds() - c0, own_cpu() - s0, errors
 
 
-def session_runs(p: JailProvider, n: int, conc: int) -> tuple[float, float, int]:
+def session_runs(p: JailProvider, n: int, conc: int) -> tuple[float, float, float, int]:
     local = threading.local()
     made: list[str] = []
     lock = threading.Lock()
@@ -85,7 +96,7 @@ def session_runs(p: JailProvider, n: int, conc: int) -> tuple[float, float, int]
             p.destroy_instance(iid)
 
 
-def oneshots(p: JailProvider, n: int, conc: int) -> tuple[float, float, int]:
+def oneshots(p: JailProvider, n: int, conc: int) -> tuple[float, float, float, int]:
     def fn() -> None:
         inst = p.create_instance()
         try:
@@ -96,22 +107,22 @@ def oneshots(p: JailProvider, n: int, conc: int) -> tuple[float, float, int]:
     return drive(fn, n, conc)
 
 
-def table(title: str, results: list[tuple[int, int, float, float, int]], figures: list[str]) -> None:
+def table(title: str, results: list[tuple[int, int, float, float, float, int]], figures: list[str]) -> None:
     cores = os.cpu_count() or 1
     print(f"\n{title}")
     header = (f"{'conc':>4} {'n':>5} {'runs/s':>9} {'speed-up':>9} {'eff/core':>9} "
-              f"{'CPU ms/run':>11} {'CPU-bound runs/s':>17} {'err':>4}")
+              f"{'CPU ms/run':>11} {'service ms/run':>15} {'CPU-bound runs/s':>17} {'err':>4}")
     print(header)
     print("-" * len(header))
     base = None
-    for conc, n, wall, cpu, err in results:
+    for conc, n, wall, cpu, service, err in results:
         rate = n / wall if wall else 0.0
         base = base or rate
         speed = rate / base if base else 0.0
         eff = speed / min(conc, cores)
         bound = cores / (cpu / n) if cpu > 0 else 0.0
-        print(f"{conc:>4} {n:>5} {rate:>9.1f} {speed:>8.2f}x {eff:>8.0%} {cpu / n * 1000:>11.1f} {bound:>17.1f} "
-              f"{err:>4}")
+        print(f"{conc:>4} {n:>5} {rate:>9.1f} {speed:>8.2f}x {eff:>8.0%} {cpu / n * 1000:>11.1f} "
+              f"{service / n * 1000:>15.2f} {bound:>17.1f} {err:>4}")
         figures.append(f"figure: {title.split(':')[0]} c={conc} runs/s: {rate:.1f}")
         print(figures[-1])
         figures.append(f"figure: {title.split(':')[0]} c={conc} CPU ms/run: {cpu / n * 1000:.1f}")

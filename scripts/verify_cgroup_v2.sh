@@ -32,10 +32,15 @@ done
     || echo "note: no cgroup.kill (Linux < 5.14): kill-all falls back to signalling every listed pid"
 
 # Host pieces (bubblewrap, libseccomp, e2fsprogs) and the venv, as `make test` would install them.
-bash scripts/setup/run/10-base.sh >/dev/null 2>&1 || true
-bash scripts/setup/run/20-jail.sh || fatal "could not install the jail's Debian packages"
-if [ ! -x .venv/bin/pytest ]; then make install >/dev/null || fatal "make install failed"; fi
-PYTEST=(.venv/bin/pytest tests/integration/jail/test_cgroup_v2_host.py -v -s -rs -p no:cacheprovider)
+# EXECBOX_VERIFY_NO_INSTALL=1 skips that where they are already in place without apt or network
+# (scripts/verify_device.sh); EXECBOX_VERIFY_PYTHON then names an interpreter that has pytest.
+PY="${EXECBOX_VERIFY_PYTHON:-.venv/bin/python}"
+if [ -z "${EXECBOX_VERIFY_NO_INSTALL:-}" ]; then
+    bash scripts/setup/run/10-base.sh >/dev/null 2>&1 || true
+    bash scripts/setup/run/20-jail.sh || fatal "could not install the jail's Debian packages"
+    if [ ! -x .venv/bin/pytest ]; then make install >/dev/null || fatal "make install failed"; fi
+fi
+PYTEST=("$PY" -m pytest tests/integration/jail/test_cgroup_v2_host.py -v -s -rs -p no:cacheprovider)
 
 declare -A RESULT
 run_setup() {  # name, command...

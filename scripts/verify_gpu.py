@@ -121,13 +121,13 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         record("docker", None, f"no Docker engine: {e}")
         runtimes = set()
-    from execbox.providers.docker import DockerProvider
-
     for rt in ("runc", "runsc"):
         if rt not in runtimes:
             if runtimes:
                 record(f"docker {rt}", None, "runtime not registered")
             continue
+        from execbox.providers.docker import DockerProvider  # needs the docker SDK: only with an engine
+
         p = DockerProvider()
         try:
             p.initialize({"runtime": rt, "pool_size": 0, "gpu": "all", "max_memory": "4g"})

@@ -18,6 +18,9 @@ fatal() { echo "FAIL: $*"; echo "SUMMARY: FAIL (prerequisite)"; exit 2; }
 ls /dev/nvidia[0-9]* >/dev/null 2>&1 || fatal "no NVIDIA device on this host (no /dev/nvidia[0-9]*)"
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 ls -l /dev/nvidia* 2>&1 | head -20
-bash scripts/setup/run/20-jail.sh || fatal "could not install the jail's Debian packages"
-if [ ! -x .venv/bin/python ]; then make install >/dev/null || fatal "make install failed"; fi
-.venv/bin/python scripts/verify_gpu.py
+# EXECBOX_VERIFY_NO_INSTALL / EXECBOX_VERIFY_PYTHON: as in verify_cgroup_v2.sh
+if [ -z "${EXECBOX_VERIFY_NO_INSTALL:-}" ]; then
+    bash scripts/setup/run/20-jail.sh || fatal "could not install the jail's Debian packages"
+    if [ ! -x .venv/bin/python ]; then make install >/dev/null || fatal "make install failed"; fi
+fi
+"${EXECBOX_VERIFY_PYTHON:-.venv/bin/python}" scripts/verify_gpu.py

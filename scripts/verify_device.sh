@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The checks this project's 2-core, cgroup v1 CI machine cannot make, in one run on a lent machine
+# with many cores, cgroup v2 and an NVIDIA GPU, but no network, apt or bubblewrap:
+#   1. bench/bench_scaling.py at concurrency 1-16, twice (issue 21: >= 75 % of linear to 16 cores);
+#   2. scripts/verify_cgroup_v2.sh (jail limits on a real cgroup v2 host);
+#   3. scripts/verify_gpu.sh (a CUDA program in a jail box with `gpu: all`, none without it);
+#   4. the jail's integration and attack tests (tests/integration/jail, tests/security/jail) on this
+#      kernel and cgroup v2.
+# The jail's host pieces come from CARRY_DIR (scripts/device_carry.sh makes it on a Debian host);
+# each is installed only where the machine lacks it. The repository's own Python code runs from
+# src/ with the machine's python3 (it needs pytest, which that machine's python3 has).
+#
+# Usage (as root):  scripts/verify_device.sh CARRY_DIR [OUT_DIR]     (OUT_DIR default: $OUT or /tmp)
+# SCALING_ARGS overrides bench_scaling.py's arguments.
+# Writes setup.txt, scaling.txt, cgroup-v2-report.txt, gpu-report.txt and jail-suite.txt to OUT_DIR.
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+CARRY="$(cd "${1:?usage: verify_device.sh CARRY_DIR [OUT_DIR]}" && pwd)"
+DEST="${2:-${OUT:-/tmp}}"
+mkdir -p "$DEST"
+say() { echo "== $*"; }
+
+setup() {
+    say "machine: $(uname -srm); $(nproc) cpus; $(awk '/MemTotal/ {print int($2/1048576) " GiB"}' /proc/meminfo)"
+    say "cgroup fs: $(stat -fc %T /sys/fs/cgroup); controllers: $(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null)"
+    say "own cgroup: $(cat /proc/self/cgroup | tr '\n' ' '); pid 1: $(cat /proc/1/comm)"
+    say "loop devices: $([ -e /dev/loop-control ] && echo yes || echo 'no /dev/loop-control (workspaces fall back to tmpfs)')"
+    say "user namespaces: max $(cat /proc/sys/user/max_user_namespaces 2>/dev/null || echo '?')"
+    local missing=()
+    if [ ! -x /usr/bin/bwrap ] && [ ! -x /usr/local/bin/bwrap ]; then
+        install -m 0755 "$CARRY/bin/bwrap" /usr/local/bin/bwrap
+        missing+=(/usr/local/bin/bwrap)
+    fi
+    if [ ! -x /usr/sbin/mkfs.ext4 ]; then
+        install -m 0755 "$CARRY/bin/mke2fs" /usr/sbin/mke2fs
+        ln -sf mke2fs /usr/sbin/mkfs.ext4
+        [ -e /etc/mke2fs.conf ] || cp "$CARRY/mke2fs.conf" /etc/mke2fs.conf
+        missing+=(/usr/sbin/mke2fs)
+    fi
+    # libraries: only those the machine's loader cannot find, from a directory of their own
+    local libdir=/usr/local/lib/execbox-carry
+    mkdir -p "$libdir"
+    local known; known="$(ldconfig -p | awk '{print $1}')"  # captured: grep -q would SIGPIPE a pipe
+    for lib in "$CARRY"/lib/*; do
+        local name; name="$(basename "$lib")"
+        grep -qxF "$name" <<< "$known" || { cp "$lib" "$libdir/"; say "carried library: $name"; }
+    done
+    echo "$libdir" > /etc/ld.so.conf.d/zz-execbox-carry.conf
+    ldconfig
+    for bin in "${missing[@]}"; do
+        say "carried: $bin"
+        ldd "$bin" | grep -q "not found" && { ldd "$bin"; return 1; }
+    done
+    [ -x /usr/bin/python3 ] || { ln -s "$(readlink -f "$(command -v python3)")" /usr/bin/python3; say "linked /usr/bin/python3"; }
+    say "box interpreter: $(/usr/bin/python3 -V 2>&1) ($(readlink -f /usr/bin/python3))"
+    say "service interpreter: $(command -v python3) $(python3 -V 2>&1); pytest $(python3 -m pytest --version 2>&1 | tail -1)"
+    command -v nvidia-smi >/dev/null && nvidia-smi -L
+    return 0
+}
+
+export PYTHONPATH="$REPO/src:$CARRY/py${PYTHONPATH:+:$PYTHONPATH}"
+export EXECBOX_VERIFY_NO_INSTALL=1 EXECBOX_VERIFY_PYTHON="$(command -v python3)" PYTHONUNBUFFERED=1
+say "start $(date -u +%FT%TZ)"
+setup 2>&1 | tee "$DEST/setup.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "SETUP FAILED"; exit 2; }
+python3 -c "from execbox.providers.jail import JailProvider as J; print('jail availability:', J.availability())" \
+    2>&1 | tee -a "$DEST/setup.txt"
+
+say "1. scaling"
+for i in 1 2; do
+    # shellcheck disable=SC2086 # word-split on purpose: a list of arguments
+    timeout 110 python3 bench/bench_scaling.py ${SCALING_ARGS:---n 2000 --oneshot-n 200 --conc 1,2,4,8,16} 2>&1 \
+        | grep -v '^figure:' | tee -a "$DEST/scaling.txt"
+done
+say "2. cgroup v2"
+timeout 150 bash scripts/verify_cgroup_v2.sh "$DEST/cgroup-v2-report.txt" | tail -8
+say "3. GPU"
+timeout 90 bash scripts/verify_gpu.sh "$DEST/gpu-report.txt" | tail -12
+say "4. jail integration and attack tests"
+timeout 150 python3 -m pytest tests/integration/jail tests/security/jail -q -rs -p no:cacheprovider \
+    > "$DEST/jail-suite.txt" 2>&1
+tail -25 "$DEST/jail-suite.txt"
+say "done $(date -u +%FT%TZ)"
