@@ -131,10 +131,17 @@ class CpuMeter:
             self.path = None
 
     def _enter_v2(self, home: str) -> None:
-        """Only where the private group gets the controllers the jail needs for its boxes (as the
-        jail itself would enable them in ``home``): elsewhere the jail would run without limits."""
+        """In the root group: a private child with the controllers the jail needs for its boxes
+        (the jail enables them there itself). Elsewhere the group we are in already holds
+        everything the jail starts (its own leaf and its boxes nest under it), so its cpu.stat is
+        the count, exact where nothing else runs in it (scripts/verify_device.sh gives the bench a
+        group of its own)."""
         import os
 
+        if os.path.realpath(home) != os.path.realpath(self.V2):
+            self.path, self.v2_home = home, None
+            self.source = f"cgroup v2 cpu.stat of {home} (this process's group and all nested in it)"
+            return
         wanted = {"memory", "pids", "cpu"}
         try:
             with open(os.path.join(home, "cgroup.subtree_control"), "w") as f:
@@ -154,7 +161,7 @@ class CpuMeter:
         self._enter(path, "cgroup v2 cpu.stat (this process and all its descendants)")
 
     def seconds(self) -> float:
-        if self.path is not None and self.v2_home is None:
+        if self.path is not None and self.path.startswith(self.V1):
             with open(f"{self.path}/cpuacct.usage") as f:
                 return int(f.read()) / 1e9
         if self.path is not None:
@@ -170,8 +177,8 @@ class CpuMeter:
         """Move back to where this process was and remove the private group (if empty)."""
         import os
 
-        if self.path is None:
-            return
+        if self.path is None or (self.v2_home is None and not self.path.startswith(self.V1)):
+            return  # v2, reading the group we are in: nothing was moved
         try:
             with open(os.path.join(self.v2_home or self.V1, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))

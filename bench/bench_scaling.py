@@ -10,7 +10,7 @@ column is relative to the cores present. "service ms/run" is the CPU of this pro
 provider: one interpreter, one GIL), the share that cannot spread over cores. Prints tables only,
 asserts nothing.
 
-    .venv/bin/python bench/bench_scaling.py [--n 200] [--oneshot-n 40] [--conc 1,2,4,8,16]
+    .venv/bin/python bench/bench_scaling.py [--n 200] [--oneshot-n 40] [--conc 1,2,4,8,16] [--procs P]
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ METER: CpuMeter | None = None
 
 
 def cpu_seconds() -> float:
-    assert METER is not None
-    return METER.seconds()
+    return METER.seconds() if METER is not None else own_cpu()  # a worker process: unused there
 
 
 def run_ok(p: JailProvider, iid: str) -> None:
@@ -73,7 +72,7 @@ def drive(fn, n: int, conc: int) -> tuple[float, float, float, int]:
     return time.perf_counter() - t0, cpu_seconds() - c0, own_cpu() - s0, errors
 
 
-def session_runs(p: JailProvider, n: int, conc: int) -> tuple[float, float, float, int]:
+def session_runs(p: JailProvider, n: int, conc: int, ready=None) -> tuple[float, float, float, int]:
     local = threading.local()
     made: list[str] = []
     lock = threading.Lock()
@@ -90,6 +89,8 @@ def session_runs(p: JailProvider, n: int, conc: int) -> tuple[float, float, floa
     # one warm-up round opens every worker's session off the clock
     drive(fn, conc * 2, conc)
     try:
+        if ready is not None:
+            ready()
         return drive(fn, n, conc)
     finally:
         for iid in made:
@@ -105,6 +106,49 @@ def oneshots(p: JailProvider, n: int, conc: int) -> tuple[float, float, float, i
             p.destroy_instance(inst.instance_id)
 
     return drive(fn, n, conc)
+
+
+def _proc_worker(conn, n: int, threads: int, barrier) -> None:
+    """One service process of the multi-process variant: its own provider, ``threads`` sessions."""
+    p = JailProvider()
+    p.initialize({**CONFIG, "pool_size": 0})
+    try:
+        conn.send(session_runs(p, n, threads, ready=lambda: barrier.wait(timeout=120)))
+    finally:
+        p.shutdown()
+        conn.close()
+
+
+def session_runs_procs(procs: int, n: int, conc: int) -> tuple[int, float, float, float, int]:
+    """Session runs at concurrency ``conc`` spread over up to ``procs`` service processes, as
+    replicas on one host would serve them (docs/sessions.md): each process has its own provider and
+    interpreter, so the service side is no longer one GIL. All start measuring together (a barrier
+    after their warm-up); CPU is the whole group's (CpuMeter), service CPU the sum of theirs."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of the parent's providers
+    used = min(procs, conc)
+    barrier = ctx.Barrier(used + 1)
+    pipes, workers, total = [], [], 0
+    for i in range(used):
+        threads = conc // used + (1 if i < conc % used else 0)
+        total += n * threads // conc
+        parent_end, child_end = ctx.Pipe(duplex=False)
+        w = ctx.Process(target=_proc_worker, args=(child_end, n * threads // conc, threads, barrier))
+        w.start()
+        pipes.append(parent_end)
+        workers.append(w)
+    barrier.wait(timeout=120)
+    c0 = cpu_seconds()
+    out = []
+    for conn in pipes:
+        if not conn.poll(600):
+            raise RuntimeError("a service process sent no result in 600 s")
+        out.append(conn.recv())
+    cpu = cpu_seconds() - c0
+    for w in workers:
+        w.join(60)
+    return total, max(o[0] for o in out), cpu, sum(o[2] for o in out), sum(o[3] for o in out)
 
 
 def table(title: str, results: list[tuple[int, int, float, float, float, int]], figures: list[str]) -> None:
@@ -136,6 +180,8 @@ def main() -> None:
     ap.add_argument("--oneshot-n", type=int, default=40, help="sustained one-shots per concurrency")
     ap.add_argument("--conc", default="1,2,4,8,16")
     ap.add_argument("--pool", type=int, default=4, help="warm pool size (drained by sustained one-shots)")
+    ap.add_argument("--procs", type=int, default=0,
+                    help="also run the session runs over this many service processes (replicas on one host)")
     args = ap.parse_args()
     ok, reason = JailProvider.availability()
     if not ok:
@@ -155,6 +201,11 @@ def main() -> None:
         table("jail sustained one-shot: create+run+destroy, pool drained: scaling", shots, figures)
     finally:
         p.shutdown()
+    try:
+        if args.procs > 1:
+            multi = [(c, *session_runs_procs(args.procs, args.n, c)) for c in concs]
+            table(f"jail session print(1) over up to {args.procs} service processes: scaling", multi, figures)
+    finally:
         METER.close()
     print(flush=True)
     cores = os.cpu_count() or 1

@@ -52,6 +52,10 @@ setup() {
         say "carried: $bin"
         ldd "$bin" | grep -q "not found" && { ldd "$bin"; return 1; }
     done
+    # pyseccomp beside the service interpreter's packages too: tests start processes that take
+    # only src/ and that interpreter's site-packages (the unprivileged-host test)
+    env -u PYTHONPATH python3 -c "import pyseccomp" 2>/dev/null || cp "$CARRY/py/pyseccomp.py" \
+        "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
     [ -x /usr/bin/python3 ] || { ln -s "$(readlink -f "$(command -v python3)")" /usr/bin/python3; say "linked /usr/bin/python3"; }
     say "box interpreter: $(/usr/bin/python3 -V 2>&1) ($(readlink -f /usr/bin/python3))"
     say "service interpreter: $(command -v python3) $(python3 -V 2>&1); pytest $(python3 -m pytest --version 2>&1 | tail -1)"
@@ -59,26 +63,38 @@ setup() {
     return 0
 }
 
+# Each phase runs in a fresh cgroup under the root, with memory, pids and cpu enabled there, as a
+# root service (systemd's, or one in the root cgroup) has them. A lent machine starts the command in
+# its own agent's group, where these are not delegated and the jail would run without cgroup limits
+# (degraded, as `execbox doctor` says) - the first device run of 2026-11-26 showed exactly that.
+in_cgroup() {  # NAME COMMAND...
+    local cg="/sys/fs/cgroup/execbox-device-$1"; shift
+    mkdir -p "$cg"
+    bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$cg" "$@"
+}
+echo "+memory +pids +cpu" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null \
+    || say "could not enable memory, pids and cpu in the root cgroup"
+
 export PYTHONPATH="$REPO/src:$CARRY/py${PYTHONPATH:+:$PYTHONPATH}"
 export EXECBOX_VERIFY_NO_INSTALL=1 EXECBOX_VERIFY_PYTHON="$(command -v python3)" PYTHONUNBUFFERED=1
 say "start $(date -u +%FT%TZ)"
 setup 2>&1 | tee "$DEST/setup.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "SETUP FAILED"; exit 2; }
-python3 -c "from execbox.providers.jail import JailProvider as J; print('jail availability:', J.availability())" \
-    2>&1 | tee -a "$DEST/setup.txt"
+in_cgroup avail python3 -c "from execbox.providers.jail import JailProvider as J; print('jail availability:',
+    J.availability())" 2>&1 | tee -a "$DEST/setup.txt"
 
 say "1. scaling"
 for i in 1 2; do
     # shellcheck disable=SC2086 # word-split on purpose: a list of arguments
-    timeout 110 python3 bench/bench_scaling.py ${SCALING_ARGS:---n 2000 --oneshot-n 200 --conc 1,2,4,8,16} 2>&1 \
+    in_cgroup "scaling-$i" timeout 110 python3 bench/bench_scaling.py ${SCALING_ARGS:---n 2000 --oneshot-n 200 --conc 1,2,4,8,16 --procs 8} 2>&1 \
         | grep -v '^figure:' | tee -a "$DEST/scaling.txt"
 done
 say "2. cgroup v2"
-timeout 150 bash scripts/verify_cgroup_v2.sh "$DEST/cgroup-v2-report.txt" | tail -8
+in_cgroup v2 timeout 150 bash scripts/verify_cgroup_v2.sh "$DEST/cgroup-v2-report.txt" | tail -8
 say "3. GPU"
-timeout 90 bash scripts/verify_gpu.sh "$DEST/gpu-report.txt" | tail -12
+in_cgroup gpu timeout 90 bash scripts/verify_gpu.sh "$DEST/gpu-report.txt" | tail -24
 say "4. jail integration and attack tests"
-timeout 150 python3 -m pytest tests/integration/jail tests/security/jail -q -rs -p no:cacheprovider \
+in_cgroup suite timeout 150 python3 -m pytest tests/integration/jail tests/security/jail -q -rs -p no:cacheprovider \
     > "$DEST/jail-suite.txt" 2>&1
 tail -25 "$DEST/jail-suite.txt"
 say "done $(date -u +%FT%TZ)"

@@ -62,7 +62,67 @@ except ImportError:
 print(json.dumps(out))
 '''
 
+DIAG = r'''
+import ctypes, json, os
+out = {"uid": os.getuid()}
+for n in ("nvidiactl", "nvidia0", "nvidia-uvm"):
+    try:
+        st = os.stat("/dev/" + n)
+        out[n] = f"uid={st.st_uid} mode={oct(st.st_mode & 0o7777)}"
+        os.close(os.open("/dev/" + n, os.O_RDWR))
+        out[n] += " open=ok"
+    except OSError as e:
+        out[n] = out.get(n, "") + f" errno={e.errno}"
+try:
+    with open("/proc/driver/nvidia/params") as f:
+        out["params"] = [ln.strip() for ln in f if ln.startswith(("ModifyDevice", "DeviceFileUID", "DeviceFileMode"))]
+except OSError as e:
+    out["params"] = f"errno={e.errno}"
+out["sys_pci"] = os.path.isdir("/sys/bus/pci/devices")
+try:
+    out["cuInit"] = ctypes.CDLL("libcuda.so.1").cuInit(0)
+except OSError as e:
+    out["libcuda"] = str(e)
+print(json.dumps(out))
+'''
+
 results: list[tuple[str, str, str]] = []
+
+
+def diagnose() -> None:
+    """Where a box loses the GPU: the same probe (device nodes, driver params, cuInit) under one
+    more of the jail's layers per step, so the first step whose cuInit is not 0 names the cause.
+    Fixed argv lists only (no shell); runs only when the jail check failed."""
+    import glob
+    import subprocess
+
+    from execbox.boxes import seccomp
+
+    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    nodes = sorted(n for n in glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*") if not os.path.isdir(n))
+    dev_binds = [a for n in nodes for a in ("--dev-bind", n, n)]
+    userns = ["bwrap", "--unshare-user", "--unshare-pid", "--uid", "1000", "--gid", "1000", "--bind", "/", "/"]
+    fresh_dev = [*nobody, *userns, "--dev", "/dev", *dev_binds, "--proc", "/proc"]
+    fd = seccomp.bpf_fd()
+    steps = [
+        ("host, root", []),
+        ("host, uid 65534", nobody),
+        ("bwrap, mount namespace only, host /dev", ["bwrap", "--bind", "/", "/", "--dev-bind", "/dev", "/dev"]),
+        ("+ uid 65534, user and pid namespaces", [*nobody, *userns, "--dev-bind", "/dev", "/dev", "--proc", "/proc"]),
+        ("+ a fresh /dev with the NVIDIA nodes bound", fresh_dev),
+        ("+ no /sys", [*fresh_dev, "--tmpfs", "/sys"]),
+        ("+ execbox's seccomp filter", [*fresh_dev, "--seccomp", str(fd)]),
+        ("+ an empty environment", [*fresh_dev, "--seccomp", str(fd), "--clearenv"]),
+    ]
+    print("--- diagnosis: one jail layer more per step", flush=True)
+    try:
+        for label, prefix in steps:
+            os.lseek(fd, 0, os.SEEK_SET)
+            r = subprocess.run([*prefix, "/usr/bin/python3", "-I", "-c", DIAG], capture_output=True, text=True,
+                               timeout=120, pass_fds=(fd,))
+            print(f"{label}: {r.stdout.strip() or r.stderr.strip()[-400:]}", flush=True)
+    finally:
+        os.close(fd)
 
 
 def record(name: str, ok: bool | None, detail: str) -> None:
@@ -102,9 +162,12 @@ def main() -> int:
     p.initialize({**base, "gpu": "all"})
     try:
         print("jail argv GPU part:", p._settings.device_args if p._settings else None)
-        check_gpu_box("jail gpu=all", probe(p, "jail gpu=all"))
+        out = probe(p, "jail gpu=all")
+        check_gpu_box("jail gpu=all", out)
     finally:
         p.shutdown()
+    if out.get("cuInit") != 0:
+        diagnose()
     p = JailProvider()
     p.initialize(base)
     try:
