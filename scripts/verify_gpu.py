@@ -63,8 +63,13 @@ print(json.dumps(out))
 '''
 
 DIAG = r'''
-import ctypes, json, os
+import ctypes, json, os, resource, sys
 out = {"uid": os.getuid()}
+for arg in sys.argv[1:]:  # limits as the agent sets them for a run: data=BYTES nofile=N
+    name, value = arg.split("=")
+    which = {"data": resource.RLIMIT_DATA, "nofile": resource.RLIMIT_NOFILE}[name]
+    resource.setrlimit(which, (int(value), int(value)))
+    out[name] = int(value)
 for n in ("nvidiactl", "nvidia0", "nvidia-uvm"):
     try:
         st = os.stat("/dev/" + n)
@@ -89,7 +94,7 @@ print(json.dumps(out))
 results: list[tuple[str, str, str]] = []
 
 
-def diagnose() -> None:
+def diagnose(memory: int) -> None:
     """Where a box loses the GPU: the same probe (device nodes, driver params, cuInit) under one
     more of the jail's layers per step, so the first step whose cuInit is not 0 names the cause.
     Fixed argv lists only (no shell); runs only when the jail check failed."""
@@ -102,6 +107,8 @@ def diagnose() -> None:
     nodes = sorted(n for n in glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*") if not os.path.isdir(n))
     dev_binds = [a for n in nodes for a in ("--dev-bind", n, n)]
     userns = ["bwrap", "--unshare-user", "--unshare-pid", "--uid", "1000", "--gid", "1000", "--bind", "/", "/"]
+    jail_flags = ["--unshare-all", "--disable-userns", "--cap-drop", "ALL", "--new-session", "--as-pid-1"]
+    remount_ro = [a for n in nodes for a in ("--remount-ro", n)]
     fresh_dev = [*nobody, *userns, "--dev", "/dev", *dev_binds, "--proc", "/proc"]
     fd = seccomp.bpf_fd()
     steps = [
@@ -113,13 +120,21 @@ def diagnose() -> None:
         ("+ no /sys", [*fresh_dev, "--tmpfs", "/sys"]),
         ("+ execbox's seccomp filter", [*fresh_dev, "--seccomp", str(fd)]),
         ("+ an empty environment", [*fresh_dev, "--seccomp", str(fd), "--clearenv"]),
+        ("+ the jail's other namespaces and flags", [*fresh_dev, "--seccomp", str(fd), "--clearenv", *jail_flags]),
+        ("+ read-only device mounts", [*fresh_dev, "--seccomp", str(fd), "--clearenv", *jail_flags, *remount_ro]),
+    ]
+    limited = [  # the same, plus the run's limits (apply_rlimits): which one, if any, costs the GPU
+        ("+ RLIMIT_NOFILE 1024", ["nofile=1024"]),
+        (f"+ RLIMIT_DATA {memory >> 20} MiB (max_memory)", [f"data={memory}"]),
+        ("+ RLIMIT_DATA 64 GiB", [f"data={64 << 30}"]),
     ]
     print("--- diagnosis: one jail layer more per step", flush=True)
+    last = steps[-1][1]
     try:
-        for label, prefix in steps:
+        for label, prefix, args in [(*st, []) for st in steps] + [(lb, last, a) for lb, a in limited]:
             os.lseek(fd, 0, os.SEEK_SET)
-            r = subprocess.run([*prefix, "/usr/bin/python3", "-I", "-c", DIAG], capture_output=True, text=True,
-                               timeout=120, pass_fds=(fd,))
+            r = subprocess.run([*prefix, "/usr/bin/python3", "-I", "-c", DIAG, *args], capture_output=True,
+                               text=True, timeout=120, pass_fds=(fd,))
             print(f"{label}: {r.stdout.strip() or r.stderr.strip()[-400:]}", flush=True)
     finally:
         os.close(fd)
@@ -167,7 +182,13 @@ def main() -> int:
     finally:
         p.shutdown()
     if out.get("cuInit") != 0:
-        diagnose()
+        diagnose(p._settings.memory_bytes if p._settings else 4 << 30)
+        p = JailProvider()
+        p.initialize({**base, "gpu": "all", "max_memory": "64g"})
+        try:
+            probe(p, "diagnosis: the jail box again, max_memory 64g (RLIMIT_DATA and memory.max)")
+        finally:
+            p.shutdown()
     p = JailProvider()
     p.initialize(base)
     try:
