@@ -53,3 +53,17 @@ def test_zero_config_fallback_note(monkeypatch):
             assert "disabled for this test" in p.selection_note
     finally:
         p.shutdown()
+
+
+def test_nothing_usable_names_each_providers_reason(monkeypatch):
+    """SB009 says why in its message, not only in details: a CLI or log line is all many see."""
+    from execbox.errors import ProviderUnavailableError
+
+    for c in registry.provider_classes().values():
+        if c.zero_config:
+            monkeypatch.setattr(c, "availability", classmethod(lambda cls: (False, f"{cls.name} is off here")))
+    with pytest.raises(ProviderUnavailableError) as ei:
+        registry.strongest_available(["jail", "local"])
+    assert ei.value.code == "SB009"
+    assert "jail: jail is off here" in ei.value.message and "local: local is off here" in ei.value.message
+    assert ei.value.details["reasons"] == {"jail": "jail is off here", "local": "local is off here"}

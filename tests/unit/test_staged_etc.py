@@ -69,3 +69,17 @@ def test_the_box_binds_the_staged_directory_as_its_only_etc_mount():
     etc = [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv[:-2])
            if a.startswith("--") and "bind" in a and argv[i + 2].startswith("/etc")]
     assert etc == [("/j/box-etc-0123", "/etc")]
+
+
+def test_staging_never_changes_what_a_copied_link_points_at(host_etc, tmp_path):
+    """/etc/alternatives holds links to host directories (e.g. ``mpi-x86_64-linux-gnu`` ->
+    /usr/lib/x86_64-linux-gnu/openmpi/include). Making the staged copy world-readable must not
+    follow them: as root it would chmod the host's directory (found on a host where the
+    unprivileged test hit EPERM on exactly that link)."""
+    target = tmp_path / "host-dir"
+    target.mkdir(mode=0o700)
+    os.chmod(target, 0o700)
+    (host_etc / "alternatives" / "mpi").symlink_to(target)
+    d = bwrap.staged_etc()
+    assert os.readlink(os.path.join(d, "alternatives", "mpi")) == str(target)
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o700

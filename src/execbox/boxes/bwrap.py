@@ -197,11 +197,10 @@ def _publish_etc(final: str, files: dict[str, str], mount_points: tuple[str, ...
         for rel in mount_points:
             os.makedirs(os.path.join(tmp, rel), mode=0o755, exist_ok=True)
         for root, dirs, names in os.walk(tmp):  # world-readable: the box's uid is not ours
-            for d in dirs:
-                os.chmod(os.path.join(root, d), 0o755)
-            for n in names:
-                if not os.path.islink(os.path.join(root, n)):
-                    os.chmod(os.path.join(root, n), 0o644)
+            for n in dirs + names:  # os.walk lists links to directories in dirs: never follow one
+                path = os.path.join(root, n)
+                if not os.path.islink(path):
+                    os.chmod(path, 0o755 if n in dirs else 0o644)
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, final)

@@ -6,10 +6,11 @@ a fresh minimal tmpfs; containers get no device request). With ``gpu: all`` or `
 box of the provider gets those devices:
 
 * jail: the device nodes ``/dev/nvidia<N>`` plus the control nodes (``nvidiactl``, ``nvidia-uvm``,
-  ...) are bound read-only (``--dev-bind`` then ``--remount-ro``: the mount is read-only, the
-  device stays usable), and the driver's user-space libraries (``libcuda``, ``libnvidia-*``) and
-  ``nvidia-smi`` are bound read-only where the box does not already see them (the jail already
-  binds the host's /usr read-only);
+  ...) are bound with ``--dev-bind`` (read-write: CUDA opens them O_RDWR, and bubblewrap's
+  ``--remount-ro`` also sets nodev, which turned every open into EACCES on a real H100 host);
+  the driver's user-space libraries (``libcuda``, ``libnvidia-*``) and ``nvidia-smi`` are bound
+  read-only where the box does not already see them (the jail already binds the host's /usr
+  read-only);
 * Docker runc: a device request (NVIDIA Container Toolkit); runsc: the same request, served by
   gVisor's nvproxy, which the runtime must be registered with (``--nvproxy``).
 
@@ -155,12 +156,17 @@ def driver_files(lib_dirs: tuple[str, ...] = LIB_DIRS) -> list[str]:
 
 
 def jail_args(indices: list[int], inv: Inventory, files: list[str]) -> list[str]:
-    """bubblewrap arguments giving a box these GPUs, read-only (placed after ``--dev /dev``)."""
+    """bubblewrap arguments giving a box these GPUs (placed after ``--dev /dev``).
+
+    Device nodes are bound read-write: a ``--remount-ro`` of the node would also mark it nodev
+    (bubblewrap adds nodev to every remount it makes), so the box could not open it. The box's
+    uid cannot change the node's owner or mode either way; what it gains is what the node's
+    0666 gives every host user: I/O to the device."""
     args: list[str] = []
     nodes = [inv.node(i) for i in indices] + inv.control
     for host in nodes:
         dest = "/dev/" + os.path.relpath(host, inv.dev_root)
-        args += ["--dev-bind", host, dest, "--remount-ro", dest]
+        args += ["--dev-bind", host, dest]
     for path in files:
         if not os.path.realpath(path).startswith(ALREADY_IN_JAIL):
             args += ["--ro-bind", path, path]

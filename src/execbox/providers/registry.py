@@ -82,5 +82,6 @@ def strongest_available(eligible: list[str] | None = None) -> tuple[str, dict[st
         if ok:
             return name, reasons
         reasons[name] = reason
-    raise ProviderUnavailableError("no sandbox provider is usable on this host",
+    why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+    raise ProviderUnavailableError(f"no sandbox provider is usable on this host ({why or 'none eligible'})",
                                    details={"reasons": reasons})

@@ -20,6 +20,17 @@ def jail_ready() -> None:
     require(ok, f"bubblewrap jail ({reason})")
 
 
+def cgroups_ready() -> None:
+    """Skip, naming the missing piece, where boxes get no cgroup (the jail runs degraded: a host
+    that does not delegate memory, pids and cpu to execbox's cgroup; `execbox doctor` says so)."""
+    from execbox.boxes import cgroups
+
+    try:
+        cgroups.detect()
+    except cgroups.CgroupUnavailable as e:
+        require(False, f"cgroup limits for boxes ({e})")
+
+
 def make_provider(**overrides):
     from execbox.providers.jail import JailProvider
 

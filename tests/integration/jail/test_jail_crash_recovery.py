@@ -14,7 +14,7 @@ import pytest
 from execbox.boxes import cgroups, quota
 from execbox.boxes.jail_box import boxes_dir, reap_stale
 
-from .conftest import jail_ready, wait_for
+from .conftest import cgroups_ready, jail_ready, wait_for
 
 pytestmark = pytest.mark.jail
 
@@ -40,6 +40,7 @@ def _running(pid: int) -> bool:
 
 
 def test_boxes_of_a_killed_owner_die_and_are_reaped():
+    cgroups_ready()
     jail_ready()
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
     try:

@@ -13,7 +13,7 @@ from execbox.boxes.jail_box import drain
 from execbox.errors import InvalidConfigError, ProviderUnavailableError
 from execbox.providers.jail import JailProvider
 
-from .conftest import assert_healthy, make_provider, run, wait_for
+from .conftest import assert_healthy, cgroups_ready, make_provider, run, wait_for
 
 pytestmark = pytest.mark.jail
 
@@ -80,6 +80,7 @@ def test_timeout_is_sb005_and_the_box_keeps_working(jail, box):
 
 
 def test_cpu_limit_is_applied_to_the_cgroup(jail, box):
+    cgroups_ready()
     inst = jail._instances[box]
     cg = inst.box.cgroup
     assert cg is not None
@@ -95,6 +96,7 @@ def test_cpu_limit_is_applied_to_the_cgroup(jail, box):
 
 
 def test_destroy_removes_cgroup_workspace_and_processes(jail):
+    cgroups_ready()
     inst = jail.create_instance()
     b = jail._instances[inst.instance_id].box
     r = run(jail, inst.instance_id, "import subprocess; subprocess.Popen(['sleep', '1000']); print('ok')")
@@ -262,6 +264,7 @@ def test_zero_config_picks_jail_here():
 
 
 def test_a_dead_box_is_sb009(jail):
+    cgroups_ready()
     inst = jail.create_instance()
     b = jail._instances[inst.instance_id].box
     b.cgroup.kill_all()

@@ -15,7 +15,7 @@ import pytest
 
 from execbox.boxes import loopdev, quota, runtime
 from tests.conftest import require
-from tests.integration.jail.conftest import make_provider
+from tests.integration.jail.conftest import cgroups_ready, make_provider
 
 
 def _loop_ready() -> None:
@@ -171,6 +171,7 @@ def test_box_processes_join_the_cgroup_and_the_leased_uid_before_bwrap_runs(laun
     """Without a preexec_fn (so subprocess can vfork), sh + setpriv must do what the fork did:
     every process of the box, bwrap itself included, in the box's cgroups and as its host uid
     with no supplementary groups. Where the tools are missing, the preexec path still does it."""
+    cgroups_ready()
     from execbox.boxes import jail_box
 
     require(os.geteuid() == 0, "root (cgroups and a host uid per box)")
@@ -205,6 +206,7 @@ def test_box_processes_join_the_cgroup_and_the_leased_uid_before_bwrap_runs(laun
 
 def test_a_cgroup_that_cannot_be_joined_fails_the_start_with_the_reason(monkeypatch):
     """The launcher must never start a box outside its limits: a failed write stops it."""
+    cgroups_ready()
     from execbox.boxes import cgroups, jail_box
 
     require(os.geteuid() == 0, "root (cgroups and a host uid per box)")

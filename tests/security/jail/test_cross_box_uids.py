@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.conftest import require
-from tests.integration.jail.conftest import assert_healthy, run
+from tests.integration.jail.conftest import assert_healthy, cgroups_ready, run
 
 pytestmark = pytest.mark.jail
 
@@ -61,6 +61,7 @@ def _probe_as(uid: int, pids: list[int], mode: str = "attack") -> dict[str, dict
 
 
 def test_two_live_boxes_have_distinct_host_uids_and_cannot_touch_each_other(jail):
+    cgroups_ready()
     require(os.geteuid() == 0, "root (per-box host uids need it)")
     a = jail.create_instance(session_id="uid-a")
     b = jail.create_instance(session_id="uid-b")

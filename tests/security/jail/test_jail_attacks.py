@@ -12,7 +12,7 @@ import pytest
 
 from execbox.boxes.jail_box import drain
 from execbox.errors import InvalidConfigError, OutOfMemoryError
-from tests.integration.jail.conftest import assert_healthy, pids_alive, run, wait_for
+from tests.integration.jail.conftest import assert_healthy, cgroups_ready, pids_alive, run, wait_for
 
 pytestmark = pytest.mark.jail
 
@@ -168,6 +168,7 @@ def test_file_api_rejects_escaping_paths(jail, box, path):
 # -- resource exhaustion -------------------------------------------------------------------------
 
 def test_fork_bomb_is_stopped_by_the_pids_limit(jail, box):
+    cgroups_ready()
     code = """
 import os, time, json
 n, err = 0, None
@@ -200,6 +201,7 @@ def test_memory_bomb_in_python_is_sb006(jail, box):
 
 def test_memory_bomb_across_processes_hits_the_cgroup_and_is_sb006(jail):
     """Each process stays under the per-process rlimit; together they exceed the box's cgroup."""
+    cgroups_ready()
     inst = jail.create_instance()
     code = """
 import subprocess, sys
@@ -386,6 +388,7 @@ print(json.dumps(out))
 # -- lifetime and isolation between instances ----------------------------------------------------
 
 def test_daemonized_process_is_gone_after_destroy(jail):
+    cgroups_ready()
     inst = jail.create_instance()
     b = jail._instances[inst.instance_id].box
     marker = "4242.123"
@@ -423,6 +426,7 @@ import time; time.sleep(0.3); print("spawned")
 
 def test_daemon_left_in_a_session_is_killed_by_destroy(jail):
     """A background process that survives its run (started via a context) dies with the box."""
+    cgroups_ready()
     inst = jail.create_instance(session_id="daemon")
     b = jail._instances[inst.instance_id].box
     run(jail, inst.instance_id, "import subprocess; p = subprocess.Popen(['sleep', '777.5'])", context_id="ctx")
