@@ -138,6 +138,8 @@ class CpuMeter:
         group of its own)."""
         import os
 
+        if os.path.basename(home) == "execbox-service":
+            home = os.path.dirname(home)  # the jail's own leaf (cgroups._prepare_v2): its boxes are siblings
         if os.path.realpath(home) != os.path.realpath(self.V2):
             self.path, self.v2_home = home, None
             self.source = f"cgroup v2 cpu.stat of {home} (this process's group and all nested in it)"

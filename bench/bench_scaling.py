@@ -183,13 +183,13 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=0,
                     help="also run the session runs over this many service processes (replicas on one host)")
     args = ap.parse_args()
+    global METER
+    METER = CpuMeter()  # before any box: a jail start may move this process into a leaf group
     ok, reason = JailProvider.availability()
     if not ok:
         sys.exit(f"jail provider unavailable: {reason}")
     concs = [int(c) for c in args.conc.split(",")]
     load0 = os.getloadavg()[0]
-    global METER
-    METER = CpuMeter()
     print(f"CPU per run measured by {METER.source}")
     p = JailProvider()
     p.initialize({**CONFIG, "pool_size": args.pool})
