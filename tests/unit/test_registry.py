@@ -67,3 +67,13 @@ def test_nothing_usable_names_each_providers_reason(monkeypatch):
     assert ei.value.code == "SB009"
     assert "jail: jail is off here" in ei.value.message and "local: local is off here" in ei.value.message
     assert ei.value.details["reasons"] == {"jail": "jail is off here", "local": "local is off here"}
+
+
+def test_nothing_registered_says_the_package_metadata_is_missing(monkeypatch):
+    """Run from src/ without an install there are no entry points: say so, not 'the host'."""
+    from execbox.errors import ProviderUnavailableError
+
+    monkeypatch.setattr(registry, "provider_classes", lambda: {})
+    with pytest.raises(ProviderUnavailableError) as ei:
+        registry.strongest_available()
+    assert "entry-point group 'execbox.providers'" in ei.value.message and "pip install" in ei.value.message

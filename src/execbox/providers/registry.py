@@ -82,6 +82,10 @@ def strongest_available(eligible: list[str] | None = None) -> tuple[str, dict[st
         if ok:
             return name, reasons
         reasons[name] = reason
-    why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
-    raise ProviderUnavailableError(f"no sandbox provider is usable on this host ({why or 'none eligible'})",
+    if not classes:  # nothing registered at all: the package's metadata is missing, not a host problem
+        why = (f"no providers are registered under the entry-point group {GROUP!r}; is execbox installed "
+               "(pip install -e .) rather than run from its source tree?")
+    else:
+        why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items()) or "none eligible"
+    raise ProviderUnavailableError(f"no sandbox provider is usable on this host ({why})",
                                    details={"reasons": reasons})
