@@ -197,10 +197,11 @@ def _publish_etc(final: str, files: dict[str, str], mount_points: tuple[str, ...
         for rel in mount_points:
             os.makedirs(os.path.join(tmp, rel), mode=0o755, exist_ok=True)
         for root, dirs, names in os.walk(tmp):  # world-readable: the box's uid is not ours
-            for n in dirs + names:  # os.walk lists links to directories in dirs: never follow one
-                path = os.path.join(root, n)
-                if not os.path.islink(path):
-                    os.chmod(path, 0o755 if n in dirs else 0o644)
+            for entries, mode in ((dirs, 0o755), (names, 0o644)):
+                for n in entries:  # os.walk lists links to directories in dirs: never follow one
+                    path = os.path.join(root, n)
+                    if not os.path.islink(path):
+                        os.chmod(path, mode)
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, final)
