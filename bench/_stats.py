@@ -102,33 +102,35 @@ class CpuMeter:
     def __init__(self) -> None:
         import os
 
-        self.path: str | None = None
-        self.v2_home: str | None = None  # the cgroup v2 group to return to at close()
+        self.usage: str | None = None  # cpuacct.usage (ns) or cpu.stat (usage_usec) to read
+        self.private: str | None = None  # the group this meter made and moved into
+        self.home: str | None = None  # where close() moves this process back to
         self.source = "getrusage (self + reaped children; boxes' agents not counted)"
         if os.geteuid() != 0:
             return
         if os.path.isfile(os.path.join(self.V1, "cpuacct.usage")):
-            self._enter(os.path.join(self.V1, f"execbox-bench-{os.getpid()}"),
-                        "cpuacct (this process and all its descendants)")
+            if self._enter(self.V1, "cpuacct.usage"):
+                self.source = "cpuacct (this process and all its descendants)"
         elif os.path.isfile(os.path.join(self.V2, "cgroup.controllers")):
-            # v2: the jail nests its boxes (and its own leaf) under the cgroup it runs in, so a
-            # private group's cpu.stat counts the bench, the service and every box
+            # v2: the jail nests its boxes (and its own leaf) under the cgroup it runs in
             with open("/proc/self/cgroup", encoding="ascii") as f:
                 home = next((ln[3:].strip() for ln in f if ln.startswith("0::")), None)
             if home is not None:
                 self._enter_v2(os.path.join(self.V2, home.lstrip("/")))
 
-    def _enter(self, path: str, source: str) -> None:
+    def _enter(self, home: str, usage: str) -> bool:
+        """Make a private group under ``home`` and move this process into it."""
         import os
 
+        path = os.path.join(home, f"execbox-bench-{os.getpid()}")
         try:
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-            self.path = path
-            self.source = source
         except OSError:
-            self.path = None
+            return False
+        self.usage, self.private, self.home = os.path.join(path, usage), path, home
+        return True
 
     def _enter_v2(self, home: str) -> None:
         """In the root group: a private child with the controllers the jail needs for its boxes
@@ -141,33 +143,26 @@ class CpuMeter:
         if os.path.basename(home) == "execbox-service":
             home = os.path.dirname(home)  # the jail's own leaf (cgroups._prepare_v2): its boxes are siblings
         if os.path.realpath(home) != os.path.realpath(self.V2):
-            self.path, self.v2_home = home, None
+            self.usage = os.path.join(home, "cpu.stat")
             self.source = f"cgroup v2 cpu.stat of {home} (this process's group and all nested in it)"
             return
         wanted = {"memory", "pids", "cpu"}
         try:
             with open(os.path.join(home, "cgroup.subtree_control"), "w") as f:
                 f.write(" ".join(f"+{c}" for c in sorted(wanted)))
-        except OSError:
-            pass
-        path = os.path.join(home, f"execbox-bench-{os.getpid()}")
-        try:
-            os.makedirs(path, exist_ok=True)
-            with open(os.path.join(path, "cgroup.controllers")) as f:
+            with open(os.path.join(home, "cgroup.subtree_control")) as f:  # what a child gets
                 if not wanted <= set(f.read().split()):
-                    os.rmdir(path)
-                    return
+                    return  # a private child would lack them: the jail would run without limits
         except OSError:
             return
-        self.v2_home = home
-        self._enter(path, "cgroup v2 cpu.stat (this process and all its descendants)")
+        if self._enter(home, "cpu.stat"):
+            self.source = "cgroup v2 cpu.stat (this process and all its descendants)"
 
     def seconds(self) -> float:
-        if self.path is not None and self.path.startswith(self.V1):
-            with open(f"{self.path}/cpuacct.usage") as f:
-                return int(f.read()) / 1e9
-        if self.path is not None:
-            with open(f"{self.path}/cpu.stat") as f:
+        if self.usage is not None:
+            with open(self.usage) as f:
+                if self.usage.endswith("cpuacct.usage"):
+                    return int(f.read()) / 1e9
                 return next(int(ln.split()[1]) for ln in f if ln.startswith("usage_usec")) / 1e6
         import resource
 
@@ -179,15 +174,15 @@ class CpuMeter:
         """Move back to where this process was and remove the private group (if empty)."""
         import os
 
-        if self.path is None or (self.v2_home is None and not self.path.startswith(self.V1)):
-            return  # v2, reading the group we are in: nothing was moved
+        if self.private is None or self.home is None:
+            return  # nothing was moved (v2, reading the group we are in; or getrusage)
         try:
-            with open(os.path.join(self.v2_home or self.V1, "cgroup.procs"), "w") as f:
+            with open(os.path.join(self.home, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
             # the jail put its box parent (and, on v2, its own leaf) inside ours
             for sub in ("execbox", "execbox-service", ""):
-                if os.path.isdir(os.path.join(self.path, sub)):
-                    os.rmdir(os.path.join(self.path, sub))
+                if os.path.isdir(os.path.join(self.private, sub)):
+                    os.rmdir(os.path.join(self.private, sub))
         except OSError:
             pass
-        self.path = None
+        self.private = None
