@@ -11,10 +11,10 @@ rm -rf "$DIR"
 mkdir -p "$DIR/bin" "$DIR/lib" "$DIR/py"
 cp /usr/bin/bwrap /usr/sbin/mke2fs "$DIR/bin/"
 cp /etc/mke2fs.conf "$DIR/"
-# every library either binary loads, and libseccomp for pyseccomp; only those the target lacks are
+# libseccomp for pyseccomp and every library either binary loads; only those the target lacks are
 # installed there
-for bin in /usr/bin/bwrap /usr/sbin/mke2fs /lib/x86_64-linux-gnu/libseccomp.so.2; do
-    [ "$bin" = /lib/x86_64-linux-gnu/libseccomp.so.2 ] && { cp -L "$bin" "$DIR/lib/"; continue; }
+cp -L /lib/x86_64-linux-gnu/libseccomp.so.2 "$DIR/lib/"
+for bin in /usr/bin/bwrap /usr/sbin/mke2fs; do
     ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
         case "$(basename "$lib")" in libc.so.*|ld-linux*) continue ;; esac
         cp -L "$lib" "$DIR/lib/"
