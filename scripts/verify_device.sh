@@ -5,14 +5,17 @@
 #   2. scripts/verify_cgroup_v2.sh (jail limits on a real cgroup v2 host);
 #   3. scripts/verify_gpu.sh (a CUDA program in a jail box with `gpu: all`, none without it);
 #   4. the jail's integration and attack tests (tests/integration/jail, tests/security/jail) on this
-#      kernel and cgroup v2.
+#      kernel and cgroup v2;
+#   5. torch on the GPU in a jail box, from a runtime made of the machine's own torch venv
+#      (scripts/device_runtime_from_venv.py; not in the default PHASES).
 # The jail's host pieces come from CARRY_DIR (scripts/device_carry.sh makes it on a Debian host);
 # each is installed only where the machine lacks it. The repository's own Python code runs from
 # src/ with the machine's python3 (it needs pytest, which that machine's python3 has).
 #
 # Usage (as root):  scripts/verify_device.sh CARRY_DIR [OUT_DIR]     (OUT_DIR default: $OUT or /tmp)
 # SCALING_ARGS overrides bench_scaling.py's arguments; PHASES (default "1 2 3 4") picks phases.
-# Writes setup.txt, scaling.txt, cgroup-v2-report.txt, gpu-report.txt and jail-suite.txt to OUT_DIR.
+# Writes setup.txt, scaling.txt, cgroup-v2-report.txt, gpu-report.txt, jail-suite.txt (and, phase 5,
+# torch-runtime.txt and gpu-torch-report.txt) to OUT_DIR.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
@@ -97,5 +100,23 @@ if phase 4; then
     in_cgroup suite timeout 150 python3 -m pytest tests/integration/jail tests/security/jail -q -rs -p no:cacheprovider \
         > "$DEST/jail-suite.txt" 2>&1
     tail -25 "$DEST/jail-suite.txt"
+fi
+if phase 5; then
+    say "5. torch in a jail box with gpu: all"
+    # The machine has torch in a venv of the boxes' interpreter but no package index: the runtime is
+    # made from that venv's site-packages (hard links when on one filesystem) in a jail dir of its own.
+    site="$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)"
+    same="$(python3 -c 'import sys; print(sys.version_info[:2])')"
+    if [ -z "$site" ]; then
+        say "SKIP: the service interpreter has no torch"
+    elif [ "$same" != "$(/usr/bin/python3 -c 'import sys; print(sys.version_info[:2])')" ]; then
+        say "SKIP: torch's interpreter ($same) is not the boxes' /usr/bin/python3"
+    else
+        jd="$(df --output=target "$site" | tail -1)"
+        export EXECBOX_JAIL_DIR="${jd%/}/execbox-jail-torch" EXECBOX_GPU_RUNTIME=torch
+        in_cgroup torch python3 scripts/device_runtime_from_venv.py torch "$site" 2>&1 | tee "$DEST/torch-runtime.txt"
+        in_cgroup torch timeout 300 bash scripts/verify_gpu.sh "$DEST/gpu-torch-report.txt" | tail -40
+        unset EXECBOX_JAIL_DIR EXECBOX_GPU_RUNTIME
+    fi
 fi
 say "done $(date -u +%FT%TZ)"

@@ -49,14 +49,32 @@ try:
 except OSError as e:
     out["libcuda"] = str(e)
 try:
+    import time
+    t = time.monotonic()
     import torch
     out["torch"] = torch.__version__
+    out["torch_import_s"] = round(time.monotonic() - t, 2)
     out["torch_cuda"] = torch.cuda.is_available()
     if out["torch_cuda"]:
         out["torch_device"] = torch.cuda.get_device_name(0)
         a, b = torch.randn(512, 512), torch.randn(512, 512)
         gpu = (a.cuda() @ b.cuda()).cpu()
         out["matmul_matches_cpu"] = bool(torch.allclose(gpu, a @ b, atol=1e-3))
+        out["torch_first_cuda_s"] = round(time.monotonic() - t, 2)
+        # GPU memory is the driver's, not the box's: max_memory (RLIMIT_DATA, memory.max) bounds host
+        # memory only. Allocate more than the box's max_memory on the device to record that.
+        try:
+            big = torch.empty(int(os.environ.get("GPU_ALLOC_GIB", "8")) << 30, dtype=torch.uint8, device="cuda")
+            big.fill_(1)
+            torch.cuda.synchronize()
+            out["gpu_alloc_gib"] = int(big.numel() >> 30)
+            del big
+        except Exception as e:  # noqa: BLE001
+            out["gpu_alloc_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        free, total = torch.cuda.mem_get_info()
+        out["gpu_mem_total_gib"] = round(total / (1 << 30), 1)
+        with open("/proc/self/status") as f:
+            out["vm_peak_rss"] = [ln.split(":")[1].strip() for ln in f if ln.startswith(("VmPeak", "VmHWM"))]
 except ImportError:
     out["torch"] = None
 print(json.dumps(out))
@@ -164,6 +182,9 @@ def check_gpu_box(name: str, out: dict) -> None:
         record(f"{name}: torch", bool(out.get("torch_cuda") and out.get("matmul_matches_cpu")),
                f"torch {out['torch']} cuda={out.get('torch_cuda')} device={out.get('torch_device')} "
                f"matmul_matches_cpu={out.get('matmul_matches_cpu')}")
+        print("INFO: torch in the box:", json.dumps({k: out.get(k) for k in (
+            "torch_import_s", "torch_first_cuda_s", "gpu_alloc_gib", "gpu_alloc_error", "gpu_mem_total_gib",
+            "vm_peak_rss")}), flush=True)
     else:
         record(f"{name}: torch", None, "torch is not in the box's runtime (EXECBOX_GPU_RUNTIME names one that has it)")
 

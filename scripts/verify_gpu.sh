@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Verify GPU passthrough on a real NVIDIA host (issue 20, part 4): a CUDA program runs inside a
 # jail box with `gpu: all` (driver API memory round trip; torch device + matrix product when the
-# box's runtime has torch: EXECBOX_GPU_RUNTIME=<runtime made by `execbox runtime install`>), a box
+# box's runtime has torch: EXECBOX_GPU_RUNTIME=<runtime made by `execbox runtime build`>), a box
 # without the opt-in sees no device, and Docker runc/runsc boxes when the host is set up for them.
 #
 # Usage (as root):  scripts/verify_gpu.sh [REPORT_FILE]
