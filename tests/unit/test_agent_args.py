@@ -44,3 +44,16 @@ def test_private_tmpdir_is_fresh_and_0700(tmp_path, monkeypatch):
     a, b = agent_main._private_tmpdir(), agent_main._private_tmpdir()
     assert a != b and a.startswith(str(tmp_path))
     assert (tmp_path / a.rsplit("/", 1)[1]).stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("choice, names", [
+    ("auto", ["numpy", "pandas", "matplotlib.pyplot"]),
+    ("none", []),
+    ("", []),
+    ("torch", ["torch"]),
+    ("auto,torch", ["numpy", "pandas", "matplotlib.pyplot", "torch"]),
+    ("torch, auto", ["torch", "numpy", "pandas", "matplotlib.pyplot"]),
+    ("numpy,,none", ["numpy"]),
+])
+def test_preload_auto_can_be_one_entry_of_a_list(choice, names):
+    assert agent_main.preload_names(choice) == names

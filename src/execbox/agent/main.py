@@ -344,19 +344,20 @@ def _private_tmpdir() -> str:
     raise FileExistsError(f"no free agent temp directory under {base}")
 
 
+def preload_names(choice: str) -> list[str]:
+    """``--preload``: 'none', 'auto', or modules separated by commas, where 'auto' stands for
+    AUTO_PRELOAD (so 'auto,torch' is the usual set plus torch, for GPU boxes)."""
+    names = [p.strip() for p in choice.split(",") if p.strip() not in ("", "none")]
+    return [m for p in names for m in (AUTO_PRELOAD if p == "auto" else (p,))]
+
+
 def main(argv: list[str] | None = None) -> None:
     opts = parse_args(sys.argv[1:] if argv is None else list(argv))
     privsep.enter_agent(privsep.parse_run_as(opts["--run-as"]))
     if "--pid-ns" in opts and privsep.active() is not None:  # the namespace needs root at start
         pidns.setup()
-    choice = opts["--preload"]
-    if choice == "auto":
-        preload = list(AUTO_PRELOAD)
-    elif choice in ("", "none"):
-        preload = []
-    else:
-        preload = [p for p in choice.split(",") if p]
-    agent = Agent(opts["--workspace"], preload, loads(opts["--limits"]), oneshot="--oneshot" in opts)
+    agent = Agent(opts["--workspace"], preload_names(opts["--preload"]), loads(opts["--limits"]),
+                  oneshot="--oneshot" in opts)
     try:
         agent.serve()
     except (BrokenPipeError, EOFError):

@@ -66,7 +66,8 @@ def config_schema() -> dict[str, dict[str, Any]]:
                         "description": "Allow the configured network (open if none) in GPU containers (also "
                                        "SANDBOX_GPU_NETWORK_ENABLED=true)."},
         "preload": {"type": "string", "default": "auto", "label": "Preload modules",
-                    "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a list."},
+                    "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a "
+                                   "comma-separated list ('auto,torch')."},
         "docker_host": {"type": "string", "default": "", "label": "Docker host",
                         "placeholder": "unix:///var/run/docker.sock",
                         "description": "Engine URL; empty = DOCKER_HOST or the local socket."},

@@ -84,7 +84,8 @@ class JailProvider(AgentBackedProvider):
                                        "current version, NAME@vN = one version)."},
             "preload": {"type": "string", "default": "auto", "label": "Preload modules",
                         "description": "'auto' (numpy, pandas, matplotlib when the runtime has them), "
-                                       "'none', or a comma-separated list."},
+                                       "'none', or a comma-separated list in which 'auto' may be one "
+                                       "entry ('auto,torch')."},
             "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                                  "label": "Output cap (bytes)", "description": "Cap on stdout and stderr each."},
             **POLICY_SCHEMA,

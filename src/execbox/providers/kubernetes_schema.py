@@ -69,7 +69,7 @@ def config_schema() -> dict[str, dict[str, Any]]:
         "kubeconfig": s("", "Kubeconfig", "Path; empty = in-cluster config when running in a pod, else "
                         "KUBECONFIG / ~/.kube/config."),
         "context": s("", "Context", "kubeconfig context; empty = current."),
-        "preload": s("auto", "Preload modules", "'auto', 'none', or a comma-separated list."),
+        "preload": s("auto", "Preload modules", "'auto', 'none', or a comma-separated list ('auto,torch')."),
         **TIMEOUT_SCHEMA,
         "max_output_bytes": n("integer", 1048576, 1024, 64 * 1048576, "Output cap (bytes)",
                               "Cap on stdout and stderr each."),

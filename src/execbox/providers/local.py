@@ -65,7 +65,8 @@ class LocalProvider(AgentBackedProvider):
                        "placeholder": sys.executable,
                        "description": "Interpreter that runs the agent and Python code (default: execbox's)."},
             "preload": {"type": "string", "default": "none", "label": "Preload modules",
-                        "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a list."},
+                        "description": "'auto' (numpy, pandas, matplotlib if installed), 'none', or a "
+                                       "comma-separated list ('auto,torch')."},
             **POLICY_SCHEMA,
         }
 
