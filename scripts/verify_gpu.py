@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 PROBE = r'''
 import ctypes, json, os
@@ -189,6 +190,41 @@ def check_gpu_box(name: str, out: dict) -> None:
         record(f"{name}: torch", None, "torch is not in the box's runtime (EXECBOX_GPU_RUNTIME names one that has it)")
 
 
+TORCH_RUN = (
+    "import sys\nwarm = 'torch' in sys.modules\nimport torch\n"
+    "x = torch.ones(1 << 20, device='cuda')\nprint(warm, int(x.sum().item()))"
+)
+
+
+def torch_sessions(base: dict) -> None:
+    """Three session runs that import torch and use CUDA, with ``preload`` none and torch.
+
+    Each run is a fresh child forked from the agent: with torch preloaded the child inherits the
+    import, and CUDA (never initialised in the agent) starts in the child. Times are wall ms of
+    ``execute_code`` as the service sees them."""
+    from execbox.providers.jail import JailProvider
+
+    for preload in ("none", "torch"):
+        p = JailProvider()
+        p.initialize({**base, "gpu": "all", "preload": preload})
+        try:
+            t = time.monotonic()
+            inst = p.create_instance(tenant_id="gpu-verify", session_id=f"torch-{preload}")
+            made = (time.monotonic() - t) * 1000
+            runs, outs = [], []
+            for _ in range(3):
+                t = time.monotonic()
+                r = p.execute_code(inst.instance_id, TORCH_RUN, "python", 300)
+                runs.append(round((time.monotonic() - t) * 1000))
+                outs.append(r.stdout.strip() if r.exit_code == 0 else f"exit {r.exit_code}: {r.stderr[-300:]}")
+            want = f"{preload == 'torch'} {1 << 20}"
+            record(f"jail session, preload {preload}: torch + CUDA in each run", all(o == want for o in outs),
+                   f"session create {made:.0f} ms; runs {runs} ms; outputs {outs}")
+            p.destroy_instance(inst.instance_id)
+        finally:
+            p.shutdown()
+
+
 def main() -> int:
     from execbox.providers.jail import JailProvider
 
@@ -202,6 +238,8 @@ def main() -> int:
         check_gpu_box("jail gpu=all", out)
     finally:
         p.shutdown()
+    if out.get("torch_cuda"):
+        torch_sessions(base)
     if out.get("cuInit") != 0:
         diagnose(p._settings.memory_bytes if p._settings else 4 << 30)
         p = JailProvider()
