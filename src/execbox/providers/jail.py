@@ -61,6 +61,10 @@ class JailProvider(AgentBackedProvider):
                      "description": "CPU bandwidth of each box in cores (cgroup CFS quota)."},
             "pids_limit": {"type": "integer", "default": 128, "min": 8, "max": 32768, "label": "Processes per box",
                            "description": "cgroup pids limit: a fork bomb stops here."},
+            "require_cgroups": {"type": "boolean", "default": False, "label": "Require cgroup limits",
+                                "description": "Refuse to start (SB009) where this host gives execbox no cgroup "
+                                               "for memory, pids and cpu, instead of running boxes degraded "
+                                               "(per-process rlimits only; docs/cgroup-v2.md)."},
             "disk_quota_mb": {"type": "integer", "default": 512, "min": 8, "max": 1048576,
                               "label": "Workspace quota (MB)",
                               "description": "Size of each box's workspace; writing past it fails (507)."},
@@ -125,6 +129,10 @@ class JailProvider(AgentBackedProvider):
         try:
             cgroups.detect()
         except cgroups.CgroupUnavailable as e:
+            if cfg.get("require_cgroups"):
+                raise ProviderUnavailableError(
+                    f"jail provider: require_cgroups is set and this host gives boxes no cgroup limits ({e})",
+                    details={"provider": self.name, "reason": f"cgroups: {e}", "missing": "cgroup limits"}) from None
             use_cgroups = False
             self._warnings.append(f"jail: no cgroup limits ({e}); memory is bounded by rlimits only and "
                                   "destroy relies on the pid namespace")
