@@ -135,7 +135,7 @@ class JailProvider(AgentBackedProvider):
                     details={"provider": self.name, "reason": f"cgroups: {e}", "missing": "cgroup limits"}) from None
             use_cgroups = False
             self._warnings.append(f"jail: no cgroup limits ({e}); memory is bounded by rlimits only and "
-                                  "destroy relies on the pid namespace")
+                                  "destroy relies on the pid namespace (require_cgroups: true refuses instead)")
         disk = int(cfg.get("disk_quota_mb") or 512) * 1024 * 1024
         if not quota.loop_quota_possible()[0]:
             self._warnings.append("jail: workspace quota is a tmpfs inside the box; its contents count "
