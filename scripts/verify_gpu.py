@@ -225,6 +225,39 @@ def torch_sessions(base: dict) -> None:
             p.shutdown()
 
 
+RESIDUE_WRITE = (
+    "import torch\nx = torch.full((4 << 30,), 0x5A, dtype=torch.uint8, device='cuda')\n"
+    "torch.cuda.synchronize()\nprint(int((x == 0x5A).sum()))"
+)
+RESIDUE_READ = (
+    "import torch\ny = torch.empty((4 << 30,), dtype=torch.uint8, device='cuda')\n"
+    "torch.cuda.synchronize()\nprint(int((y == 0x5A).sum()), int((y != 0).sum()))"
+)
+
+
+def gpu_memory_residue(base: dict) -> None:
+    """One tenant's box fills 4 GiB of GPU memory with a byte and ends; another tenant's new box
+    allocates 4 GiB without initialising it and counts that byte: the driver must hand out device
+    memory cleared (or at least not the previous context's contents)."""
+    from execbox.providers.jail import JailProvider
+
+    p = JailProvider()
+    p.initialize({**base, "gpu": "all"})
+    try:
+        outs = []
+        for tenant, code in (("tenant-a", RESIDUE_WRITE), ("tenant-b", RESIDUE_READ)):
+            inst = p.create_instance(tenant_id=tenant)
+            r = p.execute_code(inst.instance_id, code, "python", 300)
+            outs.append(r.stdout.strip() if r.exit_code == 0 else f"exit {r.exit_code}: {r.stderr[-300:]}")
+            p.destroy_instance(inst.instance_id)
+        wrote, read = outs[0].split(), outs[1].split()
+        ok = len(wrote) == 1 and wrote[0] == str(4 << 30) and len(read) == 2 and read[0] == "0"
+        record("a new box does not see GPU memory another box left", ok,
+               f"tenant-a wrote {outs[0]} bytes of 0x5A; tenant-b found 0x5A, non-zero bytes: {outs[1]}")
+    finally:
+        p.shutdown()
+
+
 def main() -> int:
     from execbox.providers.jail import JailProvider
 
@@ -240,6 +273,7 @@ def main() -> int:
         p.shutdown()
     if out.get("torch_cuda"):
         torch_sessions(base)
+        gpu_memory_residue(base)
     if out.get("cuInit") != 0:
         diagnose(p._settings.memory_bytes if p._settings else 4 << 30)
         p = JailProvider()
