@@ -40,6 +40,7 @@ def executor(
 
     from ..models import Isolation
     from ..sdk.local import get_sandbox
+    from ..service.fd_limit import raise_open_file_limit
     from ..service.routes.executor_compat import ExecutorAuth, create_executor_app, is_loopback
 
     public = not is_loopback(host)
@@ -50,6 +51,7 @@ def executor(
         cfg = json.loads(config) if config else None
         if cfg is not None and not isinstance(cfg, dict):
             _fail("--config must be a JSON object")
+        raise_open_file_limit()  # before the first box starts (service/fd_limit.py)
         prov = get_sandbox(provider, cfg)
     except json.JSONDecodeError as e:
         _fail(f"--config is not valid JSON: {e}")

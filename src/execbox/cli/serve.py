@@ -29,6 +29,7 @@ def serve(
     from ..service.app import create_app
     from ..service.config import ServiceSettings
     from ..service.container import state_services
+    from ..service.fd_limit import raise_open_file_limit
     from ..service.logs import configure_json_logging
     from ..service.routes.executor_compat import ExecutorAuth, is_loopback
     from ..service.store import open_store
@@ -38,6 +39,7 @@ def serve(
         fail(SandboxError(f"--open-run serves /run without a token and is only allowed on a loopback bind, "
                           f"not {host}", details={"host": host}))
 
+    raise_open_file_limit()  # before the first box starts (service/fd_limit.py)
     try:
         settings = ServiceSettings.from_env()
         store = open_store()

@@ -17,6 +17,7 @@ from ..providers.base import SandboxProvider
 from ..sdk.local import get_sandbox
 from ..service.config import ServiceSettings
 from ..service.executions import RunService
+from ..service.fd_limit import raise_open_file_limit
 from ..service.logs import OperationLog
 from ..service.metrics import ServiceMetrics
 from ..service.sessions import SessionManager, check_name
@@ -42,6 +43,7 @@ class _OneProvider:
 def serve_stdio(provider: str | None, tenant: str, max_timeout: float, workspaces: str | None = None,
                 config: dict[str, Any] | None = None) -> None:
     check_name(tenant, "tenant")
+    raise_open_file_limit()  # before the first box starts (service/fd_limit.py)
     prov = get_sandbox(provider, config)
     settings = ServiceSettings.from_env()
     root = workspaces or tempfile.mkdtemp(prefix="execbox-mcp-")
