@@ -91,3 +91,25 @@ def test_a_waiting_caller_is_served_although_the_refill_holds(drained):
         t = time.monotonic()
         assert p.take(wait=5.0) is not None  # someone waits for the pool: it refills for them
         assert time.monotonic() - t < HOLD
+
+
+def test_a_start_that_shutdown_ends_is_not_a_failure_nor_retried(caplog):
+    """Closing the provider kills the box a refill is starting; that start then fails. It is the
+    shutdown, not a broken host: no warning, no failure count, no retry."""
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def start() -> FakeBox:
+        calls.append(1)
+        started.set()
+        release.wait(5)
+        raise RuntimeError("agent failed to start (stream closed)")
+
+    p = BoxPool(start, size=1, workers=1)
+    assert started.wait(5)
+    p.close()
+    with caplog.at_level("DEBUG", logger="execbox.pool"):
+        release.set()
+        assert wait_for(lambda: not p._threads[0].is_alive())
+    assert p.failures == 0 and p.last_error is None and len(calls) == 1
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -90,6 +90,10 @@ class BoxPool:
             except Exception as e:  # noqa: BLE001 - recorded and retried
                 with self._cond:
                     self._starting -= 1
+                    if self._closed:  # shutdown stopped the box it was starting: not a failure
+                        self._cond.notify_all()
+                        log.debug("pool %s: a box start ended by shutdown (%s)", self.name, e)
+                        return
                     self.failures += 1
                     self.consecutive_failures += 1
                     self.last_error = f"{type(e).__name__}: {e}"
