@@ -25,6 +25,10 @@ from ..errors import (
 )
 
 EventCallback = Callable[[str, Any], None]
+READ_CHUNK = 64 * 1024
+"""Bytes asked for per read of a box's stream. Below malloc's mmap threshold (128 KiB): a 1 MiB
+read buffer was an mmap, an mremap to the frame's size and an munmap on every reply (~10 % of the
+service's CPU per session run); large outputs simply take more reads."""
 
 
 class Transport(Protocol):
@@ -208,7 +212,7 @@ class AgentClient:
             frames, self.inbox = self.inbox, []
             return frames
         try:
-            data = self.transport.recv(1 << 20, timeout)
+            data = self.transport.recv(READ_CHUNK, timeout)
         except OSError as e:
             data = b""
             self.dead = f"read failed: {e}"
