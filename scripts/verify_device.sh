@@ -80,6 +80,20 @@ echo "+memory +pids +cpu" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null \
     || say "could not enable memory, pids and cpu in the root cgroup"
 
 export PYTHONPATH="$REPO/src:$CARRY/py${PYTHONPATH:+:$PYTHONPATH}"
+# execbox runs from src/ here, not installed: give it the entry points pyproject declares (the
+# provider registry reads only those), as a dist-info of its own on the path
+META="$(mktemp -d /tmp/execbox-meta.XXXXXX)"
+python3 - "$REPO/pyproject.toml" "$META" <<'PY'
+import os, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+d = os.path.join(sys.argv[2], "execbox-0+src.dist-info")
+os.makedirs(d)
+open(os.path.join(d, "METADATA"), "w").write("Metadata-Version: 2.1\nName: execbox\nVersion: 0+src\n")
+with open(os.path.join(d, "entry_points.txt"), "w") as f:
+    for group, entries in {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}.items():
+        f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n")
+PY
+export PYTHONPATH="$PYTHONPATH:$META"
 export EXECBOX_VERIFY_NO_INSTALL=1 EXECBOX_VERIFY_PYTHON="$(command -v python3)" PYTHONUNBUFFERED=1
 say "start $(date -u +%FT%TZ)"
 setup 2>&1 | tee "$DEST/setup.txt"
