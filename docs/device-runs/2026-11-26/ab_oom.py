@@ -1,6 +1,12 @@
 """A/B in one process: the OOM counter read as open/read/close (old) or one pread on a kept fd (new),
 session runs of print(1) at several concurrencies; service CPU from process_time (this process only)."""
-import os, statistics, sys, threading, time, types
+import os
+import statistics
+import sys
+import threading
+import time
+import types
+
 from execbox.boxes import agent_client as ac
 from execbox.boxes import cgroups
 from execbox.providers.jail import JailProvider
@@ -78,7 +84,7 @@ for conc in CONCS:
             out.setdefault((conc, v), []).append(block(conc, RUNS if conc > 1 else RUNS // 3))
 print(f"{'conc':>4} {'variant':>7} {'runs/s median':>14} {'service CPU ms/run median':>26}  (each round: runs/s)")
 for (conc, v), rows in out.items():
-    print(f"{conc:>4} {v:>7} {statistics.median(r for r, _ in rows):>14.1f} {statistics.median(c for _, c in rows):>26.3f}"
-          f"  {' '.join(f'{r:.0f}' for r, _ in rows)}")
+    rate, cpu = statistics.median(r for r, _ in rows), statistics.median(c for _, c in rows)
+    print(f"{conc:>4} {v:>7} {rate:>14.1f} {cpu:>26.3f}  {' '.join(f'{r:.0f}' for r, _ in rows)}")
 variant("new")
 p.shutdown()
