@@ -197,29 +197,30 @@ TORCH_RUN = (
 
 
 def torch_sessions(base: dict) -> None:
-    """Three session runs that import torch and use CUDA, with ``preload`` none and torch.
+    """Three session runs that import torch and use CUDA, with ``preload`` none and auto,torch.
 
     Each run is a fresh child forked from the agent: with torch preloaded the child inherits the
     import, and CUDA (never initialised in the agent) starts in the child. Times are wall ms of
     ``execute_code`` as the service sees them."""
     from execbox.providers.jail import JailProvider
 
-    for preload in ("none", "torch"):
+    for preload in ("none", "auto,torch"):
         p = JailProvider()
         p.initialize({**base, "gpu": "all", "preload": preload})
         try:
             t = time.monotonic()
-            inst = p.create_instance(tenant_id="gpu-verify", session_id=f"torch-{preload}")
+            inst = p.create_instance(tenant_id="gpu-verify", session_id=f"torch-{preload.replace(',', '-')}")
             made = (time.monotonic() - t) * 1000
+            preloaded = p._instances[inst.instance_id].box.hello.get("preloaded")
             runs, outs = [], []
             for _ in range(3):
                 t = time.monotonic()
                 r = p.execute_code(inst.instance_id, TORCH_RUN, "python", 300)
                 runs.append(round((time.monotonic() - t) * 1000))
                 outs.append(r.stdout.strip() if r.exit_code == 0 else f"exit {r.exit_code}: {r.stderr[-300:]}")
-            want = f"{preload == 'torch'} {1 << 20}"
+            want = f"{'torch' in preload} {1 << 20}"
             record(f"jail session, preload {preload}: torch + CUDA in each run", all(o == want for o in outs),
-                   f"session create {made:.0f} ms; runs {runs} ms; outputs {outs}")
+                   f"session create {made:.0f} ms (preloaded {preloaded}); runs {runs} ms; outputs {outs}")
             p.destroy_instance(inst.instance_id)
         finally:
             p.shutdown()
