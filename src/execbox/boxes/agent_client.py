@@ -31,6 +31,20 @@ read buffer was an mmap, an mremap to the frame's size and an munmap on every re
 service's CPU per session run); large outputs simply take more reads."""
 
 
+_POLL_READABLE = select.POLLIN | select.POLLPRI
+
+
+def wait_readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` has data (or EOF, or an error) within ``timeout`` seconds.
+
+    poll(2), not select(2): select refuses descriptors numbered 1024 and above, which a service
+    holding a few hundred boxes reaches once its open-file limit allows it (service/fd_limit.py).
+    """
+    poller = select.poll()  # per call: a poll object must not be polled from two threads at once
+    poller.register(fd, _POLL_READABLE)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
+
+
 class Transport(Protocol):
     def send(self, data: bytes) -> None: ...
 
@@ -55,8 +69,7 @@ class PipeTransport:
             view = view[os.write(self.write_fd, view) :]
 
     def recv(self, max_bytes: int, timeout: float) -> bytes:
-        ready, _, _ = select.select([self.read_fd], [], [], max(0.0, timeout))
-        if not ready:
+        if not wait_readable(self.read_fd, timeout):
             raise TimeoutError
         return os.read(self.read_fd, max_bytes)
 

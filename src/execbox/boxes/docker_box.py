@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import select
 import socket
 import struct
 import time
@@ -23,7 +22,7 @@ from typing import Any
 from ..agent import protocol
 from ..errors import InstanceCreationError
 from . import oci_seccomp
-from .agent_client import AgentClient
+from .agent_client import AgentClient, wait_readable
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
 from .docker_oom import at_memory_limit, engine_oom, exit_state, oom_file, read_oom_kills
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
@@ -73,8 +72,7 @@ class AttachTransport:
             if self._eof or self._closed:
                 return b""
             remaining = deadline - time.monotonic()
-            ready, _, _ = select.select([self.sock], [], [], max(0.0, remaining))
-            if not ready:
+            if not wait_readable(self.sock.fileno(), remaining):
                 raise TimeoutError
             chunk = self.sock.recv(1 << 16)
             if not chunk:

@@ -10,7 +10,6 @@ and a pod that failed to start is deleted before the error is raised.
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import Any
 from ..agent import protocol
 from ..agent.tcp_relay import auth_mac
 from ..errors import InstanceCreationError, ProviderUnavailableError, SandboxError
-from .agent_client import AgentClient
+from .agent_client import AgentClient, wait_readable
 from .box import Box
 
 log = logging.getLogger("execbox.kubernetes")
@@ -128,8 +127,7 @@ class TcpTransport:
         self.sock.sendall(data)
 
     def recv(self, max_bytes: int, timeout: float) -> bytes:
-        ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
-        if not ready:
+        if not wait_readable(self.sock.fileno(), timeout):
             raise TimeoutError
         return self.sock.recv(max_bytes)
 
@@ -240,7 +238,7 @@ class PodBox(Box):
         transport = self.client.transport
         if isinstance(transport, TcpTransport) and self.client.current is None:
             try:
-                ready, _, _ = select.select([transport.sock], [], [], 0)
+                ready = wait_readable(transport.sock.fileno(), 0)
                 if ready and not transport.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
                     self.client.dead = "the pod closed its agent connection"
             except BlockingIOError:
