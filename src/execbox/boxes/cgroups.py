@@ -12,15 +12,15 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
+
+from .oom_counter import OomCounter, parse_oom_kills
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 PARENT_NAME = "execbox"
 CFS_PERIOD_US = 100_000
-_GONE = -2  # BoxCgroup._oom_fd once the cgroup is removed
 
 
 class CgroupUnavailable(RuntimeError):
@@ -203,8 +203,8 @@ class BoxCgroup:
         self.layout = layout
         self.name = name
         self.dirs = {ctrl: os.path.join(parent, name) for ctrl, parent in layout.parents.items()}
-        self._oom_fd = -1  # memory.oom_control / memory.events, kept open (oom_kills); _GONE once removed
-        self._oom_lock = threading.Lock()
+        self._oom = OomCounter(os.path.join(self.dirs.get("memory", ""), "memory.oom_control") if layout.version == 1
+                               else os.path.join(self.dirs.get("", ""), "memory.events"))
 
     @classmethod
     def create(cls, name: str, limits: Limits, layout: Layout | None = None) -> BoxCgroup:
@@ -273,48 +273,19 @@ class BoxCgroup:
             return []
 
     def oom_kills(self) -> int:
-        """OOM kills inside this box so far (v1 memory.oom_control, v2 memory.events).
-
-        Read before and after every run, so the file stays open and each read is one pread:
-        open, read and close each let another of the service's threads take the GIL. Measured on
-        16 cores, one service process, 16 sessions at once: 0.44 -> 0.23 ms of service CPU per run
-        and 2180 -> 3000 runs/s (docs/benchmarks.md, "16-core scaling").
-        """
-        text = self._read_oom_file()
+        """OOM kills inside this box so far (boxes/oom_counter.py: one pread per read)."""
+        text = self._oom.read_text()
         if text is None:
             return 0
-        for line in text.splitlines():
-            k, _, v = line.partition(" ")
-            if k == "oom_kill":
-                return int(v)
+        count = parse_oom_kills(text)
+        if count is not None:
+            return count
         if self.layout.version == 1:  # old kernels without the oom_kill counter
             try:
                 return 1 if int(_read(os.path.join(self.dirs["memory"], "memory.failcnt"))) else 0
             except (OSError, ValueError):
                 return 0
         return 0
-
-    def _read_oom_file(self) -> str | None:
-        with self._oom_lock:  # never a pread on a descriptor that remove() closed and the number reused
-            if self._oom_fd == _GONE:
-                return None
-            if self._oom_fd < 0:
-                path = (os.path.join(self.dirs["memory"], "memory.oom_control") if self.layout.version == 1
-                        else os.path.join(self.dirs[""], "memory.events"))
-                try:
-                    self._oom_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    return None
-            try:
-                return os.pread(self._oom_fd, 4096, 0).decode("ascii")
-            except OSError:
-                return None
-
-    def _close_oom_file(self) -> None:
-        with self._oom_lock:
-            if self._oom_fd >= 0:
-                os.close(self._oom_fd)
-            self._oom_fd = _GONE
 
     def memory_current(self) -> int | None:
         name = "memory.usage_in_bytes" if self.layout.version == 1 else "memory.current"
@@ -360,7 +331,7 @@ class BoxCgroup:
 
     def remove(self, deadline: float = 5.0) -> bool:
         """rmdir every cgroup of the box (retrying while the last processes exit)."""
-        self._close_oom_file()
+        self._oom.close()
         end = time.monotonic() + deadline
         ok = True
         for d in self.dirs.values():

@@ -24,8 +24,9 @@ from ..errors import InstanceCreationError
 from . import oci_seccomp
 from .agent_client import AgentClient, wait_readable
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
-from .docker_oom import at_memory_limit, engine_oom, exit_state, oom_file, read_oom_kills
+from .docker_oom import at_memory_limit, engine_oom, exit_state, oom_file
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
+from .oom_counter import OomCounter
 from .runtime import PIP_MOUNT, RUNTIME_MOUNT, SESSION_SITE, staged_pip
 
 log = logging.getLogger("execbox.docker")
@@ -214,6 +215,7 @@ class DockerBox(Box):
         self.remover: Callable[[Callable[[], None]], None] | None = None
         self.keep_workspace = spec.host_workspace is not None
         self._oom_file = oom_file(container_id)
+        self._oom = OomCounter(self._oom_file) if self._oom_file else None
         self._oom_seen = 0
         self._created = time.time()
         self.claimed_by: dict[str, str] = {}
@@ -226,7 +228,7 @@ class DockerBox(Box):
 
     def oom_events(self) -> int:
         """OOM kills in the container's memory cgroup; from container state once it has exited."""
-        count = read_oom_kills(self._oom_file) if self._oom_file else None
+        count = self._oom.read() if self._oom else None
         if self.client.dead and not count and self._oom_file and at_memory_limit(self._oom_file):
             # gVisor's sentry can kill the sandbox at its memory limit without a host OOM kill: a box
             # that died with its peak at the limit ran out of memory.
@@ -246,6 +248,8 @@ class DockerBox(Box):
 
     def remove(self) -> None:
         """Remove the container and, unless kept, its workspace volume (idempotent)."""
+        if self._oom is not None:
+            self._oom.close()
         net, self.net = self.net, None
         if net is not None:
             net.detach()

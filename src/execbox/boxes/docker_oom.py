@@ -7,7 +7,6 @@ different places (host cgroup counters, the engine's OOMKilled flag, or only a p
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any
 
@@ -62,16 +61,6 @@ def oom_file(container_id: str) -> str | None:
         if os.path.exists(path):
             return path
     return None
-
-
-def read_oom_kills(path: str) -> int | None:
-    try:
-        with open(path, encoding="ascii") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    m = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
-    return int(m.group(1)) if m else None
 
 
 MEMORY_LIMIT_FRACTION = 0.95
