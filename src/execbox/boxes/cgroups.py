@@ -203,8 +203,8 @@ class BoxCgroup:
         self.layout = layout
         self.name = name
         self.dirs = {ctrl: os.path.join(parent, name) for ctrl, parent in layout.parents.items()}
-        self._oom = OomCounter(os.path.join(self.dirs.get("memory", ""), "memory.oom_control") if layout.version == 1
-                               else os.path.join(self.dirs.get("", ""), "memory.events"))
+        self._oom = OomCounter(os.path.join(self.dirs["memory"], "memory.oom_control") if layout.version == 1
+                               else os.path.join(self.dirs[""], "memory.events"))
 
     @classmethod
     def create(cls, name: str, limits: Limits, layout: Layout | None = None) -> BoxCgroup:
