@@ -47,9 +47,7 @@ def main() -> int:
     if subprocess.run(["cp", "-al", "--", *entries, purelib + "/"], stderr=subprocess.PIPE).returncode != 0:
         how = "copies"
         subprocess.run(["cp", "-a", "--", *entries, purelib + "/"], check=True)
-    for dirpath, dirnames, _files in os.walk(work):  # the box's uid traverses and reads it
-        for d in dirnames:
-            os.chmod(os.path.join(dirpath, d), 0o755)
+    runtime_build.make_writable(work)  # directories 0755 for the box's uid, links never followed
     packages = dists(site)
     info = {"name": name, "python": rt.SYSTEM_PYTHON, "packages": packages, "npm": [], "from": None,
             "pip_index": f"adopted from {site} (scripts/device_runtime_from_venv.py)", "npm_registry": None,
