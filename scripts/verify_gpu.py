@@ -72,7 +72,7 @@ try:
             del big
         except Exception as e:  # noqa: BLE001
             out["gpu_alloc_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        free, total = torch.cuda.mem_get_info()
+        _free, total = torch.cuda.mem_get_info()
         out["gpu_mem_total_gib"] = round(total / (1 << 30), 1)
         with open("/proc/self/status") as f:
             out["vm_peak_rss"] = [ln.split(":")[1].strip() for ln in f if ln.startswith(("VmPeak", "VmHWM"))]
@@ -190,6 +190,11 @@ def check_gpu_box(name: str, out: dict) -> None:
         record(f"{name}: torch", None, "torch is not in the box's runtime (EXECBOX_GPU_RUNTIME names one that has it)")
 
 
+def outcome(r) -> str:  # noqa: ANN001 - an ExecutionResult
+    """A run's stdout, or its exit code and the end of its stderr when it failed."""
+    return r.stdout.strip() if r.exit_code == 0 else f"exit {r.exit_code}: {r.stderr[-300:]}"
+
+
 TORCH_RUN = (
     "import sys\nwarm = 'torch' in sys.modules\nimport torch\n"
     "x = torch.ones(1 << 20, device='cuda')\nprint(warm, int(x.sum().item()))"
@@ -217,7 +222,7 @@ def torch_sessions(base: dict) -> None:
                 t = time.monotonic()
                 r = p.execute_code(inst.instance_id, TORCH_RUN, "python", 300)
                 runs.append(round((time.monotonic() - t) * 1000))
-                outs.append(r.stdout.strip() if r.exit_code == 0 else f"exit {r.exit_code}: {r.stderr[-300:]}")
+                outs.append(outcome(r))
             want = f"{'torch' in preload} {1 << 20}"
             record(f"jail session, preload {preload}: torch + CUDA in each run", all(o == want for o in outs),
                    f"session create {made:.0f} ms (preloaded {preloaded}); runs {runs} ms; outputs {outs}")
@@ -249,7 +254,7 @@ def gpu_memory_residue(base: dict) -> None:
         for tenant, code in (("tenant-a", RESIDUE_WRITE), ("tenant-b", RESIDUE_READ)):
             inst = p.create_instance(tenant_id=tenant)
             r = p.execute_code(inst.instance_id, code, "python", 300)
-            outs.append(r.stdout.strip() if r.exit_code == 0 else f"exit {r.exit_code}: {r.stderr[-300:]}")
+            outs.append(outcome(r))
             p.destroy_instance(inst.instance_id)
         wrote, read = outs[0].split(), outs[1].split()
         ok = len(wrote) == 1 and wrote[0] == str(4 << 30) and len(read) == 2 and read[0] == "0"
