@@ -74,9 +74,14 @@ def serve(data_dir: str, *, drop_env: tuple[str, ...] = ("SANDBOX_",),
             time.sleep(0.2)
         yield url, log
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, as an operator stops the service; SIGKILL if it has not exited within 30 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

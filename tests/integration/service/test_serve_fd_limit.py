@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import resource
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from tests.serve_process import stop
 
 
 def _soft_nofile(pid: int) -> int | None:
@@ -45,9 +46,4 @@ def test_serve_started_with_a_1024_soft_limit_raises_it(tmp_path):
             pytest.fail(f"serve exited {proc.returncode} with soft limit {soft}: {proc.stderr.read()[-2000:]!r}")
         assert soft == child_hard
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
