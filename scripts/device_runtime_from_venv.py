@@ -54,7 +54,7 @@ def main() -> int:
             "installed_at": time.time()}
     with open(os.path.join(work, rt.MANIFEST), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=1)
-    version = runtime_build._publish(top, work)
+    version = runtime_build.publish(top, work)
     print(json.dumps({"runtime": f"{name}@{version}", "path": os.path.join(top, version), "files": how,
                       "packages": len(packages), "seconds": round(time.monotonic() - started, 1)}))
     return 0

@@ -173,7 +173,7 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
             report("building the Docker image", 0.96)
             env = Runtime(name, "", work, info["packages"], info["npm"]).env()
             temp_tag = build_image(docker, work, name, f"execbox/runtime-{name}:build-{os.getpid()}", env)
-        version = _publish(top, work)
+        version = publish(top, work)
         if temp_tag:
             from .runtime_docker import image_name, retag
 
@@ -212,8 +212,11 @@ def font_cache(work: str) -> None:
         raise RuntimeNotUsable(f"building matplotlib's font cache failed: {proc.stderr[-1500:]}")
 
 
-def _publish(top: str, work: str) -> str:
-    """Rename the finished build to the next free ``v<N>`` and point ``current`` at it."""
+def publish(top: str, work: str) -> str:
+    """Rename the finished build to the next free ``v<N>`` and point ``current`` at it.
+
+    Public for tools that lay out a version themselves (scripts/device_runtime_from_venv.py).
+    """
     while True:
         existing = [int(v[1:]) for v in os.listdir(top) if rt._VERSION.match(v)]
         version = f"v{max(existing, default=0) + 1}"
