@@ -21,7 +21,11 @@ from ..errors import InvalidConfigError, SandboxError
 
 MODES = ("none", "allowlist", "open")
 DEFAULT_PORTS = (80, 443)
-_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+MAX_ENTRIES = 1024
+"""Allow entries in one policy at most: every DNS answer and connect of the box is checked against
+all of them on the gateway's one thread, which serves every box."""
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")  # fullmatch: "$" would let a trailing newline in
+_PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only: str.isdigit() also takes "²" and "４"
 
 ALWAYS_DENIED = tuple(ipaddress.ip_network(n) for n in (
     "0.0.0.0/8", "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16",
@@ -50,6 +54,16 @@ class AllowEntry:
     def is_ip(self) -> bool:
         return self.network is not None
 
+    @property
+    def unlocks_denied(self) -> bool:
+        """Does this entry open (part of) an always-denied range or an address of the host? Only an
+        operator's entry may: ``open`` does not reach those, so a narrowing under it must not either."""
+        if self.network is None:
+            return False
+        if any(self.network.subnet_of(n) for n in ALWAYS_DENIED):
+            return True
+        return self.network.prefixlen == 32 and is_host_address(self.network.network_address)
+
     def matches_name(self, name: str, port: int) -> bool:
         if self.is_ip or port not in self.ports:
             return False
@@ -65,11 +79,14 @@ class AllowEntry:
         return f"{target}:{'|'.join(map(str, self.ports))}"
 
     def covers(self, other: AllowEntry) -> bool:
-        """True when everything ``other`` allows is allowed by this entry."""
+        """True when everything ``other`` allows is allowed by this entry. An entry that opens an
+        always-denied range is covered only by one that opens it too: ``8.0.0.0/5`` does not reach
+        10.0.0.0/8, so it does not cover ``10.1.0.0/16``."""
         if not set(other.ports) <= set(self.ports):
             return False
         if self.network is not None:
-            return other.network is not None and other.network.subnet_of(self.network)
+            return (other.network is not None and other.network.subnet_of(self.network)
+                    and (self.unlocks_denied or not other.unlocks_denied))
         if other.network is not None:
             return False
         if self.host.startswith("*."):
@@ -118,6 +135,12 @@ class EgressPolicy:
                 if not any(c.covers(e) for c in self.allow):
                     raise EgressDenied(f"allow entry {e.text()!r} is not within the allowed policy",
                                        details={"entry": e.text(), "cap": self.to_dict()})
+        if requested.mode == "allowlist" and self.mode == "open":
+            for e in requested.allow:
+                if e.unlocks_denied:
+                    raise EgressDenied(f"allow entry {e.text()!r} is in an always-denied range or names an address "
+                                       "of the host, which the allowed policy 'open' does not reach",
+                                       details={"entry": e.text(), "cap": self.to_dict()})
         if requested.mode == "allowlist":
             # injected credentials come only from the operator's cap, never from a session
             out = []
@@ -132,8 +155,9 @@ class EgressPolicy:
         rank = {m: i for i, m in enumerate(MODES)}
         if "none" in (self.mode, other.mode):
             return EgressPolicy()
-        if self.mode == "open":
-            return EgressPolicy(other.mode, tuple(AllowEntry(e.host, e.network, e.ports) for e in other.allow))
+        if self.mode == "open":  # other's entries, less any that would open what ``open`` denies
+            return EgressPolicy(other.mode, tuple(AllowEntry(e.host, e.network, e.ports) for e in other.allow
+                                                  if not e.unlocks_denied))
         if other.mode == "open" or rank[other.mode] > rank[self.mode]:
             return self
         mine = [e for e in self.allow if any(o.covers(e) for o in other.allow)]
@@ -159,7 +183,7 @@ def _ports(entry: Any, raw: Any) -> tuple[int, ...]:
         raise _bad(entry, "ports must be a non-empty list")
     out: list[int] = []
     for p in items:
-        if isinstance(p, str) and p.strip().isdigit():
+        if isinstance(p, str) and _PORT.fullmatch(p.strip()):
             p = int(p.strip())
         if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
             raise _bad(entry, f"port {p!r} is not in 1..65535")
@@ -187,7 +211,8 @@ def _host(entry: Any, host: str) -> tuple[str, ipaddress.IPv4Network | None]:
         raise _bad(entry, "a wildcard must be '*.suffix' with a real suffix; bare '*' is network=open")
     name = host[2:] if host.startswith("*.") else host
     labels = name.split(".")
-    if len(name) > 253 or not all(_LABEL.match(lab) for lab in labels) or (host.startswith("*.") and len(labels) < 2):
+    if (len(name) > 253 or not all(_LABEL.fullmatch(lab) for lab in labels)
+            or (host.startswith("*.") and len(labels) < 2)):
         raise _bad(entry, "not a hostname (letters, digits, '-' and '.'; no scheme, path or user)")
     return host, None
 
@@ -197,19 +222,21 @@ def parse_entry(entry: Any) -> AllowEntry:
     if isinstance(entry, dict):
         unknown = set(entry) - {"host", "ports", "headers"}
         if unknown:
-            raise _bad(entry, f"unknown keys {sorted(unknown)}")
+            raise _bad({k: v for k, v in entry.items() if k != "headers"}, f"unknown keys {sorted(unknown)}")
         raw_host = entry.get("host")
+        shown = {k: v for k, v in entry.items() if k != "headers"}  # errors never carry a header value
         if not isinstance(raw_host, str):
-            raise _bad(entry, "host must be a string")
-        ports = _ports(entry, entry["ports"]) if entry.get("ports") is not None else DEFAULT_PORTS
+            raise _bad(shown, "host must be a string")
+        ports = _ports(shown, entry["ports"]) if entry.get("ports") is not None else DEFAULT_PORTS
         hdrs = entry.get("headers") or {}
         if not isinstance(hdrs, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in hdrs.items()):
-            raise _bad(entry, "headers must map header names to strings")
+            raise _bad(shown, "headers must map header names to strings")
         for k, v in hdrs.items():
             if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", k) or any(c in v for c in "\r\n\0"):
-                raise _bad({"host": raw_host}, f"header {k!r} is not a valid header")
+                raise _bad(shown, f"header {k[:64]!r} is not a valid header")
         headers = tuple(sorted(hdrs.items()))
-        host, net = _host(entry, raw_host)
+        host, net = _host(shown, raw_host)
+        entry = shown
     elif isinstance(entry, str):
         if "://" in entry or "/" in entry.split(":")[0] and not re.fullmatch(r"[0-9./:|]+", entry):
             raise _bad(entry, "a URL is not an allow entry; give HOST[:PORTS]")
@@ -237,6 +264,10 @@ def parse_policy(mode: Any, allow: Any = None) -> EgressPolicy:
         allow = [a for a in allow.split(",") if a.strip()]
     if not isinstance(allow, (list, tuple)):
         raise InvalidConfigError("network_allow must be a list", details={"field": "network_allow"})
+    if len(allow) > MAX_ENTRIES:
+        raise InvalidConfigError(f"network_allow has {len(allow)} entries; at most {MAX_ENTRIES} are allowed "
+                                 "(use CIDRs or *.suffix wildcards to cover more)",
+                                 details={"field": "network_allow", "entries": len(allow), "max": MAX_ENTRIES})
     entries = tuple(parse_entry(e) for e in allow)
     if mode != "allowlist" and entries:
         raise InvalidConfigError(f"network_allow entries need network=allowlist (network is {mode!r})",
