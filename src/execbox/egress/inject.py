@@ -5,8 +5,9 @@ Only connections to a host whose allow entry carries headers are intercepted, an
 made for this box alone (``BoxCA``; the box trusts it through a CA bundle mounted at the usual
 paths), opens its own verified TLS connection upstream, reads the request head, drops any
 header of the same name the box sent (a placeholder such as ``Authorization: Bearer x``),
-adds the secret ones and forces ``Connection: close`` (one request per intercepted connection,
-so every request head passes through here). The rest is spliced. Plain HTTP never carries an
+adds the secret ones, sets ``Host`` to that host (``rewrite_head``) and forces
+``Connection: close`` (one request per intercepted connection, so every request head passes
+through here). The rest is spliced. Plain HTTP never carries an
 injected secret. TLS and X.509 are the ``ssl`` module and ``cryptography``; nothing hand-made.
 """
 
@@ -109,11 +110,44 @@ def upstream_context() -> ssl.SSLContext:
     return ctx
 
 
-def rewrite_head(head: bytes, headers: tuple[tuple[str, str], ...]) -> bytes:
-    """Request head with the secret headers set (replacing the box's own) and Connection: close."""
+class HeadRefused(ValueError):
+    """A request head the injector will not add a secret to (the reason goes to the box and the audit)."""
+
+
+def rewrite_head(head: bytes, name: str, headers: tuple[tuple[str, str], ...]) -> bytes:
+    """Request head for ``name`` with the secret headers set (replacing the box's own), ``Host: name``
+    and Connection: close.
+
+    The TLS connection goes to ``name``, but a shared front end (a CDN, virtual hosting) routes by
+    the Host header and an absolute-form target: a secret sent with another host there would reach
+    that other site. So the target must be origin-form (or name this host), every Host the box sent
+    is replaced by this one, and heads that parsers could read differently (a bare CR or LF, a
+    folded line) are refused.
+    """
+    from urllib.parse import urlsplit
+
     lines = head.split(b"\r\n")
-    drop = {k.lower().encode() for k, _ in headers} | {b"connection", b"proxy-connection", b"keep-alive"}
-    kept = [lines[0]] + [ln for ln in lines[1:] if ln and ln.split(b":", 1)[0].strip().lower() not in drop]
+    if any(b"\n" in ln or b"\r" in ln or b"\0" in ln for ln in lines):
+        raise HeadRefused("a bare CR, LF or NUL in the request head")
+    if any(ln[:1] in (b" ", b"\t") for ln in lines[1:]):
+        raise HeadRefused("a folded header line in the request head")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise HeadRefused("not an HTTP/1.x request line")
+    method, target, version = parts
+    if not (target.startswith(b"/") or (target == b"*" and method == b"OPTIONS")):
+        url = urlsplit(target.decode("latin-1"))
+        try:
+            port = url.port
+        except ValueError:
+            port = -1
+        if url.scheme.lower() != "https" or (url.hostname or "").rstrip(".") != name or port not in (None, 443) \
+                or url.username is not None:
+            raise HeadRefused(f"the request target names another host than {name}")
+        target = ((url.path or "/") + (f"?{url.query}" if url.query else "")).encode("latin-1")
+    drop = {k.lower().encode() for k, _ in headers} | {b"connection", b"proxy-connection", b"keep-alive", b"host"}
+    kept = [b" ".join((method, target, version)), f"Host: {name}".encode()]
+    kept += [ln for ln in lines[1:] if ln and ln.split(b":", 1)[0].strip().lower() not in drop]
     kept += [f"{k}: {v}".encode() for k, v in headers] + [b"Connection: close"]
     return b"\r\n".join(kept) + b"\r\n\r\n"
 
@@ -143,7 +177,18 @@ class Injector:
         if len(head) > MAX_HEAD:
             writer.transport.abort()
             return
-        out = rewrite_head(head[:-4], link.policy.credentials_for(name, port))
+        try:
+            out = rewrite_head(head[:-4], name, link.policy.credentials_for(name, port))
+        except HeadRefused as e:
+            from .proxy_http import response
+
+            rec.injected = False
+            rec.reason = f"credential injection refused: {e}"
+            writer.write(response("400 Bad Request", rec.reason))
+            await writer.drain()
+            writer.close()
+            up_w.transport.abort()
+            return
         rec.bytes_up += len(head)
         up_w.write(out)
         await _splice(link, reader, writer, up_r, up_w, rec)

