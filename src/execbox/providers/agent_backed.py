@@ -81,7 +81,9 @@ class Instance:
     created_at: float = field(default_factory=time.time)
     executions: int = 0
     from_pool: bool = False
-    egress: EgressPolicy | None = None  # effective network policy (None: the provider's cap)
+    egress: EgressPolicy | None = None  # the session's network policy (None: the provider's cap)
+    egress_run: EgressPolicy | None = None  # a run's narrowing of it, while that run lasts
+    egress_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     runtime: str | None = None  # runtime template asked for at create_instance (None: the provider's)
 
 
@@ -351,7 +353,7 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
             "isolation": self.isolation.value,
             "instance_id": inst.instance_id,
             "limits": self.applied_limits(),
-            "network": (inst.egress or self.egress_cap).to_dict(),
+            "network": self.enforced_egress(inst).to_dict(),
         }
         warnings = self.warnings()
         if self.selection_note:

@@ -203,7 +203,7 @@ def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: lis
         result = provider._exec(instance_id, {"language": "python", "code": PROGRAM, "arguments": args,
                                               "context_id": None}, seconds, None, False)
     finally:
-        link.set_policy(inst.egress or provider.egress_cap)
+        link.set_policy(provider.enforced_egress(inst))
     return _outcome(result, pip, npm, pip_url, npm_url, seconds, max_bytes, step)
 
 

@@ -176,7 +176,7 @@ class KubernetesEgressMixin(AgentBackedProvider):
         if name is None or self.api is None:
             return
         with self._egress_locks[hash(name) % len(self._egress_locks)]:
-            policy = inst.egress or self.egress_cap
+            policy = self.enforced_egress(inst)
             self._egress_cache[name] = (time.monotonic(), Grant(policy, inst.tenant_id, inst.session_id,
                                                                inst.instance_id))
             meta = self.egress_metadata(policy)

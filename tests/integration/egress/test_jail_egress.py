@@ -178,8 +178,31 @@ def test_open_still_denies_private_ranges(fakenet):
                     f"http://{fakenet.host_ip}/", f"http://{fakenet.name('rebind')}/"):
             r = py(p, iid, url)
             assert r.get("status") == 403, (url, r)
+        # "narrowing" to a denied range would open it: the session's and the run's are both refused
+        for entry in ("169.254.169.254/32:80", f"{fakenet.host_ip}/32:80", "10.0.0.0/8:80"):
+            with pytest.raises(EgressDenied):
+                p.set_network_policy(iid, "allowlist", [entry])
+            with pytest.raises(EgressDenied), p.network_for_run(iid, "allowlist", [entry]):
+                pass
+        assert p.effective_network(iid) == {"network": "open", "allow": []}
+        assert py(p, iid, f"http://{fakenet.host_ip}/").get("status") == 403
     finally:
         p.shutdown()
+
+
+def test_a_session_narrowed_during_a_run_stays_narrowed_after_it(allow_jail, abox, fakenet):
+    www = fakenet.name("www")
+    with allow_jail.network_for_run(abox, "allowlist", [www, fakenet.name("meta")]) as during:
+        assert during["allow"] == [f"{www}:80|443", f"{fakenet.name('meta')}:80|443"]
+        assert allow_jail.set_network_policy(abox, "allowlist", [f"{www}:443"])["allow"] == [f"{www}:443"]
+        assert allow_jail.effective_network(abox)["allow"] == [f"{www}:443"]  # both narrowings hold
+    # the run's end puts back the session's policy as it is now, not as it was when the run began
+    assert allow_jail.effective_network(abox) == {"network": "allowlist", "allow": [f"{www}:443"]}
+    assert py(allow_jail, abox, f"http://{www}/").get("status") == 403
+    with allow_jail.network_for_run(abox, "allowlist", [f"{www}:443"]):
+        allow_jail.set_network_policy(abox, "none")
+    assert allow_jail.effective_network(abox)["network"] == "none"
+    assert not py(allow_jail, abox, f"https://{www}/", "/workspace/ca.pem")["ok"]
 
 
 def test_none_has_no_network_at_all(fakenet):
