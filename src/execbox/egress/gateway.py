@@ -149,7 +149,10 @@ class _Dns(asyncio.DatagramProtocol):
         name = str(q.qname).rstrip(".").lower()
         reply = req.reply()
         policy = self.link.policy
-        if policy.name_allowed(name):
+        # dnslib prints a dot or a backslash inside a label as it is: the one label "x.y" under
+        # "corp" would read as the name x.y.corp; only labels of letters, digits, "-" and "_" are
+        # checked against the policy at all
+        if all(_DNS_LABEL.fullmatch(lab) for lab in q.qname.label) and policy.name_allowed(name):
             if q.qtype == QTYPE.A:
                 addrs = await resolve(name)
                 if addrs:
@@ -163,6 +166,9 @@ class _Dns(asyncio.DatagramProtocol):
                                           reason="name not allowed by the network policy"))
         if self.transport is not None and not self.transport.is_closing():
             self.transport.sendto(reply.pack(), addr)
+
+
+_DNS_LABEL = re.compile(rb"[A-Za-z0-9_-]{1,63}")
 
 
 class Gateway:
