@@ -37,8 +37,8 @@ MPL_SEED = "mpl-seed"
 MPLCONFIGDIR instead of scanning the fonts again (agent/runners.py ``seed_matplotlib_cache``)."""
 AGENT_ROOT_IN_BOX = "/opt/execbox"
 AGENT_PACKAGE = "execbox_agent"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_VERSION = re.compile(r"^v[1-9][0-9]{0,8}$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")  # always fullmatch: "$" would accept a trailing newline
+_VERSION = re.compile(r"v[1-9][0-9]{0,8}")
 MANIFEST = "execbox-runtime.json"
 CURRENT = "current"  # symlink to the version new boxes mount
 WORKSPACE_IN_BOX = "/workspace"
@@ -73,7 +73,14 @@ class Runtime:
     version: str = ""  # "v3" for a built template, "legacy" for an old unversioned install
 
     def mounts(self) -> list[tuple[str, str]]:
-        return [(self.host_dir, RUNTIME_MOUNT)] if self.host_dir else []
+        """What a box binds for this runtime (read-only). SB002 when the version was removed
+        (`execbox runtime rm`) after this Runtime was looked up."""
+        if not self.host_dir:
+            return []
+        if not os.path.isdir(self.host_dir):
+            raise RuntimeNotUsable(f"runtime {self.ref} was removed (execbox runtime rm); build it again or "
+                                   "pick another version", details={"field": "runtime", "value": self.ref})
+        return [(self.host_dir, RUNTIME_MOUNT)]
 
     @property
     def ref(self) -> str:
@@ -94,17 +101,39 @@ class Runtime:
 
 
 class RuntimeNotUsable(InvalidConfigError):
-    """An unknown or broken runtime name, or a failed build (SB002, HTTP 400)."""
+    """An unknown or broken runtime name, or a failed build (SB002, HTTP 400; 409: in use)."""
 
-    def __init__(self, message: str, details: dict | None = None) -> None:
-        super().__init__(message, details=details or {})
+    def __init__(self, message: str, details: dict | None = None, http_status: int | None = None) -> None:
+        super().__init__(message, details=details or {}, http_status=http_status)
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name or ""):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise RuntimeNotUsable(f"runtime name {name!r} is invalid: use lowercase letters, digits, '.', '_', '-'",
                                details={"field": "runtime", "value": str(name)[:80]})
     return name
+
+
+def is_version(text: str) -> bool:
+    """``v<N>``, exactly (a version directory's name)."""
+    return _VERSION.fullmatch(text) is not None
+
+
+def parse_ref(ref: str) -> tuple[str, str | None]:
+    """The one validator of a template reference: ``NAME`` -> (NAME, None), ``NAME@vN`` (or
+    ``NAME@N``) -> (NAME, "vN"). SB002 for a bad name or an empty or malformed version."""
+    if not isinstance(ref, str):
+        raise RuntimeNotUsable(f"runtime {ref!r} is invalid: give NAME or NAME@vN",
+                               details={"field": "runtime", "value": str(ref)[:80]})
+    base, at, pinned = ref.partition("@")
+    check_name(base)
+    if not at:
+        return base, None
+    version = f"v{pinned}" if pinned.isascii() and pinned.isdigit() else pinned
+    if not is_version(version):
+        raise RuntimeNotUsable(f"runtime {ref!r} is invalid: give NAME or NAME@vN",
+                               details={"field": "runtime", "value": ref[:80]})
+    return base, version
 
 
 def system_runtime() -> Runtime:
@@ -126,7 +155,7 @@ def versions(name: str) -> list[str]:
     d = os.path.join(runtimes_dir(), check_name(name))
     if not os.path.isdir(d):
         return []
-    found = [v for v in os.listdir(d) if _VERSION.match(v) and os.path.isfile(os.path.join(d, v, MANIFEST))]
+    found = [v for v in os.listdir(d) if is_version(v) and os.path.isfile(os.path.join(d, v, MANIFEST))]
     return sorted(found, key=lambda v: int(v[1:]))
 
 
@@ -136,7 +165,7 @@ def current_version(name: str) -> str | None:
         target = os.readlink(link)
     except OSError:
         return None
-    return target if _VERSION.match(target) else None
+    return target if is_version(target) else None
 
 
 def _usable_names() -> list[str]:
@@ -145,7 +174,7 @@ def _usable_names() -> list[str]:
     root = runtimes_dir()
     if not os.path.isdir(root):
         return []
-    return [n for n in sorted(os.listdir(root)) if _NAME.match(n)
+    return [n for n in sorted(os.listdir(root)) if _NAME.fullmatch(n)
             and (current_version(n) is not None or _read_manifest(os.path.join(root, n)) is not None)]
 
 
@@ -169,13 +198,7 @@ def resolve(name: str | None) -> Runtime:
     current version) or ``NAME@vN`` (one pinned version). Unknown: RuntimeNotUsable (SB002)."""
     if not name or name == SYSTEM:
         return system_runtime()
-    base, _, pinned = name.partition("@")
-    check_name(base)
-    if pinned and not _VERSION.match(pinned):
-        pinned = f"v{pinned}" if pinned.isdigit() else pinned
-        if not _VERSION.match(pinned):
-            raise RuntimeNotUsable(f"runtime version {name!r} is invalid: use NAME@vN",
-                                   details={"field": "runtime", "value": name[:80]})
+    base, pinned = parse_ref(name)
     top = os.path.join(runtimes_dir(), base)
     legacy = _read_manifest(top)
     if legacy is not None and not pinned:
@@ -220,25 +243,57 @@ def install(name: str, packages: list[str], progress: Progress | None = None,
     return build(name, pip=packages, progress=progress, python=python)
 
 
-def remove(name: str) -> bool:
-    """Delete runtime ``name`` (all versions) or one version ``name@vN`` (not the current one)."""
-    base, _, pinned = name.partition("@")
-    check_name(base)
+def remove(name: str, force: bool = False) -> bool:
+    """Delete runtime ``name`` (all versions) or one version ``name@vN`` (not the current one).
+
+    False when it is not installed. SB002 (HTTP 409) while a running box mounts what would go
+    (any process's box: runtime_use.boxes_using), unless ``force``. The directory is renamed
+    away first, so no box can start on it while it is checked and deleted.
+    """
+    base, version = parse_ref(name)
     top = os.path.join(runtimes_dir(), base)
     if not os.path.isdir(top):
         return False
-    if pinned:
-        pinned = pinned if pinned.startswith("v") else f"v{pinned}"
-        if not _VERSION.match(pinned) or not os.path.isdir(os.path.join(top, pinned)):
+    if version is not None:
+        path = os.path.join(top, version)
+        if not os.path.isdir(path):
             return False
-        if current_version(base) == pinned:
-            raise RuntimeNotUsable(f"{base}@{pinned} is the current version; build a newer one first or "
+        if current_version(base) == version:
+            raise RuntimeNotUsable(f"{base}@{version} is the current version; build a newer one first or "
                                    f"remove the whole runtime with `execbox runtime rm {base}`",
                                    details={"field": "runtime", "value": name})
-        _rmtree(os.path.join(top, pinned))
-        return True
-    _rmtree(top)
+    else:
+        path = top
+    ref = f"{base}@{version}" if version else base
+    if not force:
+        _refuse_in_use(ref, path)
+    trash = os.path.join(os.path.dirname(path), f".rm-{os.path.basename(path)}-{os.urandom(4).hex()}")
+    os.rename(path, trash)
+    if not force:
+        try:
+            _refuse_in_use(ref, trash)  # a box that started in between
+        except RuntimeNotUsable as e:
+            try:
+                os.rename(trash, path)
+            except OSError as why:  # a build made the name again meanwhile
+                raise RuntimeNotUsable(f"{e.message}; it was kept as {trash} ({why})", details=e.details,
+                                       http_status=409) from None
+            raise
+    _rmtree(trash)
     return True
+
+
+def _refuse_in_use(ref: str, path: str) -> None:
+    from .runtime_use import boxes_using
+
+    dirs = [path] if os.path.isfile(os.path.join(path, MANIFEST)) else \
+        [os.path.join(path, v) for v in os.listdir(path) if is_version(v)] + [path]
+    users = boxes_using(dirs)
+    if users:
+        raise RuntimeNotUsable(
+            f"runtime {ref} is in use by {len(users)} running box(es) (host pids {', '.join(map(str, users[:5]))}); "
+            "close their sessions first, or remove it anyway with --force (those boxes lose their runtime)",
+            details={"field": "runtime", "value": ref, "in_use_pids": users[:20]}, http_status=409)
 
 
 def _rmtree(path: str) -> None:

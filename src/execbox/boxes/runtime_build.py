@@ -6,31 +6,37 @@ any step removes the half-built directory and leaves the previous version curren
 
 Packages come from the operator's index (``EXECBOX_PIP_INDEX_URL``, ``EXECBOX_NPM_REGISTRY``:
 internal mirrors) or the tools' defaults. The build runs on the host (as the service user), so
-it never runs a package's own code: pip takes wheels only (``--only-binary :all:``) and npm
-runs with ``--ignore-scripts``. Requirements are plain names with version specifiers; URLs,
-paths and VCS references are refused, so every byte comes from the configured index.
+it never runs a package's own code there: pip takes wheels only (``--only-binary :all:``) and
+runs under the version's interpreter without site processing (no ``.pth`` file or
+``sitecustomize`` of a package runs), npm runs with ``--ignore-scripts``, and matplotlib's font
+list is made inside a jail box without network (build_isolation.py). Requirements are plain
+names with version specifiers; URLs, paths and VCS references are refused, so every byte comes
+from the configured index.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
 from . import runtime as rt
-from .images import make_font_list
+from .build_isolation import NoBox, font_lists_in_box, has_matplotlib, pip_argv
 from .runtime import MANIFEST, Runtime, RuntimeNotUsable
 
-_PIP_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+"
-                       r"(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?$")
-_NPM_SPEC = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=*|+ -]+)?$")
+log = logging.getLogger(__name__)
+
+# always fullmatch: with match, "$" also accepts a trailing newline
+_PIP_SPEC = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+"
+                       r"(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?")
+_NPM_SPEC = re.compile(r"(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=*|+ -]+)?")
 PIP_INDEX_ENV = "EXECBOX_PIP_INDEX_URL"
 NPM_REGISTRY_ENV = "EXECBOX_NPM_REGISTRY"
 
@@ -38,12 +44,12 @@ NPM_REGISTRY_ENV = "EXECBOX_NPM_REGISTRY"
 def check_specs(pip: list[str], npm: list[str]) -> None:
     """SB002 naming the first requirement that is not ``name[extras][specifier]`` / ``name[@range]``."""
     for spec in pip:
-        if not isinstance(spec, str) or len(spec) > 200 or not _PIP_SPEC.match(spec):
+        if not isinstance(spec, str) or len(spec) > 200 or not _PIP_SPEC.fullmatch(spec):
             raise RuntimeNotUsable(f"pip requirement {spec!r} is invalid: give a package name with an optional "
                                    "version specifier (no URLs, paths or options)",
                                    details={"field": "pip", "value": str(spec)[:200]})
     for spec in npm:
-        if not isinstance(spec, str) or len(spec) > 200 or not _NPM_SPEC.match(spec):
+        if not isinstance(spec, str) or len(spec) > 200 or not _NPM_SPEC.fullmatch(spec):
             raise RuntimeNotUsable(f"npm package {spec!r} is invalid: give a package name with an optional "
                                    "@version (no URLs, paths, git or file specs)",
                                    details={"field": "npm", "value": str(spec)[:200]})
@@ -140,10 +146,9 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
             subprocess.run([python, "-m", "venv", "--without-pip", work], check=True,  # noqa: S603
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if pip:
-            target = os.path.join(work, "bin", "python")
-            argv = [sys.executable, "-m", "pip", "--python", target, "--disable-pip-version-check", "--no-input",
-                    "install", "--no-cache-dir", "--progress-bar", "off", "--only-binary", ":all:",
-                    *pip_index_args(index_url), "--", *pip]
+            argv = pip_argv(work, ["--disable-pip-version-check", "--no-input", "install", "--no-cache-dir",
+                                   "--progress-bar", "off", "--only-binary", ":all:", *pip_index_args(index_url),
+                                   "--", *pip])
             _stream(argv, report, 0.1, 0.6 if npm else 0.9, "pip")
         if npm:
             npm_bin = shutil.which("npm")
@@ -159,7 +164,9 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
             shutil.rmtree(cache, ignore_errors=True)
         if pip:
             report("building matplotlib's font cache", 0.93)
-            font_cache(work)
+            skipped = font_cache(work)
+            if skipped:
+                report(f"font cache skipped: {skipped}"[:80], 0.94)
         report("writing manifest", 0.95)
         info = {"name": name, "python": python, "packages": [*(parent.packages if parent else []), *pip],
                 "npm": [*(parent.npm if parent else []), *npm], "from": parent.ref if parent else None,
@@ -192,24 +199,29 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
     return rt.resolve(f"{name}@{version}")
 
 
-def font_cache(work: str) -> None:
+def font_cache(work: str) -> str | None:
     """matplotlib's font list for a version that has matplotlib, in ``<version>/mpl-seed``.
 
-    Made on the host with the version's own interpreter: matplotlib stores its bundled fonts
-    relative to its data dir and the system fonts under /usr, which boxes see at the same paths.
-    HOME points nowhere, so no font of the host user's gets listed. No matplotlib: nothing.
+    Made by the version's own matplotlib inside a jail box without network, where the version is
+    mounted where boxes see it (build_isolation.font_lists_in_box): importing matplotlib runs
+    package code, which never happens on the host. No matplotlib: nothing. Returns why it was
+    skipped when no box can start here (boxes then scan the fonts on their first plot), else None.
     """
+    if not has_matplotlib(work):
+        return None
+    try:
+        lists = font_lists_in_box(work)
+    except NoBox as e:
+        log.warning("runtime build: no font cache for %s, no jail box can start here: %s", work, e)
+        return f"no jail box can start here ({e})"
     seed = os.path.join(work, rt.MPL_SEED)
-    proc, made = make_font_list([os.path.join(work, "bin", "python"), "-I", "-c",
-                                 "import importlib.util, sys\n"
-                                 "if importlib.util.find_spec('matplotlib') is None: sys.exit(3)\n"
-                                 "import matplotlib.font_manager"], seed,
-                                {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MPLBACKEND": "Agg",
-                                 "MPLCONFIGDIR": seed})
-    if proc.returncode == 3 or not made:
-        os.rmdir(seed)
-    if proc.returncode not in (0, 3):
-        raise RuntimeNotUsable(f"building matplotlib's font cache failed: {proc.stderr[-1500:]}")
+    shutil.rmtree(seed, ignore_errors=True)  # a --from parent's: this version's matplotlib may differ
+    if lists:
+        os.mkdir(seed, 0o755)
+        for name, text in lists.items():
+            with open(os.path.join(seed, name), "w", encoding="utf-8") as f:
+                f.write(text)
+    return None
 
 
 def publish(top: str, work: str) -> str:
@@ -218,7 +230,7 @@ def publish(top: str, work: str) -> str:
     Public for tools that lay out a version themselves (scripts/device_runtime_from_venv.py).
     """
     while True:
-        existing = [int(v[1:]) for v in os.listdir(top) if rt._VERSION.match(v)]
+        existing = [int(v[1:]) for v in os.listdir(top) if rt.is_version(v)]
         version = f"v{max(existing, default=0) + 1}"
         try:
             os.rename(work, os.path.join(top, version))

@@ -117,10 +117,12 @@ def show(name: str = typer.Argument(..., help="NAME or NAME@vN"),
 
 
 @runtime_app.command("rm")
-def rm(name: str = typer.Argument(..., help="NAME (every version) or NAME@vN (one old version)")) -> None:
-    """Delete a runtime or one of its old versions (boxes started from it should be closed first)."""
+def rm(name: str = typer.Argument(..., help="NAME (every version) or NAME@vN (one old version)"),
+       force: bool = typer.Option(False, "--force", help="Remove it even while running boxes mount it "
+                                                       "(they lose their runtime)")) -> None:
+    """Delete a runtime or one of its old versions. Refused while a running box mounts it."""
     try:
-        removed = rt.remove(name)
+        removed = rt.remove(name, force=force)
     except rt.RuntimeNotUsable as e:
         raise _fail(e) from None
     if not removed:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -15,6 +17,7 @@ from execbox.errors import InvalidConfigError
 from tests import pkgindex
 
 from .conftest import jail_with
+from .wheels import publish_files
 
 TINY_PY = "VALUE = 'tinypkg {version}'\ndef hello(name):\n    return f'hello {{name}} from tinypkg'\n"
 TINY_JS = "module.exports = { get: (u) => 'fake axios GET ' + u, version: '{version}' };\n"
@@ -34,7 +37,7 @@ def index(fakenet):
 def tpl_name():
     name = f"t-tpl-{os.getpid()}"
     yield name
-    runtime.remove(name)
+    runtime.remove(name, force=True)
 
 
 def _build(name, index, *args):
@@ -161,4 +164,79 @@ def test_runtime_per_session_and_run_over_http(index, tpl_name):
         assert r.status_code == 400
     finally:
         svc.stop()
+        p.shutdown()
+
+
+FAKE_FONT_MANAGER = b"""
+import json, os, sys
+with open(os.path.join(os.environ["MPLCONFIGDIR"], "fontlist-v0test.json"), "w") as f:
+    json.dump({"_version": "0test", "uid": os.getuid(), "prefix": sys.prefix}, f)
+"""
+
+
+def test_the_build_runs_no_package_code_on_the_host(index, fakenet, tpl_name, tmp_path):
+    """A wheel's .pth file runs whenever the version's interpreter starts with site processing:
+    neither pip (also with --from, where the parent's .pth is already installed) nor the font-cache
+    step may start it that way on the host; matplotlib's font list is made in a box instead."""
+    marker = tmp_path / "ran-on-the-host"
+    hook = f"import os; open({str(marker)!r}, 'a').write('pid %d uid %d\\n' % (os.getpid(), os.getuid()))\n"
+    publish_files(fakenet.pkg_root, "matplotlib", "0.1", {
+        "matplotlib/__init__.py": b"", "matplotlib/font_manager.py": FAKE_FONT_MANAGER,
+        "matplotlib-init.pth": hook.encode()})
+    res = _build(tpl_name, index, "--pip", "matplotlib")
+    assert res.exit_code == 0, res.output
+    assert not marker.exists(), marker.read_text()
+    v1 = runtime.resolve(tpl_name).host_dir or ""
+    seed = json.loads(open(os.path.join(v1, runtime.MPL_SEED, "fontlist-v0test.json")).read())
+    assert seed == {"_version": "0test", "uid": 1000, "prefix": runtime.RUNTIME_MOUNT}  # made in a box
+    child = f"{tpl_name}-child"
+    try:
+        res = _build(child, index, "--from", tpl_name, "--pip", index["py"])
+        assert res.exit_code == 0, res.output
+        assert not marker.exists(), marker.read_text()  # pip under the child's interpreter: no site
+        made = runtime.resolve(child)
+        assert made.packages == ["matplotlib", index["py"]]
+        assert os.path.isfile(os.path.join(made.host_dir or "", runtime.MPL_SEED, "fontlist-v0test.json"))
+        p = jail_with("none")
+        try:
+            inst = p.create_instance(runtime=child)
+            r = p.execute_code(inst.instance_id, f"import {index['py']}, matplotlib.font_manager; print('ok')",
+                               "python", 30)
+            assert r.exit_code == 0 and r.stdout.strip() == "ok", r
+        finally:
+            p.shutdown()
+    finally:
+        runtime.remove(child, force=True)
+    # the hook is live: the version's interpreter started normally runs it
+    subprocess.run([os.path.join(v1, "bin", "python"), "-c", "pass"], check=True, capture_output=True)
+    assert marker.exists()
+
+
+def test_rm_refuses_a_version_a_running_box_mounts(index, tpl_name):
+    from execbox.boxes.jail_box import drain
+
+    assert _build(tpl_name, index).exit_code == 0  # v1
+    assert _build(tpl_name, index).exit_code == 0  # v2, current
+    p = jail_with("none")
+    try:
+        old = p.create_instance(runtime=f"{tpl_name}@v1")
+        rm = subprocess.run([sys.executable, "-m", "execbox", "runtime", "rm", f"{tpl_name}@v1"],
+                            capture_output=True, text=True, timeout=120)  # the operator's CLI: another process
+        assert rm.returncode == 2 and "SB002" in rm.stdout and "in use" in rm.stdout, rm.stdout + rm.stderr
+        r = p.execute_code(old.instance_id, "import sys; print(sys.prefix)", "python", 30)
+        assert r.exit_code == 0 and r.stdout.strip() == runtime.RUNTIME_MOUNT, r
+        with pytest.raises(runtime.RuntimeNotUsable, match="in use") as e:
+            runtime.remove(tpl_name)  # every version goes with the template: v1 is in use
+        assert e.value.http_status == 409
+        p.destroy_instance(old.instance_id)
+        cur = p.create_instance(runtime=tpl_name)  # v2, the current one
+        drain()
+        assert runtime.remove(f"{tpl_name}@v1") and runtime.versions(tpl_name) == ["v2"]
+        with pytest.raises(runtime.RuntimeNotUsable, match=f"{tpl_name} is in use"):
+            runtime.remove(tpl_name)
+        assert runtime.versions(tpl_name) == ["v2"]
+        res = CliRunner().invoke(app, ["runtime", "rm", tpl_name, "--force"])
+        assert res.exit_code == 0 and not os.path.exists(os.path.join(runtime.runtimes_dir(), tpl_name)), res.output
+        p.destroy_instance(cur.instance_id)
+    finally:
         p.shutdown()
