@@ -10,12 +10,16 @@ is put back. The connections are audited like any other egress and carry the ste
 Packages land in a staging directory in the workspace; only when the tool succeeded and the
 total size is within the cap are they moved into place (``.execbox/python`` on the box's
 ``PYTHONPATH`` and ``node_modules`` on ``NODE_PATH``), so a failed or oversized install adds
-nothing. The program below is fixed; requirements reach it as JSON arguments, never as a
-command line string.
+nothing. Each install holds a lock on its staging directory; one that no live install holds
+(left by an install killed at its timeout) is removed at the start of the next install, and
+right after a timeout. A box disk limit hit before the size cap (ENOSPC, EFBIG) is reported as
+the cap is: 413. The program below is fixed; requirements reach it as JSON arguments, never as
+a command line string.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,13 +36,14 @@ from ..errors import (
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+log = logging.getLogger(__name__)
 PYPI_URL = "https://pypi.org/simple/"
 NPM_URL = "https://registry.npmjs.org/"
 PYPI_HOSTS = ("pypi.org:443", "files.pythonhosted.org:443")
 NPM_HOSTS = ("registry.npmjs.org:443",)
 
 PROGRAM = r'''
-import os, re, shutil, subprocess, tempfile
+import errno, fcntl, os, re, shutil, signal, subprocess, tempfile
 
 PIP_MOUNT = "/opt/execbox/pip"
 
@@ -46,6 +51,43 @@ NET_ERRORS = ("Failed to establish a new connection", "Max retries exceeded", "C
               "Name or service not known", "Temporary failure in name resolution", "Connection refused",
               "ConnectionError", "ReadTimeoutError", "ECONNREFUSED", "ENOTFOUND", "ETIMEDOUT", "EAI_AGAIN",
               "ECONNRESET", "403 Forbidden", "Network is unreachable")
+DISK_FULL = ("No space left on device", "[Errno 28]", "ENOSPC", "File too large", "[Errno 27]", "EFBIG",
+             "Disk quota exceeded", "[Errno 122]", "EDQUOT")
+DISK_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def clear_stale(parent):
+    """Remove staging dirs whose install is gone (killed at its timeout): no live one holds their lock."""
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        if not name.startswith("install-"):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a running install's
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
+def disk_sizes(workspace):
+    out = {}
+    for key, path in (("workspace_bytes", workspace), ("tmp_bytes", tempfile.gettempdir())):
+        try:
+            st = os.statvfs(path)
+            out[key] = st.f_blocks * st.f_frsize
+        except OSError:
+            pass
+    return out
+
+
+def disk_full(tool, tail, workspace):
+    return {"ok": False, "tool": tool, "reason": "disk_full", "tail": tail, **disk_sizes(workspace)}
 
 
 def size_of(path):
@@ -102,51 +144,74 @@ def move_into(src, dest):
         os.replace(os.path.join(src, entry), target)
 
 
-def main(pip, npm, pip_args, pip_index, registry, site, workspace, max_bytes, tool_timeout):
-    os.makedirs(os.path.join(workspace, ".execbox"), exist_ok=True)
-    stage = tempfile.mkdtemp(prefix="install-", dir=os.path.join(workspace, ".execbox"))
+def main(pip, npm, pip_args, pip_index, registry, site, workspace, max_bytes, tool_timeout, clear_only=False):
+    parent = os.path.join(workspace, ".execbox")
+    clear_stale(parent)
+    if clear_only:
+        return {"ok": True}
+    try:
+        os.makedirs(parent, exist_ok=True)
+        stage = tempfile.mkdtemp(prefix="install-", dir=parent)
+    except OSError as e:
+        if e.errno in DISK_ERRNOS:
+            return disk_full("pip" if pip else "npm", str(e), workspace)
+        raise
+    lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY)  # held until this process ends: not stale
+    fcntl.flock(lock, fcntl.LOCK_EX)
     env = dict(os.environ, PIP_NO_CACHE_DIR="1", npm_config_update_notifier="false")
     try:
-        steps = []
-        if pip:
-            py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
-            if os.path.isdir(os.path.join(PIP_MOUNT, "pip")):  # execbox's copy of pip, else the system's
-                env["PYTHONPATH"] = PIP_MOUNT
-            steps.append(("pip", pip, [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-                                       "--no-cache-dir", "--progress-bar", "off", "--retries", "0", "--timeout",
-                                       "15", "--target", os.path.join(stage, "py"), *pip_args, "--", *pip]))
-        if npm:
-            npm_bin = shutil.which("npm")
-            if npm_bin is None:
-                return {"ok": False, "tool": "npm", "reason": "missing_tool", "tail": "npm is not installed"}
-            steps.append(("npm", npm, [npm_bin, "install", "--prefix", os.path.join(stage, "js"), "--no-audit",
-                                       "--no-fund", "--no-package-lock", "--fetch-retries", "0", "--fetch-timeout",
-                                       "15000", "--cache", os.path.join(stage, "npm-cache"),
-                                       "--registry", registry, "--", *npm]))
-        for tool, pkgs, argv in steps:
-            try:
-                proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                      timeout=tool_timeout, cwd=stage)
-            except subprocess.TimeoutExpired:
-                return {"ok": False, "tool": tool, "reason": "timeout", "tail": ""}
-            if proc.returncode != 0:
-                text = proc.stdout
-                if tool == "pip" and "No module named pip" in text:
-                    return {"ok": False, "tool": tool, "reason": "missing_tool", "tail": "pip is not installed"}
-                reason, pkg = classify(tool, text, pkgs, pip_index if tool == "pip" else registry)
-                return {"ok": False, "tool": tool, "reason": reason, "package": pkg,
-                        "tail": "\n".join(text.strip().splitlines()[-8:])}
-        shutil.rmtree(os.path.join(stage, "npm-cache"), ignore_errors=True)
-        total = size_of(stage)
-        if total > max_bytes:
-            return {"ok": False, "tool": "pip" if pip else "npm", "reason": "too_large", "bytes": total}
-        if pip:
-            move_into(os.path.join(stage, "py"), site)
-        if npm:
-            move_into(os.path.join(stage, "js", "node_modules"), os.path.join(workspace, "node_modules"))
-        return {"ok": True, "bytes": total}
+        return install(pip, npm, pip_args, pip_index, registry, site, workspace, max_bytes, tool_timeout, stage,
+                       env)
+    except OSError as e:
+        if e.errno in DISK_ERRNOS:
+            return disk_full("pip" if pip else "npm", str(e), workspace)
+        raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        os.close(lock)
+
+
+def install(pip, npm, pip_args, pip_index, registry, site, workspace, max_bytes, tool_timeout, stage, env):
+    steps = []
+    if pip:
+        py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
+        if os.path.isdir(os.path.join(PIP_MOUNT, "pip")):  # execbox's copy of pip, else the system's
+            env["PYTHONPATH"] = PIP_MOUNT
+        steps.append(("pip", pip, [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+                                   "--no-cache-dir", "--progress-bar", "off", "--retries", "0", "--timeout",
+                                   "15", "--target", os.path.join(stage, "py"), *pip_args, "--", *pip]))
+    if npm:
+        npm_bin = shutil.which("npm")
+        if npm_bin is None:
+            return {"ok": False, "tool": "npm", "reason": "missing_tool", "tail": "npm is not installed"}
+        steps.append(("npm", npm, [npm_bin, "install", "--prefix", os.path.join(stage, "js"), "--no-audit",
+                                   "--no-fund", "--no-package-lock", "--fetch-retries", "0", "--fetch-timeout",
+                                   "15000", "--cache", os.path.join(stage, "npm-cache"),
+                                   "--registry", registry, "--", *npm]))
+    for tool, pkgs, argv in steps:
+        try:
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                  timeout=tool_timeout, cwd=stage)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "tool": tool, "reason": "timeout", "tail": ""}
+        if proc.returncode != 0:
+            text = proc.stdout
+            tail = "\n".join(text.strip().splitlines()[-8:])
+            if proc.returncode == -signal.SIGXFSZ or any(m in text for m in DISK_FULL):
+                return disk_full(tool, tail, workspace)
+            if tool == "pip" and "No module named pip" in text:
+                return {"ok": False, "tool": tool, "reason": "missing_tool", "tail": "pip is not installed"}
+            reason, pkg = classify(tool, text, pkgs, pip_index if tool == "pip" else registry)
+            return {"ok": False, "tool": tool, "reason": reason, "package": pkg, "tail": tail}
+    shutil.rmtree(os.path.join(stage, "npm-cache"), ignore_errors=True)
+    total = size_of(stage)
+    if total > max_bytes:
+        return {"ok": False, "tool": "pip" if pip else "npm", "reason": "too_large", "bytes": total}
+    if pip:
+        move_into(os.path.join(stage, "py"), site)
+    if npm:
+        move_into(os.path.join(stage, "js", "node_modules"), os.path.join(workspace, "node_modules"))
+    return {"ok": True, "bytes": total}
 '''
 
 
@@ -204,15 +269,32 @@ def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: lis
                                               "context_id": None}, seconds, None, False)
     finally:
         link.set_policy(provider.enforced_egress(inst))
-    return _outcome(result, pip, npm, pip_url, npm_url, seconds, max_bytes, step)
+    if result.error_code == "SB005":
+        _clear_stale(provider, instance_id, args)
+    disk_mb = (provider.applied_limits() or {}).get("disk_quota_mb")
+    return _outcome(result, pip, npm, pip_url, npm_url, seconds, max_bytes, step, disk_mb)
+
+
+def _clear_stale(provider: Any, instance_id: str, args: dict[str, Any]) -> None:
+    """After a timeout killed the install: remove its staging dir now (the next install would too)."""
+    try:
+        provider._exec(instance_id, {"language": "python", "code": PROGRAM, "context_id": None,
+                                     "arguments": {**args, "clear_only": True}}, 30, None, False)
+    except Exception as e:  # noqa: BLE001 - best effort: the box may be gone; the next install retries
+        log.warning("install: could not remove the staging dir of a timed out install in %s: %s", instance_id, e)
+
+
+def _mib(n: Any) -> str:
+    return f"{n / (1024 * 1024):.0f} MiB" if isinstance(n, (int, float)) else "?"
 
 
 def _outcome(result: Any, pip: list[str], npm: list[str], pip_url: str | None, npm_url: str | None,
-             seconds: float, max_bytes: int, step: EgressPolicy) -> dict[str, Any]:
+             seconds: float, max_bytes: int, step: EgressPolicy, disk_mb: Any = None) -> dict[str, Any]:
     run_id = (result.metadata or {}).get("egress_run_id")
     base = {"pip": pip, "npm": npm, "egress_run_id": run_id, "allowed_during_install": step.to_dict()["allow"]}
     if result.error_code == "SB005":
-        raise ExecutionTimeoutError(f"install did not finish within {seconds:g}s", details=base)
+        raise ExecutionTimeoutError(f"install did not finish within {seconds:g}s; nothing was installed",
+                                    details=base)
     out = result.result if isinstance(result.result, dict) else None
     if out is None:
         raise InvalidConfigError(f"install failed inside the box: {(result.stderr or '')[-800:]}",
@@ -235,6 +317,15 @@ def _outcome(result: Any, pip: list[str], npm: list[str], pip_url: str | None, n
         raise PayloadTooLargeError(f"install would add {out.get('bytes')} bytes, over the cap of {max_bytes} "
                                    "(EXECBOX_INSTALL_MAX_BYTES); nothing was installed",
                                    details={**details, "bytes": out.get("bytes"), "max_bytes": max_bytes})
+    if reason == "disk_full":
+        limit = f"disk_quota_mb={disk_mb}" if disk_mb else "the provider's disk quota"
+        raise PayloadTooLargeError(
+            f"{tool}: the box ran out of disk space while installing (its limit: {limit}; workspace "
+            f"{_mib(out.get('workspace_bytes'))}, /tmp {_mib(out.get('tmp_bytes'))}), before the install size cap "
+            f"(EXECBOX_INSTALL_MAX_BYTES={max_bytes}) was checked; nothing was installed. Install less, or raise "
+            "the provider's disk_quota_mb",
+            details={**details, "max_bytes": max_bytes, "disk_quota_mb": disk_mb,
+                     "workspace_bytes": out.get("workspace_bytes"), "tmp_bytes": out.get("tmp_bytes")})
     if reason == "timeout":
         raise ExecutionTimeoutError(f"{tool} did not finish within the install timeout", details=details)
     if reason == "missing_tool":

@@ -4,13 +4,16 @@ for the step; unknown package / unreachable index name what failed; audited."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from execbox.errors import ConnectionFailedError, InvalidConfigError, PayloadTooLargeError
+from execbox.errors import ConnectionFailedError, ExecutionTimeoutError, InvalidConfigError, PayloadTooLargeError
 from tests import pkgindex
 
 from .conftest import audited, jail_with
+from .wheels import publish_files
 
 PY_FETCH = """
 import urllib.request
@@ -166,3 +169,59 @@ def test_install_in_a_docker_runc_box(fakenet, pkgs, monkeypatch, docker_engine)
             p.install_packages(iid, npm=[pkgs["js"]])  # the worker image has node but no npm
     finally:
         p.shutdown()
+
+
+STAGING = "ls -A .execbox 2>/dev/null | grep -c '^install-'"
+
+
+def test_a_stale_staging_dir_is_removed_by_the_next_install(net_jail, sbox, pkgs):
+    r = net_jail.run_command(sbox, "mkdir -p .execbox/install-left1 && head -c 4000000 /dev/zero > "
+                                   ".execbox/install-left1/blob && " + STAGING, 30)
+    assert r.stdout.strip() == "1", r  # what an install killed at its timeout leaves
+    assert net_jail.install_packages(sbox, pip=[pkgs["py"]])["installed"]
+    r = net_jail.run_command(sbox, STAGING, 30)
+    assert r.stdout.strip() == "0", r
+
+
+BLACKHOLE = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(16)
+print("ready", flush=True)
+held = []
+while True:
+    held.append(s.accept()[0])  # accepted, never answered
+"""
+
+
+def test_a_timed_out_install_leaves_no_staging_dir(net_jail, sbox, pkgs, fakenet, monkeypatch):
+    port = 8097
+    hole = subprocess.Popen(["ip", "netns", "exec", fakenet.prefix, sys.executable, "-c", BLACKHOLE,
+                             fakenet.server_ip, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hole.stdout is not None and "ready" in hole.stdout.readline()
+        monkeypatch.setenv("EXECBOX_PIP_INDEX_URL", f"http://{pkgs['host']}:{port}/simple")
+        with pytest.raises(ExecutionTimeoutError) as e:
+            net_jail.install_packages(sbox, pip=[pkgs["py"]], timeout=3)
+        assert e.value.code == "SB005" and "nothing was installed" in e.value.message
+    finally:
+        hole.kill()
+        hole.wait(5)
+    r = net_jail.run_command(sbox, STAGING, 30)
+    assert r.stdout.strip() == "0", r  # removed right after the timeout, not only by the next install
+
+
+def test_the_box_disk_limit_before_the_cap_is_413_naming_it(net_jail, sbox, pkgs, fakenet, monkeypatch):
+    name = f"bigunpack{os.getpid()}"  # a ~70 KiB download that unpacks to 64 MiB (the box has 32)
+    publish_files(fakenet.pkg_root, name, "1.0", {f"{name}/__init__.py": b"", f"{name}/blob.bin": bytes(64 << 20)},
+                  deflate=True)
+    monkeypatch.setenv("EXECBOX_INSTALL_MAX_BYTES", str(600 << 20))  # the cap is not what stops it
+    with pytest.raises(PayloadTooLargeError) as e:
+        net_jail.install_packages(sbox, pip=[name])
+    assert e.value.code == "SB002" and e.value.http_status == 413, e.value
+    assert "ran out of disk space" in e.value.message and "disk_quota_mb=32" in e.value.message
+    assert "nothing was installed" in e.value.message and e.value.details["disk_quota_mb"] == 32
+    r = net_jail.run_command(sbox, f"python3 -c 'import {name}' 2>&1 | tail -1; " + STAGING, 30)
+    assert "ModuleNotFoundError" in r.stdout and r.stdout.strip().endswith("0"), r
