@@ -123,3 +123,62 @@ def test_connections_still_open_at_removal_are_recorded(records):
     assert records == []
     reader.close()
     assert len(records) == 1 and "box removed" in records[0].reason
+
+
+def test_a_connection_the_box_namespace_cut_at_its_byte_cap_says_limited(records):
+    """The box namespace's quota (both paths together) marks what it cuts; the link's own count
+    (gateway payload + routed IP bytes) may still be under the cap."""
+    link = Link(max_bytes=1_000_000)
+    gone = msg(conntrack.IPCTNL_MSG_CT_DELETE, 0, 5, up=200, down=5000)
+    gone += attr(conntrack.CTA_MARK, struct.pack("!I", 0x5EB | conntrack.LIMITED_MARK))
+    gone = struct.pack("=I", len(gone)) + gone[4:]
+    conntrack.ConntrackAudit(link, Sock([msg(0, conntrack.NLM_F_CREATE, 5), gone]), BOX).readable()  # type: ignore[arg-type]
+    assert records[0].decision == "limited" and "byte cap of 1000000" in records[0].reason
+
+
+def entry(src: str, dst: str, dport: int, mark: int = 0, zone: int | None = None) -> bytes:
+    """One message of a conntrack dump (IPCTNL_MSG_CT_NEW, NLM_F_MULTI)."""
+    body = tup(1, src, dst, dport) + tup(2, dst, src, 40000) + attr(conntrack.CTA_MARK, struct.pack("!I", mark))
+    if zone is not None:
+        body += attr(conntrack.CTA_ZONE, struct.pack("!H", zone))
+    head = struct.pack("=IHHII", 20 + len(body), 1 << 8, 2, 1, 0)
+    return head + struct.pack("=BBH", socket.AF_INET, 0, 0) + body
+
+
+def nlmsg(kind: int, payload: bytes = b"") -> bytes:
+    return struct.pack("=IHHII", 16 + len(payload), kind, 0, 1, 0) + payload
+
+
+def ack(err: int) -> bytes:
+    return nlmsg(conntrack.NLMSG_ERROR, struct.pack("=i", -err) + b"\0" * 16)
+
+
+def test_cut_deletes_only_entries_no_longer_routed_and_names_them_exactly():
+    other = "198.18.9.9"
+    dump = [entry(BOX, SERVER, 80) + entry(BOX, SERVER, 8080, zone=3) + entry(other, SERVER, 8080),
+            entry(BOX, "203.0.113.77", 443) + nlmsg(conntrack.NLMSG_DONE, b"\0" * 4)]
+    sock = Sock([*dump, ack(0), ack(2)])  # the second one was already gone (ENOENT): fine
+    n = conntrack.cut(sock, lambda dst, port: (dst, port) == (SERVER, 80), src=BOX)  # type: ignore[arg-type]
+    assert n == 1
+    request, *deletes = sock.sent
+    # a dump, filtered by the kernel on the original source where it can (CTA_FILTER)
+    assert struct.unpack_from("=HH", request, 4) == ((1 << 8) | conntrack.IPCTNL_MSG_CT_GET,
+                                                     conntrack.NLM_F_REQUEST | conntrack.NLM_F_DUMP)
+    assert socket.inet_aton(BOX) in request and struct.pack("=HH", 20, conntrack.CTA_FILTER | 0x8000) in request
+    # still routed: kept; another box's entry: untouched (filtered here again); the rest: deleted
+    assert len(deletes) == 2
+    assert tup(1, BOX, SERVER, 8080) in deletes[0] and attr(conntrack.CTA_ZONE, struct.pack("!H", 3)) in deletes[0]
+    assert tup(1, BOX, "203.0.113.77", 443) in deletes[1]
+    assert all(struct.unpack_from("=HH", d, 4) == ((1 << 8) | conntrack.IPCTNL_MSG_CT_DELETE,
+                                                   conntrack.NLM_F_REQUEST | conntrack.NLM_F_ACK) for d in deletes)
+
+
+def test_cut_by_mark_and_a_refused_delete_raises():
+    dump = [entry(BOX, SERVER, 8080, mark=0x5EB | conntrack.LIMITED_MARK) + entry(BOX, SERVER, 9000, mark=7)
+            + nlmsg(conntrack.NLMSG_DONE, b"\0" * 4), ack(1)]  # EPERM
+    sock = Sock(dump)
+    with pytest.raises(OSError, match="conntrack delete"):
+        conntrack.cut(sock, lambda dst, port: False, mark=(0x5EB, 0xFFFF))  # type: ignore[arg-type]
+    assert len(sock.sent) == 2 and tup(1, BOX, SERVER, 8080) in sock.sent[1]
+    with pytest.raises(OSError, match="conntrack dump"):
+        conntrack.entries(Sock([ack(1)]), mark=(0x5EB, 0xFFFF))  # type: ignore[arg-type]

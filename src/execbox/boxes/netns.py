@@ -19,10 +19,14 @@ its checks. Names are ``exb-<service pid>-<n>`` so ``reap_stale`` can remove lef
 
 With a kernel route (boxes/netroute.py: IP-literal allow entries, on a host that forwards IPv4)
 the veth's other end is in the host's namespace instead, the box's address is unique on the
-host, and the listed CIDRs and ports are exempt from the REDIRECT and accepted out of eb0. The
-namespace then also keeps conntrack accounting and an event socket, from which those
-connections are audited (egress/conntrack.py); its TIME_WAIT and CLOSE timeouts are 1 s so a
-closed connection's record arrives at once.
+host, and the listed CIDRs and ports (chains ``EXB-FAST``) are exempt from the REDIRECT and
+accepted out of eb0; once established, only connections carrying the routed connmark leave
+(``routed_rules``). The namespace then also keeps conntrack accounting and an event socket, from
+which those connections are audited (egress/conntrack.py); its TIME_WAIT and CLOSE timeouts are
+1 s so a closed connection's record arrives at once, and ``nf_conntrack_tcp_loose=0`` so a packet
+of a connection it does not know (one a narrowing deleted) never re-creates it. The box's byte
+and connection caps are enforced here for both paths together (the gateway's connections cross
+this namespace's loopback, the routed ones its eb0).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..egress.conntrack import flush_mark
+from ..egress import conntrack
 from . import netroute
 
 log = logging.getLogger("execbox.netns")
@@ -49,8 +53,8 @@ GW_DNS_PORT = 15053
 BOX_ADDR = "198.18.255.2"
 GW_ADDR = "198.18.255.1"
 PREFIX = "exb-"
-NETLINK_NETFILTER = 12
-ROUTED_MARK = 0x5EB
+ROUTED_MARK = 0x5EB  # connmark of a routed connection (set in nat OUTPUT on its first packet)
+ROUTED_MASK = 0xFFFF  # the bits above are flags: conntrack.LIMITED_MARK
 CT_GROUPS = (1 << 0) | (1 << 1) | (1 << 2)  # NFNLGRP_CONNTRACK_NEW, _UPDATE, _DESTROY
 
 _counter = itertools.count(1)
@@ -58,20 +62,14 @@ _ns_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-netns
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def iptables_rules(box_addr: str = BOX_ADDR, fast: tuple[netroute.FastEntry, ...] = ()) -> str:
-    """The namespace's whole rule set; ``fast``: destinations routed by the kernel, not redirected."""
-    exempt = [f"-p tcp -d {net} -m multiport --dports {','.join(map(str, ports))}" for net, ports in fast]
-    nat = "".join(f"-A OUTPUT {m} -j CONNMARK --set-mark {ROUTED_MARK}\n-A OUTPUT {m} -j RETURN\n" for m in exempt)
-    # established routed connections skip the destination rules (cheap per packet); a narrowing
-    # deletes the routed ones (conntrack mark) so their next packet is judged again as new
-    out = "-A OUTPUT -o eb0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n" if fast else ""
-    out += "".join(f"-A OUTPUT -o eb0 {m} -j ACCEPT\n" for m in exempt)
+def iptables_rules(box_addr: str = BOX_ADDR) -> str:
+    """The rule set of a namespace whose only exit is the gateway."""
     return f"""*nat
 :PREROUTING ACCEPT [0:0]
 :INPUT ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]
 :POSTROUTING ACCEPT [0:0]
-{nat}-A OUTPUT -p tcp ! -d 127.0.0.0/8 -j REDIRECT --to-ports {GW_TCP_PORT}
+-A OUTPUT -p tcp ! -d 127.0.0.0/8 -j REDIRECT --to-ports {GW_TCP_PORT}
 -A OUTPUT -p udp ! -d 127.0.0.0/8 --dport 53 -j REDIRECT --to-ports {GW_DNS_PORT}
 COMMIT
 *filter
@@ -80,15 +78,94 @@ COMMIT
 :OUTPUT DROP [0:0]
 -A OUTPUT -d 127.0.0.0/8 -j ACCEPT
 -A OUTPUT -d {box_addr}/32 -j ACCEPT
-{out}-A OUTPUT -j REJECT --reject-with icmp-admin-prohibited
+-A OUTPUT -j REJECT --reject-with icmp-admin-prohibited
 COMMIT
 """
 
 
 IPTABLES_RULES = iptables_rules()
+FAST_CHAIN = "EXB-FAST"
+CAP_CHAIN = "EXB-CAP"
+OVER_CHAIN = "EXB-OVER"
 
+
+def _fast(fast: tuple[netroute.FastEntry, ...]) -> tuple[str, str]:
+    """The rules of the nat and the filter ``EXB-FAST`` chains: the routed destinations."""
+    match = [f"-p tcp -d {net} -m multiport --dports {','.join(map(str, ports))}" for net, ports in fast]
+    nat = "".join(f"-A {FAST_CHAIN} {m} -j CONNMARK --set-mark {ROUTED_MARK}\n-A {FAST_CHAIN} {m} -j ACCEPT\n"
+                  for m in match)
+    return nat, "".join(f"-A {FAST_CHAIN} {m} -j ACCEPT\n" for m in match)
+
+
+def fast_rules(fast: tuple[netroute.FastEntry, ...]) -> str:
+    """For ``iptables-restore --noflush``: the two chains that name the routed destinations, all
+    that a narrowing rewrites (declaring a chain flushes it; the others keep rules and counters)."""
+    nat, out = _fast(fast)
+    return f"*nat\n:{FAST_CHAIN} - [0:0]\n{nat}COMMIT\n*filter\n:{FAST_CHAIN} - [0:0]\n{out}COMMIT\n"
+
+
+def routed_rules(box_addr: str, fast: tuple[netroute.FastEntry, ...], max_connections: int, max_bytes: int) -> str:
+    """The whole rule set of a namespace with a kernel route.
+
+    - nat: a new TCP connection to a routed destination (``EXB-FAST``) gets the routed connmark and
+      no NAT; every other one is REDIRECTed to the gateway as without a route.
+    - filter OUTPUT: a routed connection's packets leave eb0 only with that mark once established,
+      or, new (or unknown to conntrack), to a destination still listed; any other TCP packet out of
+      eb0 gets a reset (a connection that a narrowing deleted: ``nf_conntrack_tcp_loose=0`` keeps
+      its next packet from being taken for a fresh connection, in either direction).
+    - filter INPUT: packets from eb0 that conntrack does not know are dropped.
+    - caps for both paths together (the gateway's connections and the routed ones): every new TCP
+      connection to a non-loopback destination (as the box asked for it, before REDIRECT) counts
+      against ``max_connections`` (connlimit; past it: a reset, "connection refused"), and the IP
+      bytes of those connections both ways (box <-> gateway socket, box <-> eb0) against one quota
+      of ``max_bytes`` (``EXB-CAP``, written once: a narrowing leaves it alone). Past it every
+      packet the box's namespace sends (the box's, or the gateway's towards the box) gets a
+      reset; what arrives from eb0 still passes, so the box's ACK of it is what gets the reset
+      and a transfer ends at once with ECONNRESET instead of stalling (as on the host's side).
+      A connection cut so carries ``conntrack.LIMITED_MARK``: its record says ``limited``."""
+    limit = f"-m connlimit --connlimit-above {max_connections} --connlimit-mask 0"
+    nat, out = _fast(fast)
+    return f"""*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:{FAST_CHAIN} - [0:0]
+-A OUTPUT -p tcp ! -d 127.0.0.0/8 -j {FAST_CHAIN}
+-A OUTPUT -p tcp ! -d 127.0.0.0/8 -j REDIRECT --to-ports {GW_TCP_PORT}
+-A OUTPUT -p udp ! -d 127.0.0.0/8 --dport 53 -j REDIRECT --to-ports {GW_DNS_PORT}
+{nat}COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT DROP [0:0]
+:{FAST_CHAIN} - [0:0]
+:{CAP_CHAIN} - [0:0]
+:{OVER_CHAIN} - [0:0]
+-A INPUT -i eb0 -m conntrack --ctstate INVALID -j DROP
+-A INPUT -i eb0 -p tcp -j {CAP_CHAIN}
+-A OUTPUT -p tcp -m conntrack ! --ctorigdst 127.0.0.0/8 -j {CAP_CHAIN}
+-A OUTPUT -p tcp --syn -m conntrack --ctstate NEW ! --ctorigdst 127.0.0.0/8 {limit} -j REJECT --reject-with tcp-reset
+-A OUTPUT -d 127.0.0.0/8 -j ACCEPT
+-A OUTPUT -d {box_addr}/32 -j ACCEPT
+-A OUTPUT -o eb0 -m connmark --mark {ROUTED_MARK}/{ROUTED_MASK} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A OUTPUT -o eb0 -m conntrack --ctstate NEW,INVALID -j {FAST_CHAIN}
+-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset
+-A OUTPUT -j REJECT --reject-with icmp-admin-prohibited
+-A {CAP_CHAIN} -p tcp --tcp-flags RST RST -j RETURN
+-A {CAP_CHAIN} -p tcp -m quota ! --quota {max(max_bytes, 0)} -j {OVER_CHAIN}
+-A {OVER_CHAIN} -j CONNMARK --or-mark {conntrack.LIMITED_MARK}
+-A {OVER_CHAIN} -i eb0 -j RETURN
+-A {OVER_CHAIN} -p tcp -j REJECT --reject-with tcp-reset
+{out}COMMIT
+"""
+
+
+# per-namespace conntrack settings of a routed box: byte counters for the audit; a closed
+# connection's entry goes at once; a packet of no known connection never starts one (the
+# loose pick-up would let the remote side re-open a connection that a narrowing deleted)
 ROUTED_SYSCTLS = ("net.netfilter.nf_conntrack_acct=1", "net.netfilter.nf_conntrack_tcp_timeout_time_wait=1",
-                  "net.netfilter.nf_conntrack_tcp_timeout_close=1")
+                  "net.netfilter.nf_conntrack_tcp_timeout_close=1", "net.netfilter.nf_conntrack_tcp_loose=0")
 
 IP_BATCH = f"""link set lo up
 link add eb0 type veth peer name eb1
@@ -130,16 +207,25 @@ class BoxNet:
 
     def set_fast(self, fast: tuple[netroute.FastEntry, ...], max_connections: int, bytes_left: int) -> None:
         """Re-point the kernel route at ``fast`` (a narrowed policy's entries), host side first:
-        if the box's side then fails, its packets still meet the host's new rules. Routed
-        connections already open are then forgotten by the box's conntrack, so each one's next
-        packet is judged as new: still listed, it goes on; no longer listed, it is redirected to
-        the gateway, which knows no such connection and resets it."""
+        if the box's side then fails, its packets still meet the host's new rules. Then the routed
+        connections open to a destination no longer listed are deleted from the conntrack tables
+        of both namespaces (those still listed go on untouched): the box's next packet of one is
+        unknown to its namespace and gets a reset there (and would get one from the host), the
+        remote side's is addressed to a host connection that no longer exists and never reaches
+        the box. Any failure raises (the caller then shuts the route)."""
         if self.route is None or fast == self.route.entries:
             return
         self.route.apply(fast, max_connections, bytes_left)
-        _run(["ip", "netns", "exec", self.name, "iptables-restore"], iptables_rules(str(self.route.addr), fast))
-        if self.ct is not None:
-            flush_mark(self.ct, ROUTED_MARK)
+        _run(["ip", "netns", "exec", self.name, "iptables-restore", "--noflush"], fast_rules(fast))
+        try:
+            sock = _ns_thread.submit(_in_netns, self.fd, conntrack.query_socket).result(10)
+            try:
+                conntrack.cut(sock, lambda dst, port: netroute.allows(fast, dst, port), mark=(ROUTED_MARK, ROUTED_MASK))
+            finally:
+                sock.close()
+            self.route.cut()
+        except OSError as e:
+            raise NetnsError(f"cannot cut the routed connections no longer allowed: {e}") from e
 
     def close(self) -> None:
         for s in (self.tcp, self.udp, self.ct):
@@ -191,7 +277,7 @@ def _sockets() -> tuple[socket.socket, socket.socket]:
 
 def _ct_socket() -> socket.socket:
     """A conntrack event socket (new and destroyed connections) of the calling thread's namespace."""
-    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, conntrack.NETLINK_NETFILTER)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         s.bind((0, CT_GROUPS))
@@ -245,8 +331,8 @@ def _configure(name: str, n: int, spec: RouteSpec | None) -> BoxNet:
         else:
             _run(["ip", "-n", name, "-batch", "-"], IP_BATCH)
         _run(["ip", "netns", "exec", name, "sysctl", "-q", "-w", *sysctls])
-        _run(["ip", "netns", "exec", name, "iptables-restore"],
-             iptables_rules(str(route.addr), route.entries) if route is not None else IPTABLES_RULES)
+        _run(["ip", "netns", "exec", name, "iptables-restore"], IPTABLES_RULES if route is None or spec is None else
+             routed_rules(str(route.addr), route.entries, spec.max_connections, spec.max_bytes))
         fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY | os.O_CLOEXEC)
         tcp, udp = _ns_thread.submit(_in_netns, fd, _sockets).result(10)
         ct = _ns_thread.submit(_in_netns, fd, _ct_socket).result(10) if route is not None else None

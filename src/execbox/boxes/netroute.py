@@ -14,7 +14,10 @@ Docker or Kubernetes host does: execbox never turns routing on for a host):
 - the box's veth peer ``exh<pid>-<n>`` (hex) lives in the host's namespace; the pair gets a /31
   of 198.18.0.0/17 (inside the always-denied 198.18.0.0/15), unique on the host: the host's end
   is the box's next hop, the other address is the box's;
-- filter FORWARD jumps to ``EXB-FWD`` for anything in or out of an ``exh+`` interface; there each
+- filter FORWARD jumps to ``EXB-FWD`` for anything in or out of an ``exh+`` interface (these two
+  jumps, the INPUT and the nat PREROUTING rules below are put back at the top of their chains
+  whenever a box's route is set up and they are not: Docker inserts its own FORWARD rules first
+  when it (re)starts); there each
   box has its chain ``EXB-<pid>-<n>``: a byte quota (the box's remaining byte cap; past it the
   box's packets get resets, chain ``EXB-<pid>-<n>-x``), packets of established connections, a
   connection cap, then ACCEPT of new connections only to the listed CIDRs and ports and from the
@@ -26,7 +29,9 @@ Docker or Kubernetes host does: execbox never turns routing on for a host):
 
 The box's own namespace (boxes/netns.py) sends only those destinations out of its veth and still
 REDIRECTs everything else to the gateway, so each rule set is enough on its own: code that could
-change the rules of its namespace would still meet the host's.
+change the rules of its namespace would still meet the host's. Established connections pass the
+host's chain without a destination check; a narrowing therefore deletes the host's conntrack
+entries of the box's connections no longer listed (``Route.cut``), as well as the box's own.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
+from ..egress import conntrack
 from ..egress.policy import ALWAYS_DENIED, EgressPolicy
 
 log = logging.getLogger("execbox.netroute")
@@ -93,25 +99,63 @@ def fast_entries(policy: EgressPolicy | None) -> tuple[FastEntry, ...]:
     return tuple(sorted(set(out), key=lambda x: (int(x[0].network_address), x[0].prefixlen, x[1])))
 
 
+# rules that must come first in their chains (table, chain, rules in order, as ``iptables -S`` prints
+# them): a rule another service inserted above them (Docker's DOCKER-USER and DOCKER jumps after a
+# restart, a firewall reload) could accept a box's packet before execbox's rules see it
+TOP = (("filter", "FORWARD", (f"-i {IF_PREFIX}+ -j {DISPATCH}", f"-o {IF_PREFIX}+ -j {DISPATCH}")),
+       ("filter", "INPUT", (f"-i {IF_PREFIX}+ -p tcp -j REJECT --reject-with tcp-reset", f"-i {IF_PREFIX}+ -j DROP")),
+       ("nat", "PREROUTING", (f"-i {IF_PREFIX}+ -j RETURN",)))
+
+
+def allows(entries: tuple[FastEntry, ...], dst: str, port: int) -> bool:
+    """Do ``entries`` route a TCP connection to ``dst``:``port``?"""
+    ip = ipaddress.IPv4Address(dst)
+    return any(ip in net and port in ports for net, ports in entries)
+
+
 def _ensure_base() -> None:
-    """The shared chains and rules (idempotent; several execbox processes may share a host)."""
+    """The shared chains and rules (idempotent; several execbox processes may share a host); the
+    ``TOP`` rules are checked on every call, i.e. for every box."""
     global _base_done
     with _base_lock:
-        if _base_done:
-            return
-        if _run(["iptables", "-w", "-n", "-L", DISPATCH], check=False).returncode != 0:
-            _run(["iptables", "-w", "-N", DISPATCH], check=False)
-            _run(["iptables", "-w", "-A", DISPATCH, "-j", "DROP"])
-        for table, chain, rule in (
-                ("filter", "FORWARD", ["-o", f"{IF_PREFIX}+", "-j", DISPATCH]),
-                ("filter", "FORWARD", ["-i", f"{IF_PREFIX}+", "-j", DISPATCH]),
-                ("nat", "PREROUTING", ["-i", f"{IF_PREFIX}+", "-j", "RETURN"]),
-                ("filter", "INPUT", ["-i", f"{IF_PREFIX}+", "-j", "DROP"]),
-                ("filter", "INPUT", ["-i", f"{IF_PREFIX}+", "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]),
-                ("nat", "POSTROUTING", ["-s", str(BOX_NET), "!", "-o", f"{IF_PREFIX}+", "-j", "MASQUERADE"])):
-            if _run(["iptables", "-w", "-t", table, "-C", chain, *rule], check=False).returncode != 0:
-                _run(["iptables", "-w", "-t", table, "-I", chain, "1", *rule])
-        _base_done = True
+        if not _base_done:
+            _make_dispatch()
+            masq = ["-s", str(BOX_NET), "!", "-o", f"{IF_PREFIX}+", "-j", "MASQUERADE"]
+            if _run(["iptables", "-w", "-t", "nat", "-C", "POSTROUTING", *masq], check=False).returncode != 0:
+                _run(["iptables", "-w", "-t", "nat", "-I", "POSTROUTING", "1", *masq])
+            _base_done = True
+        for attempt in range(3):
+            try:
+                _ensure_top()
+                return
+            except RouteError:
+                if attempt == 2:
+                    raise
+                _make_dispatch()  # the dispatch chain itself may be gone (a firewall reload)
+
+
+def _make_dispatch() -> None:
+    if _run(["iptables", "-w", "-n", "-L", DISPATCH], check=False).returncode != 0:
+        _run(["iptables", "-w", "-N", DISPATCH], check=False)
+        _run(["iptables", "-w", "-A", DISPATCH, "-j", "DROP"], check=False)
+
+
+def _ensure_top() -> None:
+    """Put the ``TOP`` rules first in their chains, in one transaction per table, where they are
+    not (one ``iptables -S`` per chain when all is well, i.e. per box set-up)."""
+    batches: dict[str, list[str]] = {}
+    for table, chain, rules in TOP:
+        have = [line[len(f"-A {chain} "):] for line in
+                _run(["iptables", "-w", "-t", table, "-S", chain]).stdout.splitlines()
+                if line.startswith(f"-A {chain} ")]
+        if tuple(have[:len(rules)]) == rules:
+            continue
+        ops = batches.setdefault(table, [])
+        ops += [f"-D {chain} {r}" for r in rules for _ in range(have.count(r))]
+        ops += [f"-I {chain} 1 {r}" for r in reversed(rules)]
+    for table, ops in batches.items():
+        log.info("kernel route: putting execbox's rules back at the top of %s", table)
+        _run(["iptables-restore", "-w", "--noflush"], f"*{table}\n" + "\n".join(ops) + "\nCOMMIT\n")
 
 
 @dataclass
@@ -135,8 +179,9 @@ class Route:
     def rules(self, entries: tuple[FastEntry, ...], max_connections: int, bytes_left: int) -> str:
         c, i = self.chain, self.ifname
         # every packet passes the quota and, once its connection is up, the state check only:
-        # the per-packet path stays two rules (narrowing cuts routed connections in the box's
-        # namespace, netns.BoxNet.set_fast, so established ones need no destination check here)
+        # the per-packet path stays two rules (a narrowing deletes this namespace's conntrack
+        # entries of the box's connections no longer listed, ``cut``, so established ones need no
+        # destination check here: their next packet is judged as new, and refused)
         lines = [f"-A {c} -m quota ! --quota {max(bytes_left, 0)} -j {self.over}",
                  f"-A {c} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
                  f"-A {c} -o {i} -j DROP",
@@ -160,6 +205,17 @@ class Route:
              f"*filter\n:{self.chain} - [0:0]\n:{self.over} - [0:0]\n"
              f"{self.rules(entries, max_connections, bytes_left)}\nCOMMIT\n")
         self.entries = entries
+
+    def cut(self) -> int:
+        """Delete the host's conntrack entries of this box's connections that ``entries`` no longer
+        route. Their next packet is then judged again: the box's is refused (reset) for its
+        destination, the remote side's (addressed to the host's masquerading address) finds no
+        connection and is refused by the host's own stack or dropped. Returns how many."""
+        sock = conntrack.query_socket()
+        try:
+            return conntrack.cut(sock, lambda dst, port: allows(self.entries, dst, port), src=str(self.addr))
+        finally:
+            sock.close()
 
     def remove(self) -> None:
         for args in (["-D", DISPATCH, "-i", self.ifname, "-j", self.chain],

@@ -14,11 +14,14 @@ gateway's loop while the box's transfers run, so it must cost microseconds per m
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
+import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import audit
@@ -26,22 +29,28 @@ from .policy import is_host_address
 
 log = logging.getLogger("execbox.egress")
 
+NETLINK_NETFILTER = 12
 IPCTNL_MSG_CT_NEW = 0
+IPCTNL_MSG_CT_GET = 1
 IPCTNL_MSG_CT_DELETE = 2
 NFNL_SUBSYS_CTNETLINK = 1
 # linux/netfilter/nfnetlink_conntrack.h
 CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_MARK = 1, 2, 4, 8
-CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY, CTA_ID, CTA_MARK_MASK = 9, 10, 12, 21
+CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY, CTA_ID, CTA_ZONE, CTA_MARK_MASK, CTA_FILTER = 9, 10, 12, 18, 21, 25
+CTA_FILTER_ORIG_FLAGS, CTA_FILTER_REPLY_FLAGS, CTA_FILTER_F_IP_SRC = 1, 2, 1 << 0
+NLA_F_NESTED = 0x8000
 CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
 CTA_IP_V4_SRC, CTA_IP_V4_DST = 1, 2
 CTA_PROTO_NUM, CTA_PROTO_DST_PORT = 1, 3
 CTA_COUNTERS_BYTES = 2
 CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE = 1, 1
-NLM_F_REQUEST = 1
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 1, 4, 0x300
 NLM_F_CREATE = 0x400
+NLMSG_ERROR, NLMSG_DONE = 2, 3
 CLOSING = {4, 5, 6, 7, 8}  # FIN_WAIT, CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSE
 ENDED = {7, 8}  # TIME_WAIT, CLOSE: nothing more will flow
 REASON = "kernel route (IP allow entry)"
+LIMITED_MARK = 0x10000  # connmark flag set by the box namespace's byte cap (boxes/netns.py, EXB-OVER)
 
 
 class ConntrackAudit:
@@ -110,7 +119,8 @@ class ConntrackAudit:
                 rec.reason = f"{REASON}: no answer from upstream"
             self.link.bytes_total += rec.bytes_up + rec.bytes_down
             cap = self.link.limits.max_bytes
-            if rec.decision == "allowed" and self.link.bytes_total > cap:  # the host's quota reset it
+            if rec.decision == "allowed" and (self.link.bytes_total > cap  # the host's quota reset it
+                                              or _u(raw, top.get(CTA_MARK)) & LIMITED_MARK):  # the box's
                 rec.decision, rec.reason = "limited", f"byte cap of {cap} reached ({REASON})"
             rec.duration_ms = round(((closed or now) - started) * 1000, 3)
             audit.record(rec)
@@ -139,11 +149,96 @@ class ConntrackAudit:
         self.open.clear()
 
 
-def flush_mark(sock: socket.socket, mark: int) -> None:
-    """Delete every conntrack entry carrying ``mark`` in the namespace of ``sock`` (the kernel
-    does it within this send). Errors come back as messages on the socket; the reader skips them."""
-    _ct_delete(sock, struct.pack("=HH", 8, CTA_MARK) + struct.pack("!I", mark)
-               + struct.pack("=HH", 8, CTA_MARK_MASK) + struct.pack("!I", 0xFFFFFFFF))
+Entry = tuple[str, str, int, int, bytes]  # source, destination, protocol, destination port, request attributes
+
+
+def query_socket() -> socket.socket:
+    """A conntrack request socket (no event groups) of the calling thread's network namespace."""
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    try:
+        s.bind((0, 0))
+        s.settimeout(5.0)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def entries(sock: socket.socket, *, src: str | None = None,
+            mark: tuple[int, int] | None = None) -> list[Entry]:
+    """The IPv4 conntrack entries of ``sock``'s namespace whose original source is ``src`` and/or
+    whose mark is ``mark`` = (value, mask). The kernel filters too where it can (marks always, the source since
+    Linux 5.8: older kernels ignore the filter and dump everything); they are filtered here again."""
+    attrs = b""
+    if mark is not None:
+        attrs += _attr(CTA_MARK, struct.pack("!I", mark[0])) + _attr(CTA_MARK_MASK, struct.pack("!I", mark[1]))
+    if src is not None:
+        attrs += _attr(CTA_TUPLE_ORIG | NLA_F_NESTED, _attr(CTA_TUPLE_IP | NLA_F_NESTED,
+                                                            _attr(CTA_IP_V4_SRC, socket.inet_aton(src))))
+        attrs += _attr(CTA_FILTER | NLA_F_NESTED, _attr(CTA_FILTER_ORIG_FLAGS, struct.pack("=I", CTA_FILTER_F_IP_SRC))
+                       + _attr(CTA_FILTER_REPLY_FLAGS, struct.pack("=I", 0)))
+    _request(sock, IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, attrs)
+    out: list[Entry] = []
+    while True:
+        data = sock.recv(1 << 17)
+        off = 0
+        while off + 16 <= len(data):
+            length, mtype = struct.unpack_from("=IH", data, off)
+            if length < 16:
+                break
+            if mtype == NLMSG_DONE:
+                return out
+            if mtype == NLMSG_ERROR:
+                err = -struct.unpack_from("=i", data, off + 16)[0]
+                raise OSError(err, f"conntrack dump: {os.strerror(err)}")
+            raw = data[off:off + length]
+            if mtype >> 8 == NFNL_SUBSYS_CTNETLINK and length > 20:
+                top = _attrs(raw, 20, len(raw))
+                orig, t = top.get(CTA_TUPLE_ORIG), _tuple(raw, top.get(CTA_TUPLE_ORIG))
+                if orig is not None and t is not None and (src is None or t[0] == src) and (
+                        mark is None or _u(raw, top.get(CTA_MARK)) & mark[1] == mark[0]):
+                    req = raw[orig[0] - 4:orig[1]]  # the attribute with its header names the entry
+                    req += b"\0" * (-len(req) % 4)
+                    zone = top.get(CTA_ZONE)
+                    if zone is not None:  # an entry of another zone is named with its zone
+                        req += _attr(CTA_ZONE, raw[zone[0]:zone[1]])
+                    out.append((*t, req))
+            off += (length + 3) & ~3
+
+
+def delete(sock: socket.socket, victims: list[Entry]) -> int:
+    """Delete ``victims`` (from ``entries``) on ``sock``, one acknowledged request each; an entry
+    already gone is fine, any other refusal raises. Returns how many were deleted."""
+    n = 0
+    for *_, req in victims:
+        _request(sock, IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, req)
+        while True:
+            data = sock.recv(1 << 16)
+            if len(data) >= 20 and struct.unpack_from("=H", data, 4)[0] == NLMSG_ERROR:
+                break  # other messages (none are expected on this socket) are skipped
+        err = -struct.unpack_from("=i", data, 16)[0]
+        if err == 0:
+            n += 1
+        elif err != errno.ENOENT:
+            raise OSError(err, f"conntrack delete: {os.strerror(err)}")
+    return n
+
+
+def cut(sock: socket.socket, keep: Callable[[str, int], bool], *, src: str | None = None,
+        mark: tuple[int, int] | None = None) -> int:
+    """Delete the entries selected as in ``entries`` except TCP ones to a destination ``keep`` accepts."""
+    return delete(sock, [e for e in entries(sock, src=src, mark=mark)
+                         if not (e[2] == socket.IPPROTO_TCP and keep(e[1], e[3]))])
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    raw = struct.pack("=HH", 4 + len(payload), kind) + payload
+    return raw + b"\0" * (-len(raw) % 4)
+
+
+def _request(sock: socket.socket, kind: int, flags: int, attrs: bytes) -> None:
+    head = struct.pack("=IHHII", 20 + len(attrs), (NFNL_SUBSYS_CTNETLINK << 8) | kind, flags, 0, 0)
+    sock.send(head + struct.pack("=BBH", socket.AF_INET, 0, 0) + attrs)
 
 
 def _ct_delete(sock: socket.socket, attrs: bytes) -> None:
