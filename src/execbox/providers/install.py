@@ -223,7 +223,12 @@ def _env_float(name: str, default: float) -> float:
 
 
 def index_hosts(pip_url: str | None, npm_url: str | None, pip: bool, npm: bool) -> EgressPolicy:
-    """The policy the box gets for the install step: the index hosts only."""
+    """The policy the box gets for the install step: the index hosts only.
+
+    An operator's mirror is usually internal: a name that resolves into a private range (or to
+    an address of the host), which no hostname entry reaches. The operator named it, so each such
+    address it resolves to now is allowed too, as an exact /32 on the mirror's port, for the step.
+    """
     entries: list[str] = []
     for wanted, url, defaults in ((pip, pip_url, PYPI_HOSTS), (npm, npm_url, NPM_HOSTS)):
         if not wanted:
@@ -232,9 +237,25 @@ def index_hosts(pip_url: str | None, npm_url: str | None, pip: bool, npm: bool) 
             parts = urlsplit(url)
             port = parts.port or (443 if parts.scheme == "https" else 80)
             entries.append(f"{parts.hostname}:{port}")
+            entries += [f"{ip}/32:{port}" for ip in _internal_addresses(parts.hostname or "")]
         else:
             entries.extend(defaults)
     return EgressPolicy("allowlist", tuple(parse_entry(e) for e in dict.fromkeys(entries)))
+
+
+def _internal_addresses(host: str) -> list[str]:
+    """The addresses ``host`` (an operator's mirror) resolves to that only an IP entry unlocks."""
+    import ipaddress
+
+    from ..egress.policy import ALWAYS_DENIED, is_host_address
+    from ..egress.resolver import resolve_sync
+
+    try:
+        ipaddress.IPv4Address(host)
+        return []  # an IP literal is an IP entry already
+    except ValueError:
+        pass
+    return [str(ip) for ip in resolve_sync(host) if any(ip in n for n in ALWAYS_DENIED) or is_host_address(ip)]
 
 
 def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: list[str] | None,
