@@ -104,7 +104,7 @@ def inventory(dev_root: str = "/dev") -> Inventory:
         names = os.listdir(dev_root)
     except OSError:
         names = []
-    indices = sorted(int(m.group(1)) for n in names if (m := _DEVICE.match(n)))
+    indices = sorted(int(m.group(1)) for n in names if (m := _DEVICE.fullmatch(n)))
     control = [os.path.join(dev_root, n) for n in CONTROL_NODES if n in names]
     caps_dir = os.path.join(dev_root, "nvidia-caps")
     if os.path.isdir(caps_dir):

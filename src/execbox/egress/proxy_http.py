@@ -53,7 +53,7 @@ def parse_target(authority: str, default_port: int | None) -> tuple[str, int]:
     if host.startswith("["):
         raise BadRequest("IPv6 destinations are not supported (IPv6 is denied)")
     if port_text:
-        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
             raise BadRequest(f"bad port in {authority[:100]!r}")
         port = int(port_text)
     elif default_port is not None:
@@ -61,7 +61,7 @@ def parse_target(authority: str, default_port: int | None) -> tuple[str, int]:
     else:
         raise BadRequest("CONNECT needs host:port")
     host = host.strip().lower().rstrip(".")
-    if len(host) > 253 or not _HOST.match(host):
+    if len(host) > 253 or not _HOST.fullmatch(host):
         raise BadRequest(f"{host[:100]!r} is not a hostname or IPv4 address")
     return host, port
 

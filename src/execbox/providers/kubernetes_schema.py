@@ -86,7 +86,7 @@ TEMPLATE_KEYS = {"image", "runtime_class", "cpu_request", "cpu_limit", "memory",
 def _template_problem(c: dict[str, Any], where: str) -> str | None:
     """What is wrong with one template's keys (quantities, selectors, tolerations, name), or None."""
     for key in QUANTITY_FIELDS:
-        if not ks.QUANTITY.match(str(c.get(key, ""))):
+        if not ks.QUANTITY.fullmatch(str(c.get(key, ""))):
             return f"{where}{key}: {c.get(key)!r} is not a Kubernetes quantity (e.g. 500m, 1, 512Mi)"
     sel = c.get("node_selector") or {}
     if not isinstance(sel, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sel.items()):

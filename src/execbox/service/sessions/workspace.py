@@ -23,7 +23,7 @@ MOUNT_WAIT_SECONDS = 30.0
 
 def check_name(value: str, field_name: str) -> str:
     """Tenant and session ids become directory names: a strict charset, no '.', '..' or '/'."""
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise InvalidConfigError(
             f"{field_name} must be 1-64 characters of letters, digits, '_', '.', '-' (not starting with '.' "
             "or '-')", details={"field": field_name})
@@ -78,10 +78,10 @@ def workspace_dirs(root: str) -> list[tuple[str, str, str]]:
         return out
     for tenant in tenants:
         tdir = os.path.join(root, tenant)
-        if not _NAME.match(tenant) or not os.path.isdir(tdir):
+        if not _NAME.fullmatch(tenant) or not os.path.isdir(tdir):
             continue
         for session in os.listdir(tdir):
             path = os.path.join(tdir, session)
-            if _NAME.match(session) and os.path.isdir(path):
+            if _NAME.fullmatch(session) and os.path.isdir(path):
                 out.append((tenant, session, path))
     return out
