@@ -50,6 +50,7 @@ CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"
 GW_TCP_PORT = 15001
 GW_DNS_PORT = 15053
+GW_CAP_PORT = 15002  # a routed box's connections past its cap: the gateway refuses and audits them
 BOX_ADDR = "198.18.255.2"
 GW_ADDR = "198.18.255.1"
 PREFIX = "exb-"
@@ -116,7 +117,8 @@ def routed_rules(box_addr: str, fast: tuple[netroute.FastEntry, ...], max_connec
     - filter INPUT: packets from eb0 that conntrack does not know are dropped.
     - caps for both paths together (the gateway's connections and the routed ones): every new TCP
       connection to a non-loopback destination (as the box asked for it, before REDIRECT) counts
-      against ``max_connections`` (connlimit; past it: a reset, "connection refused"), and the IP
+      against ``max_connections`` (connlimit, first in nat OUTPUT; one past it is REDIRECTed to
+      the gateway's cap listener, which refuses it like any refusal and audits it), and the IP
       bytes of those connections both ways (box <-> gateway socket, box <-> eb0) against one quota
       of ``max_bytes`` (``EXB-CAP``, written once: a narrowing leaves it alone). Past it every
       packet the box's namespace sends (the box's, or the gateway's towards the box) gets a
@@ -131,6 +133,7 @@ def routed_rules(box_addr: str, fast: tuple[netroute.FastEntry, ...], max_connec
 :OUTPUT ACCEPT [0:0]
 :POSTROUTING ACCEPT [0:0]
 :{FAST_CHAIN} - [0:0]
+-A OUTPUT -p tcp ! -d 127.0.0.0/8 {limit} -j REDIRECT --to-ports {GW_CAP_PORT}
 -A OUTPUT -p tcp ! -d 127.0.0.0/8 -j {FAST_CHAIN}
 -A OUTPUT -p tcp ! -d 127.0.0.0/8 -j REDIRECT --to-ports {GW_TCP_PORT}
 -A OUTPUT -p udp ! -d 127.0.0.0/8 --dport 53 -j REDIRECT --to-ports {GW_DNS_PORT}
@@ -145,7 +148,6 @@ def routed_rules(box_addr: str, fast: tuple[netroute.FastEntry, ...], max_connec
 -A INPUT -i eb0 -m conntrack --ctstate INVALID -j DROP
 -A INPUT -i eb0 -p tcp -j {CAP_CHAIN}
 -A OUTPUT -p tcp -m conntrack ! --ctorigdst 127.0.0.0/8 -j {CAP_CHAIN}
--A OUTPUT -p tcp --syn -m conntrack --ctstate NEW ! --ctorigdst 127.0.0.0/8 {limit} -j REJECT --reject-with tcp-reset
 -A OUTPUT -d 127.0.0.0/8 -j ACCEPT
 -A OUTPUT -d {box_addr}/32 -j ACCEPT
 -A OUTPUT -o eb0 -m connmark --mark {ROUTED_MARK}/{ROUTED_MASK} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
@@ -204,6 +206,7 @@ class BoxNet:
     udp: socket.socket
     route: netroute.Route | None = None  # the kernel route's host side, when the box has one
     ct: socket.socket | None = None  # conntrack events of the namespace (kernel route only)
+    capped: socket.socket | None = None  # the gateway's listener for connections past the cap (same)
 
     def set_fast(self, fast: tuple[netroute.FastEntry, ...], max_connections: int, bytes_left: int) -> None:
         """Re-point the kernel route at ``fast`` (a narrowed policy's entries), host side first:
@@ -228,7 +231,7 @@ class BoxNet:
             raise NetnsError(f"cannot cut the routed connections no longer allowed: {e}") from e
 
     def close(self) -> None:
-        for s in (self.tcp, self.udp, self.ct):
+        for s in (self.tcp, self.udp, self.ct, self.capped):
             try:
                 if s is not None:
                     s.close()
@@ -273,6 +276,19 @@ def _sockets() -> tuple[socket.socket, socket.socket]:
         udp.close()
         raise
     return tcp, udp
+
+
+def _cap_socket() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", GW_CAP_PORT))
+        s.listen(64)
+        s.setblocking(False)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def _ct_socket() -> socket.socket:
@@ -336,6 +352,7 @@ def _configure(name: str, n: int, spec: RouteSpec | None) -> BoxNet:
         fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY | os.O_CLOEXEC)
         tcp, udp = _ns_thread.submit(_in_netns, fd, _sockets).result(10)
         ct = _ns_thread.submit(_in_netns, fd, _ct_socket).result(10) if route is not None else None
+        capped = _ns_thread.submit(_in_netns, fd, _cap_socket).result(10) if route is not None else None
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -343,7 +360,7 @@ def _configure(name: str, n: int, spec: RouteSpec | None) -> BoxNet:
         if route is not None:
             route.remove()
         raise
-    return BoxNet(name, fd, tcp, udp, route, ct)
+    return BoxNet(name, fd, tcp, udp, route, ct, capped)
 
 
 def join(fd: int) -> None:

@@ -77,6 +77,8 @@ class BoxLink:
         self._tcp = tcp
         self._udp = udp
         self._server: asyncio.base_events.Server | None = None
+        self._capped: socket.socket | None = None  # a routed box's listener for connections past its cap
+        self._capped_server: asyncio.base_events.Server | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.relays: set[Any] = set()  # spliced connections (egress/relay.py), aborted on detach
@@ -188,9 +190,12 @@ class Gateway:
 
     def attach(self, box: str, policy: EgressPolicy, tcp: socket.socket, udp: socket.socket,
                limits: Limits | None = None, ct: socket.socket | None = None,
-               box_addr: str | None = None) -> BoxLink:
-        """``ct``/``box_addr``: the conntrack event socket and address of a kernel-routed box."""
+               box_addr: str | None = None, capped: socket.socket | None = None) -> BoxLink:
+        """``ct``/``box_addr``: the conntrack event socket and address of a kernel-routed box;
+        ``capped``: its listener for connections past the box's cap (the box's namespace counts
+        both paths and REDIRECTs those there), each refused and audited."""
         link = BoxLink(box, policy, limits or Limits.from_env(), tcp, udp)
+        link._capped = capped
         if ct is not None and box_addr is not None:
             link.conntrack = ConntrackAudit(link, ct, box_addr)
         self._run(self._attach(link))
@@ -200,6 +205,9 @@ class Gateway:
         link._server = await asyncio.start_server(lambda r, w: self._handle(link, r, w), sock=link._tcp,
                                                   limit=1 << 18)
         link._transport, _ = await self.loop.create_datagram_endpoint(lambda: _Dns(self, link), sock=link._udp)
+        if link._capped is not None:
+            link._capped_server = await asyncio.start_server(lambda r, w: self._handle(link, r, w, over_cap=True),
+                                                             sock=link._capped)
         if link.conntrack is not None:
             self.loop.add_reader(link.conntrack.sock.fileno(), link.conntrack.readable)
 
@@ -210,8 +218,9 @@ class Gateway:
             log.exception("egress: detaching %s failed", link.box)
 
     async def _detach(self, link: BoxLink) -> None:
-        if link._server is not None:
-            link._server.close()
+        for server in (link._server, link._capped_server):
+            if server is not None:
+                server.close()
         if link._transport is not None:
             link._transport.close()
         if link.conntrack is not None:
@@ -224,7 +233,8 @@ class Gateway:
             w.transport.abort()
 
     # -- connection path --------------------------------------------------------------------
-    async def _handle(self, link: BoxLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, link: BoxLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      over_cap: bool = False) -> None:
         started = time.monotonic()
         # Nothing is read from the box until the decision: an intercepted TLS connection must reach
         # the TLS layer with its ClientHello still in the socket (start_tls resumes reading).
@@ -243,7 +253,10 @@ class Gateway:
         link._writers.add(writer)
         refused = False
         try:
-            target, reason = await decide(link, name, dst, port)
+            if over_cap:
+                target, reason = None, f"too many concurrent connections (cap {link.limits.max_connections})"
+            else:
+                target, reason = await decide(link, name, dst, port)
             if target is None:  # audited before the box can read the refusal
                 rec.reason, refused = reason, True
                 audit.finish(rec, started)
