@@ -13,14 +13,15 @@ import pytest
 from execbox.boxes import build_isolation, runtime_build
 from execbox.boxes.runtime import SYSTEM_PYTHON, RuntimeNotUsable
 
+PY = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable  # what builds use
+
 
 @pytest.fixture
 def venv(tmp_path):
     """A venv (made like a template's) whose site-packages holds package code that would mark
     ``marker`` if it ran, and the metadata of an installed distribution."""
     work = tmp_path / "v1"
-    python = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable  # what builds use
-    subprocess.run([python, "-m", "venv", "--without-pip", str(work)], check=True)
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(work)], check=True)
     site = next(work.glob("lib/python3*/site-packages"))
     marker = tmp_path / "marker"
     code = f"import os; open({str(marker)!r}, 'a').write('%s ' % __name__)"
@@ -38,7 +39,7 @@ def venv(tmp_path):
 def test_pip_reads_the_venv_s_packages_without_running_them(venv):
     work, marker = venv
     proc = subprocess.run(build_isolation.pip_argv(str(work), ["list", "--format", "json",
-                                                               "--disable-pip-version-check"]),
+                                                               "--disable-pip-version-check"], PY),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     listed = {d["name"]: d["version"] for d in json.loads(proc.stdout)}
@@ -58,7 +59,7 @@ def test_a_module_only_the_venv_has_is_not_imported(venv, tmp_path, monkeypatch)
                       "import email.message, json as j  # the standard library still imports\n"
                       "print(sys.prefix)\n")
     monkeypatch.setattr(build_isolation, "pip_runner", lambda: str(runner))
-    proc = subprocess.run(build_isolation.pip_argv(str(work), []), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(build_isolation.pip_argv(str(work), [], PY), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["refused evilmod", str(work)], proc.stdout
     assert not marker.exists()
@@ -104,3 +105,28 @@ def test_font_cache_is_skipped_with_the_reason_when_no_box_can_start(tmp_path, m
     monkeypatch.setattr(runtime_build, "font_lists_in_box", no_box)
     assert "bubblewrap is not installed" in (runtime_build.font_cache(str(work)) or "")
     assert not (work / "mpl-seed").exists()
+
+
+def test_a_replaced_interpreter_or_pyvenv_cfg_never_runs_and_is_put_back(venv, tmp_path):
+    """A wheel can install ``*.data/scripts/python`` over the venv's interpreter link and
+    ``*.data/data/pyvenv.cfg`` over its config; a ``--from`` build copies both. pip runs under
+    the build's own interpreter, and the venv's links and config are made afresh."""
+    work, _ = venv
+    marker = tmp_path / "ran"
+    for name in ("python", "python3"):
+        (work / "bin" / name).unlink()
+        (work / "bin" / name).write_text(f"#!/bin/sh\necho ran > {marker}\n")
+        (work / "bin" / name).chmod(0o755)
+    (work / "pyvenv.cfg").write_text("home = /nonexistent\ninclude-system-site-packages = true\n")
+    proc = subprocess.run(build_isolation.pip_argv(str(work), ["--version"], PY), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and "pip" in proc.stdout, proc.stderr
+    assert not marker.exists()
+    build_isolation.reset_interpreter(str(work), PY)
+    for name in ("python", "python3"):
+        assert os.path.islink(work / "bin" / name), name
+        assert os.path.realpath(work / "bin" / name) == os.path.realpath(PY)
+    cfg = (work / "pyvenv.cfg").read_text()
+    assert "/nonexistent" not in cfg and "include-system-site-packages = false" in cfg
+    subprocess.run([str(work / "bin" / "python"), "-c", "pass"], check=True)
+    assert not marker.exists()

@@ -2,13 +2,17 @@
 
 Two steps need the new version's own interpreter:
 
-* pip installs into the version's venv, so pip must run under that interpreter (pip's own
+* pip installs into the version's venv, so pip must run as that venv's interpreter (pip's own
   ``--python`` re-runs pip there). Started normally it would process the ``.pth`` files and
   ``sitecustomize`` that packages put in site-packages (a ``--from`` parent's, or any package
-  a previous step installed) as the build user, root. :func:`pip_argv` starts it with ``-I -S``
-  instead: no site processing at all, ``sys.prefix`` set to the venv by hand, its site-packages
-  appended after the standard library for pip to read as metadata, and any top-level import
-  that only site-packages could satisfy refused.
+  a previous step installed) as the build user, root; and the venv's ``bin/python`` itself is a
+  file a wheel can replace (``*.data/scripts/python``), as is ``pyvenv.cfg`` (``*.data/data``).
+  :func:`pip_argv` therefore runs the build's own trusted interpreter (never a file of the
+  template) with ``-I -S``: no site processing at all, ``sys.prefix`` set to the venv by hand,
+  its site-packages appended after the standard library for pip to read as metadata, and any
+  top-level import that only site-packages could satisfy refused. :func:`reset_interpreter`
+  puts the venv's interpreter links and ``pyvenv.cfg`` back after every step that could have
+  replaced them, so what boxes start is the trusted interpreter too.
 * matplotlib's font list is made by importing matplotlib, which is package code by definition.
   :func:`font_lists_in_box` runs it in a jail box: the version read-only at the path boxes use,
   no network, the box's uid, seccomp and limits. Only the lists' text comes back, checked here.
@@ -60,10 +64,42 @@ def pip_runner() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(pip.__file__)), "__pip-runner__.py")
 
 
-def pip_argv(venv: str, args: list[str]) -> list[str]:
-    """Run execbox's pip with ``args`` under ``venv``'s interpreter, without site processing."""
-    return [os.path.join(venv, "bin", "python"), "-I", "-S", "-c", _BOOT, venv, pip_runner(),
-            "--keyring-provider", "disabled", *args]
+def pip_argv(venv: str, args: list[str], python: str) -> list[str]:
+    """Run execbox's pip with ``args`` for ``venv`` under the trusted ``python`` (the interpreter
+    the venv was made from), without site processing."""
+    return [python, "-I", "-S", "-c", _BOOT, venv, pip_runner(), "--keyring-provider", "disabled", *args]
+
+
+def reset_interpreter(venv: str, python: str) -> None:
+    """Make ``venv``'s ``bin/python*`` and ``pyvenv.cfg`` those of a fresh venv of ``python``,
+    whatever a package (or a ``--from`` parent's packages) put there."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="execbox-venv-") as tmp:
+        fresh = os.path.join(tmp, "v")
+        subprocess.run([python, "-m", "venv", "--without-pip", fresh], check=True,  # noqa: S603
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        bin_dir = os.path.join(venv, "bin")
+        os.makedirs(bin_dir, exist_ok=True)
+        for name in os.listdir(bin_dir):  # anything named like an interpreter: only the fresh ones stay
+            if re.fullmatch(r"python[0-9.]*", name):
+                _remove(os.path.join(bin_dir, name))
+        for name in os.listdir(os.path.join(fresh, "bin")):
+            if re.fullmatch(r"python[0-9.]*", name):
+                shutil.copy2(os.path.join(fresh, "bin", name), os.path.join(bin_dir, name), follow_symlinks=False)
+        _remove(os.path.join(venv, "pyvenv.cfg"))
+        shutil.copy2(os.path.join(fresh, "pyvenv.cfg"), os.path.join(venv, "pyvenv.cfg"))
+
+
+def _remove(path: str) -> None:
+    import shutil
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
 
 
 FONT_PROGRAM = r"""

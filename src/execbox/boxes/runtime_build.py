@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import runtime as rt
-from .build_isolation import NoBox, font_lists_in_box, has_matplotlib, pip_argv
+from .build_isolation import NoBox, font_lists_in_box, has_matplotlib, pip_argv, reset_interpreter
 from .runtime import MANIFEST, Runtime, RuntimeNotUsable
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,12 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
     parent = rt.resolve(base) if base else None
     if parent is not None and parent.host_dir is None:
         parent = None  # --from system: the plain interpreter is what every build starts from
+    if parent is not None:  # the manifest is execbox's (written after the packages), not a package's
+        built_with = (rt._read_manifest(parent.host_dir or "") or {}).get("python")
+        if built_with != python:
+            raise RuntimeNotUsable(f"--from {parent.ref}: it was built with {built_with!r}, this build uses "
+                                   f"{python!r}; a version only adds packages for the same interpreter",
+                                   details={"field": "base", "value": parent.ref})
     os.makedirs(top, mode=0o755, exist_ok=True)
     rt._make_traversable(rt.runtimes_dir())
     work = tempfile.mkdtemp(prefix=".build-", dir=top)
@@ -141,6 +147,7 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
             shutil.copytree(parent.host_dir or "", work, symlinks=True, dirs_exist_ok=True)
             make_writable(work)
             os.unlink(os.path.join(work, MANIFEST))
+            reset_interpreter(work, python)  # the parent's packages may have replaced bin/python
         else:
             report(f"creating venv from {python}", 0.03)
             subprocess.run([python, "-m", "venv", "--without-pip", work], check=True,  # noqa: S603
@@ -148,8 +155,9 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
         if pip:
             argv = pip_argv(work, ["--disable-pip-version-check", "--no-input", "install", "--no-cache-dir",
                                    "--progress-bar", "off", "--only-binary", ":all:", *pip_index_args(index_url),
-                                   "--", *pip])
+                                   "--", *pip], python)
             _stream(argv, report, 0.1, 0.6 if npm else 0.9, "pip")
+            reset_interpreter(work, python)  # a wheel's *.data/scripts/python or data/pyvenv.cfg
         if npm:
             npm_bin = shutil.which("npm")
             if not npm_bin:

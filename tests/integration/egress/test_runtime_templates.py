@@ -182,11 +182,17 @@ def test_the_build_runs_no_package_code_on_the_host(index, fakenet, tpl_name, tm
     hook = f"import os; open({str(marker)!r}, 'a').write('pid %d uid %d\\n' % (os.getpid(), os.getuid()))\n"
     publish_files(fakenet.pkg_root, "matplotlib", "0.1", {
         "matplotlib/__init__.py": b"", "matplotlib/font_manager.py": FAKE_FONT_MANAGER,
-        "matplotlib-init.pth": hook.encode()})
+        "matplotlib-init.pth": hook.encode(),
+        # a wheel may also install over the venv's interpreter and its pyvenv.cfg (the --from child
+        # copies both): a script that would run as root the next time the host starts "the venv's python"
+        "matplotlib-0.1.data/scripts/python": f"#!/bin/sh\necho script >> {marker}\n".encode(),
+        "matplotlib-0.1.data/data/pyvenv.cfg": b"home = /nonexistent\ninclude-system-site-packages = true\n"})
     res = _build(tpl_name, index, "--pip", "matplotlib")
     assert res.exit_code == 0, res.output
     assert not marker.exists(), marker.read_text()
     v1 = runtime.resolve(tpl_name).host_dir or ""
+    assert os.path.islink(os.path.join(v1, "bin", "python"))  # made afresh after pip
+    assert "/nonexistent" not in open(os.path.join(v1, "pyvenv.cfg")).read()
     seed = json.loads(open(os.path.join(v1, runtime.MPL_SEED, "fontlist-v0test.json")).read())
     assert seed == {"_version": "0test", "uid": 1000, "prefix": runtime.RUNTIME_MOUNT}  # made in a box
     child = f"{tpl_name}-child"
