@@ -98,3 +98,21 @@ def test_an_allow_list_has_a_size_limit():
         parse_policy("allowlist", entries)
     assert e.value.details["max"] == pol.MAX_ENTRIES
     assert len(parse_policy("allowlist", entries[:-1]).allow) == pol.MAX_ENTRIES
+
+
+def test_a_narrower_entry_for_the_credentialed_host_keeps_its_credentials():
+    provider = pol.with_credentials(parse_policy("allowlist", ["api.example.com:80|443"]),
+                                    {"api.example.com": {"Authorization": "Bearer S"}})
+    run = parse_policy("allowlist", ["api.example.com:443"])
+    both = provider.intersect(run)
+    assert [e.text() for e in both.allow] == ["api.example.com:443"]
+    assert both.credentials_for("api.example.com", 443) == (("Authorization", "Bearer S"),)
+    assert parse_policy("allowlist", ["x.example.com"]).intersect(run).mode == "none"
+
+
+def test_an_open_cap_does_not_reach_what_open_denies_on_either_side():
+    provider = parse_policy("allowlist", ["10.0.0.0/8:5432", "203.0.113.0/24:80"])
+    both = provider.intersect(OPEN)
+    assert [e.text() for e in both.allow] == ["203.0.113.0/24:80"]
+    assert OPEN.intersect(OPEN).mode == "open"
+    assert parse_policy("allowlist", ["10.0.0.0/8:5432"]).intersect(OPEN).mode == "none"

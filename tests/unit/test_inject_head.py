@@ -50,3 +50,21 @@ def test_an_absolute_target_for_this_host_becomes_origin_form():
 def test_heads_that_could_reach_another_site_or_parse_two_ways_are_refused(head):
     with pytest.raises(HeadRefused):
         rewrite_head(head, NAME, SECRET)
+
+
+def test_headers_a_front_end_may_route_by_are_not_forwarded():
+    head = (b"GET /x HTTP/1.1\r\nHost: api.example.com\r\nX-Forwarded-Host: attacker.example\r\n"
+            b"Forwarded: host=attacker.example\r\nX-Original-URL: https://attacker.example/\r\nX-Keep: 1")
+    names = [k.lower() for k, _ in headers_of(rewrite_head(head, NAME, SECRET))]
+    assert b"x-forwarded-host" not in names and b"forwarded" not in names and b"x-original-url" not in names
+    assert b"x-keep" in names
+
+
+@pytest.mark.parametrize("head", [b"TRACE / HTTP/1.1\r\nHost: api.example.com",
+                                  b"TRACK / HTTP/1.1\r\nHost: api.example.com",
+                                  b"GET /\thttp://attacker.example/ HTTP/1.1\r\nHost: api.example.com",
+                                  b"GET /\x7f HTTP/1.1\r\nHost: api.example.com",
+                                  "GET /é HTTP/1.1\r\nHost: api.example.com".encode()])
+def test_trace_and_odd_targets_get_no_secret(head):
+    with pytest.raises(HeadRefused):
+        rewrite_head(head, NAME, SECRET)

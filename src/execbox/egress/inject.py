@@ -110,6 +110,12 @@ def upstream_context() -> ssl.SSLContext:
     return ctx
 
 
+_NOT_FORWARDED = {b"connection", b"proxy-connection", b"keep-alive", b"host", b"forwarded", b"x-forwarded-host",
+                  b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-port", b"x-forwarded-server",
+                  b"x-original-url", b"x-rewrite-url", b"x-original-host", b"x-host"}
+"""Headers a front end may route by besides Host: the box's would pick the site that gets the secret."""
+
+
 class HeadRefused(ValueError):
     """A request head the injector will not add a secret to (the reason goes to the box and the audit)."""
 
@@ -135,6 +141,10 @@ def rewrite_head(head: bytes, name: str, headers: tuple[tuple[str, str], ...]) -
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise HeadRefused("not an HTTP/1.x request line")
     method, target, version = parts
+    if method in (b"TRACE", b"TRACK", b"CONNECT"):  # TRACE echoes the request, secret included
+        raise HeadRefused(f"method {method.decode('latin-1')[:10]} is not sent with credentials")
+    if any(c <= 0x20 or c >= 0x7F for c in target):
+        raise HeadRefused("a control character, space or non-ASCII byte in the request target")
     if not (target.startswith(b"/") or (target == b"*" and method == b"OPTIONS")):
         url = urlsplit(target.decode("latin-1"))
         try:
@@ -145,7 +155,7 @@ def rewrite_head(head: bytes, name: str, headers: tuple[tuple[str, str], ...]) -
                 or url.username is not None:
             raise HeadRefused(f"the request target names another host than {name}")
         target = ((url.path or "/") + (f"?{url.query}" if url.query else "")).encode("latin-1")
-    drop = {k.lower().encode() for k, _ in headers} | {b"connection", b"proxy-connection", b"keep-alive", b"host"}
+    drop = {k.lower().encode() for k, _ in headers} | _NOT_FORWARDED
     kept = [b" ".join((method, target, version)), f"Host: {name}".encode()]
     kept += [ln for ln in lines[1:] if ln and ln.split(b":", 1)[0].strip().lower() not in drop]
     kept += [f"{k}: {v}".encode() for k, v in headers] + [b"Connection: close"]

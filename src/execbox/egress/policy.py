@@ -151,19 +151,30 @@ class EgressPolicy:
         return requested
 
     def intersect(self, other: EgressPolicy) -> EgressPolicy:
-        """What both allow (a provider policy and a tenant cap); this policy's credentials are kept."""
-        rank = {m: i for i, m in enumerate(MODES)}
+        """What both allow (a provider policy and a tenant cap; a session's and a run's); this
+        policy's credentials are kept. ``open`` reaches public addresses only, on either side, so
+        an entry that opens an always-denied range survives only where both sides open it."""
         if "none" in (self.mode, other.mode):
             return EgressPolicy()
-        if self.mode == "open":  # other's entries, less any that would open what ``open`` denies
-            return EgressPolicy(other.mode, tuple(AllowEntry(e.host, e.network, e.ports) for e in other.allow
-                                                  if not e.unlocks_denied))
-        if other.mode == "open" or rank[other.mode] > rank[self.mode]:
+        if self.mode == "open" and other.mode == "open":
             return self
-        mine = [e for e in self.allow if any(o.covers(e) for o in other.allow)]
-        theirs = [AllowEntry(o.host, o.network, o.ports) for o in other.allow
-                  if any(e.covers(o) for e in self.allow) and not any(m.covers(o) for m in mine)]
-        return EgressPolicy("allowlist", tuple(mine + theirs)) if mine or theirs else EgressPolicy()
+        if self.mode == "open":  # other's entries, less any that would open what ``open`` denies
+            kept = [AllowEntry(e.host, e.network, e.ports) for e in other.allow if not e.unlocks_denied]
+        elif other.mode == "open":
+            kept = [e for e in self.allow if not e.unlocks_denied]
+        else:
+            mine = [e for e in self.allow if any(o.covers(e) for o in other.allow)]
+            kept = mine + [AllowEntry(o.host, o.network, o.ports, self._headers_for(o)) for o in other.allow
+                           if any(e.covers(o) for e in self.allow) and not any(m.covers(o) for m in mine)]
+        return EgressPolicy("allowlist", tuple(kept)) if kept else EgressPolicy()
+
+    def _headers_for(self, entry: AllowEntry) -> tuple[tuple[str, str], ...]:
+        """The credentials of this policy's exact-host entry that covers ``entry`` (a narrower one
+        for the same host keeps them: ``api.example.com:443`` under ``api.example.com:80|443``)."""
+        if entry.is_ip:
+            return ()
+        src = next((c for c in self.allow if c.headers and c.host == entry.host and c.covers(entry)), None)
+        return src.headers if src else ()
 
     def credentials_for(self, name: str, port: int) -> tuple[tuple[str, str], ...]:
         for e in self.allow:

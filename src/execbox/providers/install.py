@@ -284,12 +284,14 @@ def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: lis
             "pip_index": pip_url or PYPI_URL, "registry": npm_url or NPM_URL,
             "site": SESSION_SITE, "workspace": WORKSPACE_IN_BOX, "max_bytes": max_bytes,
             "tool_timeout": max(5.0, seconds - 5)}
-    link.set_policy(step)
+    with inst.egress_lock:  # never interleaved with a narrowing's own set_policy
+        link.set_policy(step)
     try:
         result = provider._exec(instance_id, {"language": "python", "code": PROGRAM, "arguments": args,
                                               "context_id": None}, seconds, None, False)
     finally:
-        link.set_policy(provider.enforced_egress(inst))
+        with inst.egress_lock:  # the session's policy as it is now, also if narrowed meanwhile
+            link.set_policy(provider.enforced_egress(inst))
     if result.error_code == "SB005":
         _clear_stale(provider, instance_id, args)
     disk_mb = (provider.applied_limits() or {}).get("disk_quota_mb")
