@@ -261,14 +261,24 @@ def _in_netns(fd: int, fn):  # type: ignore[no-untyped-def]
         os.close(own)
 
 
+def _listener(port: int, backlog: int) -> socket.socket:
+    """A non-blocking TCP listener on the namespace's loopback (the gateway serves it)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(backlog)
+        s.setblocking(False)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
 def _sockets() -> tuple[socket.socket, socket.socket]:
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp = _listener(GW_TCP_PORT, 256)
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        tcp.bind(("127.0.0.1", GW_TCP_PORT))
-        tcp.listen(256)
-        tcp.setblocking(False)
         udp.bind(("127.0.0.1", GW_DNS_PORT))
         udp.setblocking(False)
     except OSError:
@@ -279,16 +289,7 @@ def _sockets() -> tuple[socket.socket, socket.socket]:
 
 
 def _cap_socket() -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", GW_CAP_PORT))
-        s.listen(64)
-        s.setblocking(False)
-    except OSError:
-        s.close()
-        raise
-    return s
+    return _listener(GW_CAP_PORT, 64)
 
 
 def _ct_socket() -> socket.socket:
