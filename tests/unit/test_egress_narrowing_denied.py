@@ -116,3 +116,20 @@ def test_an_open_cap_does_not_reach_what_open_denies_on_either_side():
     assert [e.text() for e in both.allow] == ["203.0.113.0/24:80"]
     assert OPEN.intersect(OPEN).mode == "open"
     assert parse_policy("allowlist", ["10.0.0.0/8:5432"]).intersect(OPEN).mode == "none"
+
+
+def test_a_session_s_public_slash_32_does_not_reach_the_host_once_the_host_takes_that_address(monkeypatch):
+    addr = ipaddress.IPv4Address("203.0.113.77")
+    session = OPEN.narrow(parse_policy("allowlist", ["203.0.113.77/32:80"]))  # public when narrowed
+    assert session.ip_allowed(addr, 80)[0]
+    monkeypatch.setattr(pol, "host_addresses", lambda: frozenset({addr}))  # the host takes the address
+    assert not session.ip_allowed(addr, 80)[0]
+    operator = parse_policy("allowlist", ["203.0.113.77/32:80"])  # an operator's exact /32 reaches it
+    assert operator.ip_allowed(addr, 80)[0]
+    assert operator.narrow(parse_policy("allowlist", ["203.0.113.77/32:80"])).ip_allowed(addr, 80)[0]
+    assert not operator.intersect(parse_policy("open")).ip_allowed(addr, 80)[0]
+    wide = parse_policy("allowlist", ["203.0.113.0/24:80"])
+    monkeypatch.setattr(pol, "host_addresses", lambda: frozenset())
+    narrowed = wide.narrow(parse_policy("allowlist", ["203.0.113.77/32:80"]))
+    monkeypatch.setattr(pol, "host_addresses", lambda: frozenset({addr}))
+    assert not narrowed.ip_allowed(addr, 80)[0]

@@ -49,6 +49,9 @@ class AllowEntry:
     network: ipaddress.IPv4Network | None
     ports: tuple[int, ...] = DEFAULT_PORTS
     headers: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # credential injection
+    # an exact /32 may reach an address of the host only when an operator listed it so: a session's
+    # /32 of a public address must not start reaching the host when the host later takes that address
+    reaches_host: bool = field(default=True, compare=False)
 
     @property
     def is_ip(self) -> bool:
@@ -117,7 +120,7 @@ class EgressPolicy:
         explicit = [e for e in self.allow if e.matches_ip(ip, port)]
         if special is not None or is_host_address(ip):
             if any(e.network is not None and e.network.subnet_of(special or e.network) and
-                   (special is not None or e.network.prefixlen == 32) for e in explicit):
+                   (special is not None or (e.network.prefixlen == 32 and e.reaches_host)) for e in explicit):
                 return True, "explicit cidr"
             return False, f"{ip} is in an always-denied range ({special or 'address of the host'})"
         if self.mode == "open" or via_name or explicit:
@@ -146,7 +149,8 @@ class EgressPolicy:
             out = []
             for e in requested.allow:
                 src = next((c for c in self.allow if c.headers and not e.is_ip and c.host == e.host), None)
-                out.append(AllowEntry(e.host, e.network, e.ports, src.headers if src else ()))
+                out.append(AllowEntry(e.host, e.network, e.ports, src.headers if src else (),
+                                      reaches_host=self._reaches_host(e)))
             return EgressPolicy("allowlist", tuple(out))
         return requested
 
@@ -159,14 +163,24 @@ class EgressPolicy:
         if self.mode == "open" and other.mode == "open":
             return self
         if self.mode == "open":  # other's entries, less any that would open what ``open`` denies
-            kept = [AllowEntry(e.host, e.network, e.ports) for e in other.allow if not e.unlocks_denied]
+            kept = [AllowEntry(e.host, e.network, e.ports, reaches_host=False) for e in other.allow
+                    if not e.unlocks_denied]
         elif other.mode == "open":
-            kept = [e for e in self.allow if not e.unlocks_denied]
+            kept = [AllowEntry(e.host, e.network, e.ports, e.headers, reaches_host=False) for e in self.allow
+                    if not e.unlocks_denied]
         else:
-            mine = [e for e in self.allow if any(o.covers(e) for o in other.allow)]
-            kept = mine + [AllowEntry(o.host, o.network, o.ports, self._headers_for(o)) for o in other.allow
+            mine = [AllowEntry(e.host, e.network, e.ports, e.headers, reaches_host=other._reaches_host(e))
+                    for e in self.allow if any(o.covers(e) for o in other.allow)]
+            kept = mine + [AllowEntry(o.host, o.network, o.ports, self._headers_for(o),
+                                      reaches_host=self._reaches_host(o)) for o in other.allow
                            if any(e.covers(o) for e in self.allow) and not any(m.covers(o) for m in mine)]
         return EgressPolicy("allowlist", tuple(kept)) if kept else EgressPolicy()
+
+    def _reaches_host(self, entry: AllowEntry) -> bool:
+        """May ``entry`` (an exact /32 within this policy) reach an address of the host? Only where
+        this policy has the same /32 allowed to (``open`` reaches no address of the host)."""
+        return (self.mode == "allowlist" and entry.network is not None and entry.network.prefixlen == 32
+                and any(c.network == entry.network and c.reaches_host for c in self.allow))
 
     def _headers_for(self, entry: AllowEntry) -> tuple[tuple[str, str], ...]:
         """The credentials of this policy's exact-host entry that covers ``entry`` (a narrower one
