@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _stats import Row, print_table  # noqa: E402
 from execbox.agent import protocol  # noqa: E402
-from execbox.boxes import runtime  # noqa: E402
+from execbox.boxes import runtime, staging  # noqa: E402
 from execbox.boxes.box import AGENT_BOOT  # noqa: E402
 
 PYTHON = runtime.SYSTEM_PYTHON
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=60, help="lifecycles per kind")
     ap.add_argument("--compare", default="", help="another staged agent directory (holding execbox_agent/)")
     args = ap.parse_args()
-    staged = runtime.staged_agent()
+    staged = staging.staged_agent()
     with tempfile.TemporaryDirectory(prefix="execbox-bench-ws-") as ws:
         kinds = {
             "baseline: python3 -I -c pass": lambda: subprocess.run([PYTHON, "-I", "-c", "pass"], env=ENV, check=True),

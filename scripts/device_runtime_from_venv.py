@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from execbox.boxes import runtime as rt
-from execbox.boxes import runtime_build
+from execbox.boxes import runtime_build, staging
 
 
 def dists(site: str) -> list[str]:
@@ -34,7 +34,7 @@ def main() -> int:
     rt.check_name(name)
     top = os.path.join(rt.runtimes_dir(), name)
     os.makedirs(top, mode=0o755, exist_ok=True)
-    rt._make_traversable(rt.runtimes_dir())
+    staging.make_traversable(rt.runtimes_dir())
     work = tempfile.mkdtemp(prefix=".build-", dir=top)
     os.chmod(work, 0o755)
     started = time.monotonic()

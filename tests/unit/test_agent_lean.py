@@ -16,7 +16,7 @@ import weakref
 import pytest
 
 from execbox.agent import lean
-from execbox.boxes import runtime
+from execbox.boxes import staging
 
 VALUES = [
     {}, [], "", "plain", "é ü 中文 🎉", "quote \" back \\ slash / nl \n tab \t nul \x00 \x1f",
@@ -112,7 +112,7 @@ def test_signal_numbers_and_functions_are_the_stdlib_ones():
 def test_the_agents_own_imports_leave_out_re_enum_and_json():
     """What the lean modules are for: importing the agent pulls in none of these (a box that
     serves many runs imports USER_IMPORTS for its runs' sake; a one-shot's box does not)."""
-    root = runtime.staged_agent()
+    root = staging.staged_agent()
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import execbox_agent.main as m;"
              "print(sorted(n for n in ('re', 'enum', 'json', 'base64', 'signal', 'linecache', 'tokenize',"
              " 'typing', 'ast', 'ctypes', 'selectors', 'collections', 'shutil') if n in sys.modules));"
@@ -134,7 +134,7 @@ def test_a_traceback_user_code_prints_itself_shows_its_source_line(linecache_fir
              "print('linecache' in sys.modules)\n"
              "exec(compile(sys.argv[2], runners.CODE_FILENAME, 'exec'), {})\n"
              "print(sum(type(f).__name__ == '_SeedOnImport' for f in sys.meta_path))\n")
-    out = subprocess.run([sys.executable, "-I", "-c", probe, runtime.staged_agent(), code],
+    out = subprocess.run([sys.executable, "-I", "-c", probe, staging.staged_agent(), code],
                          capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(linecache_first), "0"]  # the finder left once it had seeded
     assert 'File "<code>", line 2, in f' in out.stderr

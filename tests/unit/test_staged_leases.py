@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from execbox.boxes import bwrap, runtime, staged_leases
+from execbox.boxes import bwrap, staged_leases, staging
 from execbox.providers import jail
 
 HOLDER = """
@@ -153,11 +153,11 @@ def test_the_jail_provider_sweep_keeps_the_current_copies_and_removes_unused_old
         h.close()
     holder = Holder(in_use)
     try:
-        runtime.staged_agent()  # as JailProvider.initialize does before its sweep
+        staging.staged_agent()  # as JailProvider.initialize does before its sweep
         jail._sweep_staged_once()
         assert not etc_before_change.exists() and not agent_before_upgrade.exists()
         assert (in_use / "passwd").is_file()
-        current = [bwrap.staged_etc(), runtime.staged_agent()]
+        current = [bwrap.staged_etc(), staging.staged_agent()]
         for d in current:
             assert os.path.isdir(d) and staged_leases.held(d)
         jail._swept = False

@@ -134,7 +134,7 @@ def font_lists_in_box(venv: str, timeout: float = 300.0) -> dict[str, str]:
 
     Raises NoBox when no box can start, RuntimeNotUsable when the program failed in the box.
     """
-    from . import cgroups, jail_box
+    from . import cgroups, jail_box, staging
     from . import runtime as rt
     from .bwrap import bwrap_path
 
@@ -148,7 +148,7 @@ def font_lists_in_box(venv: str, timeout: float = 300.0) -> dict[str, str]:
     settings = jail_box.JailSettings(
         runtime=rt.Runtime("build", f"{rt.RUNTIME_MOUNT}/bin/python", venv), memory_bytes=1 << 30, cpus=1.0,
         pids=64, disk_bytes=64 << 20, tmp_bytes=256 << 20, preload="none", use_cgroups=use_cgroups,
-        agent_root=rt.staged_agent(), egress=None)  # egress None: the box has no network at all
+        agent_root=staging.staged_agent(), egress=None)  # egress None: the box has no network at all
     try:
         box = jail_box.start(settings, None, tmpfs_workspace=True, oneshot=True)
     except Exception as e:  # noqa: BLE001 - any reason a box cannot start here

@@ -27,7 +27,8 @@ from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
 from .docker_oom import at_memory_limit, engine_oom, exit_state, oom_file
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
 from .oom_counter import OomCounter
-from .runtime import PIP_MOUNT, RUNTIME_MOUNT, SESSION_SITE, staged_pip
+from .runtime import PIP_MOUNT, RUNTIME_MOUNT, SESSION_SITE
+from .staging import staged_pip
 
 log = logging.getLogger("execbox.docker")
 

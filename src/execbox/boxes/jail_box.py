@@ -27,7 +27,8 @@ from typing import Any
 from . import bwrap, cgroups, jail_net, quota, seccomp, uids
 from .box import READY_TIMEOUT, ProcessBox
 from .quota import Workspace
-from .runtime import PIP_MOUNT, Runtime, jail_dir, staged_pip
+from .runtime import PIP_MOUNT, Runtime, jail_dir
+from .staging import staged_pip
 from .stderr_sink import Tail, sink
 
 log = logging.getLogger("execbox.jail")

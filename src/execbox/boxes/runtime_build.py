@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from . import runtime as rt
 from .build_isolation import NoBox, font_lists_in_box, has_matplotlib, pip_argv, reset_interpreter
 from .runtime import MANIFEST, Runtime, RuntimeNotUsable
+from .staging import make_traversable
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
                                    f"{python!r}; a version only adds packages for the same interpreter",
                                    details={"field": "base", "value": parent.ref})
     os.makedirs(top, mode=0o755, exist_ok=True)
-    rt._make_traversable(rt.runtimes_dir())
+    make_traversable(rt.runtimes_dir())
     work = tempfile.mkdtemp(prefix=".build-", dir=top)
     temp_tag: str | None = None
     os.chmod(work, 0o755)

@@ -1,7 +1,7 @@
 """Leases on staged directories (the box's /etc copies, the agent copies), so old ones can go.
 
 A staged directory is bound read-only into boxes, and a new one appears on every host change
-(bwrap.staged_etc) or upgrade (runtime.staged_agent). Removing one under a running box would
+(bwrap.staged_etc) or upgrade (staging.staged_agent). Removing one under a running box would
 empty that box's /etc or agent. Jail boxes die with the execbox process that started them, so
 "in use" means "used by a live execbox process": each one takes a shared flock on the sibling
 ``<dir>.lease`` the first time it uses a directory and keeps it until it exits. ``sweep`` removes

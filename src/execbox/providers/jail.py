@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from ..boxes import bwrap, cgroups, gpu, jail_net, netns, quota, runtime, seccomp, staged_leases, uids
+from ..boxes import bwrap, cgroups, gpu, jail_net, netns, quota, runtime, seccomp, staged_leases, staging, uids
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
 from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
@@ -146,7 +146,7 @@ class JailProvider(AgentBackedProvider):
             runtime=rt, memory_bytes=parse_size(cfg.get("max_memory") or "512m"), cpus=float(cfg.get("cpus") or 1),
             pids=int(cfg.get("pids_limit") or 128), disk_bytes=disk, tmp_bytes=min(TMP_MAX, disk),
             preload=str(cfg.get("preload") or "auto"), use_cgroups=use_cgroups,
-            agent_root=runtime.staged_agent(),
+            agent_root=staging.staged_agent(),
             egress=policy_from_config(cfg),
         )
         _sweep_staged_once()  # after staged_agent(): the current agent copy is leased

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from execbox.boxes import loopdev, quota, runtime
+from execbox.boxes import loopdev, quota, runtime, staging
 from tests.conftest import require
 from tests.integration.jail.conftest import cgroups_ready, make_provider
 
@@ -139,7 +139,7 @@ def test_box_teardown_leaves_no_loop_device_or_mount():
 
 
 def test_staged_agent_carries_unchecked_bytecode_that_boxes_load():
-    root = runtime.staged_agent()
+    root = staging.staged_agent()
     pkg = os.path.join(root, runtime.AGENT_PACKAGE)
     pycs = os.listdir(os.path.join(pkg, "__pycache__"))
     assert any(n.startswith("main.") and n.endswith(".pyc") for n in pycs)
