@@ -30,13 +30,14 @@ def apply_to(provider: Any, tenant_id: str, instance_id: str, requested: dict[st
     if not hasattr(provider, "set_network_policy"):
         return
     cap = tenant_cap(tenant_id)
-    if requested is None:
-        if cap is None:
-            return
-        base = provider.egress_cap.intersect(cap)
-        provider.set_network_policy(instance_id, base.mode, [e.text() for e in base.allow])
+    if requested is None and cap is None:
         return
-    provider.set_network_policy(instance_id, requested["network"], requested.get("allow"), tenant_cap=cap)
+    ceiling = provider.egress_cap if cap is None else provider.egress_cap.intersect(cap)
+    if requested is not None:
+        # the session's own choice within what the provider and the tenant's cap allow *now*: a cap
+        # (or provider policy) narrowed since the session chose must narrow it, never fail the box
+        ceiling = ceiling.intersect(parse_policy(requested["network"], requested.get("allow")))
+    provider.set_network_policy(instance_id, ceiling.mode, [e.text() for e in ceiling.allow], tenant_cap=cap)
 
 
 def narrow_session(provider: Any, session: Any, network: Any, allow: Any) -> dict[str, Any]:

@@ -134,3 +134,43 @@ def test_box_cannot_reach_the_execbox_api(svc):
     for url in targets:
         out = fetch(svc.a, "api-probe", url)
         assert out["result"].get("status") != 200, (url, out["result"])
+
+
+def test_a_cap_lowered_under_a_narrowed_session_holds_when_its_box_is_started_again(svc, fakenet):
+    """The session chose [www]; then the admin cut the tenant off. The session's next box gets the
+    cap (none), not the provider's policy: applying the policy used to fail after the box was bound
+    to the provider's, and the box stayed with it."""
+    www, api = fakenet.name("www"), fakenet.name("api")
+    assert fetch(svc.b, "recap", f"http://{www}/")["result"]["status"] == 200
+    r = svc.b.put("/v1/sandbox/sessions/tenant-b/recap/network", json={"network": "allowlist", "allow": [www]})
+    assert r.status_code == 200, r.text
+    assert svc.root.put("/api/admin/egress/caps/tenant-b", json={"network": "none"}).status_code == 200
+    try:
+        assert svc.b.post("/v1/sandbox/sessions/tenant-b/recap/pause").status_code == 200
+        for url in (f"http://{api}/", f"http://{www}/"):
+            out = fetch(svc.b, "recap", url)  # the box starts again here
+            assert not out["result"]["ok"] and out["metadata"]["network"]["network"] == "none", out
+        assert svc.b.get("/v1/sandbox/sessions/tenant-b/recap/network").json()["network"]["network"] == "none"
+    finally:
+        svc.root.delete("/api/admin/egress/caps/tenant-b")
+
+
+def test_a_box_whose_policy_cannot_be_applied_does_not_serve_the_session(svc, fakenet, monkeypatch):
+    from execbox.service import egress_hook
+
+    www = fakenet.name("www")
+
+    def broken(_tenant):
+        raise RuntimeError("settings store unavailable")
+
+    monkeypatch.setattr(egress_hook, "caps_lookup", broken)
+    r = svc.b.post("/v1/sandbox/execute", json={"code": PY_FETCH, "session_id": "nocap", "timeout": 30,
+                                                "arguments": {"url": f"http://{www}/"}})
+    assert r.status_code >= 500, r.text  # fails closed: no run on a box with the provider's policy
+    monkeypatch.undo()
+    assert svc.root.put("/api/admin/egress/caps/tenant-b", json={"network": "none"}).status_code == 200
+    try:
+        out = fetch(svc.b, "nocap", f"http://{www}/")
+        assert not out["result"]["ok"] and out["metadata"]["network"]["network"] == "none", out
+    finally:
+        svc.root.delete("/api/admin/egress/caps/tenant-b")

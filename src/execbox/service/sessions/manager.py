@@ -300,8 +300,20 @@ class SessionManager(AdminMixin, LifecycleMixin):
                 self._forget(s)
             raise
         s.provider, s.instance_id = prov, inst.instance_id
+        try:
+            self._on_box_started(prov, s)  # the tenant cap and the session's egress policy
+        except BaseException:
+            # a box whose policy could not be set keeps the provider's: it must not serve the session
+            s.instance_id = None
+            try:
+                prov.destroy_instance(inst.instance_id)
+            except Exception:  # noqa: BLE001 - the error that matters is the one re-raised
+                log.exception("destroying the box of %s/%s after its egress policy failed", s.tenant_id,
+                              s.session_id)
+            if s.boxes_started == 0 and s.state == "creating":
+                self._forget(s)
+            raise
         s.boxes_started += 1
-        self._on_box_started(prov, s)
         s.state = "running"
         handle = {"instance_id": inst.instance_id, "workspace": s.workspace}
         container = (inst.metadata or {}).get("container_id") or (inst.metadata or {}).get("container")
