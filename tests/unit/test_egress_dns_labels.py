@@ -16,6 +16,12 @@ from execbox.egress.policy import parse_policy
 class _Link:
     policy = parse_policy("allowlist", ["*.api.corp"])
 
+    def __init__(self) -> None:
+        self.dns_denials = gw.audit.DnsDenials()
+
+    def summarize_dns_denials(self, n: int) -> None:
+        gw.BoxLink.summarize_dns_denials(self, n)  # type: ignore[arg-type]
+
     def synth(self, name: str) -> ipaddress.IPv4Address:
         return ipaddress.IPv4Address("198.19.0.7")
 

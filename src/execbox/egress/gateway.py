@@ -85,6 +85,7 @@ class BoxLink:
         self.intercept: Any = None  # credential injection (egress/inject.py), set when the policy needs it
         self.on_policy: Any = None  # the kernel route's re-pointing (boxes/jail_net.py), when the box has one
         self.conntrack: ConntrackAudit | None = None
+        self.dns_denials = audit.DnsDenials()
 
     def set_policy(self, policy: EgressPolicy) -> None:
         """Replace the policy; connections opened from now on (and DNS answers) follow it.
@@ -117,6 +118,13 @@ class BoxLink:
 
     def name_of(self, ip: ipaddress.IPv4Address) -> str | None:
         return self._addrs.get(ip)
+
+    def summarize_dns_denials(self, n: int) -> None:
+        """One row for ``n`` refused DNS names that got none of their own (audit.DnsDenials)."""
+        if n:
+            audit.record(self.record(kind="dns", host=None, ip=None, port=None, decision="denied",
+                                     reason=f"{n} more names not allowed by the network policy within one second "
+                                            "(over 20 a second: counted, not recorded one by one)"))
 
     def record(self, **kw: Any) -> audit.AuditRecord:
         return audit.AuditRecord(box=self.box, tenant_id=self.tenant_id, session_id=self.session_id,
@@ -164,8 +172,13 @@ class _Dns(asyncio.DatagramProtocol):
             # AAAA and others: an empty NOERROR answer (no IPv6 path exists)
         else:
             reply.header.rcode = RCODE.NXDOMAIN
-            audit.record(self.link.record(kind="dns", host=name[:253], ip=None, port=None, decision="denied",
-                                          reason="name not allowed by the network policy"))
+            row, carried = self.link.dns_denials.admit()
+            self.link.summarize_dns_denials(carried)
+            if row:
+                audit.record(self.link.record(kind="dns", host=name[:253], ip=None, port=None, decision="denied",
+                                              reason="name not allowed by the network policy"))
+            else:
+                audit.count_only("dns", "denied")
         if self.transport is not None and not self.transport.is_closing():
             self.transport.sendto(reply.pack(), addr)
 
@@ -223,6 +236,7 @@ class Gateway:
                 server.close()
         if link._transport is not None:
             link._transport.close()
+        link.summarize_dns_denials(link.dns_denials.drain())
         if link.conntrack is not None:
             self.loop.remove_reader(link.conntrack.sock.fileno())
             link.conntrack.readable()  # what already arrived

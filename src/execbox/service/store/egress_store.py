@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
+import time
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Float, Integer, String, insert, select
+from sqlalchemy import BigInteger, Boolean, Float, Integer, String, delete, insert, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ...egress.audit import AuditRecord
@@ -22,6 +24,17 @@ from .models import Base
 
 log = logging.getLogger("execbox.egress")
 CAPS_SETTING = "egress.tenant_caps"
+RETENTION_ENV = "EXECBOX_EGRESS_AUDIT_DAYS"
+DEFAULT_RETENTION_DAYS = 30.0
+PRUNE_EVERY = 3600.0  # seconds between prunes of the audit table
+
+
+def retention_days() -> float:
+    """How long audit rows are kept (``EXECBOX_EGRESS_AUDIT_DAYS``, default 30; 0 keeps them all)."""
+    try:
+        return max(0.0, float(os.environ.get(RETENTION_ENV, "") or DEFAULT_RETENTION_DAYS))
+    except ValueError:
+        return DEFAULT_RETENTION_DAYS
 
 
 class EgressAuditEntry(Base):
@@ -68,6 +81,11 @@ class EgressAuditRepo:
             with self._sessions.begin() as s:
                 s.execute(insert(EgressAuditEntry), rows)
 
+    def prune(self, older_than: float) -> int:
+        """Delete rows written before ``older_than`` (epoch seconds); returns how many."""
+        with self._sessions.begin() as s:
+            return s.execute(delete(EgressAuditEntry).where(EgressAuditEntry.ts < older_than)).rowcount or 0
+
     def list(self, *, limit: int = 100, tenant_id: str | None = None, session_id: str | None = None,
              decision: str | None = None) -> list[dict[str, Any]]:
         q = select(EgressAuditEntry).order_by(EgressAuditEntry.id.desc()).limit(max(1, min(limit, 1000)))
@@ -88,6 +106,7 @@ class EgressAuditWriter:
         self.repo = repo
         self._q: queue.Queue[AuditRecord | threading.Event | None] = queue.Queue(maxsize=20000)
         self.dropped = 0
+        self._pruned_at = 0.0  # the first batch prunes: a service that restarts often still prunes
         self._thread = threading.Thread(target=self._run, name="execbox-egress-audit", daemon=True)
         self._thread.start()
 
@@ -129,10 +148,24 @@ class EgressAuditWriter:
                 self.repo.insert_many(batch)
             except Exception:  # noqa: BLE001 - the data path never waits on the store
                 log.exception("egress audit: %d records not written", len(batch))
+            self._prune_now_and_then()
             for m in marks:
                 m.set()
             if stop:
                 return
+
+
+    def _prune_now_and_then(self) -> None:
+        days = retention_days()
+        if not days or (self._pruned_at and time.monotonic() - self._pruned_at < PRUNE_EVERY):
+            return
+        self._pruned_at = time.monotonic()
+        try:
+            n = self.repo.prune(time.time() - days * 86400)
+            if n:
+                log.info("egress audit: %d rows older than %g days removed", n, days)
+        except Exception:  # noqa: BLE001 - retention must not stop the writer
+            log.exception("egress audit: pruning failed")
 
 
 class TenantCaps:
