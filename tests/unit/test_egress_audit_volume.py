@@ -68,3 +68,31 @@ def test_audit_rows_older_than_the_retention_are_pruned(tmp_path, monkeypatch):
     finally:
         writer.close()
         store.close()
+
+
+def test_records_the_store_never_got_are_counted_and_flush_never_hangs(tmp_path):
+    from execbox.service.store.egress_store import EgressAuditWriter
+
+    class Down:
+        def insert_many(self, records):  # noqa: ANN001, ANN201
+            raise RuntimeError("database is down")
+
+        def prune(self, older_than):  # noqa: ANN001, ANN201
+            raise RuntimeError("database is down")
+
+    writer = EgressAuditWriter(Down())  # type: ignore[arg-type]
+    try:
+        for _ in range(3):
+            writer(audit.AuditRecord("b", "tcp", "x.example", None, 443))
+        writer.flush(5)
+        assert writer.dropped == 3
+    finally:
+        writer.close()
+    stuck = EgressAuditWriter.__new__(EgressAuditWriter)  # a writer whose queue is full and never drains
+    import queue as q
+
+    stuck._q = q.Queue(maxsize=1)
+    stuck._q.put_nowait(None)
+    started = time.monotonic()
+    stuck.flush(0.3)
+    assert time.monotonic() - started < 5  # returned after its timeout instead of blocking on the full queue

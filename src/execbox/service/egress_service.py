@@ -26,6 +26,20 @@ class EgressService:
         self.writer.close()
 
 
+class _DroppedCollector:
+    """execbox_egress_audit_dropped_total: records the store never got (queue full, write failed)."""
+
+    def __init__(self, writer: EgressAuditWriter) -> None:
+        self.writer = writer
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        c = CounterMetricFamily("execbox_egress_audit_dropped", "Egress audit records not written to the store")
+        c.add_metric([], self.writer.dropped)
+        yield c
+
+
 def install(app: Any, services: Services) -> EgressService:
     """Build the egress service into ``services.egress`` and mount its routes."""
     store = services.store
@@ -34,6 +48,7 @@ def install(app: Any, services: Services) -> EgressService:
     audit.add_sink(svc.writer)
     egress_hook.caps_lookup = svc.caps.get
     services.metrics.registry.register(audit.EgressCollector())
+    services.metrics.registry.register(_DroppedCollector(svc.writer))
     services.egress = svc
     from .routes import egress
 

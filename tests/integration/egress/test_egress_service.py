@@ -63,6 +63,7 @@ def test_session_policy_narrowing_and_audit(svc, fakenet):
     assert svc.root.get("/api/admin/egress/audit", params={"decision": "maybe"}).status_code == 400
     metrics = svc.client().get("/metrics").text
     assert 'execbox_egress_connections_total{decision="allowed",kind="tcp"}' in metrics
+    assert "execbox_egress_audit_dropped_total 0.0" in metrics  # the store got every record
 
 
 def test_tenant_cap(svc, fakenet):

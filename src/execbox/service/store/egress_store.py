@@ -117,9 +117,15 @@ class EgressAuditWriter:
             self.dropped += 1
 
     def flush(self, timeout: float = 10.0) -> None:
+        """Wait (at most ``timeout``) until what was queued before is written: a full queue over a
+        slow store must not hold the caller (an admin API request) for ever."""
         ev = threading.Event()
-        self._q.put(ev)
-        ev.wait(timeout)
+        deadline = time.monotonic() + timeout
+        try:
+            self._q.put(ev, timeout=timeout)
+        except queue.Full:
+            return
+        ev.wait(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         self._q.put(None)
@@ -147,6 +153,7 @@ class EgressAuditWriter:
             try:
                 self.repo.insert_many(batch)
             except Exception:  # noqa: BLE001 - the data path never waits on the store
+                self.dropped += len(batch)  # lost for good; execbox_egress_audit_dropped_total says so
                 log.exception("egress audit: %d records not written", len(batch))
             self._prune_now_and_then()
             for m in marks:
