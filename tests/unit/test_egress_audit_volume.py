@@ -15,7 +15,7 @@ from execbox.egress.policy import parse_policy
 
 
 def test_dns_denials_past_the_rate_are_counted_not_recorded_one_by_one():
-    d = audit.DnsDenials(per_second=3)
+    d = audit.RowBudget(per_second=3)
     assert [d.admit(10.0) for _ in range(5)] == [(True, 0)] * 3 + [(False, 0)] * 2
     assert d.admit(10.5) == (False, 0)
     assert d.admit(11.0) == (True, 3)  # the next second sums up the three held back

@@ -17,7 +17,7 @@ class _Link:
     policy = parse_policy("allowlist", ["*.api.corp"])
 
     def __init__(self) -> None:
-        self.dns_denials = gw.audit.DnsDenials()
+        self.dns_denials = gw.audit.RowBudget()
 
     def summarize_dns_denials(self, n: int) -> None:
         gw.BoxLink.summarize_dns_denials(self, n)  # type: ignore[arg-type]

@@ -72,14 +72,15 @@ def record(rec: AuditRecord) -> None:
 
 
 def count_only(kind: str, decision: str, n: int = 1) -> None:
-    """Count attempts that get no row of their own (the metrics stay exact; see DnsDenials)."""
+    """Count attempts that get no row of their own (the metrics stay exact; see RowBudget)."""
     with _lock:
         _counts[(kind, decision)] += n
 
 
-class DnsDenials:
-    """Per box: the first ``per_second`` refused DNS names in a second get a row each; the rest
-    are counted and summed up in one row when that second is over (or the box goes).
+class RowBudget:
+    """Per source of refusals (a box's refused DNS names, a proxy client's refused requests): the
+    first ``per_second`` in a second get a row each; the rest are counted and summed up in one row
+    when that second is over (or the source goes).
 
     A box can ask its resolver for random names as fast as it likes: one row each grew the audit
     table by ~7000 rows a second and pushed every other tenant's records out of the in-memory view.

@@ -71,6 +71,7 @@ class BoxLink:
         self.session_id: str | None = None
         self.run_id: str | None = None
         self.active = 0
+        self.lookup_slots: asyncio.Semaphore | None = None  # its share of the resolver (resolver.py)
         self.bytes_total = 0
         self._names: dict[str, ipaddress.IPv4Address] = {}
         self._addrs: dict[ipaddress.IPv4Address, str] = {}
@@ -85,7 +86,7 @@ class BoxLink:
         self.intercept: Any = None  # credential injection (egress/inject.py), set when the policy needs it
         self.on_policy: Any = None  # the kernel route's re-pointing (boxes/jail_net.py), when the box has one
         self.conntrack: ConntrackAudit | None = None
-        self.dns_denials = audit.DnsDenials()
+        self.dns_denials = audit.RowBudget()
 
     def set_policy(self, policy: EgressPolicy) -> None:
         """Replace the policy; connections opened from now on (and DNS answers) follow it.
@@ -120,7 +121,7 @@ class BoxLink:
         return self._addrs.get(ip)
 
     def summarize_dns_denials(self, n: int) -> None:
-        """One row for ``n`` refused DNS names that got none of their own (audit.DnsDenials)."""
+        """One row for ``n`` refused DNS names that got none of their own (audit.RowBudget)."""
         if n:
             audit.record(self.record(kind="dns", host=None, ip=None, port=None, decision="denied",
                                      reason=f"{n} more names not allowed by the network policy within one second "
@@ -164,7 +165,7 @@ class _Dns(asyncio.DatagramProtocol):
         # checked against the policy at all
         if all(_DNS_LABEL.fullmatch(lab) for lab in q.qname.label) and policy.name_allowed(name):
             if q.qtype == QTYPE.A:
-                addrs = await resolve(name)
+                addrs = await resolve(name, self.link)
                 if addrs:
                     reply.add_answer(RR(q.qname, QTYPE.A, rdata=A(str(self.link.synth(name))), ttl=5))
                 else:
@@ -316,7 +317,7 @@ async def decide(link: Any, name: str | None, dst: ipaddress.IPv4Address | None,
     if name is not None:
         if not policy.name_allowed(name, port):
             return None, f"{name}:{port} is not allowed by the network policy"
-        addrs = await resolve(name)
+        addrs = await resolve(name, link)
         if not addrs:
             return None, f"{name} does not resolve"
         why = ""

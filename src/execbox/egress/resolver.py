@@ -11,6 +11,14 @@ import asyncio
 import ipaddress
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+LOOKUPS_PER_BOX = 4
+"""Name lookups one box may have on the resolver's threads at once (more wait their turn): a box
+asking for names whose servers never answer must not hold every thread while other boxes wait."""
+_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="execbox-resolve")
+"""Lookups only (not the event loop's default executor, which other work of the gateway shares)."""
 
 
 def _server() -> tuple[str, int] | None:
@@ -48,5 +56,14 @@ def resolve_sync(name: str) -> list[ipaddress.IPv4Address]:
     return out
 
 
-async def resolve(name: str) -> list[ipaddress.IPv4Address]:
-    return await asyncio.get_running_loop().run_in_executor(None, resolve_sync, name)
+async def resolve(name: str, box: Any = None) -> list[ipaddress.IPv4Address]:
+    """Resolve on the resolver's own threads; a ``box`` (a gateway link or proxy state) holds at
+    most LOOKUPS_PER_BOX of them at once, its further lookups wait on the event loop."""
+    loop = asyncio.get_running_loop()
+    if box is None:
+        return await loop.run_in_executor(_pool, resolve_sync, name)
+    slots = getattr(box, "lookup_slots", None)
+    if slots is None:
+        slots = box.lookup_slots = asyncio.Semaphore(LOOKUPS_PER_BOX)
+    async with slots:
+        return await loop.run_in_executor(_pool, resolve_sync, name)
