@@ -69,6 +69,11 @@ def test_absolute_form_is_rewritten_to_origin_form():
     b"garbage\r\n\r\n",
     b"GET http://x.example/ HTTP/1.1\r\nno-colon-header\r\n\r\n",
     b"GET http://x.example/ HTTP/2\r\n\r\n",
+    b"GET http://x.example/ HTTP/1.9\r\n\r\n",
+    b"GET http://x.example/ HTTP/1.1\x00\r\n\r\n",
+    # a bare LF would let a second Host (or anything) through to the upstream as its own line
+    b"GET http://x.example/ HTTP/1.1\r\nX-A: 1\nHost: evil.example\r\n\r\n",
+    b"GET http://x.example/ HTTP/1.1\r\nX-A: 1\rB\r\n\r\n",
 ])
 def test_bad_requests(head):
     with pytest.raises(BadRequest):

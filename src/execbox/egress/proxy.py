@@ -28,8 +28,10 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import re
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,8 +44,10 @@ from .relay import splice
 log = logging.getLogger("execbox.egress.proxy")
 
 MAX_HEAD = 16384
-HEAD_TIMEOUT = 10.0
+HEAD_TIMEOUT = 3.0  # a connection that has not sent its request head by then is closed
 MAX_CONNECTIONS = 4096  # open proxy connections, all boxes together (each box also has its own cap)
+PEER_SHARE = 2  # one client address holds at most this many times a box's connection cap, before
+# its credentials are even read: one pod opening idle connections cannot take the whole proxy
 MAX_TRACKED = 10000  # per-box counters kept; idle ones are dropped past it
 
 
@@ -66,6 +70,7 @@ class _BoxState:
     policy: EgressPolicy = field(default_factory=EgressPolicy)
     active: int = 0
     bytes_total: int = 0
+    lookup_slots: asyncio.Semaphore | None = None  # its share of the resolver (resolver.py)
 
 
 class _Conn(asyncio.Protocol):
@@ -118,6 +123,8 @@ class EgressProxy:
         self._boxes: dict[str, _BoxState] = {}
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._peers: Counter[str] = Counter()  # open connections per client address
+        self._refusals: dict[str, audit.RowBudget] = {}  # refusal rows per client address
         self.address: tuple[str, int] | None = None
 
     def start(self) -> tuple[str, int]:
@@ -147,15 +154,39 @@ class EgressProxy:
             t.cancel()
 
     def _spawn(self, conn: _Conn) -> None:
-        if len(self._tasks) >= MAX_CONNECTIONS:
-            assert conn.transport is not None
+        assert conn.transport is not None
+        peer = _peer(conn.transport)
+        if len(self._tasks) >= MAX_CONNECTIONS or self._peers[peer] >= PEER_SHARE * self.limits.max_connections:
+            audit.count_only("tcp", "limited")  # no row: a client past its share could write them endlessly
             conn.transport.abort()
             return
-        task = asyncio.get_running_loop().create_task(self._serve(conn))
+        self._peers[peer] += 1
+        task = asyncio.get_running_loop().create_task(self._serve(conn, peer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _t: self._left(peer))
 
-    async def _serve(self, conn: _Conn) -> None:
+    def _left(self, peer: str) -> None:
+        self._peers[peer] -= 1
+        if self._peers[peer] <= 0:
+            del self._peers[peer]
+
+    def _refused(self, peer: str, rec: audit.AuditRecord, started: float) -> None:
+        """Audit a refusal, at most 20 rows a second per client address (the rest summed up)."""
+        if len(self._refusals) > MAX_TRACKED:
+            self._refusals.clear()
+        budget = self._refusals.setdefault(peer, audit.RowBudget())
+        row, carried = budget.admit()
+        if carried:
+            audit.record(audit.AuditRecord(box="?", kind="tcp", host=None, ip=None, port=None, reason=(
+                f"{carried} more refused proxy requests from {peer} within one second (over 20 a second: "
+                "counted, not recorded one by one)")))
+        if row:
+            audit.finish(rec, started)
+        else:
+            audit.count_only(rec.kind, rec.decision)
+
+    async def _serve(self, conn: _Conn, peer: str = "?") -> None:
         transport = conn.transport
         assert transport is not None
         started = time.monotonic()
@@ -176,18 +207,19 @@ class EgressProxy:
                 req = parse_request(head[:end + 4])
             except BadRequest as e:
                 rec.reason = f"bad request: {e}"
-                audit.record(rec)
+                self._refused(peer, rec, started)
                 transport.write(response("400 Bad Request", str(e)))
                 transport.close()
                 return
             ip = _ip(req.host)
             rec.host, rec.ip, rec.port = (None if ip else req.host), (req.host if ip else None), req.port
             box = req.credentials[0] if req.credentials else None
-            rec.box = (box or "?")[:253]
             backends = self._authenticate(box, req.credentials[1]) if req.credentials and box else []
             if not backends or box is None:
-                rec.reason, refused = "missing or bad proxy credentials", True
-                audit.finish(rec, started)
+                # not filed under the name it claims: that would put rows on another pod's record
+                claimed = re.sub(r"[^A-Za-z0-9._-]", "?", box or "")[:64]
+                rec.reason, refused = f"missing or bad proxy credentials (claimed box {claimed!r})", True
+                self._refused(peer, rec, started)
                 transport.write(response("407 Proxy Authentication Required", rec.reason,
                                           'Proxy-Authenticate: Basic realm="execbox-egress"\r\n'))
                 transport.close()
@@ -203,9 +235,10 @@ class EgressProxy:
                 rec.tenant_id, rec.session_id = grant.tenant_id, grant.session_id
                 state.active += 1
                 target, reason = await decide(state, None if ip else req.host, ip, req.port)
+            rec.box = box[:253]
             if target is None or state is None:
                 rec.reason, refused = reason, True
-                audit.finish(rec, started)
+                self._refused(peer, rec, started)
                 transport.write(response("403 Forbidden", reason, "X-Execbox-Egress: denied\r\n"))
                 transport.close()
                 return
@@ -253,6 +286,11 @@ class EgressProxy:
                 self._boxes = {k: v for k, v in self._boxes.items() if v.active}
             state = self._boxes[box] = _BoxState(box, self.limits)
         return state
+
+
+def _peer(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | None:

@@ -73,9 +73,11 @@ def parse_request(head: bytes) -> Request:
     except UnicodeDecodeError as e:  # pragma: no cover - latin-1 decodes anything
         raise BadRequest("undecodable request") from e
     lines = text.split("\r\n")
+    if any(c in line for line in lines for c in "\r\n\0"):  # parsers would read such a head two ways
+        raise BadRequest("a bare CR, LF or NUL in the request head")
     parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise BadRequest("not an HTTP/1.x request line")
+    if len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
+        raise BadRequest("not an HTTP/1.0 or HTTP/1.1 request line")
     method, target, version = parts
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:

@@ -201,3 +201,50 @@ def test_one_shared_proxy_per_address(upstream):
     unshare(p2, new)
     with pytest.raises(OSError):
         socket.create_connection(listen, timeout=2).close()
+
+
+def test_one_client_address_cannot_hold_the_whole_proxy(upstream):
+    """Idle connections that never send a head hold a slot each until the head timeout: one client
+    address gets PEER_SHARE times a box's cap, and no more, before its credentials are read."""
+    from execbox.egress import proxy as px
+
+    p = EgressProxy(("127.0.0.1", 0), [Boxes({})], Limits(max_connections=2, max_bytes=1 << 20))
+    p.start()
+    held: list[socket.socket] = []
+    try:
+        before = audit.counts().get(("tcp", "limited"), 0)
+        for _ in range(px.PEER_SHARE * 2):
+            held.append(socket.create_connection(p.address, timeout=5))
+        time.sleep(0.2)
+        with socket.create_connection(p.address, timeout=5) as extra:  # accepted by the kernel, then cut
+            extra.settimeout(5)
+            try:
+                got = extra.recv(100)
+            except ConnectionResetError:
+                got = b""
+            assert got == b""
+        assert audit.counts().get(("tcp", "limited"), 0) - before == 1
+        held.pop().close()
+        time.sleep(0.2)
+        with socket.create_connection(p.address, timeout=5) as again:  # a slot is free again
+            again.sendall(b"garbage\r\n\r\n")
+            assert again.recv(100).startswith(b"HTTP/1.1 400")
+    finally:
+        for s in held:
+            s.close()
+        p.stop()
+
+
+def test_refusals_from_one_client_get_bounded_rows_and_no_other_pod_s_name(proxy, upstream):
+    budget = proxy._refusals["127.0.0.1"] = audit.RowBudget()
+    budget.clock = lambda: 100.0  # all in one second, however slow this machine is
+    before_rows = len(audit.recent(limit=10000))
+    before = audit.counts().get(("tcp", "denied"), 0)
+    request = f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\n".encode() + auth("pod-a\x1b[2J", "wrong") + b"\r\n"
+    for _ in range(60):
+        assert raw(proxy, request).startswith(b"HTTP/1.1 407")
+    assert audit.counts().get(("tcp", "denied"), 0) - before == 60  # each one counted
+    rows = audit.recent(limit=10000)[: len(audit.recent(limit=10000)) - before_rows]
+    assert len(rows) == 20 and budget.drain() == 40  # 20 rows a second; the rest counted, summed up later
+    mine = [r for r in rows if "claimed box" in r.reason]
+    assert mine and all(r.box == "?" and "\x1b" not in r.reason for r in mine)
