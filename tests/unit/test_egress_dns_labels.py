@@ -45,7 +45,7 @@ def ask(monkeypatch):
     audited: list[dict] = []
     monkeypatch.setattr(gw.audit, "record", audited.append)
 
-    async def resolve(name: str) -> list[str]:
+    async def resolve(name: str, box: object = None) -> list[str]:
         return ["203.0.113.5"]
 
     monkeypatch.setattr(gw, "resolve", resolve)
