@@ -109,6 +109,19 @@ class RowBudget:
         carried, self.suppressed = self.suppressed, 0
         return carried
 
+    def submit(self, rec: AuditRecord, summarize: Callable[[int], None], started: float | None = None) -> None:
+        """Record ``rec`` within the budget (with its duration since ``started`` when given), else
+        only count it; ``summarize(n)`` records the row for the ``n`` the second before held back."""
+        row, carried = self.admit()
+        if carried:
+            summarize(carried)
+        if not row:
+            count_only(rec.kind, rec.decision)
+        elif started is not None:
+            finish(rec, started)
+        else:
+            record(rec)
+
 
 def finish(rec: AuditRecord, started: float) -> None:
     """Record a connection with its duration since ``started`` (time.monotonic)."""

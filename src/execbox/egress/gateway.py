@@ -173,13 +173,10 @@ class _Dns(asyncio.DatagramProtocol):
             # AAAA and others: an empty NOERROR answer (no IPv6 path exists)
         else:
             reply.header.rcode = RCODE.NXDOMAIN
-            row, carried = self.link.dns_denials.admit()
-            self.link.summarize_dns_denials(carried)
-            if row:
-                audit.record(self.link.record(kind="dns", host=name[:253], ip=None, port=None, decision="denied",
-                                              reason="name not allowed by the network policy"))
-            else:
-                audit.count_only("dns", "denied")
+            self.link.dns_denials.submit(self.link.record(kind="dns", host=name[:253], ip=None, port=None,
+                                                          decision="denied",
+                                                          reason="name not allowed by the network policy"),
+                                         self.link.summarize_dns_denials)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.sendto(reply.pack(), addr)
 

@@ -175,16 +175,10 @@ class EgressProxy:
         """Audit a refusal, at most 20 rows a second per client address (the rest summed up)."""
         if len(self._refusals) > MAX_TRACKED:
             self._refusals.clear()
-        budget = self._refusals.setdefault(peer, audit.RowBudget())
-        row, carried = budget.admit()
-        if carried:
-            audit.record(audit.AuditRecord(box="?", kind="tcp", host=None, ip=None, port=None, reason=(
-                f"{carried} more refused proxy requests from {peer} within one second (over 20 a second: "
-                "counted, not recorded one by one)")))
-        if row:
-            audit.finish(rec, started)
-        else:
-            audit.count_only(rec.kind, rec.decision)
+        self._refusals.setdefault(peer, audit.RowBudget()).submit(rec, lambda n: audit.record(audit.AuditRecord(
+            box="?", kind="tcp", host=None, ip=None, port=None, reason=(
+                f"{n} more refused proxy requests from {peer} within one second (over 20 a second: "
+                "counted, not recorded one by one)"))), started)
 
     async def _serve(self, conn: _Conn, peer: str = "?") -> None:
         transport = conn.transport
