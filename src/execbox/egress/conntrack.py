@@ -136,7 +136,8 @@ class ConntrackAudit:
     def _delete(self, raw: bytes, orig: Span) -> None:
         """Ask the kernel to drop the entry now, naming it by the event's own CTA_TUPLE_ORIG."""
         try:
-            _ct_delete(self.sock, raw[orig[0] - 4:orig[1]])  # the attribute with its header
+            # the attribute with its header; no ACK asked: errors arrive as messages the reader skips
+            _request(self.sock, IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST, raw[orig[0] - 4:orig[1]])
         except OSError as e:  # the entry then ends with the kernel's own timeout
             log.debug("egress: conntrack delete failed: %s", e)
 
@@ -198,7 +199,7 @@ def entries(sock: socket.socket, *, src: str | None = None,
                 if orig is not None and t is not None and (src is None or t[0] == src) and (
                         mark is None or _u(raw, top.get(CTA_MARK)) & mark[1] == mark[0]):
                     req = raw[orig[0] - 4:orig[1]]  # the attribute with its header names the entry
-                    req += b"\0" * (-len(req) % 4)
+                    req += b"\0" * (-len(req) % 4)  # before another attribute follows it
                     zone = top.get(CTA_ZONE)
                     if zone is not None:  # an entry of another zone is named with its zone
                         req += _attr(CTA_ZONE, raw[zone[0]:zone[1]])
@@ -237,15 +238,9 @@ def _attr(kind: int, payload: bytes) -> bytes:
 
 
 def _request(sock: socket.socket, kind: int, flags: int, attrs: bytes) -> None:
-    head = struct.pack("=IHHII", 20 + len(attrs), (NFNL_SUBSYS_CTNETLINK << 8) | kind, flags, 0, 0)
-    sock.send(head + struct.pack("=BBH", socket.AF_INET, 0, 0) + attrs)
-
-
-def _ct_delete(sock: socket.socket, attrs: bytes) -> None:
-    """Send one IPCTNL_MSG_CT_DELETE request with ``attrs`` (no ACK asked: errors arrive as messages)."""
+    """Send one conntrack request (IPv4) with ``attrs``."""
     attrs += b"\0" * (-len(attrs) % 4)
-    head = struct.pack("=IHHII", 20 + len(attrs), (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE,
-                       NLM_F_REQUEST, 0, 0)
+    head = struct.pack("=IHHII", 20 + len(attrs), (NFNL_SUBSYS_CTNETLINK << 8) | kind, flags, 0, 0)
     sock.send(head + struct.pack("=BBH", socket.AF_INET, 0, 0) + attrs)
 
 
