@@ -288,8 +288,15 @@ def _sockets() -> tuple[socket.socket, socket.socket]:
     return tcp, udp
 
 
-def _cap_socket() -> socket.socket:
-    return _listener(GW_CAP_PORT, 64)
+def _routed_sockets() -> tuple[socket.socket, socket.socket]:
+    """A routed box's conntrack event socket and the gateway's listener for its connections past
+    the cap, both made in one visit to its namespace."""
+    ct = _ct_socket()
+    try:
+        return ct, _listener(GW_CAP_PORT, 64)
+    except OSError:
+        ct.close()
+        raise
 
 
 def _ct_socket() -> socket.socket:
@@ -352,8 +359,10 @@ def _configure(name: str, n: int, spec: RouteSpec | None) -> BoxNet:
              routed_rules(str(route.addr), route.entries, spec.max_connections, spec.max_bytes))
         fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY | os.O_CLOEXEC)
         tcp, udp = _ns_thread.submit(_in_netns, fd, _sockets).result(10)
-        ct = _ns_thread.submit(_in_netns, fd, _ct_socket).result(10) if route is not None else None
-        capped = _ns_thread.submit(_in_netns, fd, _cap_socket).result(10) if route is not None else None
+        ct: socket.socket | None = None
+        capped: socket.socket | None = None
+        if route is not None:
+            ct, capped = _ns_thread.submit(_in_netns, fd, _routed_sockets).result(10)
     except BaseException:
         if fd >= 0:
             os.close(fd)
