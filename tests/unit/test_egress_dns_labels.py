@@ -43,7 +43,7 @@ class _Transport:
 @pytest.fixture
 def ask(monkeypatch):
     audited: list[dict] = []
-    monkeypatch.setattr(gw.audit, "record", audited.append)
+    monkeypatch.setattr(gw.audit, "record", lambda rec, counted=True: audited.append(rec))
 
     async def resolve(name: str, box: object = None) -> list[str]:
         return ["203.0.113.5"]

@@ -70,7 +70,7 @@ def attach(box_name: str, policy: EgressPolicy, *, pid: int | None = None, ca: B
     try:
         jn.link = gateway().attach(box_name, policy, net.tcp, net.udp, limits, ct=net.ct,
                                    box_addr=str(net.route.addr) if net.route is not None else None,
-                                   capped=net.capped)
+                                   capped=net.capped, spent=net.spent)
         if net.route is not None:
             jn.link.on_policy = lambda p, link=jn.link: net.set_fast(
                 netroute.fast_entries(p), link.limits.max_connections, link.limits.max_bytes - link.bytes_total)

@@ -43,131 +43,31 @@ from dataclasses import dataclass
 
 from ..egress import conntrack
 from . import netroute
+from .netns_rules import (
+    BOX_ADDR,
+    GW_ADDR,
+    GW_CAP_PORT,
+    GW_DNS_PORT,
+    GW_SPENT_PORT,
+    GW_TCP_PORT,
+    IPTABLES_RULES,
+    ROUTED_MARK,
+    ROUTED_MASK,
+    ROUTED_SYSCTLS,
+    fast_rules,
+    routed_rules,
+)
 
 log = logging.getLogger("execbox.netns")
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"
-GW_TCP_PORT = 15001
-GW_DNS_PORT = 15053
-GW_CAP_PORT = 15002  # a routed box's connections past its cap: the gateway refuses and audits them
-BOX_ADDR = "198.18.255.2"
-GW_ADDR = "198.18.255.1"
 PREFIX = "exb-"
-ROUTED_MARK = 0x5EB  # connmark of a routed connection (set in nat OUTPUT on its first packet)
-ROUTED_MASK = 0xFFFF  # the bits above are flags: conntrack.LIMITED_MARK
 CT_GROUPS = (1 << 0) | (1 << 1) | (1 << 2)  # NFNLGRP_CONNTRACK_NEW, _UPDATE, _DESTROY
 
 _counter = itertools.count(1)
 _ns_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="execbox-netns")
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def iptables_rules(box_addr: str = BOX_ADDR) -> str:
-    """The rule set of a namespace whose only exit is the gateway."""
-    return f"""*nat
-:PREROUTING ACCEPT [0:0]
-:INPUT ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:POSTROUTING ACCEPT [0:0]
--A OUTPUT -p tcp ! -d 127.0.0.0/8 -j REDIRECT --to-ports {GW_TCP_PORT}
--A OUTPUT -p udp ! -d 127.0.0.0/8 --dport 53 -j REDIRECT --to-ports {GW_DNS_PORT}
-COMMIT
-*filter
-:INPUT ACCEPT [0:0]
-:FORWARD DROP [0:0]
-:OUTPUT DROP [0:0]
--A OUTPUT -d 127.0.0.0/8 -j ACCEPT
--A OUTPUT -d {box_addr}/32 -j ACCEPT
--A OUTPUT -j REJECT --reject-with icmp-admin-prohibited
-COMMIT
-"""
-
-
-IPTABLES_RULES = iptables_rules()
-FAST_CHAIN = "EXB-FAST"
-CAP_CHAIN = "EXB-CAP"
-OVER_CHAIN = "EXB-OVER"
-
-
-def _fast(fast: tuple[netroute.FastEntry, ...]) -> tuple[str, str]:
-    """The rules of the nat and the filter ``EXB-FAST`` chains: the routed destinations."""
-    match = [f"-p tcp -d {net} -m multiport --dports {','.join(map(str, ports))}" for net, ports in fast]
-    nat = "".join(f"-A {FAST_CHAIN} {m} -j CONNMARK --set-mark {ROUTED_MARK}\n-A {FAST_CHAIN} {m} -j ACCEPT\n"
-                  for m in match)
-    return nat, "".join(f"-A {FAST_CHAIN} {m} -j ACCEPT\n" for m in match)
-
-
-def fast_rules(fast: tuple[netroute.FastEntry, ...]) -> str:
-    """For ``iptables-restore --noflush``: the two chains that name the routed destinations, all
-    that a narrowing rewrites (declaring a chain flushes it; the others keep rules and counters)."""
-    nat, out = _fast(fast)
-    return f"*nat\n:{FAST_CHAIN} - [0:0]\n{nat}COMMIT\n*filter\n:{FAST_CHAIN} - [0:0]\n{out}COMMIT\n"
-
-
-def routed_rules(box_addr: str, fast: tuple[netroute.FastEntry, ...], max_connections: int, max_bytes: int) -> str:
-    """The whole rule set of a namespace with a kernel route.
-
-    - nat: a new TCP connection to a routed destination (``EXB-FAST``) gets the routed connmark and
-      no NAT; every other one is REDIRECTed to the gateway as without a route.
-    - filter OUTPUT: a routed connection's packets leave eb0 only with that mark once established,
-      or, new (or unknown to conntrack), to a destination still listed; any other TCP packet out of
-      eb0 gets a reset (a connection that a narrowing deleted: ``nf_conntrack_tcp_loose=0`` keeps
-      its next packet from being taken for a fresh connection, in either direction).
-    - filter INPUT: packets from eb0 that conntrack does not know are dropped.
-    - caps for both paths together (the gateway's connections and the routed ones): every new TCP
-      connection to a non-loopback destination (as the box asked for it, before REDIRECT) counts
-      against ``max_connections`` (connlimit, first in nat OUTPUT; one past it is REDIRECTed to
-      the gateway's cap listener, which refuses it like any refusal and audits it), and the IP
-      bytes of those connections both ways (box <-> gateway socket, box <-> eb0) against one quota
-      of ``max_bytes`` (``EXB-CAP``, written once: a narrowing leaves it alone). Past it every
-      packet the box's namespace sends (the box's, or the gateway's towards the box) gets a
-      reset; what arrives from eb0 still passes, so the box's ACK of it is what gets the reset
-      and a transfer ends at once with ECONNRESET instead of stalling (as on the host's side).
-      A connection cut so carries ``conntrack.LIMITED_MARK``: its record says ``limited``."""
-    limit = f"-m connlimit --connlimit-above {max_connections} --connlimit-mask 0"
-    nat, out = _fast(fast)
-    return f"""*nat
-:PREROUTING ACCEPT [0:0]
-:INPUT ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:POSTROUTING ACCEPT [0:0]
-:{FAST_CHAIN} - [0:0]
--A OUTPUT -p tcp ! -d 127.0.0.0/8 {limit} -j REDIRECT --to-ports {GW_CAP_PORT}
--A OUTPUT -p tcp ! -d 127.0.0.0/8 -j {FAST_CHAIN}
--A OUTPUT -p tcp ! -d 127.0.0.0/8 -j REDIRECT --to-ports {GW_TCP_PORT}
--A OUTPUT -p udp ! -d 127.0.0.0/8 --dport 53 -j REDIRECT --to-ports {GW_DNS_PORT}
-{nat}COMMIT
-*filter
-:INPUT ACCEPT [0:0]
-:FORWARD DROP [0:0]
-:OUTPUT DROP [0:0]
-:{FAST_CHAIN} - [0:0]
-:{CAP_CHAIN} - [0:0]
-:{OVER_CHAIN} - [0:0]
--A INPUT -i eb0 -m conntrack --ctstate INVALID -j DROP
--A INPUT -i eb0 -p tcp -j {CAP_CHAIN}
--A OUTPUT -p tcp -m conntrack ! --ctorigdst 127.0.0.0/8 -j {CAP_CHAIN}
--A OUTPUT -d 127.0.0.0/8 -j ACCEPT
--A OUTPUT -d {box_addr}/32 -j ACCEPT
--A OUTPUT -o eb0 -m connmark --mark {ROUTED_MARK}/{ROUTED_MASK} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
--A OUTPUT -o eb0 -m conntrack --ctstate NEW,INVALID -j {FAST_CHAIN}
--A OUTPUT -p tcp -j REJECT --reject-with tcp-reset
--A OUTPUT -j REJECT --reject-with icmp-admin-prohibited
--A {CAP_CHAIN} -p tcp --tcp-flags RST RST -j RETURN
--A {CAP_CHAIN} -p tcp -m quota ! --quota {max(max_bytes, 0)} -j {OVER_CHAIN}
--A {OVER_CHAIN} -j CONNMARK --or-mark {conntrack.LIMITED_MARK}
--A {OVER_CHAIN} -i eb0 -j RETURN
--A {OVER_CHAIN} -p tcp -j REJECT --reject-with tcp-reset
-{out}COMMIT
-"""
-
-
-# per-namespace conntrack settings of a routed box: byte counters for the audit; a closed
-# connection's entry goes at once; a packet of no known connection never starts one (the
-# loose pick-up would let the remote side re-open a connection that a narrowing deleted)
-ROUTED_SYSCTLS = ("net.netfilter.nf_conntrack_acct=1", "net.netfilter.nf_conntrack_tcp_timeout_time_wait=1",
-                  "net.netfilter.nf_conntrack_tcp_timeout_close=1", "net.netfilter.nf_conntrack_tcp_loose=0")
 
 IP_BATCH = f"""link set lo up
 link add eb0 type veth peer name eb1
@@ -207,6 +107,7 @@ class BoxNet:
     route: netroute.Route | None = None  # the kernel route's host side, when the box has one
     ct: socket.socket | None = None  # conntrack events of the namespace (kernel route only)
     capped: socket.socket | None = None  # the gateway's listener for connections past the cap (same)
+    spent: socket.socket | None = None  # ... and for those after the byte quota is spent (same)
 
     def set_fast(self, fast: tuple[netroute.FastEntry, ...], max_connections: int, bytes_left: int) -> None:
         """Re-point the kernel route at ``fast`` (a narrowed policy's entries), host side first:
@@ -231,7 +132,7 @@ class BoxNet:
             raise NetnsError(f"cannot cut the routed connections no longer allowed: {e}") from e
 
     def close(self) -> None:
-        for s in (self.tcp, self.udp, self.ct, self.capped):
+        for s in (self.tcp, self.udp, self.ct, self.capped, self.spent):
             try:
                 if s is not None:
                     s.close()
@@ -288,15 +189,19 @@ def _sockets() -> tuple[socket.socket, socket.socket]:
     return tcp, udp
 
 
-def _routed_sockets() -> tuple[socket.socket, socket.socket]:
-    """A routed box's conntrack event socket and the gateway's listener for its connections past
-    the cap, both made in one visit to its namespace."""
-    ct = _ct_socket()
+def _routed_sockets() -> tuple[socket.socket, socket.socket, socket.socket]:
+    """A routed box's conntrack event socket and the gateway's listeners for its connections past
+    the connection cap and after the byte quota, all made in one visit to its namespace."""
+    made: list[socket.socket] = []
     try:
-        return ct, _listener(GW_CAP_PORT, 64)
+        made.append(_ct_socket())
+        made.append(_listener(GW_CAP_PORT, 64))
+        made.append(_listener(GW_SPENT_PORT, 64))
     except OSError:
-        ct.close()
+        for s in made:
+            s.close()
         raise
+    return made[0], made[1], made[2]
 
 
 def _ct_socket() -> socket.socket:
@@ -361,8 +266,9 @@ def _configure(name: str, n: int, spec: RouteSpec | None) -> BoxNet:
         tcp, udp = _ns_thread.submit(_in_netns, fd, _sockets).result(10)
         ct: socket.socket | None = None
         capped: socket.socket | None = None
+        spent: socket.socket | None = None
         if route is not None:
-            ct, capped = _ns_thread.submit(_in_netns, fd, _routed_sockets).result(10)
+            ct, capped, spent = _ns_thread.submit(_in_netns, fd, _routed_sockets).result(10)
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -370,7 +276,7 @@ def _configure(name: str, n: int, spec: RouteSpec | None) -> BoxNet:
         if route is not None:
             route.remove()
         raise
-    return BoxNet(name, fd, tcp, udp, route, ct, capped)
+    return BoxNet(name, fd, tcp, udp, route, ct, capped, spent)
 
 
 def join(fd: int) -> None:

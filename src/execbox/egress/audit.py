@@ -59,10 +59,12 @@ def remove_sink(sink: Sink) -> None:
             _sinks.remove(sink)
 
 
-def record(rec: AuditRecord) -> None:
+def record(rec: AuditRecord, counted: bool = True) -> None:
+    """``counted=False``: a row summing up attempts already counted (``count_only``)."""
     with _lock:
         _ring.append(rec)
-        _counts[(rec.kind, rec.decision)] += 1
+        if counted:
+            _counts[(rec.kind, rec.decision)] += 1
         sinks = list(_sinks)
     for sink in sinks:
         try:

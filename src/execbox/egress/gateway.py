@@ -80,6 +80,8 @@ class BoxLink:
         self._server: asyncio.base_events.Server | None = None
         self._capped: socket.socket | None = None  # a routed box's listener for connections past its cap
         self._capped_server: asyncio.base_events.Server | None = None
+        self._spent: socket.socket | None = None  # ... and for those after its byte quota is spent
+        self._spent_server: asyncio.base_events.Server | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.relays: set[Any] = set()  # spliced connections (egress/relay.py), aborted on detach
@@ -87,6 +89,7 @@ class BoxLink:
         self.on_policy: Any = None  # the kernel route's re-pointing (boxes/jail_net.py), when the box has one
         self.conntrack: ConntrackAudit | None = None
         self.dns_denials = audit.RowBudget()
+        self.tcp_refusals = audit.RowBudget()
 
     def set_policy(self, policy: EgressPolicy) -> None:
         """Replace the policy; connections opened from now on (and DNS answers) follow it.
@@ -122,10 +125,18 @@ class BoxLink:
 
     def summarize_dns_denials(self, n: int) -> None:
         """One row for ``n`` refused DNS names that got none of their own (audit.RowBudget)."""
+        self._summarize("dns", n, "names not allowed by the network policy")
+
+    def summarize_tcp_refusals(self, n: int) -> None:
+        """The same for refused connections: a box can open them to a denied address (or, past a
+        cap, to anything) as fast as its loopback allows."""
+        self._summarize("tcp", n, "connections refused")
+
+    def _summarize(self, kind: str, n: int, what: str) -> None:
         if n:
-            audit.record(self.record(kind="dns", host=None, ip=None, port=None, decision="denied",
-                                     reason=f"{n} more names not allowed by the network policy within one second "
-                                            "(over 20 a second: counted, not recorded one by one)"))
+            audit.record(self.record(kind=kind, host=None, ip=None, port=None, decision="denied",
+                                     reason=f"{n} more {what} within one second "
+                                            "(over 20 a second: counted, not recorded one by one)"), counted=False)
 
     def record(self, **kw: Any) -> audit.AuditRecord:
         return audit.AuditRecord(box=self.box, tenant_id=self.tenant_id, session_id=self.session_id,
@@ -201,12 +212,14 @@ class Gateway:
 
     def attach(self, box: str, policy: EgressPolicy, tcp: socket.socket, udp: socket.socket,
                limits: Limits | None = None, ct: socket.socket | None = None,
-               box_addr: str | None = None, capped: socket.socket | None = None) -> BoxLink:
+               box_addr: str | None = None, capped: socket.socket | None = None,
+               spent: socket.socket | None = None) -> BoxLink:
         """``ct``/``box_addr``: the conntrack event socket and address of a kernel-routed box;
-        ``capped``: its listener for connections past the box's cap (the box's namespace counts
-        both paths and REDIRECTs those there), each refused and audited."""
+        ``capped``/``spent``: its listeners for connections past the box's connection cap and
+        after its byte quota is spent (the box's namespace counts both paths and REDIRECTs those
+        there), each refused and audited."""
         link = BoxLink(box, policy, limits or Limits.from_env(), tcp, udp)
-        link._capped = capped
+        link._capped, link._spent = capped, spent
         if ct is not None and box_addr is not None:
             link.conntrack = ConntrackAudit(link, ct, box_addr)
         self._run(self._attach(link))
@@ -217,8 +230,11 @@ class Gateway:
                                                   limit=1 << 18)
         link._transport, _ = await self.loop.create_datagram_endpoint(lambda: _Dns(self, link), sock=link._udp)
         if link._capped is not None:
-            link._capped_server = await asyncio.start_server(lambda r, w: self._handle(link, r, w, over_cap=True),
+            link._capped_server = await asyncio.start_server(lambda r, w: self._handle(link, r, w, over="connections"),
                                                              sock=link._capped)
+        if link._spent is not None:
+            link._spent_server = await asyncio.start_server(lambda r, w: self._handle(link, r, w, over="bytes"),
+                                                            sock=link._spent)
         if link.conntrack is not None:
             self.loop.add_reader(link.conntrack.sock.fileno(), link.conntrack.readable)
 
@@ -229,12 +245,13 @@ class Gateway:
             log.exception("egress: detaching %s failed", link.box)
 
     async def _detach(self, link: BoxLink) -> None:
-        for server in (link._server, link._capped_server):
+        for server in (link._server, link._capped_server, link._spent_server):
             if server is not None:
                 server.close()
         if link._transport is not None:
             link._transport.close()
         link.summarize_dns_denials(link.dns_denials.drain())
+        link.summarize_tcp_refusals(link.tcp_refusals.drain())
         if link.conntrack is not None:
             self.loop.remove_reader(link.conntrack.sock.fileno())
             link.conntrack.readable()  # what already arrived
@@ -246,7 +263,9 @@ class Gateway:
 
     # -- connection path --------------------------------------------------------------------
     async def _handle(self, link: BoxLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      over_cap: bool = False) -> None:
+                      over: str = "") -> None:
+        """``over``: the connection came through a cap listener (``connections`` or ``bytes``) and
+        is refused whatever its destination."""
         started = time.monotonic()
         # Nothing is read from the box until the decision: an intercepted TLS connection must reach
         # the TLS layer with its ClientHello still in the socket (start_tls resumes reading).
@@ -265,13 +284,15 @@ class Gateway:
         link._writers.add(writer)
         refused = False
         try:
-            if over_cap:
+            if over == "connections":
                 target, reason = None, f"too many concurrent connections (cap {link.limits.max_connections})"
+            elif over:
+                target, reason = None, f"byte cap of {link.limits.max_bytes} reached for this box"
             else:
                 target, reason = await decide(link, name, dst, port)
             if target is None:  # audited before the box can read the refusal
                 rec.reason, refused = reason, True
-                audit.finish(rec, started)
+                link.tcp_refusals.submit(rec, link.summarize_tcp_refusals, started)
                 await _refuse(reader, writer, reason)
                 return
             rec.ip = str(target)

@@ -178,7 +178,7 @@ class EgressProxy:
         self._refusals.setdefault(peer, audit.RowBudget()).submit(rec, lambda n: audit.record(audit.AuditRecord(
             box="?", kind="tcp", host=None, ip=None, port=None, reason=(
                 f"{n} more refused proxy requests from {peer} within one second (over 20 a second: "
-                "counted, not recorded one by one)"))), started)
+                "counted, not recorded one by one)")), counted=False), started)
 
     async def _serve(self, conn: _Conn, peer: str = "?") -> None:
         transport = conn.transport

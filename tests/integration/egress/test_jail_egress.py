@@ -112,6 +112,46 @@ def test_a_refusal_is_audited_before_the_box_reads_it(allow_jail, abox, fakenet)
     assert len(seen) == 1 and seen[0] <= r.result["at"]
 
 
+def test_refused_connections_past_the_rate_are_counted_and_summed_up(allow_jail, fakenet):
+    """A box opening refused connections in a loop (~300 a second here, thousands with more
+    sockets) gets at most 20 rows a second; the rest are counted exactly and summed up."""
+    from execbox.egress import audit
+
+    iid = allow_jail.create_instance(session_id="tcp-flood").instance_id
+    before = audit.counts().get(("tcp", "denied"), 0)
+    started = time.monotonic()
+    try:
+        r = allow_jail.execute_code(iid, """
+import socket
+for _ in range(300):
+    try:
+        socket.create_connection(("10.9.9.9", 80), timeout=2).close()
+    except OSError:
+        pass
+""", "python", 60)
+        assert r.exit_code == 0, r
+        deadline = time.monotonic() + 20  # the gateway may still be taking the last ones off its backlog
+        while audit.counts().get(("tcp", "denied"), 0) - before < 300 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        allow_jail.destroy_instance(iid)  # the box goes: what it held back is summed up
+    elapsed = time.monotonic() - started
+
+    def rows() -> tuple[list, list[int]]:  # the last summing-up row comes as the box is torn down
+        recs = audit.recent(session_id="tcp-flood", limit=10000)
+        return ([x for x in recs if x.ip == "10.9.9.9"],
+                [int(x.reason.split()[0]) for x in recs if "more connections refused within one second" in x.reason])
+
+    deadline = time.monotonic() + 10
+    own, summed = rows()
+    while len(own) + sum(summed) < 300 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        own, summed = rows()
+    assert audit.counts()[("tcp", "denied")] - before == 300  # the metrics count every one
+    assert len(own) + sum(summed) == 300, (len(own), summed)  # and the rows account for every one
+    assert summed and len(own) <= 20 * (int(elapsed) + 2), (len(own), elapsed)
+
+
 def test_rebinding_metadata_and_host_addresses_denied(allow_jail, abox, fakenet):
     r = py(allow_jail, abox, f"http://{fakenet.name('rebind')}/")  # 1st answer: the server; at connect: 127.0.0.1
     assert r["status"] == 403 and "always-denied" in r["body"], r

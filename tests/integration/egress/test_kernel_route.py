@@ -362,6 +362,44 @@ except Exception as e:
         p.shutdown()
 
 
+def test_connections_after_the_byte_quota_is_spent_are_refused_on_record(fakenet, monkeypatch):
+    """Once the quota is spent, a new connection (routed or through the gateway) is refused by
+    the gateway and audited with where it went, not reset in the namespace without a record."""
+    from execbox.boxes import netroute
+
+    require(netroute.available()[0], f"the kernel route ({netroute.available()[1]})")
+    monkeypatch.setenv("EXECBOX_EGRESS_MAX_BYTES", str(1024 * 1024))
+    www = fakenet.name("www")
+    p = jail_with("allowlist", [f"{fakenet.server_ip}:80", www])
+    try:
+        iid = p.create_instance(session_id="kroute-spent").instance_id
+        r = p.execute_code(iid, f"""
+import socket, urllib.request
+try:
+    urllib.request.urlopen("http://{fakenet.server_ip}/bytes/{4 * 1024 * 1024}", timeout=10).read()
+    print("downloaded")
+except Exception as e:
+    print("cut", type(e).__name__)
+for ip, host in (("{fakenet.server_ip}", "x"), (socket.gethostbyname("{www}"), "{www}")):
+    try:
+        s = socket.create_connection((ip, 80), timeout=5)
+        s.sendall(f"GET /bytes/1 HTTP/1.1\\r\\nHost: {{host}}\\r\\n\\r\\n".encode()); s.settimeout(5)
+        print("after", s.recv(200).decode().split("\\r\\n")[0])
+    except OSError as e:
+        print("after", type(e).__name__)
+""", "python", 60)
+        lines = r.stdout.splitlines()
+        assert lines[0] == "cut ConnectionResetError", r
+        assert lines[1:] == ["after HTTP/1.1 403 Forbidden"] * 2, r  # the gateway's refusal, both paths
+        recs = audited(lambda x: "byte cap of 1048576 reached for this box" in x.reason, session_id="kroute-spent")
+        spent = [x for x in recs if "byte cap of 1048576 reached for this box" in x.reason]
+        assert {x.decision for x in spent} == {"denied"}, recs
+        assert {x.ip for x in spent} >= {fakenet.server_ip}, recs  # with the destination it asked for
+        assert len(spent) >= 2, recs
+    finally:
+        p.shutdown()
+
+
 def test_route_off_means_the_gateway_and_nothing_is_left_behind(fakenet, monkeypatch):
     from execbox.boxes import netroute
 
