@@ -176,9 +176,14 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         }
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
-        parts = urlsplit(str(config.get("endpoint", "")))
+        raw = str(config.get("endpoint", ""))
+        parts = urlsplit(raw)
+        # the endpoint is shown in the config, in errors and in the retry log: a password in it
+        # would be everywhere a secret must not be (api_key is stored encrypted and redacted)
+        if "@" in parts.netloc or (not parts.netloc and "@" in raw):
+            return False, "endpoint must not carry credentials (user:password@host); set api_key instead"
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            return False, f"endpoint must be an http:// or https:// URL, got {config.get('endpoint')!r}"
+            return False, f"endpoint must be an http:// or https:// URL, got {raw[:200]!r}"
         if parts.query or parts.fragment:
             return False, "endpoint must not carry a query or fragment"
         return True, None
