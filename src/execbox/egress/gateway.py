@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import audit
+from . import audit, relay
 from .conntrack import ConntrackAudit
 from .policy import EgressPolicy
 from .relay import splice
@@ -84,7 +84,7 @@ class BoxLink:
         self._spent_server: asyncio.base_events.Server | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self.relays: set[Any] = set()  # spliced connections (egress/relay.py), aborted on detach
+        self.relays: set[Any] = set()  # relayed connections (egress/relay.py), aborted on detach or narrowing
         self.intercept: Any = None  # credential injection (egress/inject.py), set when the policy needs it
         self.on_policy: Any = None  # the kernel route's re-pointing (boxes/jail_net.py), when the box has one
         self.conntrack: ConntrackAudit | None = None
@@ -92,7 +92,8 @@ class BoxLink:
         self.tcp_refusals = audit.RowBudget()
 
     def set_policy(self, policy: EgressPolicy) -> None:
-        """Replace the policy; connections opened from now on (and DNS answers) follow it.
+        """Replace the policy; connections opened from now on (and DNS answers) follow it, and
+        open ones it no longer allows are cut.
 
         A kernel-routed box also gets its routed destinations re-pointed; if that fails the route
         is shut (no routed destination at all, the gateway still serves the rest) and the error
@@ -106,8 +107,25 @@ class BoxLink:
                 except Exception:  # noqa: BLE001
                     log.exception("egress: cannot shut the kernel route of %s", self.box)
                 self.policy = policy
+                self._cut_unlisted()
                 raise
         self.policy = policy
+        self._cut_unlisted()
+
+    def _cut_unlisted(self) -> None:
+        """End the box's open gateway connections the policy no longer allows, before returning
+        (a narrowing is done when it returns, for open connections as for new ones)."""
+        if not self.relays:
+            return
+        gw = gateway()
+
+        async def cut() -> None:
+            relay.cut_unlisted(self.relays, self.policy)
+
+        if threading.get_ident() == gw._thread.ident:
+            relay.cut_unlisted(self.relays, self.policy)
+        else:
+            gw._run(cut())
 
     def synth(self, name: str) -> ipaddress.IPv4Address:
         ip = self._names.get(name)
@@ -381,41 +399,6 @@ async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, re
     except OSError:
         pass
     writer.transport.abort()
-
-
-async def _pipe(link: BoxLink, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                rec: audit.AuditRecord, up: bool) -> None:
-    try:
-        while True:
-            data = await src.read(1 << 18)
-            if not data:
-                break
-            n = len(data)
-            link.bytes_total += n
-            if up:
-                rec.bytes_up += n
-            else:
-                rec.bytes_down += n
-            if link.bytes_total > link.limits.max_bytes:
-                rec.decision, rec.reason = "limited", f"byte cap of {link.limits.max_bytes} reached"
-                dst.transport.abort()
-                return
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof():
-            dst.write_eof()
-    except (OSError, RuntimeError):
-        pass
-
-
-async def _splice(link: BoxLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter, rec: audit.AuditRecord) -> None:
-    link._writers.add(up_w)
-    try:
-        await asyncio.gather(_pipe(link, reader, up_w, rec, True), _pipe(link, up_r, writer, rec, False))
-    finally:
-        link._writers.discard(up_w)
-        up_w.close()
 
 
 _gw: Gateway | None = None

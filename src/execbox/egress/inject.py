@@ -21,6 +21,7 @@ import tempfile
 from typing import Any
 
 from . import audit
+from .relay import relay_streams
 
 HOST_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 MAX_HEAD = 64 * 1024
@@ -168,8 +169,6 @@ class Injector:
 
     async def serve(self, link: Any, name: str, ip: str, port: int, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter, rec: audit.AuditRecord) -> None:
-        from .gateway import _splice
-
         if port != 443:
             rec.injected = False
             rec.reason = "credentials are injected over TLS (port 443) only"
@@ -201,4 +200,4 @@ class Injector:
             return
         rec.bytes_up += len(head)
         up_w.write(out)
-        await _splice(link, reader, writer, up_r, up_w, rec)
+        await relay_streams(link, reader, writer, up_r, up_w, rec)

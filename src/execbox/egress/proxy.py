@@ -15,7 +15,9 @@ in constant time). Missing or bad credentials: 407. Then that backend's ``egress
 (blocking; run in a thread) gives the box's current policy and ids, and the destination goes
 through the gateway's own decision (``gateway.decide``: names resolved here and now, every
 address checked, always-denied ranges, per-box caps), is relayed by ``relay.splice`` and audited
-once per attempt. Denied: ``403`` with ``X-Execbox-Egress: denied`` and the reason.
+once per attempt. Denied: ``403`` with ``X-Execbox-Egress: denied`` and the reason. Open tunnels
+are re-checked every ``SWEEP`` s against the pod's current policy (``_sweep``): narrowed away or
+pod gone, they are cut.
 Credential injection is not offered here (the kubernetes provider refuses ``network_credentials``).
 
 One proxy per listen address and process (``share``/``unshare``): a provider rebuilt on a config
@@ -39,7 +41,7 @@ from . import audit
 from .gateway import CONNECT_TIMEOUT, Limits, decide, gateway
 from .policy import EgressPolicy
 from .proxy_http import BadRequest, parse_request, response
-from .relay import splice
+from .relay import cut_unlisted, splice
 
 log = logging.getLogger("execbox.egress.proxy")
 
@@ -49,6 +51,7 @@ MAX_CONNECTIONS = 4096  # open proxy connections, all boxes together (each box a
 PEER_SHARE = 2  # one client address holds at most this many times a box's connection cap, before
 # its credentials are even read: one pod opening idle connections cannot take the whole proxy
 MAX_TRACKED = 10000  # per-box counters kept; idle ones are dropped past it
+SWEEP = 1.0  # seconds between re-checks of the open tunnels against their pods' current policies
 
 
 @dataclass
@@ -71,6 +74,7 @@ class _BoxState:
     active: int = 0
     bytes_total: int = 0
     lookup_slots: asyncio.Semaphore | None = None  # its share of the resolver (resolver.py)
+    relays: set = field(default_factory=set)  # its open tunnels (relay.py), re-checked by the sweep
 
 
 class _Conn(asyncio.Protocol):
@@ -125,6 +129,7 @@ class EgressProxy:
         self._tasks: set[asyncio.Task] = set()
         self._peers: Counter[str] = Counter()  # open connections per client address
         self._refusals: dict[str, audit.RowBudget] = {}  # refusal rows per client address
+        self._sweeper: asyncio.Task | None = None
         self.address: tuple[str, int] | None = None
 
     def start(self) -> tuple[str, int]:
@@ -136,7 +141,29 @@ class EgressProxy:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Conn(self), self.listen[0], self.listen[1],
                                                 reuse_address=True)
+        self._sweeper = loop.create_task(self._sweep())
         return self._server.sockets[0].getsockname()[:2]
+
+    async def _sweep(self) -> None:
+        """Open tunnels follow their pod: one its narrowed policy no longer allows is cut, and all
+        of a pod that is gone (its lookup, cached by the backend for ``EGRESS_TTL``, says so). A
+        narrowing made on any replica reaches this one's tunnels within that TTL plus ``SWEEP``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SWEEP)
+            for box, state in list(self._boxes.items()):
+                if not state.relays:
+                    continue
+                try:
+                    grant = await loop.run_in_executor(None, self._lookup, list(self.backends), box)
+                except Exception:  # noqa: BLE001 - a failed sweep leaves the tunnels to the next one
+                    log.exception("egress proxy: re-checking %s failed", box)
+                    continue
+                if grant is None:
+                    cut_unlisted(state.relays, EgressPolicy(), "cut: the box is gone")
+                else:
+                    state.policy = grant.policy
+                    cut_unlisted(state.relays, grant.policy)
 
     def stop(self) -> None:
         if self._server is None:
@@ -150,6 +177,8 @@ class EgressProxy:
         assert self._server is not None
         self._server.close()
         self._server = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for t in list(self._tasks):
             t.cancel()
 

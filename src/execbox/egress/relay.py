@@ -8,15 +8,20 @@ the pipe into the destination, and wait for the destination to become writable w
 which passes back-pressure on to the sender. Counts bytes per direction into the audit record
 and enforces the box's byte cap. Half-close (EOF) is forwarded; the pair is done when both
 directions have ended, and either side failing ends both.
+
+Connections whose bytes the gateway must see (credential injection, TLS terminated here) go
+through ``relay_streams`` instead. Both kinds sit in their box's ``relays`` while they last, so a
+box going, or a narrowing that no longer allows one (``cut_unlisted``), ends them at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import ipaddress
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import audit
@@ -112,7 +117,7 @@ class Spliced:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, box: socket.socket, upstream: socket.socket, link: Any,
                  rec: audit.AuditRecord) -> None:
-        self.box, self.upstream = box, upstream
+        self.box, self.upstream, self.rec = box, upstream, rec
         self.done: asyncio.Future[bool] = loop.create_future()  # result: True when aborted or failed
         self._open = 2
         self.dirs = (_Direction(loop, box, upstream, link, rec, True, self._ended),
@@ -177,3 +182,80 @@ async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: i
         box.close()
     if aborted:
         box_transport.abort()
+
+
+class _Streams:
+    """An entry of a box's ``relays`` for a connection relayed by ``relay_streams``."""
+
+    def __init__(self, rec: audit.AuditRecord, *writers: asyncio.StreamWriter) -> None:
+        self.rec, self.writers = rec, writers
+
+    def abort(self) -> None:
+        for w in self.writers:
+            w.transport.abort()
+
+
+async def _pipe(link: Any, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                rec: audit.AuditRecord, up: bool) -> None:
+    try:
+        while True:
+            data = await src.read(1 << 18)
+            if not data:
+                break
+            n = len(data)
+            link.bytes_total += n
+            if up:
+                rec.bytes_up += n
+            else:
+                rec.bytes_down += n
+            if link.bytes_total > link.limits.max_bytes:
+                rec.decision, rec.reason = "limited", f"byte cap of {link.limits.max_bytes} reached"
+                dst.transport.abort()
+                return
+            dst.write(data)
+            await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()
+    except (OSError, RuntimeError):
+        pass
+
+
+async def relay_streams(link: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter, rec: audit.AuditRecord) -> None:
+    """Relay between two stream pairs through Python (the bytes are plaintext the gateway
+    rewrote, so splice(2) does not apply), counting and capping like ``splice``."""
+    entry = _Streams(rec, writer, up_w)
+    link._writers.add(up_w)
+    link.relays.add(entry)
+    try:
+        await asyncio.gather(_pipe(link, reader, up_w, rec, True), _pipe(link, up_r, writer, rec, False))
+    finally:
+        link.relays.discard(entry)
+        link._writers.discard(up_w)
+        up_w.close()
+
+
+NARROWED = "cut: the network policy was narrowed and no longer allows it"
+
+
+def still_allowed(policy: Any, rec: audit.AuditRecord) -> bool:
+    """Would ``policy`` let the connection of ``rec`` (open, so its address is known) be made now?
+    The same test as ``gateway.decide`` without the lookup: a name and its address."""
+    if rec.ip is None or rec.port is None:
+        return False
+    ip = ipaddress.IPv4Address(rec.ip)
+    if rec.host is not None:
+        return policy.name_allowed(rec.host, rec.port) and policy.ip_allowed(ip, rec.port, via_name=True)[0]
+    return policy.ip_allowed(ip, rec.port)[0]
+
+
+def cut_unlisted(relays: Iterable[Any], policy: Any, reason: str = NARROWED) -> int:
+    """End the relayed connections ``policy`` no longer allows (on the gateway's loop); their
+    records say so (``limited``). Returns how many."""
+    cut = 0
+    for r in list(relays):
+        if not still_allowed(policy, r.rec):
+            r.rec.decision, r.rec.reason = "limited", reason
+            r.abort()
+            cut += 1
+    return cut

@@ -248,3 +248,59 @@ def test_refusals_from_one_client_get_bounded_rows_and_no_other_pod_s_name(proxy
     assert len(rows) == 20 and budget.drain() == 40  # 20 rows a second; the rest counted, summed up later
     mine = [r for r in rows if "claimed box" in r.reason]
     assert mine and all(r.box == "?" and "\x1b" not in r.reason for r in mine)
+
+
+def test_open_tunnels_follow_their_pod_s_narrowing_and_its_end(upstream):
+    """A tunnel opened before its pod's policy was narrowed (on any replica: the proxy re-reads
+    it) is cut once the policy no longer allows it, and every tunnel of a pod that is gone; a
+    tunnel still allowed goes on."""
+    wide = parse_policy("allowlist", [f"127.0.0.1/32:{upstream}", "127.0.0.2/32:443"])
+    grants = {b: Grant(wide, "ten-1", f"ses-{b}", b) for b in ("pod-a", "pod-b")}
+    p = EgressProxy(("127.0.0.1", 0), [Boxes(grants)], Limits(max_connections=4, max_bytes=1 << 20))
+    p.start()
+
+    def tunnel(box: str) -> socket.socket:
+        s = socket.create_connection(p.address, timeout=5)
+        s.sendall(f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n".encode() + auth(box, TOKENS[box]) + b"\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200 Connection established")
+        return s
+
+    def ask(s: socket.socket) -> bytes:
+        """The status line of one more request on the tunnel (its whole answer read)."""
+        try:
+            s.sendall(b"GET /again HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while b"\r\n\r\n" not in got and (chunk := s.recv(4096)):
+                got += chunk
+            head, _, body = got.partition(b"\r\n\r\n")
+            length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n")
+                               if ln.lower().startswith(b"content-length:")), b"0"))
+            while len(body) < length and (chunk := s.recv(4096)):
+                body += chunk
+            return head[:15]
+        except OSError as e:
+            return type(e).__name__.encode()
+
+    try:
+        a, b = tunnel("pod-a"), tunnel("pod-b")
+        assert ask(a) == ask(b) == b"HTTP/1.1 200 OK"
+        grants["pod-a"] = Grant(parse_policy("allowlist", ["127.0.0.2/32:443"]), "ten-1", "ses-pod-a", "pod-a")
+        del grants["pod-b"]  # the pod went
+        time.sleep(2.5)  # the sweep's period (1 s) and more
+        assert ask(a) in (b"", b"ConnectionResetError", b"BrokenPipeError")
+        assert ask(b) in (b"", b"ConnectionResetError", b"BrokenPipeError")
+        recs = audited(lambda r: "narrowed" in r.reason, box="pod-a")
+        assert any(r.decision == "limited" and "narrowed" in r.reason for r in recs), recs
+        recs = audited(lambda r: "gone" in r.reason, box="pod-b")
+        assert any(r.decision == "limited" and "the box is gone" in r.reason for r in recs), recs
+
+        grants["pod-a"] = Grant(wide, "ten-1", "ses-pod-a", "pod-a")
+        a2 = tunnel("pod-a")
+        grants["pod-a"] = Grant(parse_policy("allowlist", [f"127.0.0.1/32:{upstream}"]), "ten-1", "ses-pod-a",
+                                "pod-a")  # narrowed, but this tunnel is still listed
+        time.sleep(2.5)
+        assert ask(a2) == b"HTTP/1.1 200 OK"
+        for s in (a, b, a2):
+            s.close()
+    finally:
+        p.stop()

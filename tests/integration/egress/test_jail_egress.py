@@ -245,6 +245,47 @@ def test_a_session_narrowed_during_a_run_stays_narrowed_after_it(allow_jail, abo
     assert not py(allow_jail, abox, f"https://{www}/", "/workspace/ca.pem")["ok"]
 
 
+def test_narrowing_cuts_an_open_gateway_connection_it_no_longer_allows(fakenet):
+    """A connection opened before a narrowing that drops its destination ends with the narrowing;
+    one the narrowed policy still allows goes on."""
+    import threading
+
+    from execbox.egress import audit
+
+    www, api = fakenet.name("www"), fakenet.name("api")
+    p = jail_with("allowlist", [www, api])
+    try:
+        iid = p.create_instance(session_id="narrow-open").instance_id
+
+        def narrow() -> None:
+            time.sleep(1.5)
+            p.set_network_policy(iid, "allowlist", [api])
+
+        t = threading.Thread(target=narrow)
+        t.start()
+        r = p.execute_code(iid, f"""
+import socket, time
+held = {{h: socket.create_connection((h, 80), timeout=5) for h in ("{www}", "{api}")}}
+time.sleep(3)  # the narrowing happens meanwhile
+for h, s in held.items():
+    try:
+        s.sendall(f"GET /bytes/5 HTTP/1.0\\r\\nHost: {{h}}\\r\\n\\r\\n".encode()); s.settimeout(5)
+        got = s.recv(200).decode().split("\\r\\n")[0]
+        print(h, got or "EOF")
+    except OSError as e:
+        print(h, type(e).__name__)
+""", "python", 30)
+        t.join()
+        out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+        assert out[api].startswith("HTTP/1.1 200") or out[api].startswith("HTTP/1.0 200"), r  # untouched
+        assert out[www] in ("EOF", "ConnectionResetError", "BrokenPipeError"), r  # cut by the narrowing
+        recs = audited(lambda x: x.host == www and "narrowed" in x.reason, session_id="narrow-open")
+        assert any(x.host == www and x.decision == "limited" and "narrowed" in x.reason for x in recs), recs
+        assert not any(x.host == api and "narrowed" in x.reason for x in audit.recent(session_id="narrow-open"))
+    finally:
+        p.shutdown()
+
+
 def test_none_has_no_network_at_all(fakenet):
     p = jail_with("none")
     try:
