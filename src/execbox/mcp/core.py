@@ -7,14 +7,15 @@ metrics, log, audit), like the HTTP routes. Nothing here knows MCP.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidConfigError, SessionNotFoundError
+from ..errors import InvalidConfigError, SandboxError, SessionNotFoundError
 from ..models import ExecutionResult, FileInfo, GrepMatch, Language, TextPage
 from ..providers.base import OutputCallback, SandboxProvider
-from ..service.executions import RunService, RunSpec
+from ..service.executions import FILE_LANGUAGE, RunService, RunSpec
 from ..service.routes.sandbox import check_path  # the same early path check as the HTTP routes
 from ..service.sessions import SessionManager, check_name
 
@@ -191,3 +192,32 @@ class ServiceCore:
         self.require_session(caller, session_id)
         return self.runs.file_op(caller.tenant_id, session_id, "grep", path, caller.token_id,
                                  lambda p, i: p.grep(i, pattern, path, glob, max_results))
+
+    def list_running_files(self, caller: Caller, session_id: str) -> list[FileInfo] | None:
+        """Every file of a session whose box runs on this replica, counted and audited as the
+        list_files tool is; None for a session that is paused, not started yet or another
+        replica's. Listing never resumes, starts or takes over a box (``SessionManager.if_running``)."""
+        spec = RunSpec(caller.tenant_id, session_id, "list_files", FILE_LANGUAGE, ".", caller.token_id, _no_run)
+        provider_name, instance_id, started = "", None, time.monotonic()
+        try:
+            with self.sessions.execution_slot(caller.tenant_id):
+                beside = self.sessions.beside_run(caller.tenant_id, session_id)
+                if beside is not None:  # a run holds the session and its box serves files beside it
+                    provider_name, instance_id = beside[0].name, beside[1]
+                    out = beside[0].list_files(beside[1], ".", True)
+                else:
+                    with self.sessions.if_running(caller.tenant_id, session_id) as s:
+                        if s is None or s.provider is None or s.instance_id is None:
+                            return None
+                        provider_name, instance_id = s.provider.name, s.instance_id
+                        out = s.provider.list_files(s.instance_id, ".", True)
+        except Exception as e:
+            code = e.code if isinstance(e, SandboxError) else None
+            self.runs.record(spec, provider_name, instance_id, started, "error", None, code)
+            raise
+        self.runs.record(spec, provider_name, instance_id, started, "success", None)
+        return out
+
+
+def _no_run(*_: Any) -> ExecutionResult:  # a file operation's spec carries no run
+    raise AssertionError("file operations do not run code")

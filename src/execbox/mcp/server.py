@@ -20,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from .. import __version__
 from ..errors import InvalidConfigError, SandboxError
+from .arguments import check_arguments
 from .core import Caller, ServiceCore
 from .results import error_result, file_uri
 from .tools import BY_NAME, TOOLS
@@ -48,7 +49,7 @@ def build_server(resolve: Resolver) -> Server[Any]:
                                                    details={"tools": sorted(BY_NAME)}))
         try:
             core, caller, key = resolve(ctx)
-            args = dict(params.arguments or {})
+            args = check_arguments(tool.name, tool.input_schema, params.arguments)  # SB002 naming the field
             return await anyio.to_thread.run_sync(tool.handler, core, caller, key, args)
         except SandboxError as e:
             return error_result(e)
@@ -103,9 +104,13 @@ def _list_files(core: ServiceCore, caller: Caller) -> list[types.Resource]:
     out: list[types.Resource] = []
     for s in core.list_sessions(caller):
         sid = s["session_id"]
+        if s.get("state") != "running":  # paused or not started: listing must not resume or start a box
+            continue
         try:
-            files = core.list_files(caller, sid, ".", True)
+            files = core.list_running_files(caller, sid)
         except SandboxError:
+            continue
+        if files is None:
             continue
         for f in files:
             if f.is_dir:

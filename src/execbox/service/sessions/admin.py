@@ -7,6 +7,8 @@ registry for *every* replica's sessions and tears boxes and workspaces down.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SandboxError, SessionNotFoundError
@@ -53,6 +55,32 @@ class AdminMixin:
     def get(self: SessionManager, tenant_id: str, session_id: str) -> Session | None:
         return self._sessions.get((tenant_id, session_id))
 
+    @contextmanager
+    def if_running(self: SessionManager, tenant_id: str, session_id: str) -> Iterator[Session | None]:
+        """The session, held exclusively as by ``session()``, when it is loaded on this replica and
+        its box is running; else None. Unlike ``session()`` it never resumes a paused session,
+        starts a box, creates or takes over a session, and it leaves the idle clock alone: for
+        looking into workspaces (MCP's resources/list), not for using them."""
+        check_name(tenant_id, "tenant_id")
+        check_name(session_id, "session_id")
+        with self._counters.slot(self._inflight, tenant_id, self.settings.tenant_max_requests,
+                                 "tenant_max_requests", "requests", "session requests in flight"):
+            with self._lock:
+                s = self._sessions.get((tenant_id, session_id))
+                if s is None or self._draining or not _box_running(s):
+                    s = None
+                else:
+                    s.busy += 1  # not _touch: a look is not a use
+            if s is None:
+                yield None
+                return
+            try:
+                with s.lock:
+                    yield s if _box_running(s) else None
+            finally:
+                with self._lock:
+                    s.busy -= 1
+
     def destroy(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
         """Stop whatever runs in the session, destroy its box and delete its workspace."""
         check_name(tenant_id, "tenant_id")
@@ -98,3 +126,8 @@ class AdminMixin:
                 with self._lock:
                     if self._deleting.get(s.workspace or "") is done:
                         del self._deleting[s.workspace or ""]
+
+
+def _box_running(s: Session) -> bool:
+    return (not s.closed and s.state == "running" and s.provider is not None and s.instance_id is not None
+            and s.provider.initialized)
