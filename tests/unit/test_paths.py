@@ -53,3 +53,25 @@ def test_symlink_inside_is_fine(ws):
 def test_overlong_path(ws):
     with pytest.raises(paths.PathViolation):
         paths.check_syntax("a/" * 3000)
+
+
+def test_follow_false_checks_the_parent_only(ws, tmp_path):
+    os.symlink(str(tmp_path / "secret.txt"), os.path.join(ws, "out"))
+    os.symlink(str(tmp_path), os.path.join(ws, "dirlink"))
+    root = os.path.realpath(ws)
+    assert paths.resolve(ws, "out", follow=False) == os.path.join(root, "out")  # the link itself
+    with pytest.raises(paths.PathViolation):
+        paths.resolve(ws, "out")
+    with pytest.raises(paths.PathViolation):  # the parent is still resolved and checked
+        paths.resolve(ws, "dirlink/secret.txt", follow=False)
+
+
+def test_name_and_path_length_limits(ws):
+    assert paths.check_syntax("n" * 255) == "n" * 255
+    for bad in ("n" * 256, "é" * 128):  # bytes, not characters
+        with pytest.raises(paths.PathViolation) as ei:
+            paths.check_syntax(bad)
+        assert "255 bytes" in ei.value.reason and len(ei.value.path) < 100
+    with pytest.raises(paths.PathViolation) as deep:
+        paths.resolve(ws, "d/" * 2040 + "x")
+    assert "4096 bytes" in deep.value.reason

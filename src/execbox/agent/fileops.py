@@ -1,7 +1,9 @@
 """Workspace file operations, all through ``paths.resolve``. Never a shell command.
 
-Writes are atomic (temp file in the same directory, fsync, rename): a failed write leaves the
-old file untouched. ``write_many`` stages every file first and renames only when all succeeded.
+Reading, listing and removing live here; writes (atomic, a batch all or none) in ``writes``,
+glob and grep (grep in a child with a time limit) in ``search``. A file is opened only if it is
+a regular file, checked without blocking (a FIFO or device never stalls the agent). Remove acts
+on the last component itself (a symlink is removed, never followed).
 """
 
 from __future__ import annotations
@@ -11,15 +13,12 @@ import os
 import stat
 
 from . import paths
-from .lean import b64decode
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
-    import re
     from typing import Any
 
 MAX_READ_BYTES = 64 * 1024 * 1024
-MAX_GREP_FILE_BYTES = 8 * 1024 * 1024
 MAX_WALK_ENTRIES = 200_000
 
 
@@ -40,9 +39,9 @@ def _syntax(path: str, field: str) -> str:
         raise FileOpError(str(e), field=field, path=e.path, violation=e.reason) from None
 
 
-def _resolve(ws: str, path: str, must_exist: bool = False) -> str:
+def _resolve(ws: str, path: str, must_exist: bool = False, follow: bool = True) -> str:
     try:
-        return paths.resolve(ws, path, must_exist=must_exist)
+        return paths.resolve(ws, path, must_exist=must_exist, follow=follow)
     except paths.PathViolation as e:
         raise FileOpError(str(e), field="path", path=e.path, violation=e.reason) from None
     except FileNotFoundError:
@@ -58,28 +57,53 @@ def _os_error(e: OSError, path: str) -> FileOpError:
         return FileOpError(f"{path!r} is a directory", path=path)
     if e.errno == errno.EFBIG:
         return FileOpError(f"file too large: {path!r}", status=413, path=path)
-    return FileOpError(f"{os.strerror(e.errno or 0)}: {path!r}", path=path)
+    if e.errno == errno.ENOTDIR:
+        return FileOpError(f"a parent of {path!r} is not a directory", path=path)
+    if e.errno == errno.ENAMETOOLONG:
+        return FileOpError(f"name too long: {path!r}", path=path)
+    if e.errno == errno.EEXIST:
+        return FileOpError(f"{path!r} already exists", status=409, path=path)
+    # The user's path only: never the OSError's own text, which names the box's real paths.
+    return FileOpError(f"{os.strerror(e.errno) if e.errno else type(e).__name__}: {path!r}", path=path)
 
 
-def _open_read(real: str, path: str) -> int:
+def open_regular(real: str, path: str) -> int:
+    """A read-only descriptor of ``real`` if it is a regular file; FileOpError otherwise.
+
+    Opened with O_NONBLOCK, so a FIFO without a writer (or a device) is refused instead of
+    blocking the agent, then checked with fstat and switched back to blocking reads."""
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
         raise _os_error(e, path) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+                "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+                else "not a regular file"
+            raise FileOpError(f"{path!r} is {kind}, not a regular file", path=path, kind=kind)
+        os.set_blocking(fd, True)
+    except BaseException as e:
         os.close(fd)
-        raise FileOpError(f"{path!r} is not a regular file", path=path)
+        if isinstance(e, OSError):
+            raise _os_error(e, path) from None
+        raise
     return fd
+
 
 
 def read_bytes(ws: str, path: str, max_bytes: int = MAX_READ_BYTES) -> bytes:
     real = _resolve(ws, path, must_exist=True)
-    fd = _open_read(real, path)
+    fd = open_regular(real, path)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size > max_bytes:
             raise FileOpError(f"{path!r} is {size} bytes, over the {max_bytes} byte limit", status=413)
-        return f.read()
+        try:
+            return f.read()
+        except OSError as e:
+            raise _os_error(e, path) from None
 
 
 def read_text(ws: str, path: str, offset: int = 0, limit: int = 2000) -> dict[str, Any]:
@@ -99,81 +123,6 @@ def read_text(ws: str, path: str, offset: int = 0, limit: int = 2000) -> dict[st
         "total_lines": len(lines),
         "truncated": offset + limit < len(lines),
     }
-
-
-def _stage(ws: str, path: str, data: bytes, append: bool) -> tuple[str, str]:
-    """Write the final content to a temp file beside the target; return (temp, target)."""
-    real = _resolve(ws, path)
-    if real == os.path.realpath(ws):
-        raise FileOpError("cannot write to the workspace root itself", field="path")
-    parent = os.path.dirname(real)
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as e:
-        raise _os_error(e, path) from None
-    # Re-check after makedirs: a directory created through a racing symlink must not escape.
-    _resolve(ws, os.path.relpath(parent, os.path.realpath(ws)))
-    if os.path.isdir(real) and not os.path.islink(real):
-        raise FileOpError(f"{path!r} is a directory", path=path)
-    if append and os.path.lexists(real):
-        data = read_bytes(ws, path) + data
-    import tempfile  # noqa: PLC0415 - pulls in shutil and random: kept off the box's start-up path
-
-    fd, tmp = tempfile.mkstemp(prefix=".execbox-", dir=parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:
-        _unlink_quiet(tmp)
-        raise _os_error(e, path) from None
-    return tmp, real
-
-
-def _unlink_quiet(p: str) -> None:
-    try:
-        os.unlink(p)
-    except OSError:
-        pass
-
-
-def _decode_content(item: dict[str, Any]) -> bytes:
-    if item.get("content_b64") is not None:
-        try:
-            return b64decode(item["content_b64"])
-        except (ValueError, TypeError):
-            raise FileOpError("content_b64 is not valid base64", field="content_b64") from None
-    content = item.get("content", "")
-    if not isinstance(content, str):
-        raise FileOpError("content must be a string", field="content")
-    return content.encode("utf-8")
-
-
-def write(ws: str, path: str, data: bytes, mode: str = "overwrite") -> dict[str, Any]:
-    if mode not in ("overwrite", "append", "create"):
-        raise FileOpError(f"unknown write mode {mode!r}; use overwrite, append or create", field="mode")
-    if mode == "create" and os.path.lexists(_resolve(ws, path)):
-        raise FileOpError(f"{path!r} already exists", status=409, path=path)
-    tmp, real = _stage(ws, path, data, append=mode == "append")
-    os.replace(tmp, real)
-    return info(ws, real)
-
-
-def write_many(ws: str, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """All or none: stage every file, then rename; on any failure remove what was staged."""
-    staged: list[tuple[str, str]] = []
-    try:
-        for item in files:
-            data = _decode_content(item)
-            staged.append(_stage(ws, item.get("path", ""), data, append=False))
-    except BaseException:
-        for tmp, _ in staged:
-            _unlink_quiet(tmp)
-        raise
-    for tmp, real in staged:
-        os.replace(tmp, real)
-    return [info(ws, real) for _, real in staged]
 
 
 def info(ws: str, real: str) -> dict[str, Any]:
@@ -202,117 +151,31 @@ def list_dir(ws: str, path: str = ".", recursive: bool = False) -> list[dict[str
     real = _resolve(ws, path, must_exist=True)
     if not os.path.isdir(real):
         raise FileOpError(f"{path!r} is not a directory", path=path)
-    if recursive:
-        entries = list(_walk(ws, real))
-    else:
-        entries = [os.path.join(real, n) for n in sorted(os.listdir(real))]
-    return [info(ws, e) for e in entries if not os.path.basename(e).startswith(".execbox-")]
-
-
-def glob(ws: str, pattern: str, max_results: int = 1000) -> list[str]:
-    """Match workspace-relative paths; ``**`` spans directories. Pure Python, no shell."""
-    pat = _syntax(pattern, "pattern") if pattern not in ("", ".") else "*"
-    regex = _glob_regex(pat)
-    root = os.path.realpath(ws)
+    try:
+        entries = list(_walk(ws, real)) if recursive else [os.path.join(real, n) for n in sorted(os.listdir(real))]
+    except OSError as e:
+        raise _os_error(e, path) from None
     out = []
-    for real in _walk(ws, root):
-        rel = os.path.relpath(real, root)
-        if regex.fullmatch(rel):
-            out.append(rel)
-            if len(out) >= max_results:
-                break
+    for e in entries:
+        if os.path.basename(e).startswith(".execbox-"):
+            continue
+        try:
+            out.append(info(ws, e))
+        except OSError:  # removed by the box's own code while listed
+            continue
     return out
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    import fnmatch  # noqa: PLC0415 - with re, ~6 ms of every box start if imported up front
-    import re  # noqa: PLC0415
-
-    parts = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            parts.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            parts.append(".*")
-            i += 2
-        else:
-            ch = pattern[i]
-            if ch == "*":
-                parts.append("[^/]*")
-            elif ch == "?":
-                parts.append("[^/]")
-            elif ch == "[":
-                j = pattern.find("]", i + 1)
-                if j == -1:
-                    parts.append(re.escape(ch))
-                else:
-                    parts.append(fnmatch.translate(pattern[i : j + 1])[4:-3])
-                    i = j
-            else:
-                parts.append(re.escape(ch))
-            i += 1
-    return re.compile("".join(parts), re.DOTALL)
-
-
-def grep(
-    ws: str,
-    pattern: str,
-    path: str = ".",
-    glob_pattern: str | None = None,
-    max_results: int = 100,
-    ignore_case: bool = False,
-) -> dict[str, Any]:
-    """Regex search over text files; binary and oversized files are skipped."""
-    if not pattern:
-        raise FileOpError("pattern must not be empty", field="pattern")
-    import re  # noqa: PLC0415 - lazily, as in _glob_regex
-
-    try:
-        rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-    except re.error as e:
-        raise FileOpError(f"invalid regular expression: {e}", field="pattern") from None
-    real = _resolve(ws, path, must_exist=True)
-    files = [real] if os.path.isfile(real) else [p for p in _walk(ws, real) if os.path.isfile(p)]
-    name_rx = _glob_regex(_syntax(glob_pattern, "glob")) if glob_pattern else None
-    matches: list[dict[str, Any]] = []
-    truncated = False
-    for f in files:
-        rel = paths.relative(ws, f)
-        if os.path.islink(f):
-            continue
-        if name_rx and not (name_rx.fullmatch(rel) or name_rx.fullmatch(os.path.basename(rel))):
-            continue
-        try:
-            if os.path.getsize(f) > MAX_GREP_FILE_BYTES:
-                continue
-            with open(f, "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        if b"\x00" in data[:8192]:
-            continue
-        for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            if rx.search(line):
-                if len(matches) >= max_results:
-                    truncated = True
-                    break
-                matches.append({"path": rel, "line_number": n, "line": line[:2000]})
-        if truncated:
-            break
-    return {"matches": matches, "truncated": truncated}
-
-
 def delete(ws: str, path: str) -> None:
-    real = _resolve(ws, path, must_exist=True)
+    """Remove a file, a symlink (itself, wherever it points) or a directory tree."""
+    real = _resolve(ws, path, must_exist=True, follow=False)
     if real == os.path.realpath(ws):
         raise FileOpError("cannot delete the workspace root", field="path")
     try:
-        if os.path.isdir(real) and not os.path.islink(real):
-            import shutil
+        if stat.S_ISDIR(os.lstat(real).st_mode):
+            import shutil  # noqa: PLC0415 - kept off the box's start-up path
 
-            shutil.rmtree(real)
+            shutil.rmtree(real)  # symlinks inside are removed, never followed
         else:
             os.unlink(real)
     except OSError as e:

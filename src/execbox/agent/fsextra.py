@@ -30,10 +30,14 @@ def make_dir(ws: str, path: str) -> dict[str, Any]:
 
 
 def move(ws: str, source: str, destination: str) -> dict[str, Any]:
-    src = fileops._resolve(ws, source, must_exist=True)
-    dst = fileops._resolve(ws, destination)
+    """Rename ``source`` to ``destination`` (as ``mv``): a symlink at either end is the link
+    itself, never what it points to, so a link pointing outside can be renamed but not followed."""
+    src = fileops._resolve(ws, source, must_exist=True, follow=False)
+    dst = fileops._resolve(ws, destination, follow=False)
     if src == os.path.realpath(ws):
         raise fileops.FileOpError("cannot move the workspace root", field="source")
+    if dst == os.path.realpath(ws):
+        raise fileops.FileOpError("cannot replace the workspace root", field="destination")
     parent = os.path.dirname(dst)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -47,9 +51,9 @@ def handle(ws: str, req: dict[str, Any]) -> dict[str, Any]:
     """Agent dispatch for files.mkdir / files.move (files.delete is fileops')."""
     op = req.get("op")
     if op == "files.mkdir":
-        return make_dir(ws, str(req.get("path", "")))
+        return make_dir(ws, req.get("path", ""))
     if op == "files.move":
-        return move(ws, str(req.get("source", "")), str(req.get("destination", "")))
+        return move(ws, req.get("source", ""), req.get("destination", ""))
     raise fileops.FileOpError(f"unknown operation {op!r}", field="op")
 
 

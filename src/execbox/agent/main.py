@@ -224,30 +224,40 @@ class Agent(Children):
 
     # -- files ------------------------------------------------------------------------------
     def op_files(self, rid: Any, req: dict[str, Any]) -> Any:
+        from . import search, writes  # noqa: PLC0415 - first file op only, off the box's start-up path
+
         op = req["op"]
         ws = self.ws
+        path = req.get("path", "")
         if op == "files.read":
-            return fileops.read_text(ws, req.get("path", ""), int(req.get("offset", 0)), int(req.get("limit", 2000)))
+            return fileops.read_text(ws, path, _int_arg(req, "offset", 0), _int_arg(req, "limit", 2000))
         if op == "files.read_bytes":
-            data = fileops.read_bytes(ws, req.get("path", ""), int(req.get("max_bytes") or fileops.MAX_READ_BYTES))
+            data = fileops.read_bytes(ws, path, _int_arg(req, "max_bytes", 0) or fileops.MAX_READ_BYTES)
             return {"content_b64": b64encode(data).decode(), "size": len(data)}
         if op == "files.write":
-            data = fileops._decode_content(req)
-            return fileops.write(ws, req.get("path", ""), data, req.get("mode", "overwrite"))
+            mode = req.get("mode", "overwrite")
+            if not isinstance(mode, str):
+                raise RequestError("mode must be a string: overwrite, append or create", field="mode")
+            return writes.write(ws, path, writes.decode_content(req), mode)
         if op == "files.write_many":
             files = req.get("files")
             if not isinstance(files, list) or not files:
                 raise RequestError("files must be a non-empty list", field="files")
-            return {"files": fileops.write_many(ws, files)}
+            return {"files": writes.write_many(ws, files)}
         if op == "files.list":
-            return {"files": fileops.list_dir(ws, req.get("path") or ".", bool(req.get("recursive")))}
+            return {"files": fileops.list_dir(ws, path or ".", bool(req.get("recursive")))}
         if op == "files.glob":
-            return {"paths": fileops.glob(ws, req.get("pattern", "*"), int(req.get("max_results", 1000)))}
+            return {"paths": search.glob(ws, req.get("pattern", "*"), _int_arg(req, "max_results", 1000),
+                                         search.time_limit(req.get("timeout")))}
         if op == "files.grep":
-            return fileops.grep(ws, req.get("pattern", ""), req.get("path") or ".", req.get("glob"),
-                                int(req.get("max_results", 100)), bool(req.get("ignore_case")))
+            glob = req.get("glob")
+            if glob is not None and not isinstance(glob, str):
+                raise RequestError("glob must be a string", field="glob")
+            return search.grep(ws, req.get("pattern", ""), path or ".", glob or None,
+                               _int_arg(req, "max_results", 100), bool(req.get("ignore_case")),
+                               search.time_limit(req.get("timeout")))
         if op == "files.delete":
-            fileops.delete(ws, req.get("path", ""))
+            fileops.delete(ws, path)
             return {}
         raise RequestError(f"unknown operation {op!r}", field="op")
 
@@ -273,6 +283,18 @@ OPS = {
     **{name: (lambda agent, rid, req: fsextra.handle(agent.ws, req)) for name in fsextra.OPS},
     **{name: (lambda agent, rid, req, fn=fn: fn(agent.bg, req)) for name, fn in background.OPS.items()},
 }
+
+
+def _int_arg(req: dict[str, Any], name: str, default: int) -> int:
+    """An integer request field (a whole float such as 10.0 too), or a request error naming it."""
+    value = req.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{name} must be an integer", field=name)
+    return value
 
 
 # -- start-up helpers: stdlib-light on purpose (every import here is paid on every box start) --

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 
 MAX_PATH_LEN = 4096
+NAME_MAX = 255  # bytes in one path component (Linux, every file system a box uses)
+PATH_MAX = 4096  # bytes in an absolute path the kernel accepts, its NUL included
 
 
 class PathViolation(ValueError):
@@ -27,26 +29,48 @@ def check_syntax(path: str) -> str:
     if "\x00" in path:
         raise PathViolation(path.replace("\x00", "\\0"), "NUL byte in path")
     if len(path) > MAX_PATH_LEN:
-        raise PathViolation(path[:64] + "...", f"longer than {MAX_PATH_LEN} characters")
+        raise PathViolation(_clip(path), f"longer than {MAX_PATH_LEN} characters")
     if path.startswith("/") or path.startswith("\\") or (len(path) > 1 and path[1] == ":"):
         raise PathViolation(path, "absolute paths are not allowed; use a path relative to the workspace")
     parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
         raise PathViolation(path, "'..' components are not allowed")
+    for p in parts:
+        try:
+            size = len(os.fsencode(p))
+        except UnicodeError:
+            raise PathViolation(path, "path is not valid UTF-8") from None
+        if size > NAME_MAX:
+            raise PathViolation(_clip(path), f"a name in it is longer than {NAME_MAX} bytes")
     return "/".join(parts) or "."
 
 
-def resolve(workspace: str, path: str, *, must_exist: bool = False) -> str:
+def _clip(path: str) -> str:
+    return path if len(path) <= 80 else path[:64] + "..."
+
+
+def resolve(workspace: str, path: str, *, must_exist: bool = False, follow: bool = True) -> str:
     """Absolute real path of ``path`` inside ``workspace``, following symlinks, or PathViolation.
 
     A path whose final component does not exist yet is resolved through its parent, so a write
-    cannot create a file through a symlinked directory that points outside.
+    cannot create a file through a symlinked directory that points outside. With ``follow=False``
+    only the parent directory is resolved and checked, and the last component is kept as it is
+    (remove and rename act on a symlink itself, never on what it points to, as ``rm`` and
+    ``mv`` do): the caller must then never open the result, only lstat, unlink or rename it.
     """
     rel = check_syntax(path)
     root = os.path.realpath(workspace)
-    real = os.path.realpath(os.path.join(root, rel))
-    if real != root and not real.startswith(root + os.sep):
+    if follow or rel == ".":
+        real = os.path.realpath(os.path.join(root, rel))
+        inside = real
+    else:
+        head, name = os.path.split(rel)
+        inside = os.path.realpath(os.path.join(root, head))
+        real = os.path.join(inside, name)
+    if inside != root and not inside.startswith(root + os.sep):
         raise PathViolation(path, "resolves outside the workspace (symlink escape)")
+    if len(os.fsencode(real)) >= PATH_MAX:
+        raise PathViolation(_clip(path), f"longer than {PATH_MAX} bytes once inside the workspace")
     if must_exist and not os.path.lexists(real):
         raise FileNotFoundError(path)
     return real
