@@ -138,7 +138,6 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     install_error_handlers(app)
     install_egress(app, svc)  # issue 14: egress audit, tenant caps, routes
     app.add_middleware(ForwardToOwner, replica=sessions.replica)  # inside BodyLimit: bodies are bounded
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, metrics=metrics)
 
     app.include_router(health.router)  # first: its /healthz wins over the executor's
     app.include_router(sandbox.router, prefix="/v1/sandbox", tags=["sandbox"],
@@ -152,6 +151,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     if mcp_app is not None:  # streamable HTTP MCP endpoint (execbox.mcp), bearer-token authenticated
         app.add_route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     install_e2b(app, svc)  # E2B-compatible control plane + sandbox URL (docs/e2b-compat.md)
+    # outermost (added last): every request, the E2B sandbox URL's included, is bounded before parsing
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, metrics=metrics)
     if WEB_STATIC.is_dir():
         app.mount("/admin", StaticFiles(directory=WEB_STATIC, html=True), name="admin-console")
     return app

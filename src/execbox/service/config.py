@@ -34,6 +34,9 @@ class ServiceSettings:
     """SANDBOX_MAX_FILE_BYTES: largest single file in write/copy (413 beyond)."""
     max_request_bytes: int = 64 * 1024 * 1024
     """SANDBOX_MAX_REQUEST_BYTES: largest request body (413 beyond, checked before parsing)."""
+    max_background_processes: int = 32
+    """SANDBOX_MAX_BACKGROUND_PROCESSES: processes started through the E2B endpoint (commands.run,
+    foreground or background, pty.create) running at once in one sandbox (SB008/429 beyond)."""
     audit_code: bool = False
     """SANDBOX_AUDIT_CODE: store the code itself in the audit table (off: only its sha256)."""
     reap_interval: float = 0.0
@@ -94,6 +97,7 @@ class ServiceSettings:
             "SANDBOX_MAX_CODE_BYTES": ("max_code_bytes", 1),
             "SANDBOX_MAX_FILE_BYTES": ("max_file_bytes", 1),
             "SANDBOX_MAX_REQUEST_BYTES": ("max_request_bytes", 1024),
+            "SANDBOX_MAX_BACKGROUND_PROCESSES": ("max_background_processes", 1),
         }
         for var, attr in durations.items():
             if (raw := get(var)) is not None:

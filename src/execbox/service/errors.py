@@ -90,8 +90,20 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected_error)
 
 
+class BodyTooLarge(StarletteHTTPException):
+    """Raised from ``receive`` once the counted body passes the limit. FastAPI routes answer it
+    through ``http_error`` (413 SB002); apps mounted beside them (the E2B sandbox router, Connect
+    services) may catch it by class, and whatever lets it escape gets BodyLimit's own 413."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
+
+
 class BodyLimit:
-    """ASGI middleware: refuse bodies over ``max_bytes`` with 413 (declared length or counted stream)."""
+    """ASGI middleware: refuse bodies over ``max_bytes`` with 413 (declared length or counted stream).
+
+    The outermost middleware (app.py): every route, the E2B sandbox URL included, is bounded.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int, metrics: ServiceMetrics) -> None:
         self.app = app
@@ -109,13 +121,14 @@ class BodyLimit:
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    declared = int(value)
+                    declared = int(value) if len(value) <= 20 else self.max_bytes + 1
                 except ValueError:
                     declared = 0
                 if declared > self.max_bytes:
                     await self._reject(scope, receive, send)
                     return
         seen = 0
+        started = False
 
         async def counted() -> Message:
             nonlocal seen
@@ -123,10 +136,21 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:  # FastAPI passes HTTPException through body parsing
-                    raise StarletteHTTPException(413, self._too_large().message)
+                    raise BodyTooLarge(self._too_large().message)
             return message
 
-        await self.app(scope, counted, send)
+        async def watched(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except BodyTooLarge:
+            if started:  # a streamed answer already began: nothing more can be said
+                return
+            await self._reject(scope, receive, send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         err = self._too_large()

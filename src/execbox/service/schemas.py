@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .sessions import NAME_PATTERN
 
@@ -17,8 +17,30 @@ Timeout = Field(default=None, gt=0, le=86400, allow_inf_nan=False,
                 description="Seconds; the provider's max_timeout applies")
 
 
+def _utf8(value: Any, depth: int = 0) -> None:
+    """Refuse text with no UTF-8 form (a lone surrogate, JSON "\\ud800"): it can reach no box."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text holds a lone UTF-16 surrogate (not valid UTF-8)") from None
+    elif depth < 32 and isinstance(value, dict):
+        for k, v in value.items():
+            _utf8(k, depth + 1)
+            _utf8(v, depth + 1)
+    elif depth < 32 and isinstance(value, list):
+        for v in value:
+            _utf8(v, depth + 1)
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_utf8(cls, value: Any) -> Any:
+        _utf8(value)
+        return value
 
 
 class Scoped(_Body):

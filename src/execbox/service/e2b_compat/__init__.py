@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from fastapi import FastAPI
 from starlette.requests import Request
 
+from ..errors import BodyTooLarge
 from .codecs import strict_codecs
 from .control import router
 from .envd_files import EnvdFiles
@@ -38,11 +41,26 @@ def _bound(handler: Any, sb: E2BSandbox) -> Any:
     return app
 
 
+def _connect(service: Any) -> Any:
+    """A Connect service whose body over the service's limit (BodyLimit raises BodyTooLarge from
+    ``receive``) is a Connect ``resource_exhausted`` error, not one the library calls unknown."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def bounded() -> Any:
+            try:
+                return await receive()
+            except BodyTooLarge as e:
+                raise ConnectError(Code.RESOURCE_EXHAUSTED, f"SB002: {e.detail}") from None
+
+        await service(scope, bounded, send)
+
+    return app
+
+
 def install(app: FastAPI, services: Services) -> None:
     """Mount the E2B control plane and the sandbox router on execbox's app (``services.e2b`` set)."""
     services.e2b = Registry(services.sessions)
-    process_app = ProcessASGIApplication(ProcessService(services), codecs=strict_codecs())
-    fs_app = FilesystemASGIApplication(FilesystemService(services), codecs=strict_codecs())
+    process_app = _connect(ProcessASGIApplication(ProcessService(services), codecs=strict_codecs()))
+    fs_app = _connect(FilesystemASGIApplication(FilesystemService(services), codecs=strict_codecs()))
     files = EnvdFiles(services)
     interpreter = Interpreter(services)
 

@@ -20,6 +20,7 @@ from ...errors import SandboxError
 from ..auth import Principal
 from ..container import services
 from .registry import MAX_TIMEOUT, E2BSandbox, Registry, new_sandbox_id
+from .sandbox_http import clip, parse_json
 from .templates import TemplateRefused, runtime_for
 
 router = APIRouter(tags=["e2b (control plane)"], include_in_schema=False)
@@ -61,9 +62,9 @@ def registry(request: Request) -> Registry:
 
 async def _json(request: Request) -> dict[str, Any]:
     try:
-        body = await request.json()
-    except ValueError:
-        raise E2BError(400, "request body is not valid JSON") from None
+        body = parse_json(await request.body())
+    except ValueError as e:
+        raise E2BError(400, str(e)) from None
     if not isinstance(body, dict):
         raise E2BError(400, "request body must be a JSON object")
     return body
@@ -88,7 +89,7 @@ def _timeout(value: Any, default: int = DEFAULT_TIMEOUT) -> int:
 def _owned(request: Request, sandbox_id: str, who: Principal) -> E2BSandbox:
     sb = registry(request).owned(sandbox_id, who.tenant_id)
     if sb is None:
-        raise E2BError(404, f"sandbox {sandbox_id} not found")
+        raise E2BError(404, f"sandbox {clip(sandbox_id)} not found")
     return sb
 
 
@@ -119,8 +120,9 @@ async def create(request: Request) -> Response:
                 runtime = runtime_for(template, sessions.providers.current())
             except TemplateRefused as e:
                 raise E2BError(e.status, e.message) from None
-            with sessions.session(sb.tenant_id, sb.session_id, runtime=runtime):
-                pass  # created on first use: the box starts now, so create fails loudly here
+            # created on first use: the box starts now, so create fails loudly here
+            with sessions.session(sb.tenant_id, sb.session_id, runtime=runtime) as s:
+                sb.session_created = s.created_at  # which session is this sandbox's (registry.py)
 
         await anyio.to_thread.run_sync(start_box)
         registry(request).add(sb)

@@ -26,6 +26,7 @@ from ...models import FileInfo
 from .envd_gen.filesystem import filesystem_pb as pb
 from .envd_process import connect_error, sandbox_for
 from .registry import E2BSandbox, Registry
+from .sandbox_http import clip
 from .workspace import PathRefused, to_e2b, to_workspace
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -179,7 +180,7 @@ class FilesystemService:
         sb = sandbox_for(self.reg, ctx)
         w = self._watchers(sb).get(request.watcher_id)
         if w is None:
-            raise ConnectError(Code.NOT_FOUND, f"watcher {request.watcher_id!r} not found")
+            raise ConnectError(Code.NOT_FOUND, f"watcher {clip(request.watcher_id)!r} not found")
         now = await self._snapshot(sb, w.rel, w.recursive)
         events, w.snapshot = self._diff(w.snapshot, now, w.rel), now
         return pb.GetWatcherEventsResponse(events=events)
@@ -187,7 +188,7 @@ class FilesystemService:
     async def remove_watcher(self, request: pb.RemoveWatcherRequest, ctx: Any) -> pb.RemoveWatcherResponse:
         sb = sandbox_for(self.reg, ctx)
         if self._watchers(sb).pop(request.watcher_id, None) is None:
-            raise ConnectError(Code.NOT_FOUND, f"watcher {request.watcher_id!r} not found")
+            raise ConnectError(Code.NOT_FOUND, f"watcher {clip(request.watcher_id)!r} not found")
         return pb.RemoveWatcherResponse()
 
 

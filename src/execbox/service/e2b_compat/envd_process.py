@@ -150,8 +150,34 @@ class ProcessService:
                 return p
         raise ConnectError(Code.NOT_FOUND, "process not found")
 
+    def _reserve(self, sb: E2BSandbox) -> None:
+        """Count one more process starting in ``sb``; RESOURCE_EXHAUSTED (SB008) at the cap.
+        Called on the event loop with no await between the count and the reservation."""
+        cap = self.svc.settings.max_background_processes
+        starting = getattr(sb, "_starting", 0)
+        running = sum(1 for p in list(procs_of(sb).values()) if not p.done)
+        if running + starting >= cap:
+            raise ConnectError(Code.RESOURCE_EXHAUSTED,
+                               f"SB008: too many processes running in this sandbox (max {cap}, "
+                               f"SANDBOX_MAX_BACKGROUND_PROCESSES); wait for or kill one first")
+        sb._starting = starting + 1  # type: ignore[attr-defined]
+
     async def start(self, request: pb.StartRequest, ctx: Any):  # noqa: ANN201
         sb = sandbox_for(self.reg, ctx)
+        self._reserve(sb)
+        try:
+            pid, events = await self._launch(sb, request, ctx)
+        finally:
+            sb._starting -= 1  # type: ignore[attr-defined]
+        yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
+        while True:
+            event = await events.get()
+            if event is None:
+                return
+            yield pb.StartResponse(event=event)
+
+    async def _launch(self, sb: E2BSandbox, request: pb.StartRequest, ctx: Any) -> tuple[int, asyncio.Queue[Any]]:
+        """Start the process (in procs_of once this returns): its pid and its event queue."""
         cfg = request.process or pb.ProcessConfig()
         try:
             cwd = to_workspace(cfg.cwd) if cfg.cwd else None
@@ -179,17 +205,13 @@ class ProcessService:
             events = bg.subscribe()
             procs_of(sb)[pid] = bg
             spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, None)  # type: ignore[arg-type]
+
             def forget() -> None:
                 if procs_of(sb).get(pid) is bg:  # never a later process that got the same pid
                     procs_of(sb).pop(pid, None)
 
             envd_bg.start_follower(self.svc, sb, bg, time.monotonic() + timeout, spec, forget)
-            yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
-            while True:
-                event = await events.get()
-                if event is None:
-                    return
-                yield pb.StartResponse(event=event)
+            return pid, events
         if pty is not None:
             raise ConnectError(Code.UNIMPLEMENTED, "PTY needs an agent-backed provider (jail, Docker, Kubernetes)")
         proc = Proc(next(_pids), cfg, request.tag)
@@ -220,12 +242,7 @@ class ProcessService:
             procs_of(sb).pop(proc.pid, None)
 
         threading.Thread(target=work, name=f"execbox-e2b-proc-{proc.pid}", daemon=True).start()
-        yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=proc.pid))))
-        while True:
-            event = await queue.get()
-            if event is None:
-                return
-            yield pb.StartResponse(event=event)
+        return proc.pid, queue
 
     async def connect(self, request: pb.ConnectRequest, ctx: Any):  # noqa: ANN201
         sb = sandbox_for(self.reg, ctx)

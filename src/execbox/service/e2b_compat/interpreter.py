@@ -28,8 +28,8 @@ from ..executions import RunSpec
 from . import envd_bg
 from .cells import display_result, error_from_stderr, python_cell
 from .registry import E2BSandbox
-from .sandbox_http import TooLarge, envd_error, read_json
-from .workspace import HOME
+from .sandbox_http import TooLarge, clip, envd_error, read_json
+from .workspace import HOME, PathRefused, to_e2b, to_workspace
 
 log = logging.getLogger("execbox.service.e2b")
 
@@ -39,6 +39,10 @@ if TYPE_CHECKING:  # pragma: no cover
 LANGUAGES = {"python": "python", "py": "python", "javascript": "javascript", "js": "javascript",
              "typescript": None, "ts": None, "r": None, "java": None, "bash": "bash", "sh": "bash"}
 EXEC_TIMEOUT = 300.0
+MAX_CONTEXTS = 16
+"""Code contexts one sandbox may hold (the defaults included): the agent keeps at most 16 live
+context processes per box, both languages together (docs/e2b-compat.md)."""
+MAX_CWD = 4096
 
 
 @dataclass
@@ -77,8 +81,22 @@ def contexts_of(sb: E2BSandbox) -> Contexts:
 def _language(value: Any) -> str:
     lang = LANGUAGES.get(str(value or "python").lower(), "")
     if not lang:
-        raise ValueError(f"language {value!r} is not supported by execbox (python, javascript, bash)")
+        raise ValueError(f"language {clip(value)!r} is not supported by execbox (python, javascript, bash)")
     return lang
+
+
+def _cwd(value: Any) -> str:
+    """A context's working directory: a workspace path (the one path validator), as E2B shows it."""
+    if value is None or value == "":
+        return HOME
+    if not isinstance(value, str):
+        raise ValueError("cwd must be a string")
+    if len(value) > MAX_CWD:
+        raise ValueError(f"cwd is longer than {MAX_CWD} characters")
+    try:
+        return to_e2b(to_workspace(value))
+    except PathRefused as e:
+        raise ValueError(f"cwd: {e}") from None
 
 
 def _line(kind: str, **fields: Any) -> bytes:
@@ -107,12 +125,15 @@ class Interpreter:
             return envd_error(413, str(e))
         except ValueError as e:
             return envd_error(400, str(e))
-        return envd_error(404, f"no route {method} {path} on the code interpreter")
+        return envd_error(404, f"no route {method} {clip(path)} on the code interpreter")
 
     def create_context(self, sb: E2BSandbox, body: dict[str, Any]) -> Response:
-        ctx = Ctx(secrets.token_hex(8), _language(body.get("language")), str(body.get("cwd") or HOME))
+        ctx = Ctx(secrets.token_hex(8), _language(body.get("language")), _cwd(body.get("cwd")))
         ctxs = contexts_of(sb)
         with ctxs.lock:
+            if len(ctxs.by_id) >= MAX_CONTEXTS:
+                return envd_error(429, f"SB008: too many code contexts in this sandbox (max {MAX_CONTEXTS}); "
+                                       f"remove one first")
             ctxs.by_id[ctx.id] = ctx
         return JSONResponse(ctx.to_json())
 
@@ -120,7 +141,7 @@ class Interpreter:
         ctxs = contexts_of(sb)
         ctx = ctxs.by_id.get(parts[0]) if parts else None
         if ctx is None:
-            return envd_error(404, f"context {parts[0] if parts else ''!r} not found")
+            return envd_error(404, f"context {clip(parts[0] if parts else '')!r} not found")
         if len(parts) == 1 and method == "DELETE":
             with ctxs.lock:
                 ctxs.by_id.pop(ctx.id, None)
@@ -155,13 +176,17 @@ class Interpreter:
         if ctx_id:
             ctx = contexts_of(sb).by_id.get(str(ctx_id))
             if ctx is None:
-                return envd_error(404, f"context {ctx_id!r} not found")
+                return envd_error(404, f"context {clip(ctx_id)!r} not found")
             if body.get("language") and _language(body["language"]) != ctx.language:
                 raise ValueError("language does not match the context's language")
         else:
             ctx = contexts_of(sb).default(_language(body.get("language")))
         settings = self.svc.settings
-        if len(code.encode("utf-8", "surrogatepass")) > settings.max_code_bytes:
+        try:
+            size = len(code.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError("code is not valid UTF-8 text (it holds a lone UTF-16 surrogate)") from None
+        if size > settings.max_code_bytes:
             return envd_error(413, f"code is larger than {settings.max_code_bytes} bytes")
         return StreamingResponse(self._stream(sb, ctx, code), media_type="application/x-ndjson")
 

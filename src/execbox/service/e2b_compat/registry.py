@@ -52,6 +52,9 @@ class E2BSandbox:
     access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     started_at: float = field(default_factory=time.time)
     kept_alive: float = field(default_factory=time.time)
+    session_created: float | None = None
+    """The created_at of the session the sandbox started (create sets it): a session of the same
+    name made later (after an admin DELETE, say) is not this sandbox's."""
 
     @property
     def session_id(self) -> str:
@@ -90,8 +93,53 @@ class Registry:
         self.start()
 
     def get(self, sandbox_id: str) -> E2BSandbox | None:
+        """The sandbox, or None when it is unknown or its session was destroyed under it."""
         with self._lock:
-            return self._boxes.get(sandbox_id)
+            sb = self._boxes.get(sandbox_id)
+        if sb is None or self._session_alive(sb):
+            return sb
+        self._gone(sb)
+        return None
+
+    def _session_alive(self, sb: E2BSandbox) -> bool:
+        """Whether the session the sandbox started still exists (this replica's table first; the
+        registry only when it is not here, e.g. paused). A destroyed one (admin DELETE,
+        `execbox session rm`, an expiry) ends the sandbox: it never goes on in a new workspace."""
+        if sb.session_created is None:
+            return True
+        s = self.sessions.get(sb.tenant_id, sb.session_id)
+        if s is not None and not s.closed:
+            created = s.created_at
+        else:
+            try:
+                rec = self.sessions.registry.get(sb.tenant_id, sb.session_id)
+            except Exception:  # noqa: BLE001 - a registry hiccup is not proof the session is gone
+                log.debug("looking up the session of e2b sandbox %s failed", sb.sandbox_id, exc_info=True)
+                return True
+            if rec is None:
+                return False
+            created = rec.created_at
+        return abs(created - sb.session_created) < 1e-3
+
+    def _gone(self, sb: E2BSandbox) -> None:
+        """Forget a sandbox whose session was destroyed; a session of its name that a request
+        in flight made meanwhile is destroyed too (in the background: callers may be async)."""
+        with self._lock:
+            if self._boxes.get(sb.sandbox_id) is not sb:
+                return
+            del self._boxes[sb.sandbox_id]
+        log.info("e2b sandbox %s ended: its session was destroyed", sb.sandbox_id)
+
+        def sweep() -> None:
+            s = self.sessions.get(sb.tenant_id, sb.session_id)
+            if s is None:
+                return
+            try:
+                self.sessions.destroy(sb.tenant_id, sb.session_id)
+            except SandboxError:
+                pass
+
+        threading.Thread(target=sweep, name="execbox-e2b-orphan", daemon=True).start()
 
     def owned(self, sandbox_id: str, tenant_id: str) -> E2BSandbox | None:
         """The sandbox if this tenant owns it; another tenant's looks exactly like a missing one."""
@@ -100,7 +148,8 @@ class Registry:
 
     def of_tenant(self, tenant_id: str) -> list[E2BSandbox]:
         with self._lock:
-            return [s for s in self._boxes.values() if s.tenant_id == tenant_id]
+            mine = [s for s in self._boxes.values() if s.tenant_id == tenant_id]
+        return [s for s in mine if self.get(s.sandbox_id) is s]
 
     def kill(self, sb: E2BSandbox) -> bool:
         with self._lock:
@@ -126,6 +175,8 @@ class Registry:
 
     def _keepalive(self, sb: E2BSandbox) -> None:
         """Use the session (public API) so the idle reaper leaves a sandbox alone until its deadline."""
+        if self.get(sb.sandbox_id) is not sb:  # killed, or its session destroyed: never recreate it
+            return
         try:
             with self.sessions.session(sb.tenant_id, sb.session_id):
                 pass

@@ -24,7 +24,15 @@ ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[...,
 
 ENVD_PORT = 49983
 JUPYTER_PORT = 49999
-_HOST = re.compile(r"^(\d+)-([a-z0-9]{1,64})\.")
+_HOST = re.compile(r"^([0-9]{1,5})-([a-z0-9]{1,64})\.")
+_PORT = re.compile(r"[0-9]{1,5}")
+ECHO_MAX = 64
+
+
+def clip(value: object, limit: int = ECHO_MAX) -> str:
+    """``value`` as echoed in an error message: at most ``limit`` characters, then an ellipsis."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "\u2026"
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -41,7 +49,7 @@ def sandbox_of(scope: dict[str, Any], domain: str | None) -> tuple[str, int] | N
     sid = _header(scope, b"e2b-sandbox-id")
     if sid:
         port = _header(scope, b"e2b-sandbox-port") or str(ENVD_PORT)
-        return sid, int(port) if port.isdigit() else -1
+        return sid, int(port) if _PORT.fullmatch(port) else -1  # never int() of 5,000 digits
     if domain:
         host = (_header(scope, b"host") or "").split(":")[0].lower()
         m = _HOST.match(host)
@@ -78,7 +86,7 @@ class SandboxRouter:
         sid, port = target
         sb = self.registry.get(sid)
         if sb is None:  # E2B's edge answers 502 for a sandbox that is gone; the SDK reads it so
-            await _send_response(envd_error(502, f"sandbox {sid} not found (killed or timed out)"),
+            await _send_response(envd_error(502, f"sandbox {clip(sid)} not found (killed or timed out)"),
                                  scope, receive, send)
             return
         token = _header(scope, b"x-access-token") or _header(scope, b"e2b-traffic-access-token")
@@ -88,7 +96,7 @@ class SandboxRouter:
         handler = (self.envd if port == ENVD_PORT else self.jupyter if port == JUPYTER_PORT else None)
         app = handler(sb, scope) if handler is not None else None
         if app is None:
-            await _send_response(envd_error(404, f"nothing listens on port {port} of sandbox {sid} "
+            await _send_response(envd_error(404, f"nothing listens on port {port} of sandbox {clip(sid)} "
                                                  f"(execbox serves envd {ENVD_PORT} and the code "
                                                  f"interpreter {JUPYTER_PORT})"), scope, receive, send)
             return
@@ -100,7 +108,8 @@ class TooLarge(ValueError):
 
 
 async def read_capped(request: Request, limit: int) -> bytes:
-    """The body, refused as soon as it passes ``limit`` bytes (this router sits outside BodyLimit)."""
+    """The body, refused as soon as it passes ``limit`` bytes (a tighter limit than BodyLimit's
+    max_request_bytes, such as max_file_bytes for an upload)."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -110,11 +119,19 @@ async def read_capped(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
+def parse_json(raw: bytes) -> Any:
+    """``json.loads`` whose every failure (malformed, nested past the parser's recursion limit)
+    is a ValueError naming the problem."""
     try:
-        body = json.loads(await read_capped(request, limit) or b"{}")
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("request body is nested too deeply") from None
     except ValueError:
         raise ValueError("request body is not valid JSON") from None
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    body = parse_json(await read_capped(request, limit) or b"{}")
     if not isinstance(body, dict):
         raise ValueError("request body must be a JSON object")
     return body

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .sandbox_http import clip
+
 DEFAULT_TEMPLATES = frozenset({"base", "code-interpreter-v1", "code-interpreter", "code-interpreter-beta"})
 
 
@@ -41,5 +43,5 @@ def runtime_for(template: str, provider: Any) -> str | None:
         installed = {str(r["name"]) for r in runtime.list_runtimes()}
         if base in installed:
             return name
-    raise TemplateRefused(404, f"template {template!r} not found (execbox serves "
+    raise TemplateRefused(404, f"template {clip(template)!r} not found (execbox serves "
                                f"{', '.join(sorted(DEFAULT_TEMPLATES))} and installed jail runtimes)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 
 from ...agent.paths import PathViolation, check_syntax
+from .sandbox_http import clip
 
 HOME = "/home/user"
 
@@ -30,7 +31,7 @@ def to_workspace(path: str) -> str:
         if p == HOME:
             return "."
         if not p.startswith(HOME + "/"):
-            raise PathRefused(f"{path!r} is outside {HOME}; execbox's E2B endpoint reaches only the "
+            raise PathRefused(f"{clip(path)!r} is outside {HOME}; execbox's E2B endpoint reaches only the "
                               f"workspace mounted at {HOME}")
         p = p[len(HOME) + 1:]
     p = posixpath.normpath(p)
