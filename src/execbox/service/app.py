@@ -55,6 +55,20 @@ def _mcp_app(svc: Services) -> Any | None:
     return McpHttpApp(svc)
 
 
+def _record_interrupted(store: Any, replica: str) -> None:
+    """Runs this replica's last life started and never finished (it was killed mid-run) get their
+    audit rows now, as ``interrupted`` (store/audit_inflight.py)."""
+    from .store import audit_inflight
+
+    try:
+        n = audit_inflight.recover(store.engine, replica)
+    except Exception:  # noqa: BLE001 - the service starts anyway; the entries wait for the next start
+        log.exception("recording the runs interrupted by the last stop failed")
+        return
+    if n:
+        log.warning("%d runs were cut off by the service's last stop; audited as 'interrupted'", n)
+
+
 def _sandbox_settings(store: Any, providers: ProviderSource) -> SandboxSettings:
     """The ProviderManager's settings (one key ring) when it is the provider source, else the store's."""
     if isinstance(providers, ProviderManager):
@@ -104,7 +118,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     sessions = SessionManager(providers, settings, workspaces, metrics, registry=store.sessions)
     metrics.bind_live(sessions.count, lambda: _pool_statuses(providers))
     audit = AuditWriter(store)
-    runs = RunService(sessions, metrics, OperationLog(audit, settings.audit_code))
+    _record_interrupted(store, sessions.replica)
+    runs = RunService(sessions, metrics, OperationLog(audit, settings.audit_code, sessions.replica))
     svc = Services(settings=settings, store=store, providers=providers,
                    sandbox_settings=_sandbox_settings(store, providers), metrics=metrics, sessions=sessions,
                    audit=audit, runs=runs,

@@ -46,6 +46,8 @@ class RunSpec:
     """What the session manager tells the caller along with the result (``metadata.session``)."""
     runtime: str | None = None
     """Runtime template for a new session or one-shot box (issue 14); None: the provider's."""
+    inflight: str | None = None
+    """Set while the run is filed as started (OperationLog.begin): its audit row ends that."""
 
 
 def _rt(spec: RunSpec) -> dict[str, Any]:
@@ -100,6 +102,10 @@ class RunService:
                         handle.started(provider, instance_id)
                         if handle.cancelled.is_set():
                             raise _Cancelled
+                    spec.inflight = self.oplog.begin(
+                        tenant_id=spec.tenant_id, session_id=spec.session_id, provider=provider_name,
+                        operation=spec.operation, instance_id=instance_id, language=spec.language,
+                        code=spec.code, token_id=spec.token_id)
                     try:
                         result = spec.call(provider, instance_id, spec.session_id is None, on_output)
                     finally:
@@ -165,7 +171,8 @@ class RunService:
             tenant_id=spec.tenant_id, session_id=spec.session_id, provider=provider or "none",
             operation=spec.operation, instance_id=instance_id, language=spec.language, code=spec.code,
             duration_ms=seconds * 1000, status=status, exit_code=exit_code, memory_used_mb=mem,
-            error_code=error_code, token_id=spec.token_id)
+            error_code=error_code, token_id=spec.token_id, inflight=spec.inflight)
+        spec.inflight = None
 
     def stream(self, spec: RunSpec, artifact_url: str | None) -> Callable[[Emit, RunHandle], None]:
         """The worker body for streaming.stream_run: output events, then artifacts, result, error."""

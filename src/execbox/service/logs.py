@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +23,9 @@ AUDIT_FIELDS = frozenset({"tenant_id", "provider", "operation", "instance_id", "
                           "language", "code_hash", "duration_ms", "status", "exit_code", "memory_used_mb",
                           "error_code", "code", "created_at"})
 """Columns of the store's audit table (execbox.service.store.repos.AUDIT_FIELDS)."""
+
+BEGIN = "_inflight_begin"  # an AuditWriter item filing a started run (store/audit_inflight.py)
+END = "_inflight_end"  # in an audit record: the started run whose filing it ends
 
 EXEC_LOG = logging.getLogger("execbox.service.exec")
 log = logging.getLogger("execbox.service")
@@ -120,32 +124,38 @@ class AuditWriter:
                 return
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
-        """One transaction per batch (store.audit.record_many when the store has it)."""
-        many = getattr(self._store.audit, "record_many", None)
+        """One transaction per batch: the audit rows and the started runs they end. A run started
+        and ended within one batch is never filed as started."""
+        rows = [f for f in batch if BEGIN not in f]
+        ends = {f.pop(END) for f in rows if f.get(END)}
+        begins = [f[BEGIN] for f in batch if BEGIN in f and f[BEGIN]["key"] not in ends]
+        ends -= {f[BEGIN]["key"] for f in batch if BEGIN in f}
         try:
-            if many is not None:
-                many(batch)
-            elif len(batch) == 1:
-                self._store.audit.record(**batch[0])
-            else:
-                self._insert_many(batch)
+            self._insert_many(rows, begins, ends)
             return
         except Exception:  # noqa: BLE001 - the audit trail must not take the service down
-            log.exception("writing %d audit records failed; retrying one by one", len(batch))
-        for fields in batch:
+            log.exception("writing %d audit records failed; retrying one by one", len(rows))
+        for fields in rows:
             try:
                 self._store.audit.record(**fields)
             except Exception:  # noqa: BLE001
                 log.exception("writing an audit record failed")
+        try:
+            self._insert_many([], begins, ends)
+        except Exception:  # noqa: BLE001
+            log.exception("filing %d started runs failed", len(begins) + len(ends))
 
-    def _insert_many(self, batch: list[dict[str, Any]]) -> None:
+    def _insert_many(self, batch: list[dict[str, Any]], begins: list[dict[str, Any]], ends: set[str]) -> None:
         from sqlalchemy import insert
 
+        from .store import audit_inflight
         from .store.models import AuditEntry
 
         rows = [{name: fields.get(name) for name in sorted(AUDIT_FIELDS)} for fields in batch]
         with self._store.engine.begin() as conn:
-            conn.execute(insert(AuditEntry), rows)
+            if rows:
+                conn.execute(insert(AuditEntry), rows)
+            audit_inflight.apply(conn, begins, ends)
 
     def flush(self, timeout: float = 10.0) -> bool:
         done = threading.Event()
@@ -161,14 +171,31 @@ class AuditWriter:
 class OperationLog:
     """Builds the per-execution record, logs it as JSON and hands it to the audit writer."""
 
-    def __init__(self, audit: AuditWriter | None, audit_code: bool) -> None:
+    def __init__(self, audit: AuditWriter | None, audit_code: bool, replica: str = "") -> None:
         self.audit = audit
         self.audit_code = audit_code
+        self.replica = replica
+
+    def begin(self, *, tenant_id: str, session_id: str | None, provider: str, operation: str,
+              instance_id: str | None, language: str, code: str, token_id: str | None = None) -> str | None:
+        """File a run that is about to start (its audit row comes with ``execution(inflight=key)``);
+        the key, or None without an audit trail."""
+        if self.audit is None:
+            return None
+        key = uuid.uuid4().hex
+        record: dict[str, Any] = {
+            "tenant_id": tenant_id, "session_id": session_id, "provider": provider, "operation": operation,
+            "instance_id": instance_id, "language": language, "code_hash": code_hash(code), "token_id": token_id,
+            "created_at": time.time()}
+        if self.audit_code:
+            record["code"] = code
+        self.audit.submit({BEGIN: {"key": key, "replica": self.replica, "record": record}})
+        return key
 
     def execution(self, *, tenant_id: str, session_id: str | None, provider: str, operation: str,
                   instance_id: str | None, language: str, code: str, duration_ms: float, status: str,
                   exit_code: int | None, memory_used_mb: float | None, error_code: str | None = None,
-                  token_id: str | None = None) -> dict[str, Any]:
+                  token_id: str | None = None, inflight: str | None = None) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "tenant_id": tenant_id, "session_id": session_id, "provider": provider, "operation": operation,
             "instance_id": instance_id, "language": language, "code_hash": code_hash(code),
@@ -181,5 +208,7 @@ class OperationLog:
             record["created_at"] = time.time()  # when it happened, not when the writer got to it
             if self.audit_code:
                 record["code"] = code
+            if inflight:
+                record[END] = inflight
             self.audit.submit(record)
         return fields

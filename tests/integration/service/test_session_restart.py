@@ -12,8 +12,10 @@ import threading
 import time
 
 import httpx
+from sqlalchemy import text
 
 from execbox.boxes.jail_box import boxes_dir
+from execbox.sdk.wire import iter_events
 from execbox.service.store import open_store
 
 from .conftest import registry_workspaces, traversable_tmpdir
@@ -166,3 +168,52 @@ def test_sigterm_during_ten_runs_lets_them_finish_and_sessions_survive(jail_prov
             assert r.status_code == 200 and r.json()["content"] == str(i), r.text
     finally:
         _term(proc)
+
+
+def test_a_run_cut_off_by_sigkill_is_audited_as_interrupted_at_the_next_start(jail_provider) -> None:
+    """Its code ran, so it is on record: filed when it started, audited `interrupted` when the
+    replica comes back. A run that finished leaves nothing filed."""
+    from execbox.service.logs import code_hash
+
+    base = traversable_tmpdir("execbox-cut-")
+    env, auth = _env(base), _token(base)
+    data = os.path.join(base, "data")
+    code = "import time\nprint('started', flush=True)\ntime.sleep(300)"
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        c = httpx.Client(base_url=url, headers=auth, timeout=90)
+        assert c.post("/v1/sandbox/execute", json={"session_id": "done", "code": "print(1)"}).status_code == 200
+        with c.stream("POST", "/v1/sandbox/execute",
+                      json={"session_id": "cut", "code": code, "timeout": 300, "stream": True}) as r:
+            events = iter_events(r.iter_lines())  # held: a dropped generator closes the stream (a cancel)
+            first = next(events)
+            assert first == ("stdout", {"text": "started\n"}), first  # its code is running
+            time.sleep(0.5)  # the audit writer's batch (50 ms)
+            proc.kill()  # no drain, no final audit rows
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+        for pid in _bwraps_under(os.path.join(boxes_dir(), f"jail-{proc.pid}-")):
+            os.kill(pid, signal.SIGKILL)
+    with open_store(data_dir=data) as store:
+        runs = [(r["session_id"], r["status"]) for r in store.audit.list(tenant_id="t1")
+                if r["operation"] == "execute_code"]
+        assert runs == [("done", "success")]  # "cut" has no row yet
+
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        with open_store(data_dir=data) as store:
+            rows = store.audit.list(tenant_id="t1")
+            with store.engine.connect() as conn:
+                left = conn.execute(text("select count(*) from audit_inflight")).scalar()
+        cut = [r for r in rows if r["session_id"] == "cut" and r["operation"] == "execute_code"]
+        assert len(cut) == 1 and cut[0]["status"] == "interrupted", rows
+        assert cut[0]["code_hash"] == code_hash(code) and cut[0]["operation"] == "execute_code"
+        assert cut[0]["token_id"] and cut[0]["provider"] == "jail"
+        assert [r["status"] for r in rows if r["session_id"] == "done"] == ["success"]  # nothing filed was left
+        assert left == 0
+    finally:
+        _term(proc)
+

@@ -66,6 +66,18 @@ class AuditEntry(Base):
     code: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+class AuditInflight(Base):
+    """A run that has started and has no audit row yet (migration 0005): what its row will say,
+    so a run the service's own end cut off is recorded as ``interrupted`` at the next start."""
+
+    __tablename__ = "audit_inflight"
+
+    key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    replica: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    started_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False, index=True)
+    record: Mapped[str] = mapped_column(Text, nullable=False)
+
+
 class SessionRow(Base):
     """One session in the registry (migration 0003): where its box is, who owns it, its state."""
 
