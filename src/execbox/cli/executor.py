@@ -2,7 +2,9 @@
 
 For operators who want a drop-in for RAGFlow's executor_manager (port 9385) without the full
 service. Without a token it binds to loopback only; a public bind needs ``--token`` or an
-explicit ``--allow-unauthenticated``.
+explicit ``--allow-unauthenticated``. Without a token /run also only answers JSON requests with
+no foreign ``Origin`` and an allowed ``Host`` (loopback names, the bind address,
+``--allowed-host``): web pages cannot reach it (executor_compat.open_mode_refusal).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ def executor(
         show_default=False)] = None,
     allow_unauthenticated: Annotated[bool, typer.Option(
         help="Serve /run without a token on a non-loopback address.")] = False,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        envvar="EXECBOX_EXECUTOR_ALLOWED_HOSTS",
+        help="Without a token: another Host name /run answers to besides localhost, 127.0.0.1, ::1 and the "
+             "bind address (repeatable; env EXECBOX_EXECUTOR_ALLOWED_HOSTS, comma-separated).",
+        show_default=False)] = None,
     allow_no_isolation: Annotated[bool, typer.Option(
         help="Allow the 'local' provider (no isolation) on a non-loopback address.")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
@@ -63,11 +70,16 @@ def executor(
         prov.shutdown()
         _fail(f"refusing to serve provider {prov.name!r} (no isolation) on {host}: use jail or docker, "
               "or pass --allow-no-isolation")
-    auth = ExecutorAuth.for_bind(host, allow_unauthenticated=allow_unauthenticated, token=token)
+    extra_hosts = [h.strip() for value in allowed_host or [] for h in value.split(",") if h.strip()]
+    auth = ExecutorAuth.for_bind(host, allow_unauthenticated=allow_unauthenticated, token=token,
+                                 allowed_hosts=extra_hosts)
     mode = "open (loopback)" if auth.open and not public else ("open (--allow-unauthenticated)" if auth.open
                                                               else "bearer token")
     typer.echo(f"execbox executor: provider={prov.name} isolation={prov.isolation.value} auth={mode} "
                f"listening on http://{host}:{port}", err=True)
+    if auth.open:
+        names = ", ".join(sorted(auth.hosts)) + (", any IP address" if auth.any_ip else "")
+        typer.echo(f"open /run answers JSON requests without a foreign Origin, for Host: {names}", err=True)
     if prov.selection_note:
         typer.echo(f"note: {prov.selection_note}", err=True)
     uvicorn.run(create_executor_app(prov, auth=auth), host=host, port=port, log_level=log_level)

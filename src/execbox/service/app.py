@@ -19,9 +19,9 @@ from typing import Any
 import anyio.to_thread
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
-from fastapi.staticfiles import StaticFiles
 
 from .. import __version__
+from ..web import mount as mount_console
 from ..web import tokens_api
 from .config import ServiceSettings
 from .container import Services
@@ -169,5 +169,5 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     # outermost (added last): every request, the E2B sandbox URL's included, is bounded before parsing
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, metrics=metrics)
     if WEB_STATIC.is_dir():
-        app.mount("/admin", StaticFiles(directory=WEB_STATIC, html=True), name="admin-console")
+        mount_console(app, "/admin", WEB_STATIC)  # with the console's security headers (web/__init__.py)
     return app

@@ -9,6 +9,12 @@ which ``isolation`` tier ran the code.
 Served inside ``execbox serve`` (through the service's one-shot path: ``ExecutorDeps.runs``, so
 quotas, metrics and the audit log apply; the provider is ``ExecutorDeps.providers.current()``) and
 standalone by ``create_executor_app`` for ``execbox executor --port 9385``.
+
+Open mode (no token: a loopback bind, ``--allow-unauthenticated`` or ``execbox serve --open-run``)
+is reachable by any web page the operator's browser visits, so there ``/run`` only accepts what
+a program sends and a browser cannot send cross-site without a CORS preflight (which is never
+granted): ``Content-Type: application/json``, no foreign ``Origin``, and a ``Host`` on the
+allow-list (loopback names, the bind address, configured names), which defeats DNS rebinding.
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import (
+    InvalidConfigError,
     PayloadTooLargeError,
     ProviderNotInitializedError,
     SandboxError,
@@ -39,6 +48,8 @@ from ...models import ExecutionResult
 from ...providers.base import SandboxProvider
 from ...settings import sandbox_timeout
 from ..auth import AuthError, authenticate, bearer_token
+from ..errors import BodyLimit
+from ..metrics import ServiceMetrics
 from .executor_results import (
     MAX_ARTIFACT_BYTES,
     RUNNER_ERROR_EXIT,
@@ -49,13 +60,16 @@ from .executor_results import (
     validation_response,
 )
 
-__all__ = ["MAX_ARTIFACT_BYTES", "RUNNER_ERROR_EXIT", "ExecutorAuth", "RunRequest", "StaticProviders",
-           "classify", "create_executor_app", "is_loopback", "result_to_response", "router",
+__all__ = ["LOOPBACK_HOSTS", "MAX_ARTIFACT_BYTES", "RUNNER_ERROR_EXIT", "ExecutorAuth", "RunRequest",
+           "StaticProviders", "classify", "create_executor_app", "is_loopback", "result_to_response", "router",
            "runner_error_response"]
 
 log = logging.getLogger("execbox.executor")
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_JSON_DEPTH = 256
+"""Deepest nesting a /run body may have (the body object is level 1). Deeper JSON is a 422
+json_invalid before anything recursive (validation, the provider, the echoed result) sees it."""
 EXECUTOR_TENANT = "executor"
 
 
@@ -129,18 +143,63 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+"""Host names an open /run always answers to."""
+
+WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
+"""Bind addresses that listen on every interface: then any IP-literal Host is this server."""
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def _host_name(value: str) -> str:
+    """Canonical host of a ``Host`` value or ``--host`` bind: no port, no brackets, lower case,
+    no trailing dot, IP literals in their compressed form."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name = value[1:value.find("]")] if "]" in value else value[1:]
+    elif value.count(":") == 1:  # name:port (more than one colon: a bare IPv6 address)
+        name = value.split(":", 1)[0]
+    else:
+        name = value
+    name = name.rstrip(".")
+    ip = _ip(name)
+    return str(ip) if ip is not None else name
+
+
 @dataclass(frozen=True)
 class ExecutorAuth:
     """How /run authenticates. ``open``: no token (loopback bind or explicit flag).
-    ``token``: a static bearer token; otherwise tokens come from ``ExecutorDeps.store``."""
+    ``token``: a static bearer token; otherwise tokens come from ``ExecutorDeps.store``.
+
+    ``hosts``: the ``Host`` names an open /run answers to (DNS-rebinding guard; see the module
+    docstring); ``any_ip``: also any IP-literal Host (a wildcard bind)."""
 
     open: bool = False
     token: str | None = None
+    hosts: frozenset[str] = LOOPBACK_HOSTS
+    any_ip: bool = False
 
     @classmethod
     def for_bind(cls, host: str, *, allow_unauthenticated: bool = False,
-                 token: str | None = None) -> ExecutorAuth:
-        return cls(open=not token and (allow_unauthenticated or is_loopback(host)), token=token or None)
+                 token: str | None = None, allowed_hosts: tuple[str, ...] | list[str] = ()) -> ExecutorAuth:
+        bind = _host_name(host)
+        extra = {_host_name(h) for h in allowed_hosts if h.strip()}
+        if bind not in WILDCARD_BINDS:
+            extra.add(bind)
+        return cls(open=not token and (allow_unauthenticated or is_loopback(host)), token=token or None,
+                   hosts=LOOPBACK_HOSTS | frozenset(extra), any_ip=bind in WILDCARD_BINDS)
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        if host_header is None:  # HTTP/1.0 without Host: no browser sends that
+            return True
+        name = _host_name(host_header)
+        return name in self.hosts or (self.any_ip and _ip(name) is not None)
 
 
 @dataclass
@@ -161,6 +220,84 @@ class ExecutorDeps:
 def executor_deps(request: Request) -> ExecutorDeps:
     """The app's ExecutorDeps (``app.state.executor``)."""
     return request.app.state.executor
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    """(scheme, host, port) of an origin, the scheme's default port filled in; None if malformed."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.scheme or not parts.hostname or parts.path not in ("", "/"):
+        return None
+    scheme = parts.scheme.lower()
+    return scheme, _host_name(parts.hostname), port if port is not None else _DEFAULT_PORTS.get(scheme)
+
+
+def _same_origin(request: Request, origin: str) -> bool:
+    """Whether ``Origin`` names this request's own origin (scheme + Host). "null" (sandboxed
+    frames, file:, data:) never does."""
+    host = request.headers.get("host")
+    ours = _origin(f"{request.url.scheme}://{host}") if host else None
+    return ours is not None and _origin(origin) == ours
+
+
+def open_mode_refusal(request: Request) -> InvalidConfigError | None:
+    """Why an unauthenticated /run request is refused, or None: open /run answers programs, not
+    web pages. A foreign page can make the browser send a "simple" cross-site POST (text/plain,
+    no preflight) or, via DNS rebinding, a same-origin one to a name that resolves to us."""
+    auth = executor_deps(request).auth
+    host = request.headers.get("host")
+    if not auth.host_allowed(host):
+        return InvalidConfigError(
+            f"Host {host!r} is not allowed for the unauthenticated /run; use localhost, 127.0.0.1 or the "
+            "bind address (execbox executor --allowed-host NAME adds a name)",
+            details={"header": "Host"}, http_status=400)
+    origin = request.headers.get("origin")
+    if origin is not None and not _same_origin(request, origin):
+        return InvalidConfigError(
+            f"cross-origin request from {origin!r} refused: the unauthenticated /run does not serve web pages",
+            details={"header": "Origin"}, http_status=403)
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype != "application/json":
+        return InvalidConfigError(
+            f"Content-Type must be application/json, not {ctype or 'missing'!r}",
+            details={"header": "Content-Type"}, http_status=415)
+    return None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests deeper than ``limit`` levels (iterative: no recursion limit)."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+async def read_body(request: Request) -> bytes | None:
+    """The request body, or None once it passes MAX_BODY_BYTES (counted while streaming, never
+    buffered past the limit; BodyLimit in front may cut it off first: same answer)."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return None
+            chunks.append(chunk)
+    except StarletteHTTPException as e:
+        if e.status_code == 413:
+            return None
+        raise
+    return b"".join(chunks)
 
 
 def authorize(request: Request) -> tuple[str, str | None]:
@@ -272,19 +409,27 @@ async def run(request: Request) -> JSONResponse:
         tenant_id, token_id = authorize(request)
     except SandboxError as e:
         return JSONResponse(e.to_dict(), status_code=e.http_status, headers={"WWW-Authenticate": "Bearer"})
+    if executor_deps(request).auth.open and (refusal := open_mode_refusal(request)) is not None:
+        return runner_error_response(refusal)
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        return runner_error_response(PayloadTooLargeError(
+        return _too_large(runner_error_response(PayloadTooLargeError(
             f"request body of {length} bytes exceeds {MAX_BODY_BYTES}",
-            details={"max_bytes": MAX_BODY_BYTES}))
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        return runner_error_response(PayloadTooLargeError(
-            f"request body exceeds {MAX_BODY_BYTES} bytes", details={"max_bytes": MAX_BODY_BYTES}))
+            details={"max_bytes": MAX_BODY_BYTES})))
+    raw = await read_body(request)
+    if raw is None:
+        return _too_large(runner_error_response(PayloadTooLargeError(
+            f"request body exceeds {MAX_BODY_BYTES} bytes", details={"max_bytes": MAX_BODY_BYTES})))
     try:
         payload = json.loads(raw)
+    except RecursionError:
+        return validation_response([{"type": "json_invalid", "loc": (),
+                                     "msg": "JSON decode error: nested too deeply"}])
     except (ValueError, UnicodeDecodeError) as e:
         return validation_response([{"type": "json_invalid", "loc": (), "msg": f"JSON decode error: {e}"}])
+    if _deeper_than(payload, MAX_JSON_DEPTH):
+        return validation_response([{"type": "json_invalid", "loc": (),
+                                     "msg": f"JSON decode error: nested deeper than {MAX_JSON_DEPTH} levels"}])
     try:
         req = RunRequest.model_validate(payload)
     except ValidationError as e:
@@ -302,7 +447,17 @@ async def run(request: Request) -> JSONResponse:
     except Exception as e:  # noqa: BLE001 - report, never drop: a runner bug is still an answer
         log.exception("/run failed unexpectedly")
         return runner_error_response(SandboxError(f"unhandled runner error: {type(e).__name__}: {e}"))
-    return JSONResponse(body)
+    try:
+        return JSONResponse(body)
+    except (RecursionError, ValueError) as e:  # a result too deep (or not finite) to encode
+        log.warning("/run result could not be encoded: %s", e)
+        return runner_error_response(SandboxError(f"the run's result could not be encoded as JSON: {e}",
+                                                  details={"field": "result"}))
+
+
+def _too_large(response: JSONResponse) -> JSONResponse:
+    response.headers["Connection"] = "close"  # the rest of the body is never read
+    return response
 
 
 def create_executor_app(provider: SandboxProvider, *, auth: ExecutorAuth | None = None,
@@ -310,8 +465,10 @@ def create_executor_app(provider: SandboxProvider, *, auth: ExecutorAuth | None 
     """The standalone app behind ``execbox executor``: /run and /healthz only.
 
     ``auth`` defaults to open (the CLI decides from the bind address); with ``owns_provider``
-    the provider is shut down when the app stops.
+    the provider is shut down when the app stops. Like the service, BodyLimit bounds every
+    request body (declared or streamed) before any route reads it.
     """
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
@@ -322,6 +479,7 @@ def create_executor_app(provider: SandboxProvider, *, auth: ExecutorAuth | None 
                   version="1", lifespan=lifespan)
     app.state.executor = ExecutorDeps(StaticProviders(provider), auth or ExecutorAuth(open=True))
     app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, metrics=ServiceMetrics())
 
     @app.exception_handler(SandboxError)
     async def _sandbox_error(_: Request, exc: SandboxError) -> JSONResponse:

@@ -96,10 +96,22 @@ function dispatch(frame, onEvent) {
   onEvent(event, parsed);
 }
 
-/** base64 -> Blob */
+/** Raster image types the console shows inline. Everything else a box produces (SVG, HTML,
+ * XML, PDF, ...) can carry script: as a blob: URL it would run in the console's origin if opened
+ * as a document, so it is only ever offered for download. */
+export const INLINE_IMAGE_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+
+/** The type a blob of box-made bytes may carry: an allow-listed raster image type, else
+ * application/octet-stream (a download, never an active document). The box chooses mime_type. */
+export function safeBlobType(type) {
+  const base = String(type || "").split(";")[0].trim().toLowerCase();
+  return INLINE_IMAGE_TYPES.has(base) ? base : "application/octet-stream";
+}
+
+/** base64 -> Blob, typed by safeBlobType (never a scriptable type). */
 export function blobFromBase64(b64, type) {
   const raw = atob(b64);
   const buf = new Uint8Array(raw.length);
   for (let i = 0; i < raw.length; i += 1) buf[i] = raw.charCodeAt(i);
-  return new Blob([buf], { type: type || "application/octet-stream" });
+  return new Blob([buf], { type: safeBlobType(type) });
 }

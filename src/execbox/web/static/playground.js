@@ -1,7 +1,7 @@
 // Playground: run code through /v1/sandbox/execute and show output as it streams (SSE over
-// fetch), then the result value, artifacts (images inline, other files as downloads), timing
+// fetch), then the result value, artifacts (raster images inline, other files as downloads), timing
 // and the isolation tier.
-import { api, blobFromBase64, stream } from "./api.js";
+import { INLINE_IMAGE_TYPES, api, blobFromBase64, stream } from "./api.js";
 import { bytes, clear, describeError, duration, h, notice } from "./dom.js";
 import { codeEditor } from "./editor.js";
 
@@ -178,7 +178,7 @@ async function showArtifact(box, art, body) {
     }
     const url = URL.createObjectURL(blob);
     objectUrls.push(url);
-    if ((art.mime_type || "").startsWith("image/")) {
+    if (INLINE_IMAGE_TYPES.has(blob.type)) {  // raster only: SVG & co. are downloads (api.js)
       item.prepend(h("img", { src: url, alt: `${art.name} (image produced by the run)` }));
     } else {
       item.append(h("a", { href: url, download: art.name }, `Download ${art.name}`));
