@@ -98,7 +98,8 @@ class Children(Spares):
         js_state: dict[str, Any] | None = None
         try:
             if context_id is not None and spec["language"] == "javascript":
-                watch, kill, ctx_note, js_state = js_contexts.run_in_context(self, str(context_id), spec, req)
+                watch, kill, ctx_note, js_state = js_contexts.run_in_context(self, str(context_id), spec, req,
+                                                                             result_cap=cap)
                 res_r, res_w = os.pipe()  # results come with the context's reply, not on a pipe
                 os.close(res_w)
                 read_fds = (res_r,)
@@ -123,6 +124,7 @@ class Children(Spares):
             out = pump.pump(
                 watch, streams, res_r, start + spec["timeout"], self.wake_r, self.proto_in,
                 lambda data: self._on_control(rid, data), self.on_wake, kill, self._cancel_waiting(rid),
+                result_cap=cap,
             )
         finally:
             for fd in read_fds:
@@ -138,9 +140,15 @@ class Children(Spares):
             ctx_note["context_note"] = (f"context {context_id!r} was killed "
                                         f"({'timeout' if out['timed_out'] else 'ended'}); "
                                         "its state is lost and the next run starts fresh")
-        result, oom_marker = pump.parse_result(
-            out["result_raw"] if js_state is None else js_state.get("result_raw", b""))
+        where = out if js_state is None else js_state
+        overflow = bool(where.get("result_overflow"))
+        result, oom_marker = (None, False) if overflow else pump.parse_result(where.get("result_raw", b""))
+        result, result_note = pump.cap_result(result, cap, overflow, int(where.get("result_bytes") or 0))
         stderr = streams[1].text()
+        if result_note:
+            stderr += result_note
+            if emit is not None:
+                emit("stderr", result_note)
         oom = oom_marker or pump.looks_oom(stderr, out["exit"])
         artifacts = pump.collect_artifacts(self.artifacts, before, "artifacts",
                                                bool(req.get("inline_artifacts")))
@@ -151,7 +159,7 @@ class Children(Spares):
             "stdout": streams[0].text(), "stderr": stderr,
             "exit_code": out["exit"].get("exit_code", -9), "signal": out["exit"].get("signal"),
             "timed_out": out["timed_out"], "cancelled": out["cancelled"],
-            "truncated": streams[0].truncated or streams[1].truncated,
+            "truncated": streams[0].truncated or streams[1].truncated or bool(result_note),
             "execution_time": elapsed, "result": result, "oom": oom,
             "peak_memory_kb": out["exit"].get("peak_memory_kb"), "artifacts": artifacts,
             "language": spec["language"], **ctx_note,

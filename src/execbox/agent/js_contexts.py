@@ -76,9 +76,26 @@ def close(ctx: JsContext, keep: set[int]) -> None:
             pass
 
 
-def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any]):
-    """Send one cell; the Watch is done when the reply line (or EOF: the context died) arrives."""
+def _exit_code_of(head: bytes) -> int:
+    """The exit code at the start of a reply line cut for its size (``{"exit_code":N,...``)."""
+    prefix = b'{"exit_code":'
+    if not head.startswith(prefix):
+        return 1
+    digits = head[len(prefix):].split(b",", 1)[0]
+    try:
+        return int(digits)
+    except ValueError:
+        return 1
+
+
+def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any],
+          result_cap: int = pump.DEFAULT_OUTPUT_CAP):
+    """Send one cell; the Watch is done when the reply line (or EOF: the context died) arrives.
+
+    A reply line longer than the result pipe's bound (pump.pump) is not kept: its result is over
+    the cap, so only its exit code is read and ``result_overflow`` is set."""
     state: dict[str, Any] = {}
+    limit = 2 * result_cap + pump.RESULT_SLACK
     ctx.reply_buf.clear()
     line = dumps({"code": spec["code"], "cwd": spec["cwd"]}) + "\n"
     data = memoryview(line.encode())
@@ -93,6 +110,14 @@ def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any])
         if not chunk:
             state["done"] = {"exit_code": -9, "signal": 9, "died": True}
             return
+        if "done" in state:
+            return  # a late write after the reply line (only user code writes to fd 4 then)
+        state["result_bytes"] = state.get("result_bytes", 0) + len(chunk)
+        if state.get("result_overflow"):
+            if b"\n" in chunk:
+                state["done"] = {"exit_code": _exit_code_of(bytes(ctx.reply_buf)), "signal": None,
+                                 "peak_memory_kb": None}
+            return
         ctx.reply_buf += chunk
         if b"\n" in ctx.reply_buf:
             raw, _, _ = bytes(ctx.reply_buf).partition(b"\n")
@@ -100,6 +125,9 @@ def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any])
             state["result_raw"] = dumps({"result": msg["result"]}).encode() if msg.get("result") else b""
             state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
                              "peak_memory_kb": msg.get("peak_memory_kb")}
+        elif len(ctx.reply_buf) > limit:
+            state["result_overflow"] = True
+            del ctx.reply_buf[64:]  # keep the head: the exit code comes first
 
     def done() -> dict[str, Any] | None:
         if "done" in state:
@@ -117,7 +145,8 @@ def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any])
     return watch, kill, state
 
 
-def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[str, Any]):
+def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[str, Any],
+                   result_cap: int = pump.DEFAULT_OUTPUT_CAP):
     """Start a cell in the context (spawned on first use); (watch, kill, note, state)."""
     note: dict[str, Any] = {"context_id": context_id}
     ctx = agent.js_contexts.get(context_id)
@@ -131,5 +160,5 @@ def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[
             note["context_note"] = "this context was restarted after a timeout; earlier state is gone"
     ctx.executions += 1
     note["context_executions"] = ctx.executions
-    watch, kill, state = start(agent, ctx, spec, req)
+    watch, kill, state = start(agent, ctx, spec, req, result_cap)
     return watch, kill, note, state

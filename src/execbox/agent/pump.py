@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_OUTPUT_CAP = 1024 * 1024
+# The result pipe holds {"result": {"json": <the value's JSON as a JSON string>, ...}}: at most twice
+# the value's JSON (each '"' and '\\' escaped once more) plus a little framing. Past this bound the
+# value is surely over the cap, and only RESULT_TAIL bytes are kept: where a Python child's exit
+# record is (write_exit_record).
+RESULT_SLACK = 64 * 1024
+RESULT_TAIL = 4096
 INLINE_ARTIFACT_CAP = 16 * 1024 * 1024
 MAX_ARTIFACTS = 200
 DRAIN_GRACE = 0.2
@@ -136,12 +142,18 @@ def pump(
     on_wake: Callable[[], None],
     kill: Callable[[], None],
     cancelled: bool = False,
+    result_cap: int | None = None,
 ) -> dict[str, Any]:
     """Run the IO loop until the watched process is done and its pipes are drained.
 
     ``on_control`` gets bytes from the host and returns True when they cancel this run;
     ``cancelled`` says a cancel came before the loop started (read together with the request).
+    ``result_cap`` (the output cap) bounds what is kept of the result pipe, as Stream caps stdout:
+    past ``2 * result_cap + RESULT_SLACK`` bytes only a tail is kept and ``result_overflow`` is set.
     """
+    result_limit = None if result_cap is None else 2 * result_cap + RESULT_SLACK
+    result_overflow = False
+    result_bytes = 0
     # epoll itself rather than selectors (whose import, with the collections it pulls in, costs
     # ~2 ms of every box start). Not poll(2): epoll reports fds in the order they became ready, so
     # stderr written before stdout is read first. A hang-up is reported whatever was asked for
@@ -182,7 +194,11 @@ def pump(
                         poller.unregister(fd)
                         open_fds.discard(fd)
                     elif fd == result_fd:
+                        result_bytes += len(chunk)
                         result_buf += chunk
+                        if result_limit is not None and (result_overflow or len(result_buf) > result_limit):
+                            result_overflow = True
+                            del result_buf[:-RESULT_TAIL]
                     else:
                         by_fd[fd].feed(chunk)
                 elif fd == wake_fd:
@@ -211,6 +227,8 @@ def pump(
         "timed_out": timed_out,
         "cancelled": cancelled,
         "result_raw": bytes(result_buf),
+        "result_overflow": result_overflow,
+        "result_bytes": result_bytes,
         "exit": exit_info,
     }
 
@@ -285,6 +303,28 @@ def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool]:
                 if obj.get("oom"):
                     oom = True
     return result, oom
+
+
+def cap_result(result: dict[str, Any] | None, cap: int, overflow: bool = False,
+               size: int = 0) -> tuple[dict[str, Any] | None, str]:
+    """Drop a ``main()`` value whose JSON is over ``cap`` bytes (the output cap stdout and stderr
+    have), as a stream past its cap is cut: ``(result, note)`` where the result becomes
+    ``{"present": false, "truncated": true, "json_bytes": n, "type": t}`` and ``note`` is the line
+    for stderr ("" when the value fits). ``overflow``: the pump already cut the result pipe (``size``
+    bytes arrived), so the value is over the cap whatever the kept bytes say."""
+    if overflow:
+        n, kind = size, None
+    elif result and result.get("present") and isinstance(result.get("json"), str):
+        n = len(result["json"].encode("utf-8", errors="replace"))
+        if n <= cap:
+            return result, ""
+        kind = result.get("type")
+    else:
+        return result, ""
+    about = f"about {n}" if overflow else str(n)
+    note = (f"execbox: the value main() returned is {about} bytes as JSON, over the output cap of {cap} "
+            "bytes; it was dropped (result is null, truncated is true)\n")
+    return {"present": False, "truncated": True, "json_bytes": n, "type": kind}, note
 
 
 def looks_oom(stderr: str, exit_info: dict[str, Any]) -> bool:

@@ -8,6 +8,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .schema import url_problem
+
 HARD_TIMEOUT = 30  # seconds: the service's hard execution limit
 DEFAULT_TEMPLATE = "execbox-code-interpreter"
 REGIONS = ["cn-hangzhou", "cn-beijing", "cn-shanghai", "cn-shenzhen", "cn-guangzhou"]
@@ -41,10 +43,11 @@ def config_schema() -> dict[str, dict[str, Any]]:
         "timeout": {"type": "integer", "default": 30, "min": 1, "max": HARD_TIMEOUT,
                     "label": "Execution Timeout (seconds)",
                     "description": "Code execution timeout (max 30 seconds - hard limit)."},
-        "control_endpoint": {"type": "string", "label": "Control endpoint",
+        # secret_destination: where the access keys are sent, so a changed one needs them re-entered
+        "control_endpoint": {"type": "string", "label": "Control endpoint", "secret_destination": True,
                              "description": "Advanced: override the control-plane endpoint "
                                             "(env AGENTRUN_CONTROL_ENDPOINT)."},
-        "data_endpoint": {"type": "string", "label": "Data endpoint",
+        "data_endpoint": {"type": "string", "label": "Data endpoint", "secret_destination": True,
                           "description": "Advanced: override the data-plane endpoint, e.g. a VPC "
                                          "endpoint (env AGENTRUN_DATA_ENDPOINT)."},
     }
@@ -64,8 +67,9 @@ def config_error(config: dict[str, Any]) -> tuple[bool, str | None]:
     """Checks beyond the schema: (ok, message)."""
     for key in ("control_endpoint", "data_endpoint"):
         url = config.get(key)
-        if url and not str(url).startswith(("http://", "https://")):
-            return False, f"{key} must be an http:// or https:// URL"
+        problem = url_problem(key, url, secret_field="access_key_secret") if url else None
+        if problem:
+            return False, problem
     if not str(config.get("account_id", "")).strip().isdigit():
         return False, "account_id must be the numeric primary account ID"
     return True, None

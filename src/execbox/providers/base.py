@@ -21,8 +21,12 @@ OutputCallback = Callable[[str, str], None]
 """Called with ("stdout" | "stderr", text) as output arrives, when a caller streams."""
 
 SCHEMA_KEYS = frozenset(
-    {"type", "required", "secret", "label", "description", "placeholder", "default", "options", "min", "max"}
+    {"type", "required", "secret", "label", "description", "placeholder", "default", "options", "min", "max",
+     "secret_destination"}
 )
+"""``secret_destination: true`` marks a field that decides where the provider's ``secret`` fields are
+sent (an endpoint, API URL or domain): when its value changes, a stored secret is not reused, so the
+admin API refuses a redacted (or omitted) secret and the secret must be sent again."""
 SCHEMA_TYPES = frozenset({"string", "integer", "number", "boolean", "json", "list"})
 
 
@@ -102,7 +106,7 @@ class SandboxProvider(ABC):
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
         """Field name -> {type, required, secret, label, description, placeholder, default,
-        options, min, max}."""
+        options, min, max, secret_destination}."""
         return {}
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:

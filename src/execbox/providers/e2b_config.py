@@ -4,13 +4,15 @@ Split from providers/e2b.py, which keeps the sandbox lifecycle and execution.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import ProviderUnavailableError
-from .schema import parse_size
+from .schema import parse_size, url_problem
 
 DEFAULT_TEMPLATE = "code-interpreter-v1"
 MIN_SANDBOX_TTL = 300  # seconds an E2B sandbox lives without activity (its own timeout)
+DOMAIN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:\d{1,5})?")
 REGION_DOMAINS = {"us": None}  # None: the SDK's default domain; other regions need `domain`
 
 
@@ -30,11 +32,12 @@ def config_schema() -> dict[str, dict[str, Any]]:
                     "description": "E2B API key (e2b_...)."},
         "region": {"type": "string", "default": "us", "label": "Region", "options": ["us", "eu"],
                    "description": "us uses E2B's default domain; other regions need `domain`."},
-        "domain": {"type": "string", "label": "Domain", "placeholder": "e2b.app",
+        # secret_destination: these decide where api_key is sent, so a changed one needs the key re-entered
+        "domain": {"type": "string", "label": "Domain", "placeholder": "e2b.app", "secret_destination": True,
                    "description": "E2B domain (E2B_DOMAIN); set for self-hosted or E2B-compatible clouds."},
-        "api_url": {"type": "string", "label": "API URL",
+        "api_url": {"type": "string", "label": "API URL", "secret_destination": True,
                     "description": "Advanced: control-plane URL when it is not https://api.<domain>."},
-        "sandbox_url": {"type": "string", "label": "Sandbox URL",
+        "sandbox_url": {"type": "string", "label": "Sandbox URL", "secret_destination": True,
                         "description": "Advanced: one URL for every sandbox port (proxies, tests)."},
         "template": {"type": "string", "default": DEFAULT_TEMPLATE, "label": "Template",
                      "description": "Sandbox template (needs the code interpreter for python/javascript)."},
@@ -56,10 +59,15 @@ def config_error(config: dict[str, Any]) -> tuple[bool, str | None]:
     if not config.get("domain") and config.get("region") not in REGION_DOMAINS:
         return False, (f"region {config.get('region')!r} has no built-in E2B domain; set `domain` "
                        "to that region's E2B domain")
+    domain = str(config.get("domain") or "")
+    if domain and (not DOMAIN.fullmatch(domain)):
+        # never echoed: it could be user:password@host pasted in the wrong field
+        return False, "domain must be a host name like e2b.app (no scheme, user:password@ or path)"
     for key in ("api_url", "sandbox_url"):
         url = config.get(key)
-        if url and not str(url).startswith(("http://", "https://")):
-            return False, f"{key} must be an http:// or https:// URL"
+        problem = url_problem(key, url, secret_field="api_key") if url else None
+        if problem:
+            return False, problem
     if not str(config.get("workdir", "")).startswith("/"):
         return False, "workdir must be an absolute path"
     if config.get("max_memory"):

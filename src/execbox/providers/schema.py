@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import InvalidConfigError
 
@@ -30,6 +31,31 @@ def parse_size(value: Any) -> int:
     if n <= 0:
         raise ValueError("size must be positive")
     return n
+
+
+def url_problem(field: str, value: Any, *, secret_field: str | None = None) -> str | None:
+    """Why ``value`` is not a usable http(s) URL for config field ``field``, or None.
+
+    The shared check of every provider URL field (self_managed ``endpoint``, e2b ``api_url`` and
+    ``sandbox_url``, aliyun ``control_endpoint`` and ``data_endpoint``): http or https, a host, no
+    query or fragment and above all no ``user:password@`` credentials. URL fields are shown whole
+    in the config, errors and logs, so a password must go in a secret field (``secret_field``,
+    named in the message) instead. The message never echoes the value.
+    """
+    raw = str(value)
+    instead = f"; set {secret_field} instead" if secret_field else ""
+    try:
+        parts = urlsplit(raw)
+        hostname = parts.hostname
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return f"{field} must be an http:// or https:// URL"
+    if "@" in parts.netloc or (not parts.netloc and "@" in raw):
+        return f"{field} must not carry credentials (user:password@host){instead}"
+    if parts.scheme not in ("http", "https") or not hostname:
+        return f"{field} must be an http:// or https:// URL with a host"
+    if parts.query or parts.fragment:
+        return f"{field} must not carry a query or fragment"
+    return None
 
 
 def _coerce(field: str, spec: dict[str, Any], value: Any) -> Any:

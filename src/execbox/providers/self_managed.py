@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -34,7 +33,7 @@ from ..errors import (
 from ..models import Artifact, ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..policy import AstPolicy
 from .base import OutputCallback, SandboxProvider, check_run_inputs
-from .schema import check_config
+from .schema import check_config, url_problem
 from .self_managed_native import API_EXECBOX, API_RUN, ExecboxApiMixin
 
 log = logging.getLogger("execbox.provider.self_managed")
@@ -146,6 +145,7 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
     def get_config_schema() -> dict[str, dict[str, Any]]:
         return {
             "endpoint": {"type": "string", "required": True, "default": "http://localhost:9385",
+                         "secret_destination": True,
                          "label": "API Endpoint", "placeholder": "http://localhost:9385",
                          "description": "Base URL of the executor (serves /run and /healthz)."},
             "api": {"type": "string", "default": API_RUN, "options": [API_RUN, API_EXECBOX], "label": "API",
@@ -176,17 +176,10 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         }
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
-        raw = str(config.get("endpoint", ""))
-        parts = urlsplit(raw)
         # the endpoint is shown in the config, in errors and in the retry log: a password in it
         # would be everywhere a secret must not be (api_key is stored encrypted and redacted)
-        if "@" in parts.netloc or (not parts.netloc and "@" in raw):
-            return False, "endpoint must not carry credentials (user:password@host); set api_key instead"
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return False, f"endpoint must be an http:// or https:// URL, got {raw[:200]!r}"
-        if parts.query or parts.fragment:
-            return False, "endpoint must not carry a query or fragment"
-        return True, None
+        problem = url_problem("endpoint", config.get("endpoint", ""), secret_field="api_key")
+        return (False, problem) if problem else (True, None)
 
     def initialize(self, config: dict[str, Any]) -> bool:
         clean = check_config(self.get_config_schema(), config or {}, self.name)

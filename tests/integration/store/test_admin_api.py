@@ -154,6 +154,66 @@ def test_secrets_encrypted_at_rest_redacted_and_kept_through_a_redacted_round_tr
     assert admin.providers.settings.decrypted("self_managed")["api_key"] == SECRET
 
 
+class _Listener:
+    """An admin's own HTTP listener, recording what reaches it (the exfiltration target)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                seen.append((self.command, self.path, self.headers.get("Authorization")))
+                body = b'{"status":"success","stdout":"execbox-probe 42\\n","stderr":"","exit_code":0}'
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _any
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_changed_endpoint_never_receives_the_stored_secret(admin):
+    r = admin.post(API + "/config", json={"provider_type": "self_managed", "set_active": False,
+                                          "config": {"endpoint": f"http://127.0.0.1:{closed_port()}",
+                                                     "api_key": SECRET}})
+    assert r.status_code == 200, r.text
+    redacted = admin.get(API + "/config").json()["self_managed"]["api_key"]
+    listener = _Listener()
+    try:
+        for route in ("/test", "/config"):
+            for config in ({"endpoint": listener.url, "api_key": redacted}, {"endpoint": listener.url}):
+                body = {"provider_type": "self_managed", "config": config}
+                r = admin.post(API + route, json=body if route == "/test" else {**body, "set_active": False})
+                assert r.status_code == 400, r.text
+                err = r.json()["error"]
+                assert err["code"] == "SB002" and SECRET not in r.text
+                assert err["details"]["fields"]["api_key"] == "re-enter api_key when endpoint changes"
+        assert listener.seen == []
+        assert admin.providers.settings.decrypted("self_managed")["api_key"] == SECRET  # nothing stored
+        # The secret typed again with the new endpoint is the admin's own to send: allowed.
+        r = admin.post(API + "/test", json={"provider_type": "self_managed",
+                                            "config": {"endpoint": listener.url, "api_key": "sk-typed-again-0000"}})
+        assert r.status_code == 200, r.text
+        assert listener.seen and all(auth == "Bearer sk-typed-again-0000" for _, _, auth in listener.seen)
+    finally:
+        listener.close()
+
+
 def test_probe_really_runs_code(admin):
     r = admin.post(API + "/test", json={"provider_type": "local", "config": {"timeout": 10}})
     assert r.status_code == 200

@@ -14,7 +14,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -41,9 +41,60 @@ def database_url(data_dir: str | os.PathLike[str] | None = None, url: str | None
     return f"sqlite:///{data_dir_path(data_dir) / 'execbox.db'}"
 
 
+HIDDEN = "****"  # as secrets are shown ('****' + at most the last 4 characters: none for a URL)
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
+_SENTINEL = "EXECBOXREDACTED0"  # alphanumeric: survives URL quoting unchanged
+
+
 def redact_url(url: str) -> str:
-    """The URL with its password hidden, for logs and errors."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1****@", url)
+    """The database URL with its password hidden, for logs, errors and the admin status: the
+    ``user:password@`` password (also with an empty user) and the value of every password-like query
+    parameter (``?password=``, ``sslpassword``, ``token``...). A string SQLAlchemy cannot parse is
+    masked by pattern instead: everything before the last ``@`` and secret-like parameter values."""
+    try:
+        parsed = make_url(url)
+        secret_params = {k: _SENTINEL for k in parsed.query if _SECRET_PARAM.search(k)}
+        if secret_params:
+            parsed = parsed.update_query_dict(secret_params)
+        if parsed.password is not None:
+            # replaced before rendering (render_as_string(hide_password=True) would show '***')
+            parsed = parsed.set(password=_SENTINEL)
+        return parsed.render_as_string(hide_password=False).replace(_SENTINEL, HIDDEN)
+    except Exception:  # noqa: BLE001 - any parse failure: fall back to the pattern
+        return _redact_unparsable(url)
+
+
+def _redact_unparsable(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" in rest:  # userinfo may hold any character: hide everything up to the last '@'
+        rest = HIDDEN + "@" + rest.rsplit("@", 1)[1]
+    rest = re.sub(r"([?&;][^=&;#]*(?:pass|pwd|secret|token|key|auth|credential)[^=&;#]*=)[^&;#]*",
+                  rf"\1{HIDDEN}", rest, flags=re.IGNORECASE)
+    return scheme + sep + rest
+
+
+def _scrub(message: str, url: str) -> str:
+    """``message`` (a driver's or SQLAlchemy's error text) without the URL's password or secret
+    query values, should it quote them."""
+    secrets: list[str] = []
+    try:
+        parsed = make_url(url)
+        secrets += [parsed.password or ""]
+        secrets += [v for k, vals in parsed.query.items() if _SECRET_PARAM.search(k)
+                    for v in ((vals,) if isinstance(vals, str) else vals)]
+    except Exception:  # noqa: BLE001 - unparsable: what the pattern would hide
+        rest = url.partition("://")[2] or url
+        if "@" in rest:
+            userinfo = rest.rsplit("@", 1)[0]
+            secrets += [userinfo, userinfo.partition(":")[2]]
+        secrets += re.findall(r"[?&;][^=&;#]*(?:pass|pwd|secret|token|key|auth|credential)[^=&;#]*=([^&;#]*)",
+                              url, flags=re.IGNORECASE)
+    message = message.replace(url, redact_url(url))
+    for secret in sorted((s for s in secrets if s and len(s) >= 3), key=len, reverse=True):
+        message = message.replace(secret, HIDDEN)
+    return message
 
 
 def _alembic_config(url: str) -> Config:
@@ -178,7 +229,8 @@ def open_store(data_dir: str | os.PathLike[str] | None = None, url: str | None =
     try:
         engine = _make_engine(full_url)
     except (SQLAlchemyError, ImportError, ValueError) as e:
-        raise InvalidConfigError(f"EXECBOX_DATABASE_URL {redact_url(full_url)!r} is not usable: {e}",
+        raise InvalidConfigError(f"EXECBOX_DATABASE_URL {redact_url(full_url)!r} is not usable: "
+                                 f"{_scrub(str(e), full_url)}",
                                  details={"field": "EXECBOX_DATABASE_URL"}) from None
     try:
         if migrate:
@@ -190,7 +242,7 @@ def open_store(data_dir: str | os.PathLike[str] | None = None, url: str | None =
         engine.dispose()
         raise ProviderUnavailableError(
             f"settings database {redact_url(full_url)} is unreachable: {type(e.__cause__ or e).__name__}: "
-            f"{str(e.__cause__ or e).splitlines()[0] if str(e.__cause__ or e) else ''}",
+            f"{_scrub(str(e.__cause__ or e).splitlines()[0], full_url) if str(e.__cause__ or e) else ''}",
             details={"database": redact_url(full_url)},
         ) from None
     return Store(engine, path)

@@ -94,6 +94,19 @@ def _field_for_message(message: str, schema: Mapping[str, Any]) -> str:
     return head if head in schema else "config"
 
 
+def _destination_value(spec: Mapping[str, Any], value: Any) -> Any:
+    return spec.get("default", "") if value in (None, "") else value
+
+
+def moved_destinations(schema: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any],
+                       stored: Mapping[str, Any]) -> list[str]:
+    """The ``secret_destination`` fields (providers/base.py) whose value in ``config`` differs from
+    the stored one (an unset field counts as its schema default): where a stored secret must not
+    follow without being sent again."""
+    return [k for k, spec in schema.items() if spec.get("secret_destination")
+            and _destination_value(spec, config.get(k)) != _destination_value(spec, stored.get(k))]
+
+
 class SandboxSettings:
     """The provider rows of the store, with secrets encrypted at rest."""
 
@@ -231,7 +244,10 @@ class SandboxSettings:
 
     # -- writing ---------------------------------------------------------------------------
     def validate(self, provider: str, config: Any) -> dict[str, Any]:
-        """Schema + validate_config, with redacted secrets resolved to the stored ones.
+        """Schema + validate_config, with redacted (or omitted) secrets resolved to the stored ones
+        while every ``secret_destination`` field (endpoint, API URL, domain) keeps its stored value;
+        after such a change the secret must be sent again (SB002 "re-enter api_key when endpoint
+        changes"), so a stored secret is never sent somewhere new.
 
         Returns the values to store (only what was given); raises SB002 with details.fields.
         """
@@ -254,15 +270,19 @@ class SandboxSettings:
                 if current is None:
                     current = self.decrypted(provider)
                 stored = current.get(key)
-                if value is None:
-                    if stored:
-                        config[key] = stored  # omitted: keep the stored secret
-                elif stored and redact(stored) == value:
-                    config[key] = stored  # redacted value sent back unchanged: keep it
-                else:
-                    errors[key] = "is a redacted placeholder that matches no stored secret; send the full value"
+                if not stored or (value is not None and redact(stored) != value):
+                    if value is not None:
+                        errors[key] = "is a redacted placeholder that matches no stored secret; send the full value"
+                    continue
+                moved = moved_destinations(schema, config, current)
+                if moved:
+                    # the stored secret would go to where the new value points (an admin's listener):
+                    # only a secret sent with the change may go there
+                    errors[key] = f"re-enter {key} when {' and '.join(moved)} change{'s' if len(moved) == 1 else ''}"
+                    continue
+                config[key] = stored  # omitted, or its redacted value sent back unchanged: keep it
         clean, schema_errors = validate_against_schema(schema, config, fill_defaults=False)
-        errors.update(schema_errors)
+        errors = {**schema_errors, **errors}  # "re-enter api_key ..." says more than "is required"
         if not errors:
             full, _ = validate_against_schema(schema, clean)
             ok, message = cls().validate_config(full)
