@@ -7,6 +7,7 @@ Anything else is a bug: logged with its traceback, answered 500 SB000 without in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -103,7 +104,14 @@ class BodyLimit:
     """ASGI middleware: refuse bodies over ``max_bytes`` with 413 (declared length or counted stream).
 
     The outermost middleware (app.py): every route, the E2B sandbox URL included, is bounded.
+    Before answering 413 it reads and discards the rest of a body of at most ``DRAIN_FACTOR``
+    times the limit (within ``DRAIN_SECONDS``): a client still writing it (the E2B SDK uploading a
+    file over the limit) then reads the 413 instead of a connection reset. Nothing is kept, so
+    memory stays bounded; a larger body is refused at once and the connection closed.
     """
+
+    DRAIN_FACTOR = 4
+    DRAIN_SECONDS = 15.0
 
     def __init__(self, app: ASGIApp, max_bytes: int, metrics: ServiceMetrics) -> None:
         self.app = app
@@ -125,16 +133,20 @@ class BodyLimit:
                 except ValueError:
                     declared = 0
                 if declared > self.max_bytes:
+                    if declared <= self.DRAIN_FACTOR * self.max_bytes:
+                        await self._drain(receive, declared)
                     await self._reject(scope, receive, send)
                     return
         seen = 0
         started = False
+        ended = False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, ended
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                ended = not message.get("more_body")
                 if seen > self.max_bytes:  # FastAPI passes HTTPException through body parsing
                     raise BodyTooLarge(self._too_large().message)
             return message
@@ -150,7 +162,26 @@ class BodyLimit:
         except BodyTooLarge:
             if started:  # a streamed answer already began: nothing more can be said
                 return
+            if not ended:
+                await self._drain(receive, self.DRAIN_FACTOR * self.max_bytes - seen)
             await self._reject(scope, receive, send)
+
+    async def _drain(self, receive: Receive, budget: int) -> None:
+        """Read and drop the body's rest, up to ``budget`` bytes and ``DRAIN_SECONDS``."""
+        async def drain() -> None:
+            left = budget
+            while left >= 0:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                left -= len(message.get("body", b""))
+                if not message.get("more_body"):
+                    return
+
+        try:
+            await asyncio.wait_for(drain(), self.DRAIN_SECONDS)
+        except TimeoutError:
+            pass
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         err = self._too_large()

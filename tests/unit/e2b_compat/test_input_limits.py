@@ -209,3 +209,31 @@ def test_a_sandbox_whose_session_was_destroyed_is_gone() -> None:
     while ("alpha", "e2b-def") not in sessions.destroyed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert ("alpha", "e2b-def") in sessions.destroyed  # the stray session a request made is removed
+
+
+def _left_unread(app: Any, body_chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> tuple[int, int]:
+    """(status, chunks of the body the app and the middleware never read)."""
+    chunks = list(body_chunks)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        chunk = chunks.pop(0) if chunks else b""
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "method": "POST", "path": "/files", "headers": headers}, receive, send))
+    return next(m["status"] for m in sent if m["type"] == "http.response.start"), len(chunks)
+
+
+def test_body_limit_reads_the_rest_of_a_body_before_its_413_so_the_writer_sees_the_answer() -> None:
+    """A client still writing (the E2B SDK uploading 65 MiB) reads a 413 only if the server took
+    the body; unread, the connection is reset under it. Taken and dropped, within a bound."""
+    limited = BodyLimit(_reads_everything, max_bytes=1000, metrics=ServiceMetrics())
+    body = [b"x" * 500] * 6  # 3000 bytes, within 4 x the limit
+    assert _left_unread(limited, body, [(b"content-length", b"3000")]) == (413, 0)
+    assert _left_unread(limited, body, []) == (413, 0)  # streamed: counted past the limit, then drained
+    huge = [b"x" * 500] * 20  # 10000 bytes: more than 4 x the limit is not read, only refused
+    status, left = _left_unread(limited, huge, [(b"content-length", b"10000")])
+    assert status == 413 and left == 20
