@@ -137,6 +137,11 @@ class Spliced:
     def abort(self) -> None:
         self._finish(True)
 
+    @property
+    def box_done(self) -> bool:
+        """The box has ended its side (EOF): what is left is the upstream's tail to it."""
+        return self.dirs[0].eof
+
 
 async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: int,
                  rec: audit.AuditRecord, connect_timeout: float, first: bytes = b"", *,
@@ -251,11 +256,17 @@ def still_allowed(policy: Any, rec: audit.AuditRecord) -> bool:
 
 def cut_unlisted(relays: Iterable[Any], policy: Any, reason: str = NARROWED) -> int:
     """End the relayed connections ``policy`` no longer allows (on the gateway's loop); their
-    records say so (``limited``). Returns how many."""
+    records say so (``limited``). One whose box had already ended its side (a finished request
+    whose response was still arriving, e.g. right after an install step) keeps its decision,
+    with the cut noted in its reason. Returns how many."""
     cut = 0
     for r in list(relays):
         if not still_allowed(policy, r.rec):
-            r.rec.decision, r.rec.reason = "limited", reason
+            if getattr(r, "box_done", False):
+                note = f"{reason} (after the box had finished sending)"
+                r.rec.reason = f"{r.rec.reason}; {note}" if r.rec.reason else note
+            else:
+                r.rec.decision, r.rec.reason = "limited", reason
             r.abort()
             cut += 1
     return cut
