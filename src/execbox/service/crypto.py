@@ -32,6 +32,7 @@ from ..errors import InvalidConfigError
 PREFIX = "enc:v1:"
 KEY_FILE = "secret.key"
 PENDING_KEY_FILE = "secret.key.new"
+PREVIOUS_KEY_FILE = "secret.key.previous"  # the key a rotation replaced (decrypt only)
 REDACTED_PREFIX = "****"
 _REDACTED = re.compile(r"^\*{4}.{0,4}$", re.DOTALL)
 
@@ -133,12 +134,21 @@ class KeyRing:
                                  "another field", details={"field": aad, "key_id": kid}) from None
 
 
-def _read_key_file(path: Path) -> bytes:
+def read_key_file(path: Path) -> bytes:
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         raise SecretKeyError(f"key file {path} is readable by other users (mode {mode:o}); "
                              f"run chmod 600 {path}", details={"path": str(path)})
     return parse_key(path.read_text(), str(path))
+
+
+def replace_key_file(path: Path, key: bytes) -> None:
+    """Write ``path`` atomically (a temporary file of mode 0600, fsynced, then renamed over it)."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        tmp.unlink()
+    write_key_file(tmp, key)
+    os.replace(tmp, path)
 
 
 def write_key_file(path: Path, key: bytes) -> None:
@@ -150,16 +160,29 @@ def write_key_file(path: Path, key: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def ciphertext_key_id(token: str) -> str | None:
+    """The id of the key an ``enc:v1:<id>:...`` value was encrypted with."""
+    if not is_encrypted(token):
+        return None
+    return token[len(PREFIX):].split(":", 1)[0]
+
+
 def load_keyring(data_dir: str | os.PathLike[str], env: dict[str, str] | None = None,
-                 create: bool = True) -> KeyRing:
+                 create: bool = True, needed: set[str] | frozenset[str] = frozenset()) -> KeyRing:
+    """The key ring: ``EXECBOX_SECRET_KEY`` or the key file, plus the decrypt-only keys (the
+    previous env keys, a rotation's pending and previous key files).
+
+    A missing key file is generated only while no stored value needs a key (``needed``: the key
+    ids of the stored ciphertexts): a fresh key next to secrets encrypted under the lost one
+    would make them unreadable and, once anything is saved, leave the store under two keys."""
     env = dict(os.environ) if env is None else env
     directory = Path(data_dir)
     others: list[bytes] = []
     for i, part in enumerate(p for p in env.get("EXECBOX_SECRET_KEY_PREVIOUS", "").split(",") if p.strip()):
         others.append(parse_key(part, f"EXECBOX_SECRET_KEY_PREVIOUS[{i}]"))
-    pending = directory / PENDING_KEY_FILE
-    if pending.exists():
-        others.append(_read_key_file(pending))
+    for name in (PENDING_KEY_FILE, PREVIOUS_KEY_FILE):
+        if (directory / name).exists():
+            others.append(read_key_file(directory / name))
     if env.get("EXECBOX_SECRET_KEY", "").strip():
         return KeyRing(parse_key(env["EXECBOX_SECRET_KEY"]), "EXECBOX_SECRET_KEY", others)
     path = directory / KEY_FILE
@@ -167,12 +190,19 @@ def load_keyring(data_dir: str | os.PathLike[str], env: dict[str, str] | None = 
         if not create:
             raise SecretKeyError(f"no secret key: set EXECBOX_SECRET_KEY or create {path}",
                                  details={"path": str(path)})
+        missing = sorted(set(needed) - {key_id(k) for k in others})
+        if missing:
+            raise SecretKeyError(
+                f"the key file {path} is missing, but stored secrets are encrypted with key(s) "
+                f"{', '.join(missing)}: restore the key file (it is backed up with the database), or set "
+                "EXECBOX_SECRET_KEY to that key. No new key is made, so nothing is saved under a second key.",
+                details={"path": str(path), "key_ids": missing})
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             write_key_file(path, generate_key())
         except FileExistsError:
             pass  # another process created it first: use theirs
-    return KeyRing(_read_key_file(path), str(path), others)
+    return KeyRing(read_key_file(path), str(path), others)
 
 
 def rewrite_secrets(values: dict[str, Any], transform: Callable[[str, str], str],

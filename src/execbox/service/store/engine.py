@@ -158,9 +158,35 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(_alembic_config("sqlite://")).get_current_head()
 
 
+def _private_db_file(path: str) -> None:
+    """The SQLite file (audit log, session registry, token hashes) readable by its owner only,
+    whatever the data directory's mode: SQLite gives its -wal and -shm files the database file's
+    mode. Created here if absent; an existing file is narrowed to 0600 when we own it."""
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return  # sqlite reports what is wrong with the path
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for extra in ("-wal", "-shm"):
+        try:
+            if os.stat(path + extra).st_mode & 0o077:
+                os.chmod(path + extra, 0o600)
+        except OSError:
+            pass
+
+
 def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         memory = url in ("sqlite://", "sqlite:///:memory:")
+        if not memory:
+            _private_db_file(make_url(url).database or "")
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
                                **({"poolclass": StaticPool} if memory else {}))
 

@@ -21,7 +21,15 @@ from ...providers import registry
 from ...providers.base import SandboxProvider
 from ...providers.schema import validate_against_schema
 from ...settings import parse_duration, sandbox_type
-from ..crypto import KeyRing, SecretKeyError, is_encrypted, is_redacted, load_keyring, redact
+from ..crypto import (
+    KeyRing,
+    SecretKeyError,
+    ciphertext_key_id,
+    is_encrypted,
+    is_redacted,
+    load_keyring,
+    redact,
+)
 from .engine import Store
 
 log = logging.getLogger("execbox.config")
@@ -118,8 +126,22 @@ class SandboxSettings:
     @property
     def keyring(self) -> KeyRing:
         if self._keyring is None:
-            self._keyring = load_keyring(self.store.data_dir)
+            self._keyring = load_keyring(self.store.data_dir, needed=self.key_ids_in_use())
         return self._keyring
+
+    def key_ids_in_use(self) -> set[str]:
+        """The ids of the keys the stored secrets are encrypted with."""
+        ids: set[str] = set()
+        for name, rec in self.store.settings.all().items():
+            if not name.startswith(PREFIX):
+                continue
+            try:
+                value = json.loads(rec.value)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                ids.update(k for k in (ciphertext_key_id(v) for v in value.values() if isinstance(v, str)) if k)
+        return ids
 
     # -- first boot ------------------------------------------------------------------------
     def seed(self, seed_file: Path | None = None, env: Mapping[str, str] | None = None) -> bool:
