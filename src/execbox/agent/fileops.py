@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 MAX_READ_BYTES = 64 * 1024 * 1024
+TEXT_REPLY_MAX = 32 * 1024 * 1024
+"""Bytes a text read's content may take in its reply frame (JSON-escaped: a control character or
+an undecodable byte is 6 bytes there). The host refuses frames past ~96 MiB as a broken box
+(boxes/agent_client.py), so a page stops here and says ``truncated``."""
 MAX_WALK_ENTRIES = 200_000
 
 
@@ -114,15 +118,32 @@ def read_text(ws: str, path: str, offset: int = 0, limit: int = 2000) -> dict[st
     if b"\x00" in data[:8192]:
         raise FileOpError(f"{path!r} looks binary; use read_binary", path=path)
     lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
-    page = lines[offset : offset + limit]
+    page, cut = _bounded(lines[offset : offset + limit])
     return {
         "path": _syntax(path, "path"),
         "content": "".join(page),
         "offset": offset,
         "limit": limit,
         "total_lines": len(lines),
-        "truncated": offset + limit < len(lines),
+        "truncated": cut or offset + limit < len(lines),
     }
+
+
+def _bounded(lines: list[str]) -> tuple[list[str], bool]:
+    """The leading lines whose escaped size fits ``TEXT_REPLY_MAX`` (a longer first line is cut
+    to what surely fits: 12 bytes a character at worst), and whether anything was left out."""
+    from .lean import dumps
+
+    page: list[str] = []
+    size = 0
+    for line in lines:
+        size += len(dumps(line))
+        if size > TEXT_REPLY_MAX:
+            if not page:
+                page.append(line[: TEXT_REPLY_MAX // 12])
+            return page, True
+        page.append(line)
+    return page, False
 
 
 def info(ws: str, real: str) -> dict[str, Any]:

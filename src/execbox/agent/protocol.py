@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 512 * 1024 * 1024
+"""The agent's own bound on a frame (requests it reads, replies it writes). The host reads boxes'
+frames under a far smaller cap of its own (boxes/agent_client.py ``MAX_REPLY_FRAME``): a box is
+not trusted, and its frames are buffered in the shared gateway's memory."""
 PROTOCOL_VERSION = 1
 INLINE_OPS = frozenset({"ping", "proc.start", "proc.poll", "proc.input", "proc.close_stdin", "proc.signal",
                         "proc.list", "proc.resize"})
@@ -33,6 +36,15 @@ BESIDE_RUN = INLINE_OPS | FILE_OPS
 
 class ProtocolError(Exception):
     pass
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame header announced more bytes than the reader accepts; nothing of it was buffered."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"frame of {size} bytes exceeds {limit}")
+        self.size = size
+        self.limit = limit
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
@@ -63,26 +75,39 @@ def read_exact(fd: int, n: int) -> bytes:
 def read_frame(fd: int) -> dict[str, Any]:
     (size,) = HEADER.unpack(read_exact(fd, HEADER.size))
     if size > MAX_FRAME:
-        raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+        raise FrameTooLarge(size, MAX_FRAME)
     return loads(read_exact(fd, size))
 
 
 class FrameBuffer:
-    """Incremental decoder for non-blocking reads: feed bytes, pop complete messages."""
+    """Incremental decoder for non-blocking reads: feed bytes, pop complete messages.
 
-    def __init__(self) -> None:
+    ``max_frame`` bounds one frame: a header announcing more raises ``FrameTooLarge`` as soon as
+    its 4 bytes are in, before any of the body is waited for (the buffer then holds no more than
+    the one chunk fed). A reader may change it between feeds (the host raises it while a request
+    that may have a larger reply is outstanding).
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         self._buf += data
         out = []
         while len(self._buf) >= HEADER.size:
             (size,) = HEADER.unpack_from(self._buf)
-            if size > MAX_FRAME:
-                raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
-            if len(self._buf) < HEADER.size + size:
+            if size > self.max_frame:
+                raise FrameTooLarge(size, self.max_frame)
+            end = HEADER.size + size
+            if len(self._buf) < end:
                 break
-            body = bytes(self._buf[HEADER.size : HEADER.size + size])
-            del self._buf[: HEADER.size + size]
-            out.append(loads(body))
+            # Decoded straight from the buffer: no bytes copy of a frame that may be large.
+            view = memoryview(self._buf)
+            try:
+                text = str(view[HEADER.size : end], "utf-8", "surrogatepass")  # as json.loads decodes bytes
+            finally:
+                view.release()
+                del self._buf[:end]  # a frame that fails to decode is gone all the same
+            out.append(loads(text))
         return out

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..agent import protocol
+from ..agent import protocol, pump
 from ..errors import (
     InstanceCreationError,
     InvalidConfigError,
@@ -30,6 +30,46 @@ READ_CHUNK = 64 * 1024
 """Bytes asked for per read of a box's stream. Below malloc's mmap threshold (128 KiB): a 1 MiB
 read buffer was an mmap, an mremap to the frame's size and an munmap on every reply (~10 % of the
 service's CPU per session run); large outputs simply take more reads."""
+
+MiB = 1024 * 1024
+MAX_REPLY_FRAME = 96 * MiB
+"""The largest frame the host accepts from a box (the agent's own bound, ``protocol.MAX_FRAME``, is
+512 MiB). A box is not trusted and every byte of a frame is buffered in the service's (the shared
+kubernetes gateway's) memory before it is decoded, so the host allows only what a legitimate reply
+can reach. Derived from the agent's limits:
+
+* ``files.read_bytes``: a file of at most ``fileops.MAX_READ_BYTES`` (64 MiB; the host never asks
+  for more), base64 in the reply: 4/3 of it, 85.4 MiB, plus ~100 bytes of JSON. The largest reply.
+* ``files.read``: a page of a text file of at most 64 MiB; JSON escaping (of newlines, quotes) of real
+  text stays well within the 1.5x left.
+* ``exec`` at the default output cap (``pump.DEFAULT_OUTPUT_CAP``, 1 MiB): stdout, stderr and the
+  result at most 1 MiB each, at most 6 MiB each once JSON-escaped (a control character is
+  six bytes), plus inline artifacts of at most ``pump.INLINE_ARTIFACT_CAP`` (16 MiB, 21.4 MiB as
+  base64): under 40 MiB. An exec asking a larger ``output_cap`` (``max_output_bytes`` goes up to
+  64 MiB) raises the limit while it is outstanding: ``reply_frame_limit``.
+* ``proc.poll`` (256 KiB of each stream), listings (``fileops.MAX_WALK_ENTRIES`` entries of ~100
+  bytes): far below.
+
+Rounded up to 96 MiB. A larger announced length is refused as soon as its 4-byte header is read,
+nothing of its body buffered, and the box is treated as broken (SB009, ``BoxDied``).
+tests/unit/test_agent_frame_cap.py checks this derivation against the agent's constants."""
+OUTPUT_ESCAPING = 2
+"""How much larger than its raw bytes an exec's captured output is allowed to be in the reply
+(JSON escaping of newlines, quotes and tabs; U+FFFD for bytes that are not UTF-8)."""
+
+
+def _b64_size(n: int) -> int:
+    return 4 * -(-n // 3)
+
+
+def reply_frame_limit(op: str, params: dict[str, Any] | None) -> int:
+    """The frame limit a request's reply needs: ``MAX_REPLY_FRAME``, or more for an ``exec`` whose
+    ``output_cap`` is over the default (stdout, stderr and the result up to it each, escaped, plus
+    the inline artifacts)."""
+    cap = (params or {}).get("output_cap")
+    if op != "exec" or not isinstance(cap, int) or cap <= pump.DEFAULT_OUTPUT_CAP:
+        return MAX_REPLY_FRAME
+    return max(MAX_REPLY_FRAME, OUTPUT_ESCAPING * 3 * cap + _b64_size(pump.INLINE_ARTIFACT_CAP) + MiB)
 
 
 _POLL_READABLE = select.POLLIN | select.POLLPRI
@@ -89,10 +129,12 @@ class BoxDied(ProviderUnavailableError):
 
 
 class AgentClient:
-    def __init__(self, transport: Transport, box_name: str = "box") -> None:
+    def __init__(self, transport: Transport, box_name: str = "box", max_frame: int = MAX_REPLY_FRAME) -> None:
         self.transport = transport
         self.box_name = box_name
-        self.frames = protocol.FrameBuffer()
+        self.max_frame = max_frame
+        self.frames = protocol.FrameBuffer(max_frame)
+        self.wider: dict[int, int] = {}  # outstanding requests whose replies may be larger: id -> limit
         self.inbox: list[dict[str, Any]] = []
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
@@ -162,8 +204,12 @@ class AgentClient:
     def _call(self, op: str, params: dict[str, Any] | None, timeout: float, on_event: EventCallback | None,
               track: bool = False) -> Any:
         rid = next(self.ids)
+        limit = reply_frame_limit(op, params)
         with self.mail_cond:
             self.mail[rid] = []
+            if limit > self.max_frame:
+                self.wider[rid] = limit
+                self.frames.max_frame = max(self.frames.max_frame, limit)
         if track:
             self.current = rid
         try:
@@ -194,6 +240,8 @@ class AgentClient:
                 self.current = None
             with self.mail_cond:
                 self.mail.pop(rid, None)
+                if self.wider.pop(rid, None) is not None:
+                    self.frames.max_frame = max([self.max_frame, *self.wider.values()])
 
     def _next_for(self, rid: int, deadline: float) -> dict[str, Any]:
         """The next message for ``rid``; one waiting caller at a time reads and sorts by id."""
@@ -233,6 +281,8 @@ class AgentClient:
             return frames
         try:
             data = self.transport.recv(READ_CHUNK, timeout)
+        except TimeoutError:  # an OSError too, but no data in time is the caller's to judge (busy, dead)
+            raise
         except OSError as e:
             data = b""
             self.dead = f"read failed: {e}"
@@ -241,10 +291,21 @@ class AgentClient:
             raise BoxDied(f"{self.box_name} stopped answering: its agent exited ({self.dead})",
                           details={"box": self.box_name})
         try:
-            return self.frames.feed(data)
+            frames = self.frames.feed(data)
+        except protocol.FrameTooLarge as e:
+            self.dead = f"protocol error: {e}"
+            raise BoxDied(f"{self.box_name} announced a frame of {e.size} bytes, over the host's limit of {e.limit} "
+                          "(larger than any legitimate reply): the box is treated as broken",
+                          details={"box": self.box_name, "frame_bytes": e.size, "limit": e.limit}) from None
         except (protocol.ProtocolError, ValueError) as e:
             self.dead = f"protocol error: {e}"
-            raise BoxDied(f"{self.box_name} sent a corrupt frame: {e}") from None
+            raise BoxDied(f"{self.box_name} sent a corrupt frame: {e}", details={"box": self.box_name}) from None
+        for msg in frames:  # what the callers index by: an object, its id an int (or absent)
+            if not isinstance(msg, dict) or not isinstance(msg.get("id"), (int, type(None))):
+                self.dead = "protocol error: a frame that is not a message"
+                raise BoxDied(f"{self.box_name} sent a corrupt frame: not a message object ({str(msg)[:80]})",
+                              details={"box": self.box_name})
+        return frames
 
     def cancel(self) -> bool:
         """Ask the agent to stop the running request (safe from any thread)."""

@@ -26,6 +26,9 @@ log = logging.getLogger("execbox.kubernetes")
 FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                  "CreateContainerError", "RunContainerError", "ErrImageNeverPull"}
 POLL = 0.2
+CHALLENGE_MAX_FRAME = 4096
+"""The largest pre-auth frame read from a pod's relay: its challenge is ~70 bytes of JSON (a nonce
+of 32 hex digits). Whatever answers at the pod's address is not authenticated yet."""
 
 
 class PodApi:
@@ -152,13 +155,15 @@ def connect_agent(host: str, port: int, token: str, name: str, timeout: float = 
     client = AgentClient(transport, name)
     try:
         deadline = time.monotonic() + timeout
-        frames = protocol.FrameBuffer()
+        frames = protocol.FrameBuffer(CHALLENGE_MAX_FRAME)  # before auth: whoever answers at that address
         challenge: list[dict[str, Any]] = []
         while not challenge:
             data = transport.recv(4096, deadline - time.monotonic())
             if not data:
                 raise OSError("connection closed before the challenge")
             challenge = frames.feed(data)
+        if not isinstance(challenge[0], dict) or challenge[0].get("event") != "challenge":
+            raise protocol.ProtocolError(f"expected the relay's challenge, got {str(challenge[0])[:80]!r}")
         nonce = str(challenge[0].get("nonce", ""))
         transport.send(protocol.encode_frame({"op": "auth", "mac": auth_mac(token.encode(), nonce)}))
         client.wait_ready(max(1.0, deadline - time.monotonic()))
@@ -198,6 +203,15 @@ def terminated_reason(pod: Any) -> str | None:
     return "; ".join(parts) or None
 
 
+def pod_addresses(pod: Any) -> tuple[str, ...]:
+    """The pod's IPs (``status.podIPs``, or ``podIP`` alone); none before it has one."""
+    st = pod.status
+    if st is None:
+        return ()
+    ips = tuple(str(p.ip) for p in st.pod_ips or [] if getattr(p, "ip", None))
+    return ips or ((str(st.pod_ip),) if st.pod_ip else ())
+
+
 def pod_ready(pod: Any) -> bool:
     st = pod.status
     if st is None or st.phase != "Running" or not st.pod_ip:
@@ -222,10 +236,12 @@ def pending_note(pod: Any) -> str:
 class PodBox(Box):
     """A running box pod. ``destroy`` deletes the pod (in the background when a remover is set)."""
 
-    def __init__(self, name: str, client: AgentClient, api: PodApi, pod_ip: str) -> None:
+    def __init__(self, name: str, client: AgentClient, api: PodApi, pod_ip: str,
+                 addresses: tuple[str, ...] | None = None) -> None:
         super().__init__(name, client, None, {})
         self.api = api
         self.pod_ip = pod_ip
+        self.addresses = addresses or (pod_ip,)  # every IP of the pod (dual-stack: both families)
         self.remover: Callable[[Callable[[], None]], None] | None = None
         self.claimed: dict[str, str] = {}
         self.pod_status: str | None = None  # why the pod ended, once known
@@ -328,7 +344,7 @@ def start_pod(api: PodApi, manifest: dict[str, Any], token: str, port: int, read
         pod = wait_pod_ready(api, name, ready_timeout)
         host, p = connect(pod) if connect else (pod.status.pod_ip, port)
         client = connect_agent(host, p, token, name)
-        box = PodBox(name, client, api, pod.status.pod_ip)
+        box = PodBox(name, client, api, pod.status.pod_ip, pod_addresses(pod))
         box.created_at = created
         return box
     except BaseException:
