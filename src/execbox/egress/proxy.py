@@ -12,7 +12,9 @@ environment names this proxy (``HTTP(S)_PROXY``) and proxy-aware clients send it
 Parsing is in proxy_http.py. The box authenticates with ``Proxy-Authorization: Basic
 base64(<box>:<token>)``; a backend's ``egress_token(box)`` says what the token must be (compared
 in constant time). Missing or bad credentials: 407. Then that backend's ``egress_lookup(box)``
-(blocking; run in a thread) gives the box's current policy and ids, and the destination goes
+(blocking; run in a thread) gives the box's current policy, ids and addresses: credentials used
+from another client address than the box's own are refused too (407; the token is readable by
+the box's code, so it must not work for a neighbour that reads it), and the destination goes
 through the gateway's own decision (``gateway.decide``: names resolved here and now, every
 address checked, always-denied ranges, per-box caps), is relayed by ``relay.splice`` and audited
 once per attempt. Denied: ``403`` with ``X-Execbox-Egress: denied`` and the reason. Open tunnels
@@ -56,12 +58,31 @@ SWEEP = 1.0  # seconds between re-checks of the open tunnels against their pods'
 
 @dataclass
 class Grant:
-    """What ``egress_lookup`` says about a box: its current policy and the ids its audit records carry."""
+    """What ``egress_lookup`` says about a box: its current policy, the ids its audit records carry
+    and the addresses it connects from.
+
+    ``addresses``: the box's own IPs (a pod's ``status.podIPs``); a request carrying its credentials
+    from any other client address is refused. None: the backend cannot know them, not checked. The
+    proxy must then see the boxes' own addresses, not a NAT's (docs/kubernetes.md)."""
 
     policy: EgressPolicy
     tenant_id: str | None = None
     session_id: str | None = None
     instance_id: str | None = None
+    addresses: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.addresses, str):
+            self.addresses = (self.addresses,)
+        elif self.addresses is not None:
+            self.addresses = tuple(self.addresses)
+
+    def admits(self, peer: str) -> bool:
+        """Whether a request from client address ``peer`` may use this box's credentials."""
+        if self.addresses is None:
+            return True
+        ip = _address(peer)
+        return ip is not None and any(_address(a) == ip for a in self.addresses)
 
 
 @dataclass
@@ -248,6 +269,17 @@ class EgressProxy:
                 transport.close()
                 return
             grant = await asyncio.get_running_loop().run_in_executor(None, self._lookup, backends, box)
+            if grant is not None and not grant.admits(peer):
+                # another box holding this one's token (its env is readable by its code): not filed
+                # under the name it claims either
+                claimed = re.sub(r"[^A-Za-z0-9._-]", "?", box)[:64]
+                rec.reason, refused = (f"proxy credentials of box {claimed!r} used from {peer}, not from that "
+                                       "box's own address"), True
+                self._refused(peer, rec, started)
+                transport.write(response("407 Proxy Authentication Required", rec.reason,
+                                          'Proxy-Authenticate: Basic realm="execbox-egress"\r\n'))
+                transport.close()
+                return
             if grant is None:  # gone, or not ours: forget its counters
                 if box in self._boxes and not self._boxes[box].active:
                     del self._boxes[box]
@@ -314,6 +346,17 @@ class EgressProxy:
 def _peer(transport: asyncio.BaseTransport) -> str:
     peer = transport.get_extra_info("peername")
     return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A client or pod address, comparable: an IPv6 scope dropped, an IPv4-mapped IPv6 address as IPv4."""
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..boxes import k8s_spec as ks
 from ..boxes.agent_client import BoxDied
-from ..boxes.k8s_box import PodApi, PodBox, connect_agent, pod_failure, pod_ready, start_pod
+from ..boxes.k8s_box import PodApi, PodBox, connect_agent, pod_addresses, pod_failure, pod_ready, start_pod
 from ..boxes.pool import BoxPool
 from ..errors import (
     InstanceCreationError,
@@ -290,7 +290,7 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
                 token = ks.pod_token(self._secret, pod.metadata.name)
                 client = connect_agent(pod.status.pod_ip, int(self.config["agent_port"]), token, pod.metadata.name)
                 assert self.api is not None
-                box = PodBox(pod.metadata.name, client, self.api, pod.status.pod_ip)
+                box = PodBox(pod.metadata.name, client, self.api, pod.status.pod_ip, pod_addresses(pod))
                 box.remover = self._remove_later
                 box.claimed = {"tenant": ann.get(ks.A_TENANT, ""), "session": ann.get(ks.A_SESSION, ""),
                                "instance": instance_id}

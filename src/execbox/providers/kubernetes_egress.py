@@ -8,7 +8,9 @@ NetworkPolicy lets only pods labelled ``execbox.dev/egress=on`` reach it (nothin
 The effective policy of a claimed pod is the annotation ``execbox.dev/egress-policy``, written at
 claim and whenever a session or run narrows it; the proxy of *any* gateway replica reads it (GET
 the pod, cached ``EGRESS_TTL`` s), so a narrowing reaches other replicas within that TTL and the
-replica that made it at once. ``network_credentials`` (header injection) is not offered here.
+replica that made it at once. The grant names the pod's IPs (``status.podIPs``): the proxy takes a
+pod's credentials only from the pod's own address, as they are in its env, readable by any code
+in it. ``network_credentials`` (header injection) is not offered here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from typing import Any
 
 from ..boxes import k8s_spec as ks
+from ..boxes.k8s_box import pod_addresses
 from ..egress.policy import EgressPolicy, parse_policy
 from ..egress.proxy import EgressProxy, Grant, share, unshare
 from ..egress.schema import NETWORK_SCHEMA
@@ -177,8 +180,12 @@ class KubernetesEgressMixin(AgentBackedProvider):
             return
         with self._egress_locks[hash(name) % len(self._egress_locks)]:
             policy = self.enforced_egress(inst)
-            self._egress_cache[name] = (time.monotonic(), Grant(policy, inst.tenant_id, inst.session_id,
-                                                               inst.instance_id))
+            addresses = tuple(getattr(inst.box, "addresses", None) or ())
+            if addresses:
+                self._egress_cache[name] = (time.monotonic(), Grant(policy, inst.tenant_id, inst.session_id,
+                                                                   inst.instance_id, addresses))
+            else:  # never a grant that does not name the pod's addresses: the proxy reads the pod
+                self._egress_cache.pop(name, None)
             meta = self.egress_metadata(policy)
             body = {**patch, "metadata": {
                 "labels": {**(patch.get("metadata") or {}).get("labels", {}), **meta["labels"]},
@@ -226,9 +233,13 @@ class KubernetesEgressMixin(AgentBackedProvider):
             return None  # not a box pod of this provider's templates
         if pod.metadata.deletion_timestamp is not None or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
             return None
+        addresses = pod_addresses(pod)
+        if not addresses:
+            return None  # no IP yet: nothing it sends can come from it
         ann = pod.metadata.annotations or {}
         policy = self.policy_of(pod) if labels.get(ks.L_STATE) == ks.CLAIMED else None
         if labels.get(ks.L_EGRESS) != "on":
             policy = EgressPolicy()
+        # The pod's own IPs: its token (readable by its code) is refused from any other client address.
         return Grant(policy or EgressPolicy(), ann.get(ks.A_TENANT) or None, ann.get(ks.A_SESSION) or None,
-                     ann.get(ks.A_INSTANCE) or None)
+                     ann.get(ks.A_INSTANCE) or None, addresses)

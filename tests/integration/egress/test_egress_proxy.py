@@ -168,6 +168,44 @@ def test_policy_none_and_unknown_box_are_refused(proxy, upstream):
     assert out.startswith(b"HTTP/1.1 403") and b"not a live box" in out
 
 
+@pytest.mark.parametrize("addresses", [("10.9.8.7",), ("10.9.8.7", "fd00::7"), ()])
+def test_credentials_used_from_another_address_than_the_box_s_are_407(upstream, addresses):
+    """A pod's token is in its env, readable by its code: another pod that reads it (or is handed
+    it) must not get that pod's policy. The grant names the box's own addresses; the proxy sees
+    this client at 127.0.0.1, not one of them."""
+    grants = {"pod-a": Grant(parse_policy("allowlist", [f"127.0.0.1/32:{upstream}"]), "ten-1", "ses-1", "i-1",
+                             addresses)}
+    p = EgressProxy(("127.0.0.1", 0), [Boxes(grants)], Limits(max_connections=4, max_bytes=1 << 20))
+    p.start()
+    try:
+        before = audit.counts().get(("tcp", "denied"), 0)
+        for req in (f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n", f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\n"):
+            out = raw(p, req.encode() + auth("pod-a", "tok-a") + b"\r\n")
+            assert out.startswith(b"HTTP/1.1 407 ") and b"not from that box's own address" in out, out
+            assert b"tok-a" not in out
+        assert audit.counts().get(("tcp", "denied"), 0) - before == 2
+        rec = audit.recent(box="?", decision="denied")[0]  # not filed under the pod it claimed
+        assert "'pod-a'" in rec.reason and "127.0.0.1" in rec.reason and rec.tenant_id is None
+        assert p._boxes.get("pod-a") is None or p._boxes["pod-a"].active == 0
+    finally:
+        p.stop()
+
+
+@pytest.mark.parametrize("addresses", [("127.0.0.1",), ("10.9.8.7", "127.0.0.1"), ("::ffff:127.0.0.1",), None])
+def test_credentials_used_from_the_box_s_own_address_pass(upstream, addresses):
+    """The box's own address (any of a dual-stack pod's, IPv4-mapped written either way), or a
+    backend that cannot know its boxes' addresses (None: not checked)."""
+    grants = {"pod-a": Grant(parse_policy("allowlist", [f"127.0.0.1/32:{upstream}"]), "ten-1", "ses-1", "i-1",
+                             addresses)}
+    p = EgressProxy(("127.0.0.1", 0), [Boxes(grants)], Limits(max_connections=4, max_bytes=1 << 20))
+    p.start()
+    try:
+        out = raw(p, f"GET http://127.0.0.1:{upstream}/own HTTP/1.1\r\n".encode() + auth("pod-a", "tok-a") + b"\r\n")
+        assert out.startswith(b"HTTP/1.1 200 OK") and b'"/own"' in out, out
+    finally:
+        p.stop()
+
+
 def test_concurrent_connection_cap(proxy, upstream):
     with socket.create_connection(proxy.address, timeout=5) as held:
         held.sendall(f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\n".encode() + auth("pod-a", "tok-a") + b"\r\n")

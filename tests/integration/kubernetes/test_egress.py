@@ -156,6 +156,30 @@ def test_pod_egress_through_the_gateway_proxy(egress_provider, fake_apiserver, f
     assert any("network is none" in r.reason for r in audit.recent(box=name, decision="denied"))
 
 
+def test_a_pods_proxy_credentials_do_not_work_from_another_pod(egress_provider, fake_apiserver, fakenet):
+    """The token is in every pod's env, readable by its code: code in one pod that gets another
+    pod's (another session's, another tenant's) must not get that pod's wider policy. The proxy
+    takes a pod's credentials only from the pod's own IP (status.podIPs)."""
+    p = egress_provider
+    own = p.create_instance(tenant_id="t-egress", session_id="s-own").instance_id
+    thief = p.create_instance(tenant_id="t-other", session_id="s-thief").instance_id
+    p.set_network_policy(thief, "none")  # the fake API server enforces no NetworkPolicy: it still reaches the proxy
+    pod = pod_of(fake_apiserver, own)
+    name = pod["metadata"]["name"]
+    stolen = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}["HTTP_PROXY"]
+    www = fakenet.name("www")
+    assert fetch(p, own, f"http://{www}/", proxy=stolen).get("status") == 200  # from its own pod: fine
+    r = fetch(p, thief, f"http://{www}/")
+    assert r.get("status") == 403 and "network is none" in r["body"], r
+    for url in (f"http://{www}/", f"https://{www}/"):
+        r = fetch(p, thief, url, proxy=stolen)
+        assert r.get("status") == 407 or "407" in r.get("error", ""), (url, r)
+    assert "not from that box's own address" in fetch(p, thief, f"http://{www}/", proxy=stolen)["body"]
+    thief_ip = pod_of(fake_apiserver, thief)["status"]["podIP"]
+    rows = [r for r in audit.recent(box="?", limit=1000) if repr(name) in r.reason and thief_ip in r.reason]
+    assert rows and all(r.decision == "denied" and r.tenant_id is None for r in rows)  # not filed under the pod
+
+
 def test_another_replica_sees_the_pods_policy(egress_provider, k8s_provider_factory, fake_apiserver, fakenet):
     """Replicas are stateless: a second one (no proxy of its own) adopts the session with its policy
     from the pod and narrows it; the first replica's proxy, which still serves the pod, follows
