@@ -19,7 +19,7 @@ from ..models import ExecutionResult
 from ..providers.base import OutputCallback, SandboxProvider
 from .logs import OperationLog, memory_mb
 from .metrics import ServiceMetrics
-from .sessions import SessionManager
+from .sessions import SessionBusy, SessionManager
 from .streaming import Emit, RunHandle
 
 ProviderCall = Callable[[SandboxProvider, str, bool, OutputCallback | None], ExecutionResult]
@@ -134,21 +134,29 @@ class RunService:
 
         While a run holds the session, the operation goes to its box beside the run when the box
         serves file operations during runs (``SessionManager.beside_run``), as E2B's envd does;
-        otherwise it waits for the session like any request."""
+        otherwise it waits for the session like any request, looking meanwhile for a run to go
+        beside: a run takes the session and starts only once its box is made (a new session, a
+        resumed one), and the operation then goes beside it instead of waiting it out."""
         spec = RunSpec(tenant_id, session_id, operation, FILE_LANGUAGE, path, token_id, _no_call)
         provider_name, instance_id = "", None
         started = time.monotonic()
         try:
             with self.sessions.execution_slot(tenant_id):
-                beside = self.sessions.beside_run(tenant_id, session_id)
-                if beside is not None:
-                    provider_name, instance_id = beside[0].name, beside[1]
-                    out = call(*beside)
-                else:
-                    with self.sessions.session(tenant_id, session_id) as s:
-                        assert s.provider is not None and s.instance_id is not None
-                        provider_name, instance_id = s.provider.name, s.instance_id
-                        out = call(s.provider, s.instance_id)
+                while True:  # a run may take the session and only then start (a new box first)
+                    beside = self.sessions.beside_run(tenant_id, session_id)
+                    if beside is not None:
+                        provider_name, instance_id = beside[0].name, beside[1]
+                        out = call(*beside)
+                        break
+                    try:
+                        with self.sessions.session(tenant_id, session_id, beside=lambda: self.sessions.beside_run(
+                                tenant_id, session_id) is not None) as s:
+                            assert s.provider is not None and s.instance_id is not None
+                            provider_name, instance_id = s.provider.name, s.instance_id
+                            out = call(s.provider, s.instance_id)
+                        break
+                    except SessionBusy:
+                        continue
         except Exception as e:  # an SB error, or a protocol error raised by the caller's call
             code = e.code if isinstance(e, SandboxError) else None
             self._record(spec, provider_name, instance_id, started, "error", None, None, code)

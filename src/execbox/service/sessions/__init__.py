@@ -9,10 +9,10 @@ counters), ``workspace`` (names, dirs).
 from __future__ import annotations
 
 from .manager import SessionManager
-from .model import ProviderSource, Session, SessionOwnedElsewhere
+from .model import ProviderSource, Session, SessionBusy, SessionOwnedElsewhere
 from .registry import MemoryRegistry, SessionRecord, SessionRegistry
 from .workspace import MOUNT_WAIT_SECONDS, NAME_PATTERN, check_name, remove_workspace
 
 __all__ = ["MOUNT_WAIT_SECONDS", "NAME_PATTERN", "MemoryRegistry", "ProviderSource", "Session",
-           "SessionManager", "SessionOwnedElsewhere", "SessionRecord", "SessionRegistry", "check_name",
+           "SessionBusy", "SessionManager", "SessionOwnedElsewhere", "SessionRecord", "SessionRegistry", "check_name",
            "remove_workspace"]

@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,11 +35,14 @@ from ..metrics import ServiceMetrics
 from .admin import AdminMixin
 from .lifecycle import LifecycleMixin
 from .limits import TenantCounters
-from .model import ProviderSource, Session, SessionOwnedElsewhere, accepts, pick_runtime
+from .model import ProviderSource, Session, SessionBusy, SessionOwnedElsewhere, accepts, pick_runtime
 from .registry import MemoryRegistry, SessionRecord, SessionRegistry
 from .workspace import MOUNT_WAIT_SECONDS, check_name, make_workspace_dirs, remove_workspace
 
 log = logging.getLogger("execbox.service.sessions")
+
+BESIDE_RECHECK = 0.05
+"""Seconds between a waiting file operation's looks for a run it can go beside (``session(beside=)``)."""
 
 
 class SessionManager(AdminMixin, LifecycleMixin):
@@ -196,19 +199,21 @@ class SessionManager(AdminMixin, LifecycleMixin):
 
     @contextmanager
     def session(self, tenant_id: str, session_id: str, template: str = "python",
-                runtime: str | None = None) -> Iterator[Session]:
+                runtime: str | None = None, beside: Callable[[], bool] | None = None) -> Iterator[Session]:
         """The session with a live instance, held exclusively for the duration of the block.
 
         Requests queued on a busy session hold a worker thread each, so a tenant may only have
         ``tenant_max_requests`` session requests in flight (SB008 beyond): one tenant cannot
-        starve the others of threads. A paused session is resumed by its next use.
+        starve the others of threads. A paused session is resumed by its next use. ``beside``:
+        while the session is held, asked every ``BESIDE_RECHECK`` s; once it says so, the wait
+        ends with ``SessionBusy`` (a file operation that can go beside a run that has started).
         """
         check_name(tenant_id, "tenant_id")
         check_name(session_id, "session_id")
         self._refuse_if_draining()
         with self._counters.slot(self._inflight, tenant_id, self.settings.tenant_max_requests,
                                  "tenant_max_requests", "requests", "session requests in flight"):
-            with self._held(tenant_id, session_id) as s:
+            with self._held(tenant_id, session_id, beside) as s:
                 if s.state == "paused":
                     self._mark_running(s)
                 pick_runtime(s, runtime)
@@ -221,10 +226,17 @@ class SessionManager(AdminMixin, LifecycleMixin):
                 s.operations += 1
 
     @contextmanager
-    def _held(self, tenant_id: str, session_id: str) -> Iterator[Session]:
+    def _held(self, tenant_id: str, session_id: str,
+              beside: Callable[[], bool] | None = None) -> Iterator[Session]:
         while True:
             s = self._attach(tenant_id, session_id)
-            s.lock.acquire()
+            if beside is None:
+                s.lock.acquire()
+            else:
+                while not s.lock.acquire(timeout=BESIDE_RECHECK):
+                    if beside():
+                        self._release(s)
+                        raise SessionBusy(f"session {tenant_id}/{session_id} has a run to go beside")
             if not s.closed:
                 break
             s.lock.release()  # destroyed while we waited: start over with a fresh record

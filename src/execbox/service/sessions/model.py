@@ -30,6 +30,11 @@ class SessionOwnedElsewhere(ProviderUnavailableError):
     ``service/forwarding.py``), or fails with this SB009 when it cannot be."""
 
 
+class SessionBusy(Exception):
+    """``SessionManager.session(wait=...)``: another request still held the session after ``wait``
+    seconds (the caller looks again, e.g. for a run to go beside)."""
+
+
 @dataclass(eq=False)
 class Session:
     tenant_id: str
