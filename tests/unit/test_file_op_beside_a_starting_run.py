@@ -6,29 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from execbox.service.config import ServiceSettings
 from execbox.service.executions import RunService
 from execbox.service.logs import OperationLog
 from execbox.service.metrics import ServiceMetrics
 from execbox.service.sessions import SessionManager
-
-
-class _One:
-    def __init__(self, provider: Any) -> None:
-        self.provider = provider
-
-    def current(self) -> Any:
-        return self.provider
-
-    def candidates(self) -> list[Any]:
-        return [self.provider]
+from tests.integration.service.conftest import Holder
 
 
 def test_a_file_op_goes_beside_a_run_that_starts_after_it_arrived(local_provider, tmp_path) -> None:
     settings = ServiceSettings()
-    sessions = SessionManager(_One(local_provider), settings, str(tmp_path), None)
+    sessions = SessionManager(Holder(local_provider), settings, str(tmp_path), None)
     runs = RunService(sessions, ServiceMetrics(), OperationLog(None, settings.audit_code))
     with sessions.session("t", "s") as s:
         local_provider.write_file(s.instance_id, "f.txt", "hello")

@@ -11,22 +11,12 @@ from execbox.service.executions import RunService
 from execbox.service.logs import OperationLog
 from execbox.service.metrics import ServiceMetrics
 from execbox.service.sessions import SessionManager
-
-
-class _One:
-    def __init__(self, provider: Any) -> None:
-        self.provider = provider
-
-    def current(self) -> Any:
-        return self.provider
-
-    def candidates(self) -> list[Any]:
-        return [self.provider]
+from tests.integration.service.conftest import Holder
 
 
 def _core(provider: Any, root: str) -> tuple[SessionManager, ServiceCore]:
     settings = ServiceSettings()
-    sessions = SessionManager(_One(provider), settings, root, None)
+    sessions = SessionManager(Holder(provider), settings, root, None)
     runs = RunService(sessions, ServiceMetrics(), OperationLog(None, settings.audit_code))
     return sessions, ServiceCore(sessions, runs, settings.default_timeout)
 
