@@ -21,6 +21,7 @@ BAD = [  # (tool, arguments, the field the SB002 error must name, the schema key
     ("run_code", {"code": "x", "session_id": 123}, "session_id", "type"),
     ("run_code", {"code": "x", "session_id": ["x"]}, "session_id", "type"),
     ("run_code", {"code": "x", "context_id": "c" * 5000}, "context_id", "maxLength"),
+    ("run_code", {"code": "x", "context_id": "../other"}, "context_id", "pattern"),
     ("run_code", {"code": "x", "bogus": 1}, "bogus", "additionalProperties"),
     ("run_code", {"code": "x", "language": "cobol"}, "language", "enum"),
     ("run_code", {"code": "x", "arguments": [1, 2]}, "arguments", "type"),

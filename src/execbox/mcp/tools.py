@@ -15,6 +15,7 @@ from typing import Any
 import mcp_types as types
 
 from ..errors import InvalidConfigError
+from ..service.sessions import NAME_PATTERN
 from .core import Caller, ServiceCore
 from .results import data_result, execution_result
 
@@ -163,7 +164,7 @@ TOOLS: list[ToolDef] = [
             _obj({"code": {"type": "string", "minLength": 1, "description": "The program to run."},
                   "language": {"type": "string", "enum": ["python", "javascript", "bash"], "default": "python"},
                   "session_id": SESSION_ID,
-                  "context_id": {"type": "string", "maxLength": 64,
+                  "context_id": {"type": "string", "maxLength": 64, "pattern": NAME_PATTERN,
                                  "description": "Python context whose globals persist (default: the session's "
                                                 "own). Use another id for a fresh namespace."},
                   "timeout": TIMEOUT,
