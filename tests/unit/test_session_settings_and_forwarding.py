@@ -1,14 +1,24 @@
-"""New session settings parse strictly; forwarded-request signatures bind method, path, body and time."""
+"""New session settings parse strictly; forwarded-request signatures bind method, path, body and time;
+only the session manager's own "owned elsewhere" error forwards a request, and only to a plain base URL."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
+import httpx
 import pytest
+from fastapi import FastAPI, Request
 
-from execbox.errors import InvalidConfigError
+from execbox.errors import InvalidConfigError, error_from_dict
 from execbox.service.config import ServiceSettings
-from execbox.service.forwarding import sign, verify
+from execbox.service.errors import install_error_handlers
+from execbox.service.forwarding import ForwardToOwner, sign, verify
+from execbox.service.sessions.model import SessionOwnedElsewhere
+from tests.unit.remote.http_server import ThreadedServer
 
 
 def test_session_settings_from_env() -> None:
@@ -33,3 +43,80 @@ def test_forwarding_signature_binds_everything() -> None:
     assert not verify("k", header, "POST", "/v1/sandbox/read", b'{"a":2}')  # another body
     assert not verify("k", header, "POST", "/v1/sandbox/read", b'{"a":1}', now=time.time() + 120)  # stale
     assert not verify("k", "garbage", "POST", "/", b"")
+
+
+def test_replica_url_must_be_a_plain_base_url() -> None:
+    for bad in ("http://h/x", "http://h/?", "http://u:p@h:1", "ftp://h", "http://h#f", "h:1"):
+        with pytest.raises(InvalidConfigError) as e:
+            ServiceSettings.from_env({"EXECBOX_REPLICA_URL": bad})
+        assert e.value.details["field"] == "EXECBOX_REPLICA_URL"
+    assert ServiceSettings.from_env({"EXECBOX_REPLICA_URL": "https://r2.internal:8080/"}).replica_url
+
+
+def _app_with_forwarding(raise_it: Any) -> Any:
+    app = FastAPI()
+    install_error_handlers(app)
+    counter = SimpleNamespace(labels=lambda code: SimpleNamespace(inc=lambda: None))
+    app.state.services = SimpleNamespace(metrics=SimpleNamespace(errors=counter))
+
+    @app.post("/v1/sandbox/execute")
+    async def execute() -> None:
+        raise_it()
+
+    return ForwardToOwner(app, replica="ra", secret="s3cret")
+
+
+def _post(app: Any) -> httpx.Response:
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ra") as c:
+            return await c.post("/v1/sandbox/execute", json={"code": "print(1)"},
+                                headers={"Authorization": "Bearer ebx_tenant_token"})
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A server that records what reaches it (standing in for a replica, or an attacker's host)."""
+    seen: list[dict[str, Any]] = []
+    app = FastAPI()
+
+    @app.post("/{path:path}")
+    async def anything(path: str, request: Request) -> dict[str, str]:
+        seen.append({"path": path, "auth": request.headers.get("authorization")})
+        return {"stdout": "served there"}
+
+    srv = ThreadedServer(app)
+    srv.start()
+    try:
+        yield srv.url, seen
+    finally:
+        srv.stop()
+
+
+def test_an_error_from_a_wire_never_steers_forwarding(listener: tuple[str, list[dict[str, Any]]]) -> None:
+    """A remote executor's or cloud sandbox's error naming an ``owner_url`` is only an error: the
+    caller's request and token are not replayed there (only SessionOwnedElsewhere forwards)."""
+    url, seen = listener
+    foreign = error_from_dict({"error": {"code": "SB009", "message": "moved",
+                                         "details": {"owner": "rx", "owner_url": url}}}, 503)
+
+    def raise_foreign() -> None:
+        raise foreign
+
+    r = _post(_app_with_forwarding(raise_foreign))
+    assert r.status_code == 503 and r.json()["error"]["code"] == "SB009"
+    assert "x-execbox-served-by" not in r.headers and seen == []
+
+    def raise_owned() -> None:  # the positive control: the session manager's own error is forwarded
+        raise SessionOwnedElsewhere("served by rb", forward_to=url, details={"owner": "rb", "owner_url": url})
+
+    r = _post(_app_with_forwarding(raise_owned))
+    assert r.status_code == 200 and r.json() == {"stdout": "served there"}
+    assert r.headers["x-execbox-served-by"] == url and seen == [{"path": "v1/sandbox/execute",
+                                                                "auth": "Bearer ebx_tenant_token"}]
+
+    def raise_owned_with_path() -> None:  # a registered URL that would change the path is not used
+        raise SessionOwnedElsewhere("served by rb", forward_to=url + "/internal/admin?", details={"owner": "rb"})
+
+    r = _post(_app_with_forwarding(raise_owned_with_path))
+    assert r.status_code == 503 and len(seen) == 1

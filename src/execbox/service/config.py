@@ -9,8 +9,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from urllib.parse import urlsplit
 
 from ..settings import parse_bool, parse_duration, parse_int, sandbox_timeout
+
+
+def replica_base_url(url: str) -> bool:
+    """Is ``url`` a plain ``http(s)://host[:port]`` base a request path can be appended to (no
+    user info, path, query or fragment that would change where a forwarded request goes)?"""
+    try:
+        u = urlsplit(url)
+        u.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        return False
+    return (u.scheme in ("http", "https") and bool(u.hostname) and "@" not in u.netloc
+            and u.path in ("", "/") and not u.query and not u.fragment and "?" not in url and "#" not in url)
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,12 @@ class ServiceSettings:
         for var, attr in (("EXECBOX_REPLICA_ID", "replica_id"), ("EXECBOX_REPLICA_URL", "replica_url")):
             if (raw := get(var)) is not None:
                 values[attr] = raw.strip()
+        if values.get("replica_url") and not replica_base_url(str(values["replica_url"])):
+            from ..errors import InvalidConfigError
+
+            raise InvalidConfigError("EXECBOX_REPLICA_URL must be a plain http(s)://host[:port] URL (no path, query "
+                                     "or user info): other replicas append request paths to it",
+                                     details={"field": "EXECBOX_REPLICA_URL"})
         if (raw := get("SANDBOX_IDLE_ACTION")) is not None:
             if raw.strip() not in ("destroy", "pause"):
                 from ..errors import InvalidConfigError

@@ -46,7 +46,7 @@ async def sandbox_error(request: Request, exc: Exception) -> JSONResponse:
     _count(request, exc.code)
     status = exc.http_status if 400 <= exc.http_status <= 599 else 500
     headers = {"Retry-After": "1"} if status in (429, 503) else None
-    owner_url = exc.details.get("owner_url") if exc.details.get("owner") else None
+    owner_url = getattr(exc, "forward_to", None)  # SessionOwnedElsewhere only, never wire details
     if owner_url:  # another replica owns the session: the forwarding middleware takes it there
         headers = {**(headers or {}), "x-execbox-forward-to": str(owner_url)}
     body = exc.to_dict()

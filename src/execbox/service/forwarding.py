@@ -27,6 +27,7 @@ import httpx
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .config import replica_base_url
 from .errors import error_response
 
 log = logging.getLogger("execbox.service.forwarding")
@@ -124,9 +125,12 @@ class ForwardToOwner:
 
     async def _forward(self, target: str, method: str, path: str, query: bytes, headers: dict[str, str],
                        body: bytes, receive: Receive, send: Send, held: list[Message]) -> None:
-        if not self.secret:
+        if not self.secret or not replica_base_url(target):
             for m in held:  # no shared secret: the owner's name and URL are in the error already
                 await send(m)
+            if self.secret:
+                log.warning("not forwarding %s %s: the owner's registered URL %r is not a plain http(s) base URL",
+                            method, path, target)
             return
         stamp = f"{time.time():.3f}"
         out = {k: v for k, v in headers.items() if k not in HOP_HEADERS}

@@ -173,10 +173,11 @@ class SessionManager(AdminMixin, LifecycleMixin):
 
     def _owned_elsewhere(self, rec: SessionRecord) -> SessionOwnedElsewhere:
         urls = {r["id"]: r["url"] for r in self.registry.replicas()}
+        url = urls.get(rec.owner or "")
         return SessionOwnedElsewhere(
-            f"session {rec.tenant_id}/{rec.session_id} is served by replica {rec.owner}",
+            f"session {rec.tenant_id}/{rec.session_id} is served by replica {rec.owner}", forward_to=url,
             details={"tenant_id": rec.tenant_id, "session_id": rec.session_id, "owner": rec.owner,
-                     "owner_url": urls.get(rec.owner or ""), "lease_expires": rec.lease_expires})
+                     "owner_url": url, "lease_expires": rec.lease_expires})
 
     # -- using a session --------------------------------------------------------------------
     def beside_run(self, tenant_id: str, session_id: str) -> tuple[SandboxProvider, str] | None:

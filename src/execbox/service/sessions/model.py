@@ -27,7 +27,16 @@ class ProviderSource(Protocol):
 
 class SessionOwnedElsewhere(ProviderUnavailableError):
     """Another live replica owns the session's box: the request is forwarded there (see
-    ``service/forwarding.py``), or fails with this SB009 when it cannot be."""
+    ``service/forwarding.py``), or fails with this SB009 when it cannot be.
+
+    ``forward_to`` (the owner's URL from the registry's ``replicas`` table) is what the error
+    handler forwards on; it is an attribute, never read back from ``details``, so an error that
+    came over a wire (a remote executor's, a cloud sandbox agent's) can never steer a request.
+    """
+
+    def __init__(self, message: str, *, forward_to: str | None = None, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details=details)
+        self.forward_to = forward_to
 
 
 class SessionBusy(Exception):
