@@ -144,6 +144,7 @@ def activate_(provider: str = typer.Argument(..., help="Provider to make active.
     except SandboxError as e:
         _fail_fields(e)
     typer.echo(f"active provider: {provider}")
+    _warn_if_unisolated([provider])
 
 
 @config_app.command("fallback")
@@ -155,6 +156,22 @@ def fallback(providers: list[str] = typer.Argument(None, help="Providers in orde
     except SandboxError as e:
         _fail_fields(e)
     typer.echo(f"fallback: {', '.join(providers or []) or '(none)'}")
+    _warn_if_unisolated(list(providers or []))
+
+
+def _warn_if_unisolated(names: list[str]) -> None:
+    from ..providers import registry
+    from ..providers.base import Isolation
+
+    for name in names:
+        try:
+            unisolated = Isolation(registry.get_provider_class(name).isolation) == Isolation.NONE
+        except SandboxError:
+            continue
+        if unisolated:
+            typer.echo(f"warning: {name!r} has no isolation: code runs as the service's own user. A service "
+                       "listening on a non-loopback address refuses it unless started with --allow-no-isolation.",
+                       err=True)
 
 
 def register(app: typer.Typer) -> None:

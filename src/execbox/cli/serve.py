@@ -48,16 +48,14 @@ def serve(
             typer.echo("No API tokens existed: created an admin token (shown once, store it now):", err=True)
             typer.echo(f"  {plaintext}", err=True)
             typer.echo(f"  id {rec.id}, tenant 'default'; more with `execbox token create --tenant T`", err=True)
+        # Not only at start: the manager refuses it whenever the provider is switched or rebuilt.
+        refused = None if is_loopback(host) or allow_no_isolation else f"the service listens on {host}"
         app = create_app(store=store, settings=settings,
-                         executor_auth=ExecutorAuth.for_bind(host) if open_run else None)
+                         executor_auth=ExecutorAuth.for_bind(host) if open_run else None,
+                         no_isolation_refused=refused)
         provider = state_services(app).providers.current()
     except SandboxError as e:
         fail(e)
-    if provider.isolation.value == "none" and not is_loopback(host) and not allow_no_isolation:
-        fail(SandboxError(
-            f"provider {provider.name!r} has no isolation; refusing to serve it on {host}. Bind 127.0.0.1, "
-            "configure an isolating provider (SANDBOX_TYPE=jail), or pass --allow-no-isolation",
-            details={"provider": provider.name, "host": host}))
     configure_json_logging()
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(f"execbox {app.version}: provider {provider.name} (isolation {provider.isolation.value}), "

@@ -102,8 +102,10 @@ def _sandbox_ids(prefix: str):  # noqa: ANN202
 
 
 def create_app(store: Any | None = None, providers: ProviderSource | None = None,
-               settings: ServiceSettings | None = None, executor_auth: ExecutorAuth | None = None) -> FastAPI:
-    """``executor_auth``: how RAGFlow's /run authenticates (default: the service's tokens)."""
+               settings: ServiceSettings | None = None, executor_auth: ExecutorAuth | None = None,
+               no_isolation_refused: str | None = None) -> FastAPI:
+    """``executor_auth``: how RAGFlow's /run authenticates (default: the service's tokens).
+    ``no_isolation_refused``: why providers without isolation may not serve (ProviderManager)."""
     settings = settings or ServiceSettings.from_env()
     if store is None:
         from .store import open_store
@@ -111,7 +113,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
         store = open_store()
     owns_providers = providers is None
     if providers is None:
-        providers = ProviderManager(store)
+        providers = ProviderManager(store, no_isolation_refused=no_isolation_refused)
     workspaces = settings.resolve_workspaces_dir(settings.data_dir or str(store.data_dir))
 
     metrics = ServiceMetrics()

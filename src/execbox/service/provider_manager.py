@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import ProviderUnavailableError, SandboxError
+from ..errors import InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..providers import registry
-from ..providers.base import SandboxProvider
+from ..providers.base import Isolation, SandboxProvider
 from ..settings import sandbox_type
 from .crypto import KeyRing
 from .store import Store
@@ -43,6 +43,11 @@ FALLBACK_CODES = frozenset({"SB003", "SB009"})
 BUILD_RETRY_SECONDS = 5.0
 UNHEALTHY_SECONDS = 10.0
 HEALTH_EVERY = 5.0
+
+
+def no_isolation_problem(name: str, why: str) -> str:
+    return (f"provider {name!r} has no isolation; refusing to serve it ({why}). Bind 127.0.0.1, configure an "
+            "isolating provider (SANDBOX_TYPE=jail), or start the service with --allow-no-isolation")
 
 
 @dataclass
@@ -69,8 +74,11 @@ class ProviderManager:
 
     def __init__(self, store: Store, *, keyring: KeyRing | None = None, env: Mapping[str, str] | None = None,
                  seed_file: Path | None = None, seed: bool = True, check_interval: float | None = None,
-                 retire_grace: float = 2.0) -> None:
+                 retire_grace: float = 2.0, no_isolation_refused: str | None = None) -> None:
+        """``no_isolation_refused``: why a provider without isolation (local) may not serve here
+        (``execbox serve`` on a non-loopback address without --allow-no-isolation); None allows it."""
         self.store = store
+        self.no_isolation_refused = no_isolation_refused
         self.settings = SandboxSettings(store, keyring)
         env = os.environ if env is None else env
         if check_interval is None:
@@ -176,6 +184,7 @@ class ProviderManager:
                 return b
             fp = "invalid"
             try:
+                self.check_isolation(name, ProviderUnavailableError)
                 config = self.settings.effective(name)
                 fp = _fingerprint(config)
                 provider = registry.create_provider(name, config)
@@ -190,6 +199,21 @@ class ProviderManager:
                     f"provider {name!r} failed to start: {type(e).__name__}: {e}", details={"provider": name}))
             self._built[name] = b
             return b
+
+    def check_isolation(self, name: str, error: type[SandboxError] = InvalidConfigError) -> None:
+        """Refuse a provider without isolation where the service was told to (see __init__). Checked
+        when one is activated or listed as a fallback (admin API) and whenever one is built, so no
+        path (the console, ``execbox config activate``, a fallback, zero-config selection) switches
+        a public service to running code as its own user."""
+        if self.no_isolation_refused is None:
+            return
+        try:
+            isolation = Isolation(registry.get_provider_class(name).isolation)
+        except SandboxError:
+            return  # an unknown name fails where it is used, with its own error
+        if isolation == Isolation.NONE:
+            raise error(no_isolation_problem(name, self.no_isolation_refused),
+                        details={"provider": name, "isolation": isolation.value})
 
     def _get(self, name: str) -> SandboxProvider:
         b = self._build(name)

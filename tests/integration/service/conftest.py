@@ -103,7 +103,7 @@ def registry_workspaces(workspaces_dir: str, data_dir: str) -> str:
         return os.path.join(workspaces_dir, store.sessions.identity())
 
 
-def start_service(provider: Any, settings: ServiceSettings | None = None) -> Service:
+def start_service(provider: Any, settings: ServiceSettings | None = None, **app_kw: Any) -> Service:
     base = traversable_tmpdir("execbox-svc-")
     workspaces = os.path.join(base, "ws")
     store = open_store(data_dir=os.path.join(base, "data"))
@@ -114,7 +114,7 @@ def start_service(provider: Any, settings: ServiceSettings | None = None) -> Ser
     settings = settings.with_(workspaces_dir=settings.workspaces_dir or workspaces)
     # None: production wiring (ProviderManager over the store, hot-reloaded from the admin API)
     providers = None if provider is None else provider if hasattr(provider, "current") else Holder(provider)
-    app = create_app(store=store, providers=providers, settings=settings)
+    app = create_app(store=store, providers=providers, settings=settings, **app_kw)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            access_log=False))

@@ -120,9 +120,19 @@ def set_config(body: ConfigBody, request: Request, _: Principal = Depends(requir
         if not test["success"]:
             raise ConnectionFailedError(f"connection test failed; configuration not saved: {test['message']}",
                                         details={"provider": name, "test": test})
+    if body.set_active:
+        _isolation_allowed(request, [name])
     version = settings.save(name, clean, set_active=body.set_active)
     return {"message": "Configuration saved", "provider_type": name, "active": settings.active() == name,
             "version": version, "config": settings.redacted(name), "test": test}
+
+
+def _isolation_allowed(request: Request, names: list[str]) -> None:
+    """400 before anything is stored when this service refuses providers without isolation."""
+    check = getattr(services(request).providers, "check_isolation", None)
+    if check is not None:
+        for name in names:
+            check(name)
 
 
 def _with_defaults(name: str, clean: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +155,7 @@ def test_connection(body: TestBody, request: Request, _: Principal = Depends(req
 def set_active(body: ActiveBody, request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
     """Switch the active provider: 400 unknown, 409 not configured."""
     settings = sandbox_settings(request)
+    _isolation_allowed(request, [body.provider])
     version = settings.set_active(body.provider)
     return {"message": "Active provider updated", "active": body.provider, "version": version}
 
@@ -158,6 +169,7 @@ def get_fallback(request: Request, _: Principal = Depends(require_admin)) -> dic
 def set_fallback(body: FallbackBody, request: Request, _: Principal = Depends(require_admin)) -> dict[str, Any]:
     """Ordered providers to try when the active one fails with SB003/SB009."""
     settings = sandbox_settings(request)
+    _isolation_allowed(request, body.providers)
     version = settings.set_fallback(body.providers)
     return {"message": "Fallback updated", "providers": settings.fallback(), "version": version}
 
