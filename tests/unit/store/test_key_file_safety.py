@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from execbox.cli import secrets as secrets_cli
+from execbox.errors import InvalidConfigError
 from execbox.service import crypto
 from execbox.service.store import open_store
 from execbox.service.store.sandbox_settings import SandboxSettings
@@ -98,3 +99,28 @@ def test_the_database_file_is_private_in_an_open_data_directory(tmp_path):
     for name in ("execbox.db", "execbox.db-wal", "execbox.db-shm"):
         if (data / name).exists():
             assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o720])
+def test_a_data_directory_others_may_write_is_refused(tmp_path, mode: int) -> None:
+    """Whoever may create or rename files there could swap in their own database (their own admin
+    token) or key file: the store refuses to open it, naming the fix."""
+    d = tmp_path / "data"
+    d.mkdir()
+    os.chmod(d, mode)
+    with pytest.raises(InvalidConfigError) as e:
+        open_store(d)
+    assert e.value.details["field"] == "EXECBOX_DATA_DIR" and "chmod 700" in e.value.message
+    assert not (d / "execbox.db").exists()
+    os.chmod(d, 0o755)
+    open_store(d).close()  # readable by others is fine: the files in it are 0600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory to another user")
+def test_a_data_directory_owned_by_another_user_is_refused(tmp_path) -> None:
+    d = tmp_path / "data"
+    d.mkdir(mode=0o700)
+    os.chown(d, 65534, 65534)
+    with pytest.raises(InvalidConfigError) as e:
+        open_store(d)
+    assert "owner uid 65534" in e.value.message

@@ -27,9 +27,19 @@ DEFAULT_DATA_DIR = "./.execbox"
 
 
 def data_dir_path(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """EXECBOX_DATA_DIR, default ./.execbox; created with 0700 (it holds the key file)."""
+    """EXECBOX_DATA_DIR, default ./.execbox; created with 0700 (it holds the key file).
+
+    One another user may write to is refused: whoever can create or rename files in it can put
+    their own database (with their own admin token) or key file in place of the service's."""
     path = Path(data_dir or os.environ.get("EXECBOX_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), 0):
+        raise InvalidConfigError(
+            f"data directory {path} can be written by other users (owner uid {st.st_uid}, mode "
+            f"{st.st_mode & 0o7777:o}): they could replace its database or key file. Run "
+            f"chown {os.geteuid()} {path} && chmod 700 {path}, or point EXECBOX_DATA_DIR elsewhere",
+            details={"field": "EXECBOX_DATA_DIR", "path": str(path)})
     return path
 
 
