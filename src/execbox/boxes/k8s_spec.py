@@ -99,6 +99,7 @@ class PodTemplate:
     name: str = "default"
     image_pull_policy: str = "IfNotPresent"
     runtime_class: str = ""
+    user_namespaces: bool = False  # hostUsers: false (the pod's uids map to a host range of its own)
     cpu_request: str = "250m"
     cpu_limit: str = "1"
     memory: str = "512Mi"
@@ -158,6 +159,8 @@ def pod_manifest(t: PodTemplate, *, name: str, token: str, configmap: str, label
     }
     if t.runtime_class:
         spec["runtimeClassName"] = t.runtime_class
+    if t.user_namespaces:
+        spec["hostUsers"] = False
     if t.node_selector:
         spec["nodeSelector"] = dict(t.node_selector)
     if t.tolerations:

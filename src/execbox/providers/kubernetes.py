@@ -156,13 +156,15 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
         memory_bytes = int(parse_quantity(c["memory"]) * 8 // 10)
         t = ks.PodTemplate(
             namespace=c["namespace"], image=c["image"], name=label, image_pull_policy=c["image_pull_policy"],
-            runtime_class=c["runtime_class"], cpu_request=c["cpu_request"], cpu_limit=c["cpu_limit"],
+            runtime_class=c["runtime_class"], user_namespaces=bool(c.get("user_namespaces")),
+            cpu_request=c["cpu_request"], cpu_limit=c["cpu_limit"],
             memory=c["memory"], workspace_size=c["workspace_size"], tmp_size=c["tmp_size"],
             node_selector=dict(c.get("node_selector") or {}), tolerations=list(c.get("tolerations") or []),
             preload=c["preload"] or "auto", agent_limits={"memory_bytes": memory_bytes, "fsize_bytes": 256 * 1024**2,
                                                           "nofile": 1024},
             max_lifetime=int(c["max_lifetime"]), port=int(c["agent_port"]))
-        if c["runtime_class"] == "gvisor":  # per-sandbox there; under runc it would count the uid node-wide
+        if c["runtime_class"] == "gvisor" or c.get("user_namespaces"):
+            # per sandbox (gVisor) or per user namespace; under plain runc it would count uid 1000 node-wide
             t.agent_limits["nproc"] = int(c["pids_limit"])
         return t
 

@@ -32,6 +32,12 @@ def config_schema() -> dict[str, dict[str, Any]]:
                                options=["Always", "IfNotPresent", "Never"]),
         "runtime_class": s("", "RuntimeClass", "runtimeClassName for box pods, e.g. gvisor; empty = the "
                            "cluster default (runc: tier 'container')."),
+        "user_namespaces": {"type": "boolean", "default": False, "label": "User namespaces",
+                            "description": "hostUsers: false for box pods (Kubernetes >= 1.33, or 1.30+ with the "
+                                           "UserNamespacesSupport gate; Linux >= 6.3 nodes): uid 1000 in a pod "
+                                           "maps to a host uid range of its own, so pods share no host uid, "
+                                           "its processes, or its per-user kernel limits with each other or "
+                                           "the node's own uid 1000."},
         "cpu_request": s("250m", "CPU request", "Kubernetes quantity."),
         "cpu_limit": s("1", "CPU limit", "Kubernetes quantity."),
         "memory": s("512Mi", "Memory", "Request and limit (Kubernetes quantity)."),
@@ -43,12 +49,14 @@ def config_schema() -> dict[str, dict[str, Any]]:
                         "description": "tolerations for box pods (list of Toleration objects)."},
         "templates": {"type": "json", "default": {}, "label": "Named templates",
                       "description": "More pod templates, each with its own warm pool: {name: {key: value}} "
-                                     "overriding image, runtime_class, cpu_request, cpu_limit, memory, "
+                                     "overriding image, runtime_class, user_namespaces, cpu_request, cpu_limit, "
+                                     "memory, "
                                      "workspace_size, tmp_size, node_selector, tolerations, pool_size, preload, "
                                      "pids_limit. create_instance(template=name) uses one; other names use the "
                                      "top-level template."},
-        "pids_limit": n("integer", 128, 16, 4096, "Pids limit (gVisor)", "With runtime_class=gvisor: the agent's "
-                        "RLIMIT_NPROC inside the sandbox. Under runc pods rely on the kubelet's podPidsLimit."),
+        "pids_limit": n("integer", 128, 16, 4096, "Pids limit (gVisor)", "With runtime_class=gvisor or "
+                        "user_namespaces: the agent's RLIMIT_NPROC inside the box. Otherwise pods rely on the "
+                        "kubelet's podPidsLimit."),
         "pool_size": n("integer", 2, 0, 200, "Warm pool size", "Ready pods kept per template by this replica."),
         "pool_wait": n("number", 30, 0, 600, "Pool wait (s)", "How long create_instance waits for a pooled pod "
                        "before starting one itself."),
@@ -79,8 +87,8 @@ def config_schema() -> dict[str, dict[str, Any]]:
 
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-TEMPLATE_KEYS = {"image", "runtime_class", "cpu_request", "cpu_limit", "memory", "workspace_size", "tmp_size",
-                 "node_selector", "tolerations", "pool_size", "preload", "pids_limit"}
+TEMPLATE_KEYS = {"image", "runtime_class", "user_namespaces", "cpu_request", "cpu_limit", "memory", "workspace_size",
+                 "tmp_size", "node_selector", "tolerations", "pool_size", "preload", "pids_limit"}
 
 
 def _template_problem(c: dict[str, Any], where: str) -> str | None:

@@ -172,14 +172,16 @@ def _pod(**template):
 @pytest.mark.parametrize("template", [{}, {"runtime_class": "gvisor", "node_selector": {"pool": "sandbox"},
                                            "tolerations": [{"key": "sandbox", "operator": "Exists",
                                                             "effect": "NoSchedule"}],
-                                           "memory": "1Gi", "cpu_limit": "2"}])
+                                           "memory": "1Gi", "cpu_limit": "2"},
+                                      {"user_namespaces": True}])
 def test_generated_pod_spec_is_valid_and_hardened(template):
     pod = _pod(**template)
     validate(pod)
     assert_hardened_pod_spec(pod["spec"], box=True)
     assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "execbox-box"  # what the NetworkPolicy selects
-    if template:
+    if "runtime_class" in template:
         assert pod["spec"]["runtimeClassName"] == "gvisor" and pod["spec"]["tolerations"][0]["key"] == "sandbox"
+    assert pod["spec"].get("hostUsers", True) is not template.get("user_namespaces", False)
 
 
 def test_validation_rejects_a_broken_pod():

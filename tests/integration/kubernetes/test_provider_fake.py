@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -65,6 +66,18 @@ def test_one_shot_gets_a_short_deadline(k8s_provider_factory, fake_apiserver):
     pod = pod_of(fake_apiserver, inst)
     assert pod["spec"]["activeDeadlineSeconds"] <= 60 + 20 + 5  # max_timeout + 2 * grace + the pod's age
     assert p.execute_code(inst, "print('once')", "python").stdout == "once\n"
+
+
+def test_user_namespaces_give_pods_their_own_host_uids_and_an_nproc_limit(k8s_provider_factory, fake_apiserver):
+    """user_namespaces: hostUsers false, so RLIMIT_NPROC counts the pod's own user namespace and
+    the agent applies pids_limit (under plain runc it would count uid 1000 node-wide: not set)."""
+    for userns in (True, False):
+        p = k8s_provider_factory(user_namespaces=userns, pids_limit=64)
+        pod = pod_of(fake_apiserver, p.create_instance(tenant_id="t1").instance_id)
+        command = pod["spec"]["containers"][0]["command"]
+        limits = json.loads(command[command.index("--limits") + 1])
+        assert pod["spec"].get("hostUsers", True) is not userns
+        assert limits.get("nproc") == (64 if userns else None)
 
 
 @pytest.mark.parametrize("how", ["Evicted", "deleted"])
