@@ -36,6 +36,7 @@ class Children(Spares):
         """First thing in every forked child: forget the protocol and the agent's signals."""
         privsep.drop_user_code()  # the sandbox uid, no capabilities, before anything else runs
         procs.set_dumpable(True)  # an ordinary process again (its own /proc entries readable)
+        procs.prefer_oom_kill()  # after set_dumpable: /proc/self is then the sandbox user's to write
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
@@ -144,14 +145,15 @@ class Children(Spares):
         overflow = bool(where.get("result_overflow"))
         result, oom_marker = (None, False) if overflow else pump.parse_result(where.get("result_raw", b""))
         result, result_note = pump.cap_result(result, cap, overflow, int(where.get("result_bytes") or 0))
+        artifacts, skipped = pump.collect_artifacts(self.artifacts, before, "artifacts",
+                                                    bool(req.get("inline_artifacts")))
         stderr = streams[1].text()
-        if result_note:
-            stderr += result_note
-            if emit is not None:
-                emit("stderr", result_note)
+        for note in (result_note, pump.skipped_artifacts_note(skipped)):
+            if note:
+                stderr += note
+                if emit is not None:
+                    emit("stderr", note)
         oom = oom_marker or pump.looks_oom(stderr, out["exit"])
-        artifacts = pump.collect_artifacts(self.artifacts, before, "artifacts",
-                                               bool(req.get("inline_artifacts")))
         if self.figures_preloaded and not self.draws_figures and spec["language"] == "python":
             self.draws_figures = any(a["name"].startswith(prefix + "-") for a in artifacts) or any(
                 word in spec["code"] for word in FIGURE_WORDS)

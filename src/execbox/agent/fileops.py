@@ -156,24 +156,31 @@ def info(ws: str, real: str) -> dict[str, Any]:
     }
 
 
-def _walk(ws: str, start: str):
-    """Yield real paths under ``start`` without following symlinked directories."""
+def _walk(ws: str, start: str, skipped: paths.Skipped | None = None):
+    """Yield real paths under ``start`` without following symlinked directories.
+
+    Names that are not valid UTF-8 are left out (a directory with its whole subtree) and counted
+    in ``skipped``: no reply could carry them."""
+    skipped = skipped if skipped is not None else paths.Skipped()
     count = 0
     for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".execbox-"))
-        for name in sorted(dirnames) + sorted(filenames):
+        dirnames[:] = sorted(skipped.keep([d for d in dirnames if not d.startswith(".execbox-")]))
+        for name in dirnames + sorted(skipped.keep(filenames)):
             count += 1
             if count > MAX_WALK_ENTRIES:
                 return
             yield os.path.join(dirpath, name)
 
 
-def list_dir(ws: str, path: str = ".", recursive: bool = False) -> list[dict[str, Any]]:
+def list_dir(ws: str, path: str = ".", recursive: bool = False) -> dict[str, Any]:
+    """The ``files.list`` reply: ``files``, and ``skipped_names`` when names not valid UTF-8 were left out."""
     real = _resolve(ws, path, must_exist=True)
     if not os.path.isdir(real):
         raise FileOpError(f"{path!r} is not a directory", path=path)
+    skipped = paths.Skipped()
     try:
-        entries = list(_walk(ws, real)) if recursive else [os.path.join(real, n) for n in sorted(os.listdir(real))]
+        entries = list(_walk(ws, real, skipped)) if recursive else [
+            os.path.join(real, n) for n in sorted(skipped.keep(os.listdir(real)))]
     except OSError as e:
         raise _os_error(e, path) from None
     out = []
@@ -184,7 +191,7 @@ def list_dir(ws: str, path: str = ".", recursive: bool = False) -> list[dict[str
             out.append(info(ws, e))
         except OSError:  # removed by the box's own code while listed
             continue
-    return out
+    return {"files": out, **skipped.reply()}
 
 
 def delete(ws: str, path: str) -> None:

@@ -245,10 +245,10 @@ class Agent(Children):
                 raise RequestError("files must be a non-empty list", field="files")
             return {"files": writes.write_many(ws, files)}
         if op == "files.list":
-            return {"files": fileops.list_dir(ws, path or ".", bool(req.get("recursive")))}
+            return fileops.list_dir(ws, path or ".", bool(req.get("recursive")))
         if op == "files.glob":
-            return {"paths": search.glob(ws, req.get("pattern", "*"), _int_arg(req, "max_results", 1000),
-                                         search.time_limit(req.get("timeout")))}
+            return search.glob(ws, req.get("pattern", "*"), _int_arg(req, "max_results", 1000),
+                               search.time_limit(req.get("timeout")))
         if op == "files.grep":
             glob = req.get("glob")
             if glob is not None and not isinstance(glob, str):

@@ -1,7 +1,12 @@
 """The one path validator: every workspace path from a user goes through ``resolve``.
 
-Rules: relative only, no NUL, no ``..`` component, and after resolving symlinks the result must
-stay inside the workspace. Stdlib only (runs inside boxes; the host imports it for early checks).
+Rules: relative only, no NUL, no ``..`` component, valid UTF-8, and after resolving symlinks the
+result must stay inside the workspace (and still be valid UTF-8). Stdlib only (runs inside boxes;
+the host imports it for early checks).
+
+Names are UTF-8 because the protocol is UTF-8 JSON: a name the file system holds as other bytes
+(``os.listdir`` gives them as lone surrogates) has no form a reply can carry or a request can name.
+Listings, searches and artifacts leave such names out and count them (``Skipped``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ def check_syntax(path: str) -> str:
         raise PathViolation(repr(path), "path must be a string")
     if "\x00" in path:
         raise PathViolation(path.replace("\x00", "\\0"), "NUL byte in path")
+    if not is_utf8(path):  # os.fsencode would turn '\udcff' into the byte 0xff: a name no reply can show
+        raise PathViolation(path.encode("utf-8", "backslashreplace").decode(), "path is not valid UTF-8")
     if len(path) > MAX_PATH_LEN:
         raise PathViolation(_clip(path), f"longer than {MAX_PATH_LEN} characters")
     if path.startswith("/") or path.startswith("\\") or (len(path) > 1 and path[1] == ":"):
@@ -36,11 +43,7 @@ def check_syntax(path: str) -> str:
     if any(p == ".." for p in parts):
         raise PathViolation(path, "'..' components are not allowed")
     for p in parts:
-        try:
-            size = len(os.fsencode(p))
-        except UnicodeError:
-            raise PathViolation(path, "path is not valid UTF-8") from None
-        if size > NAME_MAX:
+        if len(p.encode("utf-8")) > NAME_MAX:
             raise PathViolation(_clip(path), f"a name in it is longer than {NAME_MAX} bytes")
     return "/".join(parts) or "."
 
@@ -69,6 +72,8 @@ def resolve(workspace: str, path: str, *, must_exist: bool = False, follow: bool
         real = os.path.join(inside, name)
     if inside != root and not inside.startswith(root + os.sep):
         raise PathViolation(path, "resolves outside the workspace (symlink escape)")
+    if not is_utf8(real):  # a symlink to a name in other bytes: its listing would carry that name
+        raise PathViolation(path, "resolves to a name that is not valid UTF-8 (through a symlink)")
     if len(os.fsencode(real)) >= PATH_MAX:
         raise PathViolation(_clip(path), f"longer than {PATH_MAX} bytes once inside the workspace")
     if must_exist and not os.path.lexists(real):
@@ -79,3 +84,31 @@ def resolve(workspace: str, path: str, *, must_exist: bool = False, follow: bool
 def relative(workspace: str, real: str) -> str:
     root = os.path.realpath(workspace)
     return os.path.relpath(real, root)
+
+
+def is_utf8(name: str) -> bool:
+    """Whether ``name`` has a UTF-8 form (a name ``os.listdir`` decoded from other bytes has none)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class Skipped:
+    """Tally of names left out of a listing, search or artifact scan for not being valid UTF-8."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def keep(self, names: list[str]) -> list[str]:
+        """The UTF-8 ones of ``names``; the others are counted."""
+        good = [n for n in names if is_utf8(n)]
+        self.count += len(names) - len(good)
+        return good
+
+    def reply(self) -> dict[str, int]:
+        """``{"skipped_names": n}`` for a reply when any were left out, else nothing."""
+        return {"skipped_names": self.count} if self.count else {}

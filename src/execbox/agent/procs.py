@@ -56,6 +56,27 @@ def set_dumpable(flag: bool) -> bool:
     return _prctl(PR_SET_DUMPABLE, 1 if flag else 0)
 
 
+def prefer_oom_kill() -> bool:
+    """Make this process (and what it forks or execs) the memory-limit OOM killer's first pick.
+
+    The box's memory limit covers the agent too, and the kernel kills the process with the most
+    memory: user code that spreads over small processes and fills tmpfs (pages no process owns)
+    would otherwise get the agent killed, ending the whole session. Raising one's own
+    oom_score_adj needs no privilege (only lowering does), so this works as the sandbox user
+    in containers and in the jail; where /proc does not allow it, nothing changes.
+    """
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.write(fd, b"1000") == 4
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def die_with_parent() -> bool:
     return _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 

@@ -48,10 +48,42 @@ class FrameTooLarge(ProtocolError):
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    body = dumps(message, ensure_ascii=False).encode("utf-8")
+    """One frame. A reply holding text with no UTF-8 form (a lone surrogate: a file name in other
+    bytes) becomes an SB002 error reply naming where it was: the reply is lost, the session is not.
+    Any other message raises the UnicodeEncodeError (the host maps a request's to SB002 itself)."""
+    try:
+        body = dumps(message, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        if "ok" not in message:
+            raise
+        where = _not_utf8(message) or "?"
+        body = dumps({"id": message.get("id"), "ok": False, "error": {
+            "code": "SB002", "status": 400, "details": {"field": where},
+            "message": f"the reply could not be sent: its field {where!r} holds text that is not valid "
+                       "UTF-8 (a file name in another encoding?)"}}).encode("ascii")
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
     return HEADER.pack(len(body)) + body
+
+
+def _not_utf8(value: Any, path: str = "", depth: int = 0) -> str | None:
+    """The dotted name of the first string (or key) in ``value`` with no UTF-8 form."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "value"
+        return None
+    if depth > 32:
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        if isinstance(key, str) and _not_utf8(key) is not None:
+            return path or "key"
+        found = _not_utf8(item, f"{path}.{key}" if path else str(key), depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def write_frame(fd: int, message: dict[str, Any]) -> None:

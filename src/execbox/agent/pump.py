@@ -13,7 +13,7 @@ import resource
 import select
 import time
 
-from . import procs
+from . import paths, procs
 from .lean import b64encode, loads, raw_decode, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
@@ -99,12 +99,15 @@ def snapshot(directory: str) -> dict[str, tuple[int, int]]:
 
 
 def collect_artifacts(directory: str, before: dict[str, tuple[int, int]], ws_rel: str,
-                      inline: bool) -> list[dict[str, Any]]:
+                      inline: bool) -> tuple[list[dict[str, Any]], int]:
+    """The files a run made or changed under ``directory``, and how many of them were left out
+    because their names are not valid UTF-8 (no reply could carry them)."""
     after = snapshot(directory)
-    changed = sorted(k for k, v in after.items() if before.get(k) != v)[:MAX_ARTIFACTS]
+    skipped = paths.Skipped()
+    changed = sorted(skipped.keep([k for k, v in after.items() if before.get(k) != v]))[:MAX_ARTIFACTS]
     out: list[dict[str, Any]] = []
     if not changed:
-        return out
+        return out, skipped.count
     import hashlib  # noqa: PLC0415 - only when a run wrote files: off the box's start-up path
     import mimetypes  # noqa: PLC0415
 
@@ -128,7 +131,15 @@ def collect_artifacts(directory: str, before: dict[str, tuple[int, int]], ws_rel
             item["content_b64"] = b64encode(data).decode()
             budget -= len(data)
         out.append(item)
-    return out
+    return out, skipped.count
+
+
+def skipped_artifacts_note(count: int) -> str:
+    """The stderr line for artifacts left out by ``collect_artifacts`` ("" for none)."""
+    if not count:
+        return ""
+    return (f"execbox: {count} new or changed file(s) in artifacts/ not returned as artifacts: "
+            "their names are not valid UTF-8; rename them to UTF-8 names to get them back\n")
 
 
 def pump(

@@ -36,21 +36,23 @@ def time_limit(requested: Any) -> float:
     return min(float(requested), SEARCH_TIMEOUT)
 
 
-def glob(ws: str, pattern: str, max_results: int = 1000, timeout: float = SEARCH_TIMEOUT) -> list[str]:
-    """Match workspace-relative paths; ``**`` spans directories."""
+def glob(ws: str, pattern: str, max_results: int = 1000, timeout: float = SEARCH_TIMEOUT) -> dict[str, Any]:
+    """The ``files.glob`` reply: workspace-relative ``paths`` that match (``**`` spans
+    directories), and ``skipped_names`` when names not valid UTF-8 were left out."""
     pat = _syntax(pattern, "pattern") if pattern not in ("", ".") else "*"
     regex = _glob_regex(pat)
     root = os.path.realpath(ws)
 
-    def search() -> list[str]:
+    def search() -> dict[str, Any]:
         out = []
-        for real in _walk(ws, root):
+        skipped = paths.Skipped()
+        for real in _walk(ws, root, skipped):
             rel = os.path.relpath(real, root)
             if regex.fullmatch(rel):
                 out.append(rel)
                 if len(out) >= max_results:
                     break
-        return out
+        return {"paths": out, **skipped.reply()}
 
     return in_child(search, timeout, f"glob {pattern!r}")
 
@@ -112,7 +114,8 @@ def grep(
 
 def _grep(ws: str, real: str, rx: re.Pattern[str], name_rx: re.Pattern[str] | None,
           max_results: int) -> dict[str, Any]:
-    files = [real] if os.path.isfile(real) else [p for p in _walk(ws, real) if os.path.isfile(p)]
+    skipped = paths.Skipped()
+    files = [real] if os.path.isfile(real) else [p for p in _walk(ws, real, skipped) if os.path.isfile(p)]
     matches: list[dict[str, Any]] = []
     truncated = False
     for f in files:
@@ -142,7 +145,7 @@ def _grep(ws: str, real: str, rx: re.Pattern[str], name_rx: re.Pattern[str] | No
                 matches.append({"path": rel, "line_number": n, "line": line[:2000]})
         if truncated:
             break
-    return {"matches": matches, "truncated": truncated}
+    return {"matches": matches, "truncated": truncated, **skipped.reply()}
 
 
 def in_child(fn: Callable[[], Any], timeout: float, what: str) -> Any:
