@@ -273,6 +273,10 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
     ws = Workspace(box_dir, workspace, tmpfs=tmpfs_workspace)
     if workspace is not None:
         _wait_for_workspace(workspace)  # the previous box of this session may still be unmounting
+        if quota.is_mounted(workspace) and reap_stale():
+            # a box left by a dead execbox process (a replica that died or was killed, whose
+            # session this one takes over) still had its image bound there: gone now
+            log.warning("jail: removed boxes of dead execbox processes still holding a session workspace")
     seccomp_fd: int | None = None
     jn: jail_net.JailNet | None = None
     try:

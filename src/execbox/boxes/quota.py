@@ -8,14 +8,18 @@ the agent reports as HTTP 507 with code SB002. An image is a sparse copy of an e
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import stat
 import subprocess
 import threading
 import time
 
 from . import loopdev
 from .runtime import jail_dir
+
+log = logging.getLogger("execbox.boxes.quota")
 
 MKFS = "/usr/sbin/mkfs.ext4"
 MOUNT = "/usr/bin/mount"
@@ -33,6 +37,25 @@ LOSETUP = "/usr/sbin/losetup"
 
 class QuotaUnavailable(RuntimeError):
     pass
+
+
+class StillMounted(QuotaUnavailable):
+    """The caller workspace is still a mount point: another box (live, or left by a dead process)
+    still has its image bound there, so what the path shows is that box's tenant's files."""
+
+
+def _own_image(image: str) -> bool:
+    """Does our workspace image exist? Only a regular file of ours with one link counts: the
+    caller dir is never looked at through a box's mount (``StillMounted``), and this refuses
+    whatever else could stand there (a symlink, a device, another user's file)."""
+    try:
+        st = os.lstat(image)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        raise QuotaUnavailable(f"{PERSISTENT_IMAGE} in the workspace is not a regular file of the service's "
+                               "own; refusing to mount it")
+    return True
 
 
 def loop_quota_possible() -> tuple[bool, str]:
@@ -149,9 +172,15 @@ def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, 
 
     The image lives inside the caller's directory, so it survives the box and goes when the
     service deletes the session directory. It is refused while another loop device still
-    holds it: mounting one ext4 image twice would corrupt it.
+    holds it: mounting one ext4 image twice would corrupt it. It is refused too while the caller
+    dir is still a mount point: everything found there would be another box's tenant's files
+    (a replica taking over a session whose owner died with its bind in place), and root must
+    never mount or follow what a tenant made. Files beside the image move in only to names the
+    image does not have yet, so nothing is ever written through a link found inside it.
     """
-    if os.path.exists(image):
+    if is_mounted(seed_dir):
+        raise StillMounted(f"workspace {os.path.basename(seed_dir)} is still mounted by another box")
+    if _own_image(image):
         deadline = time.monotonic() + RELEASE_WAIT_SECONDS
         while loop_devices(image):  # autoclear after an unmount can lag (seconds on a loaded host)
             if time.monotonic() > deadline:
@@ -163,8 +192,14 @@ def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, 
         dev = create(image, mountpoint, size_bytes, owner)
     try:
         for name in os.listdir(seed_dir):
-            if name != PERSISTENT_IMAGE:
-                shutil.move(os.path.join(seed_dir, name), os.path.join(mountpoint, name))
+            target = os.path.join(mountpoint, name)
+            if name == PERSISTENT_IMAGE:
+                continue
+            if os.path.lexists(target):  # never into (or through) what the image already holds
+                log.warning("workspace %s: %r beside its image is left there: the image has that name",
+                            os.path.basename(seed_dir), name)
+                continue
+            shutil.move(os.path.join(seed_dir, name), target)  # links are moved as links, not followed
         for dirpath, dirnames, filenames in os.walk(mountpoint):
             for n in [*dirnames, *filenames]:
                 os.lchown(os.path.join(dirpath, n), owner, owner)
