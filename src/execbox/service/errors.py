@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sqlalchemy_exc
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -78,6 +80,16 @@ async def http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response("SB002", message, exc.status_code, {"path": request.url.path}, headers)
 
 
+async def database_error(request: Request, exc: Exception) -> JSONResponse:
+    """The store's database did not answer (down, partitioned, out of connections): a 503 the
+    caller may retry, not a 500 that reads like a bug. The driver's text stays in the log (it
+    can name hosts and users)."""
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    _count(request, "SB009")
+    return error_response("SB009", "the service's database is unavailable; retry shortly", 503,
+                          headers={"Retry-After": "1"})
+
+
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     _count(request, "SB000")
@@ -88,6 +100,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(SandboxError, sandbox_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    for cls in (OperationalError, InterfaceError, sqlalchemy_exc.TimeoutError):  # connection-level only
+        app.add_exception_handler(cls, database_error)
     app.add_exception_handler(Exception, unexpected_error)
 
 

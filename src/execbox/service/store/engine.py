@@ -192,6 +192,11 @@ def _private_db_file(path: str) -> None:
             pass
 
 
+PG_CONNECT_TIMEOUT = 5  # seconds (libpq's minimum is 2)
+PG_TCP_USER_TIMEOUT_MS = 15000
+PG_POOL_TIMEOUT = 10  # seconds a request waits for a free pooled connection
+
+
 def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         memory = url in ("sqlite://", "sqlite:///:memory:")
@@ -211,7 +216,14 @@ def _make_engine(url: str) -> Engine:
         return engine
     # No pre-ping (it doubles the round trips of the per-execution version check); a connection
     # the server dropped is invalidated on first use and SettingsRepo.version() retries once.
-    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800)
+    # A database that stops answering fails requests within seconds (503 SB009) instead of
+    # hanging them: libpq gives up connecting after PG_CONNECT_TIMEOUT and on a connection whose
+    # sent data goes unacknowledged for PG_TCP_USER_TIMEOUT_MS; keepalives find dead peers.
+    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800, pool_timeout=PG_POOL_TIMEOUT,
+                         connect_args={"connect_timeout": PG_CONNECT_TIMEOUT,
+                                       "tcp_user_timeout": PG_TCP_USER_TIMEOUT_MS, "keepalives": 1,
+                                       "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3})
+
 
 
 class Store:
