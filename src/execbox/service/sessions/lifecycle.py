@@ -196,6 +196,48 @@ class LifecycleMixin:
                 self.metrics.sessions_reaped.inc()
         return [(s.tenant_id, s.session_id) for s in idle]
 
+    def reap_orphaned(self: SessionManager) -> list[tuple[str, str]]:
+        """Idle sessions of replicas that died: their lease ran out and nobody used (so adopted)
+        them, yet they still count against the tenant's and the cluster's session limits. Any
+        replica's sweep claims such a row (one wins: ``claim`` is conditional) and treats it like
+        its own idle session: destroyed, or paused with SANDBOX_IDLE_ACTION=pause."""
+        if not self.registry.persistent:
+            return []
+        now = time.time()
+        cutoff = now - self.settings.idle_timeout
+        pause = self.settings.idle_action == "pause"
+        done: list[tuple[str, str]] = []
+        for rec in self.registry.list():
+            key = (rec.tenant_id, rec.session_id)
+            if (rec.state not in ("creating", "running") or rec.owner in (None, self.replica)
+                    or rec.lease_live(now) or (rec.last_used or 0) > cutoff):
+                continue
+            with self._lock:
+                if key in self._sessions:
+                    continue
+            if self.registry.claim(rec.tenant_id, rec.session_id, self.replica, self.settings.lease_ttl) is None:
+                continue  # another replica took it (or its owner came back) meanwhile
+            log.info("idle session of a dead replica", extra={"fields": {
+                "tenant_id": rec.tenant_id, "session_id": rec.session_id, "owner": rec.owner,
+                "operation": "pause_idle" if pause else "reap_idle"}})
+            try:
+                if pause:
+                    remover = getattr(self._current_or_none(), "remove_box", None)
+                    if remover is not None and rec.box_handle.get("container_id"):
+                        remover(rec.box_handle)
+                    self.registry.update(rec.tenant_id, rec.session_id, state="paused", contexts_lost=True,
+                                         expires_at=now + self.settings.paused_retention,
+                                         box_handle={"workspace": rec.box_handle.get("workspace")})
+                else:
+                    self.destroy_unloaded(rec.tenant_id, rec.session_id)
+            except Exception:  # noqa: BLE001 - keep sweeping the others
+                log.exception("reaping %s/%s of dead replica %s failed", rec.tenant_id, rec.session_id, rec.owner)
+                continue
+            done.append(key)
+            if self.metrics is not None:
+                self.metrics.sessions_reaped.inc()
+        return done
+
     def expire(self: SessionManager) -> list[tuple[str, str]]:
         """Delete paused (and lost) sessions whose retention ran out, box and workspace included."""
         done: list[tuple[str, str]] = []
@@ -256,6 +298,7 @@ class LifecycleMixin:
 
     def _sweep(self: SessionManager) -> None:
         self.reap_idle()
+        self.reap_orphaned()
         self.expire()
 
     def _loop(self: SessionManager, fn: Any, every: float) -> None:
