@@ -120,3 +120,37 @@ def test_an_error_from_a_wire_never_steers_forwarding(listener: tuple[str, list[
 
     r = _post(_app_with_forwarding(raise_owned_with_path))
     assert r.status_code == 503 and len(seen) == 1
+
+
+@pytest.mark.parametrize("secret", ["s3cret", ""])
+def test_a_run_forwarded_to_its_owner_is_not_recorded_as_an_error_here(local_provider, tmp_path, monkeypatch,
+                                                                      secret: str) -> None:
+    """The owner counts and audits a forwarded run; this replica recorded it too, as SB009. Without
+    forwarding (no secret) the SB009 is the caller's answer, and is recorded."""
+    from contextlib import contextmanager
+
+    from execbox.service.executions import RunService, RunSpec
+    from execbox.service.logs import OperationLog
+    from execbox.service.metrics import ServiceMetrics
+    from execbox.service.sessions import SessionManager
+    from tests.integration.service.conftest import Holder
+
+    monkeypatch.setenv("EXECBOX_INTERNAL_SECRET", secret)
+    sessions = SessionManager(Holder(local_provider), ServiceSettings(), str(tmp_path), None)
+
+    @contextmanager
+    def owned_elsewhere(*a: Any, **kw: Any) -> Iterator[Any]:
+        raise SessionOwnedElsewhere("served by rb", forward_to="http://10.0.0.2:8080", details={"owner": "rb"})
+        yield
+
+    monkeypatch.setattr(sessions, "session", owned_elsewhere)
+    runs = RunService(sessions, ServiceMetrics(), OperationLog(None, False))
+    recorded: list[str] = []
+    monkeypatch.setattr(runs, "_record", lambda *a, **kw: recorded.append(a[4]))
+    spec = RunSpec("t", "s", "execute_code", "python", "print(1)", None, lambda *a: None)
+    with pytest.raises(SessionOwnedElsewhere):
+        runs.run(spec)
+    with pytest.raises(SessionOwnedElsewhere):
+        runs.file_op("t", "s", "read_file", "f.txt", None, lambda p, i: None)
+    assert recorded == ([] if secret else ["error", "error"])
+    sessions.shutdown()

@@ -26,6 +26,12 @@ def replica_base_url(url: str) -> bool:
             and u.path in ("", "/") and not u.query and not u.fragment and "?" not in url and "#" not in url)
 
 
+def forwarding_enabled() -> bool:
+    """EXECBOX_INTERNAL_SECRET is set: requests for sessions another replica owns are replayed
+    there (service/forwarding.py), and the owner counts and audits them, so this replica does not."""
+    return bool(os.environ.get("EXECBOX_INTERNAL_SECRET"))
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
     idle_timeout: float = 900.0

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from ..errors import SandboxError
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback, SandboxProvider
+from .config import forwarding_enabled
 from .logs import OperationLog, memory_mb
 from .metrics import ServiceMetrics
 from .sessions import SessionBusy, SessionManager
@@ -112,7 +113,8 @@ class RunService:
                         if handle is not None:
                             handle.finished()
             except SandboxError as e:
-                self._record(spec, provider_name, instance_id, started, "error", None, None, e.code)
+                if not _forwarded(e):
+                    self._record(spec, provider_name, instance_id, started, "error", None, None, e.code)
                 raise
             except _Cancelled:
                 self._record(spec, provider_name, instance_id, started, "cancelled", None, None, None)
@@ -159,7 +161,8 @@ class RunService:
                         continue
         except Exception as e:  # an SB error, or a protocol error raised by the caller's call
             code = e.code if isinstance(e, SandboxError) else None
-            self._record(spec, provider_name, instance_id, started, "error", None, None, code)
+            if not (isinstance(e, SandboxError) and _forwarded(e)):
+                self._record(spec, provider_name, instance_id, started, "error", None, None, code)
             raise
         self._record(spec, provider_name, instance_id, started, "success", None, None, None)
         return out
@@ -231,3 +234,9 @@ def artifact_event(meta: dict[str, Any], spec: RunSpec, url: str | None) -> dict
                         "json": {"tenant_id": spec.tenant_id, "session_id": spec.session_id,
                                  "path": meta.get("path") or meta["name"]}}
     return out
+
+
+def _forwarded(e: SandboxError) -> bool:
+    """The session's owner is another replica and the request is replayed there, which counts
+    and audits it: recording it here too would show every forwarded run twice, once as SB009."""
+    return bool(getattr(e, "forward_to", None)) and forwarding_enabled()
