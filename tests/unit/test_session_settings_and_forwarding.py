@@ -4,6 +4,8 @@ only the session manager's own "owned elsewhere" error forwards a request, and o
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -154,3 +156,55 @@ def test_a_run_forwarded_to_its_owner_is_not_recorded_as_an_error_here(local_pro
         runs.file_op("t", "s", "read_file", "f.txt", None, lambda p, i: None)
     assert recorded == ([] if secret else ["error", "error"])
     sessions.shutdown()
+
+
+class _DyingOwner:
+    """A raw HTTP server that reads a request, then dies: before answering, or mid-event-stream."""
+
+    def __init__(self, stream: bool) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stream = stream
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            if self.stream:
+                head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                event = b"event: stdout\ndata: \"half\"\n\n"
+                conn.sendall(head + f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                time.sleep(0.2)
+            conn.shutdown(socket.SHUT_RDWR)  # gone: no answer, or no end of the stream
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_owner_that_dies_mid_request_is_reported_as_outcome_unknown(stream: bool) -> None:
+    owner = _DyingOwner(stream)
+
+    def raise_owned() -> None:
+        raise SessionOwnedElsewhere("served by rb", forward_to=owner.url, details={"owner": "rb"})
+
+    r = _post(_app_with_forwarding(raise_owned))
+    assert "x-execbox-forward-to" not in r.headers
+    if stream:  # the owner's events so far, then an error event instead of a silent end
+        assert r.status_code == 200 and 'event: stdout\ndata: "half"' in r.text
+        assert r.text.rstrip().endswith('"details": {"reason": "owner_lost_mid_request"}}')
+    else:
+        assert r.status_code == 503 and "retry-after" not in r.headers
+        assert r.json()["error"]["details"] == {"reason": "owner_lost_mid_request"}
+
+
+def test_the_owner_s_address_is_not_shown_to_the_caller_when_not_forwarding() -> None:
+    def raise_owned() -> None:
+        raise SessionOwnedElsewhere("served by rb", forward_to="http://10.0.0.2:8080", details={"owner": "rb"})
+
+    app = _app_with_forwarding(raise_owned)
+    app.secret = ""  # no shared secret: no forwarding, the SB009 is the answer
+    r = _post(app)
+    assert r.status_code == 503 and "x-execbox-forward-to" not in r.headers

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import replica_base_url
 from .errors import error_response
+from .streaming import sse
 
 log = logging.getLogger("execbox.service.forwarding")
 
@@ -36,6 +37,19 @@ HEADER = "x-execbox-forwarded"
 TARGET = "x-execbox-forward-to"
 MAX_SKEW = 60.0
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", HEADER}
+
+
+OWNER_LOST = ("the replica that owns this session stopped answering during the request; whether the "
+              "request took effect is unknown (check the session before repeating it)")
+OWNER_LOST_ERROR: dict[str, Any] = {"code": "SB009", "message": OWNER_LOST,
+                                    "details": {"reason": "owner_lost_mid_request"}}
+
+
+async def _send_owner_lost(send: Send) -> None:
+    """503 SB009 without Retry-After: the request may have run, so blind retrying is not advised."""
+    resp = error_response("SB009", OWNER_LOST, 503, {"reason": "owner_lost_mid_request"})
+    await send({"type": "http.response.start", "status": resp.status_code, "headers": resp.raw_headers})
+    await send({"type": "http.response.body", "body": resp.body, "more_body": False})
 
 
 def sign(secret: str, replica: str, stamp: str, method: str, path: str, body: bytes) -> str:
@@ -116,6 +130,9 @@ class ForwardToOwner:
             await send(message)
 
         await self.app(scope, replay, capture)
+        for m in held:  # where the owner lives is for the replicas, not for the caller
+            if m["type"] == "http.response.start":
+                m["headers"] = [(k, v) for k, v in m.get("headers", []) if k.decode("latin-1").lower() != TARGET]
         if not held or not target:
             for m in held:
                 await send(m)
@@ -140,10 +157,14 @@ class ForwardToOwner:
             try:
                 resp = await client.send(client.build_request(method, url, content=body, headers=out),
                                          stream=True)
-            except httpx.HTTPError as e:
+            except httpx.ConnectError as e:  # nothing reached the owner: the held SB009 is the truth
                 log.warning("forwarding %s %s to %s failed: %s", method, path, target, e)
                 for m in held:
                     await send(m)
+                return
+            except httpx.HTTPError as e:  # the owner had the request and went away: outcome unknown
+                log.warning("forwarding %s %s to %s broke off: %s", method, path, target, e)
+                await _send_owner_lost(send)
                 return
             try:
                 skip = {"content-length", "transfer-encoding", "connection", "content-encoding"}
@@ -170,8 +191,9 @@ async def _relay(resp: httpx.Response, receive: Receive, send: Send) -> None:
         try:
             async for chunk in resp.aiter_bytes():  # decoded: content-encoding is not passed on
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as e:  # the owner went away mid-stream: end ours, the caller sees no result
+        except httpx.HTTPError as e:  # the owner went away mid-stream: say so, then end ours
             log.warning("forwarded stream from %s broke: %s", resp.url, e)
+            await send({"type": "http.response.body", "body": sse("error", OWNER_LOST_ERROR), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def caller_gone() -> None:
