@@ -45,3 +45,26 @@ def test_idle_sessions_of_a_dead_replica_are_reaped_and_free_their_quota(local_p
     finally:
         sessions.shutdown()
         store.close()
+
+
+def test_an_idle_session_taken_over_elsewhere_is_let_go_not_reaped(local_provider, tmp_path) -> None:
+    """A replica cut off from the database (its lease ran out, another replica took the session
+    over) must not reap the session as its own idle one: that deleted the new owner's row and the
+    workspace it was using. It stops its own box and leaves both to the owner."""
+    store = open_store(tmp_path / "data")
+    settings = ServiceSettings(idle_timeout=60, lease_ttl=5)
+    sessions = SessionManager(Holder(local_provider), settings, str(tmp_path / "ws"), None, registry=store.sessions)
+    try:
+        with sessions.session("t1", "s") as s:
+            local_provider.write_file(s.instance_id, "f.txt", "the owner's")
+            ws, iid = s.workspace, s.instance_id
+        store.sessions.update("t1", "s", owner="rb", lease_expires=time.time() + 60)  # taken over meanwhile
+        s.last_used = time.monotonic() - 600
+        assert sessions.reap_idle() == []
+        assert sessions.get("t1", "s") is None and not local_provider.instance_alive(iid)  # let go here
+        row = store.sessions.get("t1", "s")
+        assert row is not None and row.owner == "rb"
+        assert open(os.path.join(ws, "f.txt")).read() == "the owner's"
+    finally:
+        sessions.shutdown()
+        store.close()

@@ -176,6 +176,10 @@ class LifecycleMixin:
         with self._lock:
             idle = [s for s in self._sessions.values()
                     if s.busy == 0 and s.last_used < cutoff and not (pause and s.state == "paused")]
+        idle = self._let_go_of_taken_over(idle)
+        with self._lock:
+            idle = [s for s in idle if s.busy == 0 and s.last_used < cutoff and self._sessions.get(
+                (s.tenant_id, s.session_id)) is s]
             if not pause:
                 for s in idle:
                     del self._sessions[(s.tenant_id, s.session_id)]
@@ -195,6 +199,39 @@ class LifecycleMixin:
             if self.metrics is not None:
                 self.metrics.sessions_reaped.inc()
         return [(s.tenant_id, s.session_id) for s in idle]
+
+    def _let_go_of_taken_over(self: SessionManager, idle: list[Session]) -> list[Session]:
+        """The idle sessions this replica still owns (its lease renewed). One another replica took
+        over while this one could not renew (cut off from the database, frozen) is dropped here
+        with its box, and its workspace and row are left to the new owner: reaping it as ours
+        would delete the files the owner is using. A registry that does not answer reaps nothing."""
+        if not self.registry.persistent or not idle:
+            return idle
+        mine: list[Session] = []
+        for s in idle:
+            if self.registry.claim(s.tenant_id, s.session_id, self.replica, self.settings.lease_ttl) is not None:
+                mine.append(s)
+                continue
+            with self._lock:
+                if self._sessions.get((s.tenant_id, s.session_id)) is not s or s.busy:
+                    continue
+                del self._sessions[(s.tenant_id, s.session_id)]
+                self._dirty.pop((s.tenant_id, s.session_id), None)
+                s.closed = True
+            self._let_go(s)
+        return mine
+
+    def _let_go(self: SessionManager, s: Session) -> None:
+        """Stop this replica's box of a session another replica owns now (a container stays for
+        its new owner); the workspace and the row are the owner's."""
+        log.warning("session %s/%s is owned by another replica now; stopping its box here",
+                    s.tenant_id, s.session_id)
+        with s.lock:
+            detach = getattr(s.provider, "detach_instance", None)
+            if s.provider is not None and s.instance_id is not None:
+                if detach is None or not detach(s.instance_id):
+                    self._destroy_instance(s.provider, s.instance_id)
+                s.instance_id = None
 
     def reap_orphaned(self: SessionManager) -> list[tuple[str, str]]:
         """Idle sessions of replicas that died: their lease ran out and nobody used (so adopted)
@@ -269,14 +306,7 @@ class LifecycleMixin:
                 del self._sessions[(s.tenant_id, s.session_id)]
                 s.closed = True
         for s in lost:
-            log.warning("session %s/%s is owned by another replica now; stopping its box here",
-                        s.tenant_id, s.session_id)
-            with s.lock:
-                detach = getattr(s.provider, "detach_instance", None)
-                if s.provider is not None and s.instance_id is not None:
-                    if detach is None or not detach(s.instance_id):  # a container stays for its new owner
-                        self._destroy_instance(s.provider, s.instance_id)
-                    s.instance_id = None
+            self._let_go(s)
 
     def start(self: SessionManager) -> None:
         if self._threads:
