@@ -6,6 +6,8 @@ a provider without isolation (``local``) on a non-loopback address unless told t
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from ..errors import SandboxError
@@ -62,10 +64,23 @@ def serve(
                f"data in {store.data_dir}", err=True)
     typer.echo(f"  API      http://{shown}:{port}/v1/sandbox  (OpenAPI: /docs, /openapi.json)", err=True)
     typer.echo(f"  console  http://{shown}:{port}/admin/    health: /healthz /readyz /metrics", err=True)
-    # SIGTERM/SIGINT: uvicorn stops accepting, in-flight requests get drain_timeout, then the
-    # lifespan drains the sessions (boxes stopped, sessions kept: docs/sessions.md).
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=int(settings.drain_timeout) + 1)
+    # SIGTERM/SIGINT: uvicorn stops accepting and the sessions start draining at once (new work
+    # refused, what still runs after drain_timeout cancelled, so each request gets its answer);
+    # uvicorn's own deadline comes CANCEL_GRACE later. Then the lifespan stops the boxes
+    # (sessions kept: docs/sessions.md).
+    sessions = state_services(app).sessions
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            sessions.begin_drain()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                          timeout_graceful_shutdown=int(settings.drain_timeout) + CANCEL_GRACE)).run()
+
+
+CANCEL_GRACE = 10
+"""Seconds between cancelling runs still going at drain_timeout and uvicorn cutting requests off."""
 
 
 def register(app: typer.Typer) -> None:

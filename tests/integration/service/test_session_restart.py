@@ -217,3 +217,44 @@ def test_a_run_cut_off_by_sigkill_is_audited_as_interrupted_at_the_next_start(ja
     finally:
         _term(proc)
 
+
+
+def test_a_run_outlasting_the_drain_is_cancelled_and_answered(jail_provider) -> None:
+    """A run still going when drain_timeout is over is cancelled and its request gets a real
+    answer (the run reported cancelled), before the HTTP server's own deadline cuts requests off
+    with a bare text 500; a request arriving during the drain is refused with SB009."""
+    base = traversable_tmpdir("execbox-drain-")
+    env, auth = {**_env(base), "EXECBOX_DRAIN_TIMEOUT": "2"}, _token(base)
+    proc, url = _serve(env)
+    result: dict[str, httpx.Response | Exception] = {}
+    try:
+        _wait_ready(proc, url)
+        c = httpx.Client(base_url=url, headers=auth, timeout=60)
+        assert c.post("/v1/sandbox/write", json={"session_id": "long", "path": "n", "content": "x"}).status_code == 200
+
+        def run() -> None:
+            try:
+                result["r"] = httpx.post(f"{url}/v1/sandbox/execute", headers=auth, timeout=60, json={
+                    "session_id": "long", "timeout": 60,
+                    "code": "open('started', 'w').close()\nimport time\ntime.sleep(30)\nprint('finished')"})
+            except Exception as e:  # noqa: BLE001
+                result["r"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        ws = registry_workspaces(os.path.join(base, "ws"), os.path.join(base, "data"))
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(ws, "t1", "long", "started")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        took = time.monotonic() - started
+    finally:
+        _term(proc)
+    r = result["r"]
+    assert isinstance(r, httpx.Response), r
+    assert r.headers["content-type"].startswith("application/json"), (r.status_code, r.text)
+    body = r.json()
+    assert r.status_code == 200 and "finished" not in body["stdout"] and body["metadata"].get("cancelled"), body
+    assert took < 12, took  # drain_timeout (2 s) and the cancel, well before 30 s of sleep

@@ -339,6 +339,34 @@ class LifecycleMixin:
                 log.exception("%s failed", getattr(fn, "__name__", fn))
 
     # -- shutdown / drain ---------------------------------------------------------------------
+    def begin_drain(self: SessionManager) -> None:
+        """On SIGTERM, before the HTTP server stops: refuse new work now, and cancel what still
+        runs once drain_timeout has passed, so every in-flight request answers (its run reported
+        cancelled) before the server's own deadline instead of being cut off with a bare 500."""
+        if self._draining:
+            return
+        self._draining = True
+
+        def cancel_late() -> None:
+            deadline = time.monotonic() + self.settings.drain_timeout
+            while time.monotonic() < deadline:
+                with self._lock:
+                    busy = [s for s in self._sessions.values() if s.busy] or list(self._oneshots)
+                if not busy:
+                    return
+                time.sleep(0.05)
+            with self._lock:
+                running = [(s.provider, s.instance_id) for s in self._sessions.values() if s.busy]
+                running += [(prov, iid) for iid, prov in self._oneshots.items()]
+            for prov, iid in running:
+                if prov is not None and iid is not None:
+                    try:
+                        prov.cancel(iid)
+                    except Exception:  # noqa: BLE001 - a box that is going anyway
+                        pass
+
+        threading.Thread(target=cancel_late, name="execbox-drain", daemon=True).start()
+
     def shutdown(self: SessionManager) -> None:
         """Drain: refuse new work, let in-flight requests finish up to drain_timeout (then cancel
         them), stop this replica's boxes. With a persistent registry sessions survive (workspaces
