@@ -29,7 +29,9 @@ def executor(
         help="Provider to run code on (default: SANDBOX_TYPE, else the strongest available).")] = None,
     config: Annotated[str | None, typer.Option(help="Provider config as a JSON object.")] = None,
     token: Annotated[str | None, typer.Option(
-        envvar="EXECBOX_EXECUTOR_TOKEN", help="Bearer token clients must send (env EXECBOX_EXECUTOR_TOKEN).",
+        envvar="EXECBOX_EXECUTOR_TOKEN",
+        help="Bearer token clients must send. Prefer the EXECBOX_EXECUTOR_TOKEN environment variable: a "
+             "--token value is visible to other users in the process list (ps).",
         show_default=False)] = None,
     allow_unauthenticated: Annotated[bool, typer.Option(
         help="Serve /run without a token on a non-loopback address.")] = False,

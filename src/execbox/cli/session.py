@@ -2,8 +2,9 @@
 
 ``ls`` reads the registry straight from the store (EXECBOX_DATA_DIR / EXECBOX_DATABASE_URL), so
 it works with no service running. ``pause``, ``resume`` and ``rm`` act on boxes, which only the
-owning replica holds: they call a running service (--url / EXECBOX_URL, --token / EXECBOX_TOKEN),
-which forwards to the owner.
+owning replica holds: they call a running service (--url / EXECBOX_URL, the token in
+EXECBOX_TOKEN, or --token, which other users can read in the process list), which forwards to
+the owner.
 """
 
 from __future__ import annotations
@@ -15,18 +16,29 @@ from typing import Any
 import httpx
 import typer
 
-from ..errors import ConnectionFailedError, SandboxError, error_from_dict
+from ..errors import ConnectionFailedError, SandboxError
+from ..sdk.bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, clamp_client, deadline, read_body
+from ..sdk.wire import Reply, reply_error
 from ._store_cli import fail, store_from_cli
 
 session_app = typer.Typer(help="List, pause, resume and remove sessions.", no_args_is_help=True)
 
 URL = typer.Option("http://127.0.0.1:8080", "--url", envvar="EXECBOX_URL", help="The service's base URL.")
-TOKEN = typer.Option(..., "--token", envvar="EXECBOX_TOKEN",
-                     help="API token (the session's tenant, or admin; rm needs admin).")
+TOKEN = typer.Option(..., "--token", envvar="EXECBOX_TOKEN", show_default=False,
+                     help="API token (the session's tenant, or admin; rm needs admin). Prefer the "
+                          "EXECBOX_TOKEN environment variable: a --token value is visible to other "
+                          "users in the process list (ps).")
 
 
-def _when(ts: float | None) -> str:
-    return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+def _when(ts: Any) -> str:
+    if ts is None:
+        return ""
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+        return str(ts)[:64]  # a service's answer is shown, not trusted to be a number
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return str(ts)
 
 
 @session_app.command("ls")
@@ -53,18 +65,24 @@ def ls(
     Console().print(table)
 
 
-def _call(method: str, url: str, token: str, path: str) -> Any:
+def _call(method: str, url: str, token: str, path: str) -> dict[str, Any]:
+    """One call to the service, bounded (CALL_DEADLINE, MAX_RESPONSE_BYTES) and shape-checked: any
+    failure is ``execbox: SB...`` and exit 2, never a traceback."""
+    base = url.rstrip("/")
     try:
-        r = httpx.request(method, f"{url.rstrip('/')}/v1/sandbox/sessions/{path}",
-                          headers={"Authorization": f"Bearer {token}"}, timeout=120)
+        with clamp_client(httpx.Client(timeout=120)) as http, deadline(
+                CALL_DEADLINE, ConnectionFailedError,
+                f"execbox at {base} did not finish answering within {CALL_DEADLINE:g}s") as dl, http.stream(
+                method, f"{base}/v1/sandbox/sessions/{path}", headers={"Authorization": f"Bearer {token}"}) as r:
+            reply = Reply(r.status_code, read_body(r, MAX_RESPONSE_BYTES, dl, "the service's answer"),
+                          r.request.url.path)
+        if reply.status >= 300:
+            fail(reply_error(reply))
+        return reply.obj()
+    except SandboxError as e:
+        fail(e)
     except httpx.HTTPError as e:
-        fail(ConnectionFailedError(f"cannot reach execbox at {url}: {e}", details={"url": url}))
-    if r.status_code >= 400:
-        try:
-            fail(error_from_dict(r.json(), r.status_code))
-        except ValueError:
-            fail(SandboxError(f"HTTP {r.status_code}: {r.text[:200]}"))
-    return r.json()
+        fail(ConnectionFailedError(f"cannot reach execbox at {base}: {type(e).__name__}: {e}", details={"url": base}))
 
 
 @session_app.command("pause")

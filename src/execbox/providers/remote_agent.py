@@ -28,18 +28,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..boxes.agent_client import agent_error
-from ..errors import ProviderUnavailableError
+from ..boxes.agent_client import agent_error, reply_frame_limit
+from ..errors import ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult
 from .agent_result import result_from_reply
 from .base import OutputCallback
+from .output_cap import OUTPUT_CAP, cap_text
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 INSTALL_DIR = "/tmp"  # agent/zipapp_main.py's INSTALL_DIR
 PYTHON = "python3"
-OUTPUT_CAP = 1024 * 1024  # the agent's default: the same cap as every self-hosted provider
 GRACE = 15.0  # seconds past a run's own timeout before the transport gives up on the command
 FILE_OP_TIMEOUT = 60.0
+EVENT_LINE_CAP = 1024 * 1024
+"""The longest output event line streamed on (the agent's are at most ~400 KiB: a 64 KiB read,
+JSON-escaped); a longer line is skipped as it arrives, never buffered. Tenant code can replace the
+agent in a cloud sandbox, so nothing it prints is trusted to be well-formed or small."""
 
 
 class Transport(Protocol):
@@ -117,7 +121,7 @@ class RemoteAgent:
             argv = [self._relative(a) for a in argv]
         lines = _LineReader(on_output)
         stdout, stderr = self.transport.run(argv, timeout, lines.feed if on_output is not None else None)
-        reply = _reply(stdout)
+        reply = _reply(stdout, reply_frame_limit(op, params), self.provider)
         self.uploaded = reply is not None  # no reply: maybe the sandbox lost /tmp; install again next time
         if reply is None:
             raise ProviderUnavailableError(
@@ -125,7 +129,7 @@ class RemoteAgent:
                     "provider": self.provider, "op": op, "stdout_tail": stdout[-500:],
                     "stderr_tail": stderr[-1000:]})
         if not reply.get("ok"):
-            raise agent_error(reply.get("error") or {})
+            raise _agent_error(reply.get("error"), self.provider)
         return reply.get("value")
 
     def execute(self, params: dict[str, Any], timeout: float, metadata: dict[str, Any],
@@ -136,7 +140,11 @@ class RemoteAgent:
                    "inline_artifacts": inline_artifacts}
         started = time.monotonic()
         value = self.call("exec", request, timeout + GRACE, on_output)
-        return result_from_reply(value, metadata, oom=False, wall=time.monotonic() - started, fetch=fetch)
+        if not isinstance(value, dict):
+            raise ProviderUnavailableError(f"{self.provider}: the agent's exec reply is not an object",
+                                           details={"provider": self.provider})
+        result = result_from_reply(value, metadata, oom=False, wall=time.monotonic() - started, fetch=fetch)
+        return _capped(result)
 
 
     def _relative(self, path: str) -> str:
@@ -147,20 +155,65 @@ class RemoteAgent:
         return path
 
 
+def _agent_error(err: Any, provider: str) -> SandboxError:
+    """The agent's error reply as its SB exception, its fields checked first (the agent in a cloud
+    sandbox may not be ours: a malformed error is SB009, never a TypeError)."""
+    if not isinstance(err, dict):
+        return ProviderUnavailableError(f"{provider}: the agent replied with a malformed error",
+                                        details={"provider": provider})
+    status, details = err.get("status"), err.get("details")
+    return agent_error({"code": str(err.get("code") or ""), "message": str(err.get("message") or "agent error")[:4096],
+                        "details": details if isinstance(details, dict) else {},
+                        "status": status if isinstance(status, int) and not isinstance(status, bool) else None})
+
+
+def _capped(result: ExecutionResult) -> ExecutionResult:
+    """The output cap the agent was asked for, enforced here too: the agent may not be ours."""
+    if not isinstance(result.stdout, str) or not isinstance(result.stderr, str):
+        raise ProviderUnavailableError("the agent's exec reply has output that is not text",
+                                       details={"field": "stdout/stderr"})
+    result.stdout, cut_out = cap_text(result.stdout, OUTPUT_CAP)
+    result.stderr, cut_err = cap_text(result.stderr, OUTPUT_CAP)
+    result.truncated = result.truncated or cut_out or cut_err
+    return result
+
+
 class _LineReader:
-    """Stream the agent's output events while the command runs (stdout arrives in chunks)."""
+    """Stream the agent's output events while the command runs (stdout arrives in chunks); a line
+    over EVENT_LINE_CAP is dropped as it arrives, and at most OUTPUT_CAP characters of each stream
+    are passed on."""
 
     def __init__(self, on_output: OutputCallback | None) -> None:
         self.on_output = on_output
-        self.buf = ""
+        self.buf: list[str] = []
+        self.size = 0
+        self.skipping = False  # inside a line over the cap: drop until its end
+        self.sent = {"stdout": 0, "stderr": 0}
 
     def feed(self, chunk: str) -> None:
-        self.buf += chunk
-        *complete, self.buf = self.buf.split("\n")
-        for line in complete:
-            msg = _parse(line)
-            if msg and self.on_output is not None and msg.get("event") in ("stdout", "stderr"):
-                self.on_output(msg["event"], str(msg.get("data", "")))
+        *ends, rest = chunk.split("\n")
+        for end in ends:
+            if not self.skipping:
+                self._line("".join([*self.buf, end]))
+            self.buf, self.size, self.skipping = [], 0, False
+        if rest and not self.skipping:
+            self.buf.append(rest)
+            self.size += len(rest)
+            if self.size > EVENT_LINE_CAP:
+                self.buf, self.size, self.skipping = [], 0, True
+
+    def _line(self, line: str) -> None:
+        if len(line) > EVENT_LINE_CAP:
+            return
+        msg = _parse(line)
+        stream = msg.get("event") if msg else None
+        if msg is None or self.on_output is None or stream not in self.sent:
+            return
+        room = OUTPUT_CAP - self.sent[stream]
+        text = str(msg.get("data", ""))[: max(room, 0)]
+        if text:
+            self.sent[stream] += len(text)
+            self.on_output(stream, text)
 
 
 def _parse(line: str) -> dict[str, Any] | None:
@@ -171,12 +224,20 @@ def _parse(line: str) -> dict[str, Any] | None:
     return msg if isinstance(msg, dict) else None
 
 
-def _reply(stdout: str) -> dict[str, Any] | None:
-    """The last line that is a reply (events come before it)."""
-    for line in reversed(stdout.splitlines()):
-        msg = _parse(line.strip())
+def _reply(stdout: str, limit: int, provider: str) -> dict[str, Any] | None:
+    """The last line that is a reply (events come before it), read from the end without copying
+    the whole output; a line longer than ``limit`` (no reply of ours is) is refused, not parsed."""
+    end = len(stdout)
+    while end > 0:
+        start = stdout.rfind("\n", 0, end) + 1
+        if end - start > limit:
+            raise ProviderUnavailableError(
+                f"{provider}: the agent's output has a line longer than the {limit}-byte reply limit; refused",
+                details={"provider": provider, "limit_bytes": limit})
+        msg = _parse(stdout[start:end].strip())
         if msg is not None and "ok" in msg:
             return msg
+        end = start - 1
     return None
 
 

@@ -11,7 +11,7 @@ have started); a connection lost after the request was sent is reported, never r
 from __future__ import annotations
 
 import base64
-import hashlib
+import json
 import logging
 import threading
 import time
@@ -20,106 +20,38 @@ from typing import Any
 import httpx
 
 from ..errors import (
-    CodeBlockedError,
     ConnectionFailedError,
     ExecutionTimeoutError,
-    InstanceCreationError,
     InvalidConfigError,
     ProviderUnavailableError,
     SandboxError,
     SessionNotFoundError,
-    error_from_dict,
 )
-from ..models import Artifact, ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
+from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..policy import AstPolicy
+from ..sdk.bounded import MAX_RESPONSE_BYTES, clamp_transport, deadline, read_body
+from ..sdk.wire import typed_error
 from .base import OutputCallback, SandboxProvider, check_run_inputs
 from .schema import check_config, url_problem
 from .self_managed_native import API_EXECBOX, API_RUN, ExecboxApiMixin
+from .self_managed_wire import (  # noqa: F401 - the /run wire shape, re-exported for its users
+    RESOURCE_LIMIT_TYPES,
+    RUNTIME_ERROR_TYPES,
+    STATUSES,
+    UNAUTHORIZED_ACCESS_TYPES,
+    WIRE_LANGUAGES,
+    run_response_to_result,
+)
 
 log = logging.getLogger("execbox.provider.self_managed")
-
-# -- the executor /run wire shape (RAGFlow executor_manager's, shared with routes.executor_compat) --
-STATUSES = ("success", "program_error", "resource_limit_exceeded", "unauthorized_access", "runtime_error",
-            "program_runner_error")
-RESOURCE_LIMIT_TYPES = ("time", "memory", "output")
-UNAUTHORIZED_ACCESS_TYPES = ("disallowed_syscall", "file_access", "network_access")
-RUNTIME_ERROR_TYPES = ("signalled", "nonzero_exit")
-WIRE_LANGUAGES = {Language.PYTHON: "python", Language.JAVASCRIPT: "nodejs"}
 
 HTTP_GRACE = 15.0  # seconds past the execution timeout before the client gives up on a response
 BACKOFF_BASE = 0.25
 BACKOFF_MAX = 4.0
-
-
-def _sb_for_runner_error(body: dict[str, Any], http_status: int) -> SandboxError:
-    """A ``program_runner_error`` (the runner failed, not the program) as a typed SB error."""
-    if isinstance(body.get("error"), dict):  # execbox's executor adds its SB error
-        return error_from_dict(body, http_status if http_status >= 400 else None)
-    detail = str(body.get("detail") or "")
-    stderr = str(body.get("stderr") or "")
-    message = f"remote executor: {detail or 'runner error'}" + (f": {stderr[:500]}" if stderr else "")
-    details = {"status": body.get("status"), "detail": detail, "exit_code": body.get("exit_code")}
-    if detail == "Code is unsafe":  # RAGFlow's AST filter
-        return CodeBlockedError(message, details=details)
-    if detail == "no_available_container" or "pool is busy" in stderr.lower():
-        return InstanceCreationError(message, details=details)
-    return ProviderUnavailableError(message, details=details)
-
-
-def run_response_to_result(body: dict[str, Any], *, provider: str, instance_id: str, wall: float,
-                           default_isolation: str, http_status: int = 200) -> ExecutionResult:
-    """Map a ``/run`` response to an ExecutionResult (raising for runner errors)."""
-    status = body.get("status")
-    if status not in STATUSES:
-        raise ProviderUnavailableError(
-            f"remote executor answered HTTP {http_status} without a known /run status",
-            details={"http_status": http_status, "status": status})
-    if status == "program_runner_error":
-        raise _sb_for_runner_error(body, http_status)
-    limit = body.get("resource_limit_type")
-    metadata: dict[str, Any] = {
-        "provider": provider,
-        "isolation": body.get("isolation") or default_isolation,
-        "instance_id": instance_id,
-        "remote_status": status,
-        "detail": body.get("detail"),
-        "time_used_ms": body.get("time_used_ms"),
-        "peak_memory_kb": body.get("memory_used_kb"),
-        "host_overhead_ms": round(wall * 1000 - float(body.get("time_used_ms") or 0.0), 3),
-    }
-    for key in ("resource_limit_type", "unauthorized_access_type", "runtime_error_type"):
-        if body.get(key):
-            metadata[key] = body[key]
-    timed_out = status == "resource_limit_exceeded" and limit == "time"
-    if timed_out:
-        metadata["error_code"] = "SB005"
-        metadata["error_message"] = body.get("detail") or "execution timed out"
-    elif status == "resource_limit_exceeded" and limit == "memory":
-        metadata["error_code"] = "SB006"
-        metadata["error_message"] = body.get("detail") or "execution ran out of memory"
-    elif status == "unauthorized_access":
-        metadata["error_code"] = "SB007"
-        denied = body.get("unauthorized_access_type") or "an operation"
-        metadata["error_message"] = f"the sandbox denied {denied}"
-    res = body.get("result") or {}
-    present = bool(res.get("present"))
-    metadata["result_present"] = present
-    metadata["result_type"] = res.get("type") if present else None
-    artifacts = []
-    for a in body.get("artifacts") or []:
-        data = base64.b64decode(a.get("content_b64") or "")
-        artifacts.append(Artifact(name=a["name"], mime_type=a.get("mime_type") or "application/octet-stream",
-                                  size=int(a.get("size", len(data))), sha256=hashlib.sha256(data).hexdigest(),
-                                  path=a["name"], _data=data))
-    exit_code = body.get("exit_code")
-    return ExecutionResult(
-        stdout=str(body.get("stdout") or ""), stderr=str(body.get("stderr") or ""),
-        exit_code=int(exit_code) if exit_code is not None else (0 if status == "success" else 1),
-        execution_time=float(body.get("time_used_ms") or wall * 1000) / 1000.0,
-        metadata=metadata, timed_out=timed_out,
-        truncated=status == "resource_limit_exceeded" and limit == "output",
-        result=res.get("value") if present else None, artifacts=artifacts,
-    )
+HEALTH_BODY_LIMIT = 64 * 1024
+REMOTE = "the remote executor"
+"""How errors name the executor: its endpoint is the operator's internal address, shown to tenants
+nowhere (it is logged, for the operator)."""
 
 
 class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
@@ -176,8 +108,8 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         }
 
     def validate_config(self, config: dict[str, Any]) -> tuple[bool, str | None]:
-        # the endpoint is shown in the config, in errors and in the retry log: a password in it
-        # would be everywhere a secret must not be (api_key is stored encrypted and redacted)
+        # the endpoint is shown in the config and the server log (never in tenants' errors): a
+        # password in it would be where a secret must not be (api_key is stored encrypted, redacted)
         problem = url_problem("endpoint", config.get("endpoint", ""), secret_field="api_key")
         return (False, problem) if problem else (True, None)
 
@@ -197,8 +129,9 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         # not found closed after the request was written (that would look like a lost request)
         limits = httpx.Limits(max_connections=int(clean["pool_size"]), max_keepalive_connections=4,
                               keepalive_expiry=2.0)
+        # every socket read obeys the exchange's wall-clock deadline (sdk/bounded.py)
         self._client = httpx.Client(base_url=clean["endpoint"].rstrip("/"), headers=headers, limits=limits,
-                                    transport=httpx.HTTPTransport(retries=0))
+                                    transport=clamp_transport(httpx.HTTPTransport(retries=0)))
         self._policy = AstPolicy.from_config(None, None) if clean.get("enable_ast_analysis") else None
         self.initialized = True
         return True
@@ -208,7 +141,7 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
                         session_id: str | None = None) -> SandboxInstance:
         self._require_initialized()
         instance_id = make_instance_id(tenant_id, session_id)
-        meta = {"tenant_id": tenant_id, "session_id": session_id, "endpoint": self.config["endpoint"],
+        meta = {"tenant_id": tenant_id, "session_id": session_id,
                 "pool_size": self.config["pool_size"], "isolation": self.isolation.value}
         if self.native:
             meta.update(self._native_create(instance_id))
@@ -228,9 +161,10 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         if self._client is None:
             return False
         try:
-            r = self._client.get("/healthz", timeout=5.0)
-            return r.status_code == 200 and r.json().get("status") == "ok"
-        except (httpx.HTTPError, ValueError, AttributeError):
+            with deadline(5.0) as dl, self._client.stream("GET", "/healthz", timeout=5.0) as r:
+                body = json.loads(read_body(r, HEALTH_BODY_LIMIT, dl, "the /healthz answer"))
+            return r.status_code == 200 and isinstance(body, dict) and body.get("status") == "ok"
+        except (httpx.HTTPError, ValueError, SandboxError):
             return False
 
     def shutdown(self) -> None:
@@ -271,24 +205,15 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         payload = {"code_b64": base64.b64encode(code.encode("utf-8")).decode("ascii"),
                    "language": WIRE_LANGUAGES[lang], "arguments": arguments or {}, "timeout": timeout}
         started = time.monotonic()
-        response = self._post_run(payload, float(timeout))
+        status, content = self._post_run(payload, float(timeout))
         wall = time.monotonic() - started
-        try:
-            body = response.json()
-        except ValueError:
-            raise ProviderUnavailableError(
-                f"remote executor answered HTTP {response.status_code} with a non-JSON body",
-                details={"http_status": response.status_code, "endpoint": self.config["endpoint"]}) from None
-        if not isinstance(body, dict):
-            raise ProviderUnavailableError("remote executor answered with a non-object JSON body",
-                                           details={"http_status": response.status_code})
+        body = self._run_body(status, content)
         if "status" not in body:
             if isinstance(body.get("error"), dict):
-                raise error_from_dict(body, response.status_code)
-            raise self._http_error(response, body)
+                raise typed_error(body["error"], status)
+            raise self._http_error(status, body)
         result = run_response_to_result(body, provider=self.name, instance_id=instance_id, wall=wall,
-                                        default_isolation=self.isolation.value,
-                                        http_status=response.status_code)
+                                        default_isolation=self.isolation.value, http_status=status)
         if on_output is not None:  # no streaming over /run: deliver the output once, at the end
             if result.stdout:
                 on_output("stdout", result.stdout)
@@ -296,49 +221,79 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
                 on_output("stderr", result.stderr)
         return result
 
-    def _http_error(self, response: httpx.Response, body: dict[str, Any]) -> SandboxError:
-        status = response.status_code
-        details = {"http_status": status, "endpoint": self.config["endpoint"]}
+    def _run_body(self, status: int, content: bytes) -> dict[str, Any]:
+        if 300 <= status < 400:
+            log.warning("executor %s answered /run with a redirect (HTTP %d); not followed",
+                        self.config["endpoint"], status)
+            raise ProviderUnavailableError(f"{REMOTE} answered HTTP {status} redirect, not followed",
+                                           details={"http_status": status})
+        try:
+            body = json.loads(content)
+        except ValueError:
+            raise ProviderUnavailableError(f"{REMOTE} answered HTTP {status} with a non-JSON body",
+                                           details={"http_status": status}) from None
+        if not isinstance(body, dict):
+            raise ProviderUnavailableError(f"{REMOTE} answered with a non-object JSON body",
+                                           details={"http_status": status})
+        return body
+
+    def _http_error(self, status: int, body: dict[str, Any]) -> SandboxError:
+        details: dict[str, Any] = {"http_status": status}
         if status in (401, 403):
             return ConnectionFailedError(
-                f"remote executor refused the request (HTTP {status}): check self_managed.api_key",
-                details=details)
+                f"{REMOTE} refused the request (HTTP {status}): check self_managed.api_key", details=details)
         if status == 422:
-            return InvalidConfigError(f"remote executor rejected the request: {body.get('detail')}",
-                                      details={**details, "detail": body.get("detail")})
-        return ProviderUnavailableError(f"remote executor answered HTTP {status}", details=details)
+            detail = str(body.get("detail"))[:500]
+            return InvalidConfigError(f"{REMOTE} rejected the request: {detail}", details={**details, "detail": detail})
+        return ProviderUnavailableError(f"{REMOTE} answered HTTP {status}", details=details)
 
-    def _post_run(self, payload: dict[str, Any], timeout: float) -> httpx.Response:
-        """POST /run, retrying only when the connection could not be made."""
+    def _post_run(self, payload: dict[str, Any], timeout: float) -> tuple[int, bytes]:
+        """POST /run and read the answer (at most MAX_RESPONSE_BYTES, by timeout + HTTP_GRACE of
+        wall-clock time), retrying only when the connection could not be made."""
         assert self._client is not None
+        endpoint = self.config["endpoint"]
         retries = int(self.config["max_retries"])
         wait = timeout + HTTP_GRACE
         http_timeout = httpx.Timeout(connect=5.0, read=wait, write=30.0, pool=wait)
+        late = (f"{REMOTE} did not answer within {wait:g}s (timeout {timeout:g}s + {HTTP_GRACE:g}s grace); "
+                "not retried")
         attempt = 0
         while True:
             try:
-                request = self._client.build_request("POST", "/run", json=payload, timeout=http_timeout)
-                return self._client.send(request)
+                with deadline(wait, ExecutionTimeoutError, late) as dl:
+                    try:
+                        request = self._client.build_request("POST", "/run", json=payload, timeout=http_timeout)
+                        response = self._client.send(request, stream=True)
+                        try:
+                            return response.status_code, read_body(response, MAX_RESPONSE_BYTES, dl,
+                                                                   f"{REMOTE}'s answer", ProviderUnavailableError)
+                        finally:
+                            response.close()
+                    except httpx.TimeoutException as e:
+                        if dl.expired or isinstance(e, httpx.ReadTimeout):
+                            raise dl.failure() from e
+                        raise
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 # Nothing reached the server: safe to try again.
                 if attempt >= retries:
+                    log.warning("executor %s not reachable after %d attempt(s): %s", endpoint, attempt + 1,
+                                type(e).__name__)
                     raise ConnectionFailedError(
-                        f"could not connect to the executor at {self.config['endpoint']} after "
-                        f"{attempt + 1} attempt(s): {type(e).__name__}",
-                        details={"endpoint": self.config["endpoint"], "attempts": attempt + 1}) from e
+                        f"could not connect to {REMOTE} after {attempt + 1} attempt(s): {type(e).__name__}",
+                        details={"attempts": attempt + 1}) from e
                 delay = min(BACKOFF_MAX, BACKOFF_BASE * (2 ** attempt))
-                log.info("executor %s not reachable (%s); retry %d/%d in %.2fs", self.config["endpoint"],
+                log.info("executor %s not reachable (%s); retry %d/%d in %.2fs", endpoint,
                          type(e).__name__, attempt + 1, retries, delay)
                 time.sleep(delay)
                 attempt += 1
-            except httpx.ReadTimeout as e:
-                raise ExecutionTimeoutError(
-                    f"the executor did not answer within {timeout + HTTP_GRACE:.0f}s "
-                    f"(timeout {timeout:g}s + {HTTP_GRACE:g}s grace); not retried",
-                    details={"endpoint": self.config["endpoint"], "timeout": timeout}) from e
+            except ExecutionTimeoutError:
+                log.warning("executor %s gave no complete /run answer within %.0fs", endpoint, wait)
+                raise
             except httpx.TransportError as e:
                 # The request may have reached the server and started running: never re-send it.
+                log.warning("executor %s: connection lost after the /run request was sent (%s)", endpoint,
+                            type(e).__name__)
                 raise ProviderUnavailableError(
-                    f"the connection to the executor was lost after the request was sent "
+                    f"the connection to {REMOTE} was lost after the request was sent "
                     f"({type(e).__name__}); the code may have run, so it was not retried",
-                    details={"endpoint": self.config["endpoint"], "retried": False}) from e
+                    details={"retried": False}) from e

@@ -38,13 +38,11 @@ class ExecboxApiMixin:
         return self.config.get("api") == API_EXECBOX
 
     def _native_create(self, instance_id: str) -> dict[str, Any]:
-        try:  # the SDK's HTTP client (moving to execbox.sdk.remote in issue 19 part 4)
-            from ..sdk.remote import RemoteSandbox  # type: ignore[import-not-found]
-        except ImportError:
-            from ..sdk.remote import RemoteSandbox
+        from ..sdk.remote import RemoteSandbox  # the SDK's HTTP client (imported late: no cycle)
 
         sb = RemoteSandbox(self.config["endpoint"], self.config.get("api_key") or None,
-                           session_id=f"sm-{uuid.uuid4().hex[:16]}", http_client=self._client)
+                           session_id=f"sm-{uuid.uuid4().hex[:16]}", http_client=self._client,
+                           display_name="the remote executor")  # tenants see errors: not the endpoint
         with self._lock:
             self._sessions[instance_id] = sb
         return {"remote_session_id": sb.session_id, "api": API_EXECBOX}

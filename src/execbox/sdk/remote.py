@@ -21,23 +21,29 @@ from typing import Any
 
 import httpx
 
-from ..errors import ConnectionFailedError, SandboxError
+from ..errors import ConnectionFailedError, ExecutionTimeoutError, SandboxError
 from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
 from ..providers.base import OutputCallback
+from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, LineSplitter, bounded_lines, clamp_client, deadline, read_body
 from .commands import Commands, RunFn, StopFn
 from .remote_async import AsyncRemoteSandbox
 from .wire import (
     _SSE,
     API_PREFIX,
     DEFAULT_HTTP_TIMEOUT,
+    HTTP_GRACE,
+    Reply,
     _base_url,
     _content,
-    _error,
     _headers,
     _Requests,
     _result_or_raise,
     _StreamState,
+    decode,
     iter_events,
+    reply_error,
+    result_from,
+    run_deadline_message,
 )
 
 
@@ -48,33 +54,43 @@ class RemoteFiles:
         self._sb = sandbox
 
     def read(self, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        return TextPage(**self._sb._post("read", self._sb._req.scoped(path=path, offset=offset, limit=limit)))
+        out = self._sb._post("read", self._sb._req.scoped(path=path, offset=offset, limit=limit))
+        return decode("a text page", lambda: TextPage(**out))
 
     def read_bytes(self, path: str) -> bytes:
-        return base64.b64decode(self._sb._post("read_binary", self._sb._req.scoped(path=path))["content_b64"])
+        out = self._sb._post("read_binary", self._sb._req.scoped(path=path))
+        return decode("file content", lambda: base64.b64decode(out["content_b64"], validate=True))
 
     def write(self, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
-        return FileInfo(**self._sb._post("write", self._sb._req.scoped(path=path, mode=mode, **_content(content))))
+        out = self._sb._post("write", self._sb._req.scoped(path=path, mode=mode, **_content(content)))
+        return decode("file info", lambda: FileInfo(**out))
 
     def write_many(self, files: dict[str, str | bytes]) -> list[FileInfo]:
         sb = self._sb
         tenant = sb.tenant_id or sb._whoami_tenant()
         body = {"files": [{"path": p, **_content(c)} for p, c in files.items()]}
         out = sb._post(f"sessions/{tenant}/{sb.session_id}/copy", body)
-        return [FileInfo(**f) for f in out["files"]]
+        return decode("a file list", lambda: [FileInfo(**f) for f in out["files"]])
 
     def list(self, path: str = ".", recursive: bool = False) -> list[FileInfo]:
         out = self._sb._post("list", self._sb._req.scoped(path=path, recursive=recursive))
-        return [FileInfo(**f) for f in out["files"]]
+        return decode("a file list", lambda: [FileInfo(**f) for f in out["files"]])
 
     def glob(self, pattern: str) -> list[str]:
-        return self._sb._post("glob", self._sb._req.scoped(pattern=pattern))["paths"]
+        out = self._sb._post("glob", self._sb._req.scoped(pattern=pattern))
+        return decode("a path list", lambda: [_str(p) for p in out["paths"]])
 
     def grep(self, pattern: str, path: str = ".", glob: str | None = None, max_results: int = 100
              ) -> list[GrepMatch]:
         out = self._sb._post("grep", self._sb._req.scoped(pattern=pattern, path=path, glob=glob,
                                                           max_results=max_results))
-        return [GrepMatch(**m) for m in out["matches"]]
+        return decode("a match list", lambda: [GrepMatch(**m) for m in out["matches"]])
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not a string")
+    return value
 
 
 class RemoteSandbox:
@@ -83,18 +99,27 @@ class RemoteSandbox:
     ``tenant_id`` defaults to the token's tenant; ``session_id`` to a fresh random id.
     ``close()`` destroys the session when the token is an admin token (DELETE is admin only);
     otherwise the service's idle reaper (SANDBOX_IDLE_TIMEOUT) frees it.
+
+    Every exchange has a wall-clock deadline (a run: its timeout + 30 s, or 3600 s + 30 s when it
+    names none; other calls: 300 s), past which a run is SB005 and a call SB003, and no reply body
+    or streamed event larger than ``max_response_bytes`` is buffered (SB003). ``display_name``
+    replaces the URL in error messages and details (self_managed: tenants must not see it).
     """
 
     def __init__(self, url: str, token: str | None = None, *, tenant_id: str | None = None,
-                 session_id: str | None = None, http_client: httpx.Client | None = None) -> None:
+                 session_id: str | None = None, http_client: httpx.Client | None = None,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES, display_name: str | None = None) -> None:
         self.url = _base_url(url)
         self.token = token
         self.tenant_id = tenant_id
         self.session_id = session_id or f"s-{uuid.uuid4().hex[:16]}"
+        self.max_response_bytes = max_response_bytes
+        self._where = display_name or f"execbox at {self.url}"
+        self._where_details: dict[str, Any] = {} if display_name else {"url": self.url}
         self._req = _Requests(tenant_id, self.session_id)
         self._owns_client = http_client is None
-        self._http = http_client or httpx.Client(base_url=self.url, headers=_headers(token),
-                                                 timeout=DEFAULT_HTTP_TIMEOUT)
+        self._http = clamp_client(http_client or httpx.Client(base_url=self.url, headers=_headers(token),
+                                                              timeout=DEFAULT_HTTP_TIMEOUT))
         self.closed = False
         self.files = RemoteFiles(self)
         self.commands = Commands(self)
@@ -105,29 +130,42 @@ class RemoteSandbox:
         return cls(url, token, tenant_id=tenant_id, session_id=session_id)
 
     # -- transport --------------------------------------------------------------------------
-    def _send(self, method: str, path: str, body: dict[str, Any] | None = None,
-              timeout: float | None = None) -> httpx.Response:
+    def _send(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+              seconds: float | None = None, timed_out: tuple[type[SandboxError], str] | None = None) -> Reply:
+        """One exchange, read whole within ``seconds`` of wall-clock time. ``timed_out``: the error a
+        run (or install) past it raises; such a server is silent until done, so reads may wait that long."""
         if self.closed:
             raise SandboxError("this RemoteSandbox is closed", details={"session_id": self.session_id})
-        try:
-            return self._http.request(method, f"{API_PREFIX}/{path}", json=body,
-                                      timeout=timeout or DEFAULT_HTTP_TIMEOUT)
-        except httpx.HTTPError as e:
-            raise ConnectionFailedError(f"cannot reach execbox at {self.url}: {e}",
-                                        details={"url": self.url}) from e
+        seconds = seconds or CALL_DEADLINE  # looked up per call (tests shorten it)
+        error, message = timed_out or (
+            ConnectionFailedError, f"{self._where} did not finish answering within {seconds:g}s; gave up")
+        with deadline(seconds, error, message) as dl:
+            try:
+                with self._http.stream(method, f"{API_PREFIX}/{path}", json=body,
+                                       timeout=seconds if timed_out else min(seconds, DEFAULT_HTTP_TIMEOUT)) as r:
+                    content = read_body(r, self.max_response_bytes, dl, "the service's answer")
+                    return Reply(r.status_code, content, r.request.url.path)
+            except httpx.HTTPError as e:
+                raise self._transport_error(dl, e, "cannot reach") from e
 
-    def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
-        r = self._send("POST", path, body, timeout)
-        if r.status_code >= 400:
-            raise _error(r)
-        return r.json()
+    def _transport_error(self, dl: Any, e: httpx.HTTPError, doing: str) -> SandboxError:
+        if dl.expired:
+            return dl.failure()
+        why = f"{type(e).__name__}: {e}" if self._where_details else type(e).__name__  # display_name: no URL
+        return ConnectionFailedError(f"{doing} {self._where}: {why}", details=dict(self._where_details))
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self._send("POST", path, body)
+        if r.status >= 300:
+            raise reply_error(r)
+        return r.obj()
 
     def _whoami_tenant(self) -> str:
         """The token's tenant (the copy route names it in its path)."""
         r = self._send("GET", "whoami")
-        if r.status_code >= 400:
-            raise _error(r)
-        self.tenant_id = r.json()["tenant_id"]
+        if r.status >= 300:
+            raise reply_error(r)
+        self.tenant_id = decode("whoami", lambda: _str(r.obj()["tenant_id"]))
         return self.tenant_id
 
     def _fetcher(self, path: str) -> bytes:
@@ -136,28 +174,33 @@ class RemoteSandbox:
     # -- execution --------------------------------------------------------------------------
     def _run(self, op: str, body: dict[str, Any], timeout: float | None,
              on_output: OutputCallback | None, cut: threading.Event | None = None) -> ExecutionResult:
-        http_timeout = self._req.http_timeout(timeout)
+        seconds = self._req.http_timeout(timeout)
         if on_output is None:
-            r = self._send("POST", op, body, http_timeout)
-            if r.status_code >= 400:
-                return _result_or_raise(_error(r), self._fetcher)
-            return ExecutionResult.from_dict(r.json(), self._fetcher)
+            r = self._send("POST", op, body, seconds=seconds,
+                           timed_out=(ExecutionTimeoutError, run_deadline_message(self._where, timeout)))
+            if r.status >= 300:
+                return _result_or_raise(reply_error(r), self._fetcher)
+            return result_from(r.obj(), self._fetcher)
         state = _StreamState(on_output)
-        parser = _SSE()
-        try:
-            with self._http.stream("POST", f"{API_PREFIX}/{op}", json={**body, "stream": True},
-                                   timeout=http_timeout) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    return _result_or_raise(_error(r), self._fetcher)
-                for line in r.iter_lines():  # the service sends a keepalive every second
-                    if cut is not None and cut.is_set():  # kill(): leaving closes the stream; the
-                        raise ConnectionFailedError("the command was killed")  # service cancels the run
-                    item = parser.feed(line)
-                    if item is not None:
-                        state.handle(*item)
-        except httpx.HTTPError as e:
-            raise ConnectionFailedError(f"stream from {self.url} broke: {e}", details={"url": self.url}) from e
+        parser = _SSE(self.max_response_bytes)
+        limit = self.max_response_bytes
+        with deadline(seconds, ExecutionTimeoutError, run_deadline_message(self._where, timeout)) as dl:
+            try:
+                with self._http.stream("POST", f"{API_PREFIX}/{op}", json={**body, "stream": True},
+                                       timeout=seconds) as r:
+                    if r.status_code >= 300:
+                        reply = Reply(r.status_code, read_body(r, limit, dl, "the service's answer"),
+                                      r.request.url.path)
+                        return _result_or_raise(reply_error(reply), self._fetcher)
+                    lines = LineSplitter(limit, 2 * limit, "the event stream")
+                    for line in bounded_lines(r.iter_text(), lines, dl):  # a keepalive every second
+                        if cut is not None and cut.is_set():  # kill(): leaving closes the stream; the
+                            raise ConnectionFailedError("the command was killed")  # service cancels the run
+                        item = parser.feed(line)
+                        if item is not None:
+                            state.handle(*item)
+            except httpx.HTTPError as e:
+                raise self._transport_error(dl, e, "the stream broke from") from e
         return state.finish(self._fetcher)
 
     def run_code(self, code: str, language: str = "python", *, timeout: float | None = None,
@@ -187,9 +230,9 @@ class RemoteSandbox:
     def _session_call(self, method: str, suffix: str = "") -> dict[str, Any]:
         tenant = self.tenant_id or self._whoami_tenant()
         r = self._send(method, f"sessions/{tenant}/{self.session_id}{suffix}")
-        if r.status_code >= 400:
-            raise _error(r)
-        return r.json()
+        if r.status >= 300:
+            raise reply_error(r)
+        return r.obj()
 
     def info(self) -> dict[str, Any]:
         """The session's registry entry: state, owning replica, expiry, contexts_lost."""
@@ -208,20 +251,23 @@ class RemoteSandbox:
         """pip/npm packages into the session's workspace (POST .../install); SB errors name what failed."""
         tenant = self.tenant_id or self._whoami_tenant()
         body = {"pip": list(pip or []), "npm": list(npm or []), "timeout": timeout}
-        r = self._send("POST", f"sessions/{tenant}/{self.session_id}/install", body,
-                       timeout=(timeout or 300) + 30)
-        if r.status_code >= 400:
-            raise _error(r)
-        return r.json()
+        seconds = (timeout or 300) + HTTP_GRACE
+        r = self._send("POST", f"sessions/{tenant}/{self.session_id}/install", body, seconds=seconds,
+                       timed_out=(ExecutionTimeoutError, f"{self._where} did not finish the install within "
+                                                         f"{seconds:g}s; gave up"))
+        if r.status >= 300:
+            raise reply_error(r)
+        return r.obj()
 
     def close(self) -> None:
         if self.closed:
             return
         try:
-            me = self._send("GET", "whoami", timeout=10)
-            if me.status_code == 200 and me.json().get("role") == "admin":
-                tenant = self.tenant_id or me.json()["tenant_id"]
-                self._send("DELETE", f"sessions/{tenant}/{self.session_id}", timeout=10)
+            me = self._send("GET", "whoami", seconds=10)
+            who = me.obj() if me.status == 200 else {}
+            if who.get("role") == "admin":
+                tenant = self.tenant_id or str(who.get("tenant_id"))
+                self._send("DELETE", f"sessions/{tenant}/{self.session_id}", seconds=10)
         except (SandboxError, ValueError):
             pass  # tenant token (DELETE is admin only) or unreachable: the idle reaper frees the session
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from collections.abc import AsyncIterator
@@ -9,22 +10,33 @@ from typing import Any
 
 import httpx
 
-from ..errors import ConnectionFailedError, SandboxError, error_from_dict
+from ..errors import ConnectionFailedError, ExecutionTimeoutError, SandboxError
 from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
 from ..providers.base import OutputCallback
+from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, BodyCap, Deadline, LineSplitter
 from .commands import AsyncCommands, AsyncRunFn, AsyncStopFn
 from .wire import (
     _SSE,
     API_PREFIX,
     DEFAULT_HTTP_TIMEOUT,
+    Reply,
     _base_url,
     _content,
-    _error,
     _headers,
     _Requests,
     _result_or_raise,
     _StreamState,
+    decode,
+    reply_error,
+    result_from,
+    run_deadline_message,
 )
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not a string")
+    return value
 
 
 class AsyncRemoteFiles:
@@ -32,50 +44,61 @@ class AsyncRemoteFiles:
         self._sb = sandbox
 
     async def read(self, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        return TextPage(**await self._sb._post("read", self._sb._req.scoped(path=path, offset=offset, limit=limit)))
+        out = await self._sb._post("read", self._sb._req.scoped(path=path, offset=offset, limit=limit))
+        return decode("a text page", lambda: TextPage(**out))
 
     async def read_bytes(self, path: str) -> bytes:
         out = await self._sb._post("read_binary", self._sb._req.scoped(path=path))
-        return base64.b64decode(out["content_b64"])
+        return decode("file content", lambda: base64.b64decode(out["content_b64"], validate=True))
 
     async def write(self, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
         out = await self._sb._post("write", self._sb._req.scoped(path=path, mode=mode, **_content(content)))
-        return FileInfo(**out)
+        return decode("file info", lambda: FileInfo(**out))
 
     async def write_many(self, files: dict[str, str | bytes]) -> list[FileInfo]:
         sb = self._sb
         if sb.tenant_id is None:
             r = await sb._send("GET", "whoami")
-            if r.status_code >= 400:
-                raise _error(r)
-            sb.tenant_id = r.json()["tenant_id"]
+            if r.status >= 300:
+                raise reply_error(r)
+            who = r.obj()
+            sb.tenant_id = decode("whoami", lambda: _str(who["tenant_id"]))
         body = {"files": [{"path": p, **_content(c)} for p, c in files.items()]}
         out = await sb._post(f"sessions/{sb.tenant_id}/{sb.session_id}/copy", body)
-        return [FileInfo(**f) for f in out["files"]]
+        return decode("a file list", lambda: [FileInfo(**f) for f in out["files"]])
 
     async def list(self, path: str = ".", recursive: bool = False) -> list[FileInfo]:
         out = await self._sb._post("list", self._sb._req.scoped(path=path, recursive=recursive))
-        return [FileInfo(**f) for f in out["files"]]
+        return decode("a file list", lambda: [FileInfo(**f) for f in out["files"]])
 
     async def glob(self, pattern: str) -> list[str]:
-        return (await self._sb._post("glob", self._sb._req.scoped(pattern=pattern)))["paths"]
+        out = await self._sb._post("glob", self._sb._req.scoped(pattern=pattern))
+        return decode("a path list", lambda: [_str(p) for p in out["paths"]])
 
     async def grep(self, pattern: str, path: str = ".", glob: str | None = None, max_results: int = 100
                    ) -> list[GrepMatch]:
         out = await self._sb._post("grep", self._sb._req.scoped(pattern=pattern, path=path, glob=glob,
                                                                 max_results=max_results))
-        return [GrepMatch(**m) for m in out["matches"]]
+        return decode("a match list", lambda: [GrepMatch(**m) for m in out["matches"]])
 
 
 class AsyncRemoteSandbox:
-    """The asyncio twin of RemoteSandbox: same methods, awaited. Artifact bytes: ``await files.read_bytes``."""
+    """The asyncio twin of RemoteSandbox: same methods, awaited. Artifact bytes: ``await files.read_bytes``.
+
+    Same bounds as RemoteSandbox: a wall-clock deadline on every exchange (``asyncio.timeout``)
+    and ``max_response_bytes`` on what is buffered.
+    """
 
     def __init__(self, url: str, token: str | None = None, *, tenant_id: str | None = None,
-                 session_id: str | None = None, http_client: httpx.AsyncClient | None = None) -> None:
+                 session_id: str | None = None, http_client: httpx.AsyncClient | None = None,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES, display_name: str | None = None) -> None:
         self.url = _base_url(url)
         self.token = token
         self.tenant_id = tenant_id
         self.session_id = session_id or f"s-{uuid.uuid4().hex[:16]}"
+        self.max_response_bytes = max_response_bytes
+        self._where = display_name or f"execbox at {self.url}"
+        self._where_details: dict[str, Any] = {} if display_name else {"url": self.url}
         self._req = _Requests(tenant_id, self.session_id)
         self._owns_client = http_client is None
         self._http = http_client or httpx.AsyncClient(base_url=self.url, headers=_headers(token),
@@ -89,55 +112,86 @@ class AsyncRemoteSandbox:
                      session_id: str | None = None) -> AsyncRemoteSandbox:
         return cls(url, token, tenant_id=tenant_id, session_id=session_id)
 
-    async def _send(self, method: str, path: str, body: dict[str, Any] | None = None,
-                    timeout: float | None = None) -> httpx.Response:
+    async def _send(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+                    seconds: float | None = None,
+                    timed_out: tuple[type[SandboxError], str] | None = None) -> Reply:
+        """One exchange, read whole within ``seconds`` (see RemoteSandbox._send)."""
         if self.closed:
             raise SandboxError("this AsyncRemoteSandbox is closed", details={"session_id": self.session_id})
+        seconds = seconds or CALL_DEADLINE  # looked up per call (tests shorten it)
+        error, message = timed_out or (
+            ConnectionFailedError, f"{self._where} did not finish answering within {seconds:g}s; gave up")
+        dl = Deadline(seconds, error, message)
         try:
-            return await self._http.request(method, f"{API_PREFIX}/{path}", json=body,
-                                            timeout=timeout or DEFAULT_HTTP_TIMEOUT)
+            async with asyncio.timeout(seconds):
+                async with self._http.stream(method, f"{API_PREFIX}/{path}", json=body,
+                                             timeout=seconds if timed_out else min(seconds, DEFAULT_HTTP_TIMEOUT)
+                                             ) as r:
+                    return Reply(r.status_code, await self._body(r), r.request.url.path)
+        except TimeoutError:
+            raise dl.failure() from None
         except httpx.HTTPError as e:
-            raise ConnectionFailedError(f"cannot reach execbox at {self.url}: {e}",
-                                        details={"url": self.url}) from e
+            raise self._transport_error(dl, e, "cannot reach") from e
 
-    async def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
-        r = await self._send("POST", path, body, timeout)
-        if r.status_code >= 400:
-            raise _error(r)
-        return r.json()
+    async def _body(self, r: httpx.Response) -> bytes:
+        cap = BodyCap(self.max_response_bytes, "the service's answer")
+        cap.declared(r.headers)
+        async for chunk in r.aiter_bytes():
+            cap.add(chunk)
+        return bytes(cap.buf)
 
-    async def _lines(self, op: str, body: dict[str, Any], timeout: float, state: _StreamState
-                     ) -> AsyncIterator[str]:
-        async with self._http.stream("POST", f"{API_PREFIX}/{op}", json={**body, "stream": True},
-                                     timeout=timeout) as r:
-            if r.status_code >= 400:
-                await r.aread()
-                state.error = _error(r).to_dict()["error"]
-                state.error["_status"] = r.status_code
-                return
-            async for line in r.aiter_lines():
+    def _transport_error(self, dl: Deadline, e: httpx.HTTPError, doing: str) -> SandboxError:
+        if dl.expired:
+            return dl.failure()
+        why = f"{type(e).__name__}: {e}" if self._where_details else type(e).__name__  # display_name: no URL
+        return ConnectionFailedError(f"{doing} {self._where}: {why}", details=dict(self._where_details))
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = await self._send("POST", path, body)
+        if r.status >= 300:
+            raise reply_error(r)
+        return r.obj()
+
+    async def _lines(self, r: httpx.Response) -> AsyncIterator[str]:
+        limit = self.max_response_bytes
+        splitter = LineSplitter(limit, 2 * limit, "the event stream")
+        async for chunk in r.aiter_text():
+            for line in splitter.feed(chunk):
                 yield line
+        for line in splitter.close():
+            yield line
 
-    async def _run(self, op: str, body: dict[str, Any], timeout: float | None,
-                   on_output: OutputCallback | None) -> ExecutionResult:
-        http_timeout = self._req.http_timeout(timeout)
-        if on_output is None:
-            r = await self._send("POST", op, body, http_timeout)
-            if r.status_code >= 400:
-                return _result_or_raise(_error(r), None)
-            return ExecutionResult.from_dict(r.json())
-        state, parser = _StreamState(on_output), _SSE()
-        try:
-            async for line in self._lines(op, body, http_timeout, state):
+    async def _stream(self, op: str, body: dict[str, Any], seconds: float,
+                      on_output: OutputCallback) -> ExecutionResult:
+        state, parser = _StreamState(on_output), _SSE(self.max_response_bytes)
+        async with self._http.stream("POST", f"{API_PREFIX}/{op}", json={**body, "stream": True},
+                                     timeout=seconds) as r:
+            if r.status_code >= 300:
+                reply = Reply(r.status_code, await self._body(r), r.request.url.path)
+                return _result_or_raise(reply_error(reply), None)
+            async for line in self._lines(r):  # the service sends a keepalive every second
                 item = parser.feed(line)
                 if item is not None:
                     state.handle(*item)
-        except httpx.HTTPError as e:
-            raise ConnectionFailedError(f"stream from {self.url} broke: {e}", details={"url": self.url}) from e
-        if state.error is not None and "_status" in state.error:
-            status = state.error.pop("_status")
-            return _result_or_raise(error_from_dict({"error": state.error}, status), None)
         return state.finish(None)
+
+    async def _run(self, op: str, body: dict[str, Any], timeout: float | None,
+                   on_output: OutputCallback | None) -> ExecutionResult:
+        seconds = self._req.http_timeout(timeout)
+        timed_out = (ExecutionTimeoutError, run_deadline_message(self._where, timeout))
+        if on_output is None:
+            r = await self._send("POST", op, body, seconds=seconds, timed_out=timed_out)
+            if r.status >= 300:
+                return _result_or_raise(reply_error(r), None)
+            return result_from(r.obj(), None)
+        dl = Deadline(seconds, *timed_out)
+        try:
+            async with asyncio.timeout(seconds):
+                return await self._stream(op, body, seconds, on_output)
+        except TimeoutError:
+            raise dl.failure() from None
+        except httpx.HTTPError as e:
+            raise self._transport_error(dl, e, "the stream broke from") from e
 
     async def run_code(self, code: str, language: str = "python", *, timeout: float | None = None,
                        arguments: dict[str, Any] | None = None, context_id: str | None = None,
@@ -163,10 +217,11 @@ class AsyncRemoteSandbox:
         if self.closed:
             return
         try:
-            me = await self._send("GET", "whoami", timeout=10)
-            if me.status_code == 200 and me.json().get("role") == "admin":
-                tenant = self.tenant_id or me.json()["tenant_id"]
-                await self._send("DELETE", f"sessions/{tenant}/{self.session_id}", timeout=10)
+            me = await self._send("GET", "whoami", seconds=10)
+            who = me.obj() if me.status == 200 else {}
+            if who.get("role") == "admin":
+                tenant = self.tenant_id or str(who.get("tenant_id"))
+                await self._send("DELETE", f"sessions/{tenant}/{self.session_id}", seconds=10)
         except (SandboxError, ValueError):
             pass
         finally:

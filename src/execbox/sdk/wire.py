@@ -1,22 +1,32 @@
-"""Wire format shared by the sync and async HTTP clients: bodies, SSE parsing, error mapping."""
+"""Wire format shared by the sync and async HTTP clients: bodies, SSE parsing, reply validation.
+
+Every reply is checked for the shape it must have before it is used: a proxy's HTML page, a
+redirect, a list where an object belongs or an undecodable field is a typed ``SandboxError``
+(SB003, the answer did not come from a working execbox), never a bare ``ValueError``.
+"""
 
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
-from typing import Any
-
-import httpx
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ..errors import ConnectionFailedError, SandboxError, error_from_dict
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback
+from .bounded import MAX_RESPONSE_BYTES, too_large
 
 API_PREFIX = "/v1/sandbox"
 DEFAULT_HTTP_TIMEOUT = 30.0
 HTTP_GRACE = 30.0  # seconds beyond an execution's own timeout before the client gives up
+UNTIMED_RUN = 3600.0
+"""A run that names no timeout gets the service's default, unknown here: bounded by the largest
+timeout any provider's config accepts (3600 s) plus HTTP_GRACE."""
+
+T = TypeVar("T")
 
 
 def _base_url(url: str) -> str:
@@ -34,39 +44,105 @@ def _content(content: str | bytes) -> dict[str, str]:
     return {"content": content}
 
 
-def _error(response: httpx.Response) -> SandboxError:
+def malformed(what: str, status: int | None = None) -> ConnectionFailedError:
+    """A reply that is not what an execbox service sends (a proxy's page, a broken or hostile server)."""
+    details: dict[str, Any] = {} if status is None else {"http_status": status}
+    return ConnectionFailedError(f"the service's answer is not a valid execbox reply: {what}", details=details)
+
+
+def decode(what: str, build: Callable[[], T]) -> T:
+    """``build()``, with any failure to decode the reply's fields as a typed error."""
     try:
-        payload = response.json()
+        return build()
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # binascii.Error is a ValueError
+        raise malformed(f"{what} ({type(e).__name__})") from None
+
+
+@dataclass
+class Reply:
+    """A complete HTTP answer, read within the client's deadline and size cap."""
+
+    status: int
+    content: bytes
+    path: str
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.content)
+        except ValueError:
+            raise malformed(f"HTTP {self.status} with a body that is not JSON", self.status) from None
+
+    def obj(self) -> dict[str, Any]:
+        out = self.json()
+        if not isinstance(out, dict):
+            raise malformed(f"HTTP {self.status} with a JSON {type(out).__name__}, not an object", self.status)
+        return out
+
+
+def typed_error(err: dict[str, Any], http_status: int | None = None) -> SandboxError:
+    """An ``{"code", "message", "details"}`` object (however malformed its fields) as its SB class."""
+    details = err.get("details")
+    clean = {"code": str(err.get("code") or ""), "message": str(err.get("message") or ""),
+             "details": details if isinstance(details, dict) else {}}
+    return error_from_dict({"error": clean}, http_status)
+
+
+def reply_error(reply: Reply) -> SandboxError:
+    status = reply.status
+    if 300 <= status < 400:
+        return ConnectionFailedError(f"HTTP {status} redirect from {reply.path}, not followed "
+                                     "(point the client at the service's own URL)", details={"http_status": status})
+    try:
+        payload = json.loads(reply.content)
     except ValueError:
-        payload = {}
-    if not isinstance(payload, dict) or "error" not in payload:
-        return SandboxError(f"HTTP {response.status_code} from {response.request.url.path}: "
-                            f"{response.text[:200]}", http_status=response.status_code)
-    return error_from_dict(payload, response.status_code)
+        payload = None
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(err, dict):
+        text = reply.content[:200].decode("utf-8", "replace")
+        return SandboxError(f"HTTP {status} from {reply.path}: {text}", http_status=status)
+    return typed_error(err, status)
+
+
+def result_from(body: Any, fetcher: Any) -> ExecutionResult:
+    """A run's result object, validated."""
+    if not isinstance(body, dict):
+        raise malformed(f"a run result that is a JSON {type(body).__name__}, not an object")
+    r = decode("a run result with fields of the wrong type", lambda: ExecutionResult.from_dict(body, fetcher))
+    if not (isinstance(r.stdout, str) and isinstance(r.stderr, str)
+            and all(isinstance(a.name, str) and isinstance(a.path, str) for a in r.artifacts)):
+        raise malformed("a run result with fields of the wrong type")
+    return r
 
 
 def _result_or_raise(err: SandboxError, fetcher: Any) -> ExecutionResult:
     """SB005/SB006 carry the partial result: hand it back like the local Sandbox does."""
     body = err.details.get("result") if isinstance(err.details, dict) else None
     if err.code in ("SB005", "SB006") and isinstance(body, dict):
-        return ExecutionResult.from_dict(body, fetcher)
+        return result_from(body, fetcher)
     raise err
 
 
 class _SSE:
-    """Incremental parser of text/event-stream lines into (event, data) pairs."""
+    """Incremental parser of text/event-stream lines into (event, data) pairs; one event's data
+    is at most ``limit`` characters (lines come from a bounded splitter)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_RESPONSE_BYTES) -> None:
         self.event = "message"
         self.data: list[str] = []
+        self.size = 0
+        self.limit = limit
 
     def feed(self, line: str) -> tuple[str, Any] | None:
         if line == "":
             if not self.data:
                 self.event = "message"
                 return None
-            out = (self.event, json.loads("\n".join(self.data)))
-            self.event, self.data = "message", []
+            try:
+                out = (self.event, json.loads("\n".join(self.data)))
+            except ValueError:
+                raise malformed(f"a {self.event!r} event whose data is not JSON") from None
+            finally:
+                self.event, self.data, self.size = "message", [], 0
             return out
         if line.startswith(":"):
             return None
@@ -75,6 +151,9 @@ class _SSE:
         if name == "event":
             self.event = value
         elif name == "data":
+            self.size += len(value) + 1
+            if self.size > self.limit:
+                raise too_large(self.limit, "one event of the stream", ConnectionFailedError)
             self.data.append(value)
         return None
 
@@ -87,9 +166,14 @@ class _StreamState:
         self.artifacts: list[dict[str, Any]] = []
 
     def handle(self, event: str, data: Any) -> None:
+        if event in ("stdout", "stderr", "artifact", "result", "error") and not isinstance(data, dict):
+            raise malformed(f"a {event!r} event whose data is a JSON {type(data).__name__}, not an object")
         if event in ("stdout", "stderr"):
+            text = data.get("text", "")
+            if not isinstance(text, str):
+                raise malformed(f"a {event!r} event whose text is not a string")
             if self.on_output is not None:
-                self.on_output(event, data.get("text", ""))
+                self.on_output(event, text)
         elif event == "artifact":
             self.artifacts.append(data)
         elif event == "result":
@@ -99,9 +183,9 @@ class _StreamState:
 
     def finish(self, fetcher: Any) -> ExecutionResult:
         if self.result is not None:
-            return ExecutionResult.from_dict(self.result, fetcher)
+            return result_from(self.result, fetcher)
         if self.error is not None:
-            raise error_from_dict({"error": self.error})
+            raise typed_error(self.error)
         raise ConnectionFailedError("the event stream ended without a result")
 
 
@@ -122,9 +206,14 @@ class _Requests:
 
     @staticmethod
     def http_timeout(timeout: float | None) -> float:
-        return (timeout or DEFAULT_HTTP_TIMEOUT) + HTTP_GRACE
+        """The wall-clock bound on one run's whole exchange: its timeout plus HTTP_GRACE."""
+        return (timeout if timeout else UNTIMED_RUN) + HTTP_GRACE
 
 
+def run_deadline_message(where: str, timeout: float | None) -> str:
+    budget = f"its timeout {timeout:g}s" if timeout else f"no timeout given: {UNTIMED_RUN:g}s"
+    return (f"{where} did not finish answering the run within {_Requests.http_timeout(timeout):g}s "
+            f"({budget} + {HTTP_GRACE:g}s grace); gave up, not retried")
 
 
 def iter_events(response_lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
@@ -134,4 +223,3 @@ def iter_events(response_lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
         item = parser.feed(line)
         if item is not None:
             yield item
-
