@@ -1,0 +1,161 @@
+"""A session's box: made on first use on the current provider (pinned against a hot reload),
+given the tenant's and the session's egress policy, checked before each use and recreated on the
+next one after it died (SB009 once), destroyed.
+
+Mixed into SessionManager; apart from ``manager.py`` (finding, creating and holding sessions)
+because this is the part that talks to providers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ...errors import InvalidConfigError, ProviderUnavailableError
+from ...providers.base import SandboxProvider
+from .. import egress_hook
+from .model import accepts
+from .workspace import MOUNT_WAIT_SECONDS, make_workspace_dirs, remove_workspace
+
+if TYPE_CHECKING:
+    from .manager import SessionManager
+    from .model import Session
+
+log = logging.getLogger("execbox.service.sessions")
+
+
+class BoxesMixin:
+    def _ensure_instance(self: SessionManager, s: Session, template: str) -> None:
+        prov = s.provider
+        if s.instance_id is not None and prov is not None:
+            if not prov.initialized:  # provider swapped and shut down: move to the current one quietly
+                s.instance_id = None
+            elif not self._alive(prov, s.instance_id):
+                dead = s.instance_id
+                self._destroy_instance(prov, dead)
+                s.instance_id = None
+                if self.metrics is not None:
+                    self.metrics.boxes_died.inc()
+                raise ProviderUnavailableError(
+                    f"the box of session {s.tenant_id}/{s.session_id} died; it is recreated on next use"
+                    + (" with its workspace intact" if s.workspace else ""),
+                    details={"box_died": True, "instance_id": dead, "recreated_on_next_use": True,
+                             "tenant_id": s.tenant_id, "session_id": s.session_id})
+        if s.instance_id is None and s.pending_handle is not None:
+            rec, s.pending_handle = s.pending_handle, None
+            self._reattach(s, rec)
+            if s.instance_id is None:
+                s.contexts_lost = True
+        if s.instance_id is None:
+            self._create_instance(s, template)
+
+    @contextmanager
+    def _leased(self: SessionManager) -> Iterator[SandboxProvider]:
+        """The current provider, pinned (when the holder supports leases) so a hot reload cannot
+        shut it down between choosing it and creating an instance on it."""
+        lease = getattr(self.providers, "lease", None)
+        if lease is None:
+            yield self.providers.current()
+            return
+        with lease() as prov:
+            yield prov
+
+    def _create_instance(self: SessionManager, s: Session, template: str) -> None:
+        with self._leased() as prov:
+            self._create_on(prov, s, template)
+
+    def _create_on(self: SessionManager, prov: SandboxProvider, s: Session, template: str) -> None:
+        kwargs: dict[str, Any] = {"tenant_id": s.tenant_id, "session_id": s.session_id}
+        if s.workspace and accepts(prov, "workspace"):
+            self._make_workspace(s)
+            kwargs["workspace"] = s.workspace
+        else:
+            s.workspace = None
+        if s.runtime:
+            if not accepts(prov, "runtime"):
+                raise InvalidConfigError(f"provider {prov.name!r} does not support runtime templates "
+                                         f"(runtime={s.runtime!r})", details={"field": "runtime"})
+            kwargs["runtime"] = s.runtime
+        if self.registry.persistent and accepts(prov, "labels"):
+            kwargs["labels"] = {"execbox.registry": self.workspaces_root, "execbox.replica": self.replica}
+        try:
+            inst = prov.create_instance(template=template, **kwargs)
+        except BaseException:
+            if s.boxes_started == 0 and s.state == "creating":
+                self._forget(s)
+            raise
+        s.provider, s.instance_id = prov, inst.instance_id
+        try:
+            self._on_box_started(prov, s)  # the tenant cap and the session's egress policy
+        except BaseException:
+            # a box whose policy could not be set keeps the provider's: it must not serve the session
+            s.instance_id = None
+            try:
+                prov.destroy_instance(inst.instance_id)
+            except Exception:  # noqa: BLE001 - the error that matters is the one re-raised
+                log.exception("destroying the box of %s/%s after its egress policy failed", s.tenant_id,
+                              s.session_id)
+            if s.boxes_started == 0 and s.state == "creating":
+                self._forget(s)
+            raise
+        s.boxes_started += 1
+        s.state = "running"
+        handle = {"instance_id": inst.instance_id, "workspace": s.workspace}
+        container = (inst.metadata or {}).get("container_id") or (inst.metadata or {}).get("container")
+        if container:
+            handle["container_id"] = container
+        self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=s.runtime,
+                             box_handle=handle, contexts_lost=s.contexts_lost, expires_at=None,
+                             owner=self.replica, lease_expires=time.time() + self.settings.lease_ttl)
+
+    def _on_box_started(self: SessionManager, prov: SandboxProvider, s: Session) -> None:
+        """Run after every session box start: the tenant cap and the session's narrowed egress policy."""
+        egress_hook.apply(prov, s)
+
+    def _on_oneshot_started(self: SessionManager, prov: SandboxProvider, tenant_id: str, instance_id: str) -> None:
+        """Run after a one-shot box starts: the tenant's egress cap."""
+        egress_hook.apply_to(prov, tenant_id, instance_id)
+
+    def _make_workspace(self: SessionManager, s: Session) -> None:
+        with self._lock:
+            pending = self._deleting.get(s.workspace or "")
+        if pending is not None:  # the previous session of this name is still being removed
+            pending.wait(MOUNT_WAIT_SECONDS + 5)
+        make_workspace_dirs(self.workspaces_root, s.tenant_id, s.workspace or "", self.workspaces_base)
+
+    def _forget(self: SessionManager, s: Session) -> None:
+        """A session whose first box never started does not count against any limit."""
+        with self._lock:
+            if self._sessions.get((s.tenant_id, s.session_id)) is s and s.busy <= 1:
+                del self._sessions[(s.tenant_id, s.session_id)]
+                self._dirty.pop((s.tenant_id, s.session_id), None)
+                s.closed = True
+        if s.closed:
+            self.registry.delete(s.tenant_id, s.session_id)
+            if s.workspace:
+                remove_workspace(s.workspace)
+
+    @staticmethod
+    def _alive(prov: SandboxProvider, instance_id: str) -> bool:
+        probe = getattr(prov, "instance_alive", None)
+        return True if probe is None else bool(probe(instance_id))
+
+    def _drop_if_dead(self: SessionManager, s: Session) -> None:
+        """After an SB009/SB006 the error already told the client; the next use starts a new box."""
+        if s.provider is None or s.instance_id is None:
+            return
+        if not self._alive(s.provider, s.instance_id):
+            self._destroy_instance(s.provider, s.instance_id)
+            s.instance_id = None
+            if self.metrics is not None:
+                self.metrics.boxes_died.inc()
+
+    @staticmethod
+    def _destroy_instance(prov: SandboxProvider, instance_id: str) -> None:
+        try:
+            prov.destroy_instance(instance_id)
+        except Exception:  # noqa: BLE001 - a dead box may fail to tear down; nothing else to do
+            log.exception("destroying instance %s failed", instance_id)
