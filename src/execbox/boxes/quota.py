@@ -72,8 +72,9 @@ def loop_quota_possible() -> tuple[bool, str]:
 def _run(argv: list[str]) -> None:
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # noqa: S603
                           text=True, timeout=60)
-    if proc.returncode != 0:
-        raise QuotaUnavailable(f"{os.path.basename(argv[0])} failed: {proc.stdout.strip()[-300:]}")
+    if proc.returncode != 0:  # its output names host paths: the log has it, the error does not
+        log.warning("%s failed (exit %s): %s", argv[0], proc.returncode, proc.stdout.strip()[-300:])
+        raise QuotaUnavailable(f"{os.path.basename(argv[0])} failed (exit {proc.returncode})")
 
 
 def _mkfs(image: str, size_bytes: int) -> None:
@@ -144,7 +145,8 @@ def mount_image(image: str, mountpoint: str) -> str | None:
         except loopdev.LoopUnsupported:
             _syscalls = False
         except OSError as e:
-            raise QuotaUnavailable(f"mount failed: {e}") from None
+            log.warning("mounting %s failed: %s", image, e)
+            raise QuotaUnavailable(f"mount failed: {e.strerror or type(e).__name__}") from None
     _run([MOUNT, "-o", "loop,nosuid,nodev,noatime", "-t", "ext4", "--", image, mountpoint])
     return None
 
@@ -184,7 +186,7 @@ def attach_persistent(image: str, mountpoint: str, size_bytes: int, owner: int, 
         deadline = time.monotonic() + RELEASE_WAIT_SECONDS
         while loop_devices(image):  # autoclear after an unmount can lag (seconds on a loaded host)
             if time.monotonic() > deadline:
-                raise QuotaUnavailable(f"workspace {seed_dir} is still mounted by another box")
+                raise QuotaUnavailable(f"workspace {os.path.basename(seed_dir)} is still mounted by another box")
             time.sleep(0.05)
         os.makedirs(mountpoint, exist_ok=True)
         dev = mount_image(image, mountpoint)

@@ -20,6 +20,7 @@ from typing import Any
 from ..boxes.agent_client import BoxDied
 from ..boxes.box import Box
 from ..boxes.pool import BoxPool
+from ..boxes.quota import QuotaUnavailable
 from ..egress.policy import EgressPolicy
 from ..errors import (
     InstanceCreationError,
@@ -187,7 +188,8 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
-                raise InstanceCreationError(f"{self.name}: could not start a box: {e}",
+                log.warning("%s: could not start a box: %s", self.name, e)  # host paths: the log only
+                raise InstanceCreationError(f"{self.name}: could not start a box: {_tenant_safe(e)}",
                                             details={"provider": self.name}) from e
         if workspace is not None or session_id is not None:
             box.keep_workspace = workspace is not None
@@ -368,3 +370,13 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
     def cancel(self, instance_id: str) -> bool:
         inst = self._instances.get(instance_id)
         return bool(inst and inst.box.client.cancel())
+
+
+def _tenant_safe(e: Exception) -> str:
+    """What a tenant may read of a box start failure: the quota module's own messages (written
+    for them), an OS error's text without its file names (host paths), else the error's type."""
+    if isinstance(e, QuotaUnavailable):
+        return str(e)
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return f"{type(e).__name__} (the server log has the details)"

@@ -126,3 +126,15 @@ def test_files_beside_an_existing_image_never_move_through_its_links(jail, tmp_p
         jail.destroy_instance(inst.instance_id)
     assert wait_for(lambda: not quota.is_mounted(str(ws)), timeout=10)
     assert (ws / "notes").read_text() == "a stray file beside the image"  # left where it was, not lost
+
+
+def test_a_box_start_failure_does_not_show_host_paths_to_the_tenant(jail, tmp_path, monkeypatch):
+    secret_path = "/var/lib/execbox/boxes/jail-4242-1-abcdef/workspace"
+
+    def broken(*a, **kw):
+        raise FileNotFoundError(2, "No such file or directory", secret_path)
+
+    monkeypatch.setattr(jail, "start_box", broken)
+    with pytest.raises(InstanceCreationError) as e:
+        jail.create_instance(session_id="s", workspace=str(tmp_path / "ws"))
+    assert "No such file or directory" in e.value.message and "/var/lib" not in e.value.message
