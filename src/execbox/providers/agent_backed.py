@@ -355,7 +355,7 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
             "isolation": self.isolation.value,
             "instance_id": inst.instance_id,
             "limits": self.applied_limits(),
-            "network": self.enforced_egress(inst).to_dict(),
+            "network": self.effective_network(inst.instance_id, inst),
         }
         warnings = self.warnings()
         if self.selection_note:

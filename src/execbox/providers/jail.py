@@ -32,6 +32,8 @@ TMP_MAX = 256 * 1024 * 1024
 
 _avail_lock = threading.Lock()
 _avail: tuple[bool, str] | None = None
+_avail_at = 0.0
+AVAIL_RECHECK = 30.0
 
 
 class JailProvider(AgentBackedProvider):
@@ -229,11 +231,13 @@ class JailProvider(AgentBackedProvider):
     # -- host facts -------------------------------------------------------------------------
     @classmethod
     def availability(cls) -> tuple[bool, str]:
-        """Cached per process: bwrap present, seccomp filter buildable, a trivial box starts."""
-        global _avail
+        """bwrap present, seccomp filter buildable, a trivial box starts. A success is cached per
+        process; a failure only for AVAIL_RECHECK seconds, since some are passing (every box uid in
+        use, a trial box slow on a loaded host) and must not rule the jail out for good."""
+        global _avail, _avail_at
         with _avail_lock:
-            if _avail is None:
-                _avail = cls._probe()
+            if _avail is None or (not _avail[0] and time.monotonic() - _avail_at > AVAIL_RECHECK):
+                _avail, _avail_at = cls._probe(), time.monotonic()
             return _avail
 
     @classmethod

@@ -49,7 +49,11 @@ class LocalProvider(AgentBackedProvider):
     description = "Runs code as a plain subprocess of the service. No isolation: development only."
     tags = ["development", "no-isolation"]
     isolation = Isolation.NONE
-    zero_config = True
+    zero_config = False  # never picked for a caller who asked for nothing: SANDBOX_TYPE=local, explicitly
+
+    def effective_network(self, instance_id: str, inst: Any = None) -> dict[str, Any]:
+        """The truth: code runs on the host's own network; no policy is enforced here."""
+        return {"network": "open", "allow": [], "enforced": False}
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:

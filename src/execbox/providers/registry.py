@@ -69,7 +69,8 @@ def create_provider(name: str, config: dict[str, Any] | None = None) -> SandboxP
 def strongest_available(eligible: list[str] | None = None) -> tuple[str, dict[str, str]]:
     """The provider with the strongest isolation tier usable here, and why others were skipped.
 
-    Only self-hosted providers that need no configuration are eligible for zero-config.
+    Only self-hosted providers that need no configuration and isolate are eligible: a caller who
+    asked for nothing never gets ``local`` (no isolation) because the jail could not start.
     """
     reasons: dict[str, str] = {}
     classes = provider_classes()
@@ -87,5 +88,6 @@ def strongest_available(eligible: list[str] | None = None) -> tuple[str, dict[st
                "(pip install -e .) rather than run from its source tree?")
     else:
         why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items()) or "none eligible"
-    raise ProviderUnavailableError(f"no sandbox provider is usable on this host ({why})",
-                                   details={"reasons": reasons})
+    raise ProviderUnavailableError(
+        f"no sandbox provider is usable on this host ({why}). For development without isolation, "
+        "choose one explicitly: SANDBOX_TYPE=local", details={"reasons": reasons})
