@@ -1,19 +1,16 @@
 """A hardened container whose main process is the agent, reached over its attached stdin/stdout.
 
 The container is created with every limit up front (network none, memory/CPU/pids, read-only
-root, tmpfs /tmp, per-box workspace volume, non-root, no capabilities, no-new-privileges), the
-attach stream is opened *before* start so the agent's ready frame cannot be missed, and the
-stream is demultiplexed here (no TTY: Docker prefixes each chunk with an 8-byte header).
-Never ``docker exec``: one long-lived stream per box. Owner labels live in docker_owner.py, OOM
-detection in docker_oom.py.
+root, tmpfs /tmp, a size-limited /workspace and a host uid of its own (docker_host.py), no
+capabilities, no-new-privileges, no log driver), and the attach stream (docker_attach.py) is
+opened *before* start so the agent's ready frame cannot be missed. Never ``docker exec``: one
+long-lived stream per box. Owner labels live in docker_owner.py, OOM detection in docker_oom.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,8 +19,10 @@ from typing import Any
 from ..agent import protocol
 from ..errors import InstanceCreationError
 from . import oci_seccomp
-from .agent_client import AgentClient, wait_readable
+from .agent_client import AgentClient
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
+from .docker_attach import AttachTransport
+from .docker_host import HostSide
 from .docker_oom import at_memory_limit, engine_oom, exit_state, oom_file
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
 from .oom_counter import OomCounter
@@ -31,71 +30,6 @@ from .runtime import PIP_MOUNT, RUNTIME_MOUNT, SESSION_SITE
 from .staging import staged_pip
 
 log = logging.getLogger("execbox.docker")
-
-STDOUT, STDERR = 1, 2
-STDERR_TAIL = 8192
-
-
-class AttachTransport:
-    """Transport over a hijacked ``attach`` connection: demultiplexes Docker's stream frames."""
-
-    def __init__(self, sock: Any) -> None:
-        self._holder = sock  # the SDK's SocketIO keeps the HTTP response (and socket) alive
-        self.sock: socket.socket = getattr(sock, "_sock", sock)
-        self.sock.setblocking(True)
-        self._raw = bytearray()
-        self._out = bytearray()
-        self.stderr_tail = bytearray()
-        self._eof = False
-        self._closed = False
-
-    def send(self, data: bytes) -> None:
-        if self._closed:
-            raise OSError("attach stream closed")
-        self.sock.sendall(data)
-
-    def _demux(self) -> None:
-        raw = self._raw
-        while len(raw) >= 8:
-            kind, size = raw[0], struct.unpack(">I", raw[4:8])[0]
-            if len(raw) < 8 + size:
-                return
-            payload = raw[8 : 8 + size]
-            if kind == STDERR:
-                self.stderr_tail += payload
-                del self.stderr_tail[:-STDERR_TAIL]
-            else:
-                self._out += payload
-            del raw[: 8 + size]
-
-    def recv(self, max_bytes: int, timeout: float) -> bytes:
-        deadline = time.monotonic() + max(0.0, timeout)
-        while not self._out:
-            if self._eof or self._closed:
-                return b""
-            remaining = deadline - time.monotonic()
-            if not wait_readable(self.sock.fileno(), remaining):
-                raise TimeoutError
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                self._eof = True
-                continue
-            self._raw += chunk
-            self._demux()
-        out = bytes(self._out[:max_bytes])
-        del self._out[:max_bytes]
-        return out
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for obj in (self.sock, self._holder):
-            try:
-                obj.close()
-            except OSError:
-                pass
-
 
 @dataclass
 class ContainerSpec:
@@ -112,8 +46,10 @@ class ContainerSpec:
     network: bool = False
     gpu: bool = False
     gpu_ids: list[str] | None = None  # None with gpu: every GPU; else these indices
-    volume: str | None = None
-    host_workspace: str | None = None
+    host_workspace: str | None = None  # bound on /workspace; None: a tmpfs of workspace_tmpfs bytes
+    workspace_tmpfs: int = 0
+    run_as: int = SANDBOX_UID  # user code's uid and gid (docker_uid.py)
+    nss: dict[str, str] = field(default_factory=dict)  # /etc/passwd, /etc/group naming run_as
     preload: str = "auto"
     agent_limits: dict[str, Any] = field(default_factory=dict)
     egress: Any = None  # EgressPolicy; not "none": network "none" + the gateway (boxes/docker_net.py)
@@ -122,7 +58,7 @@ class ContainerSpec:
     def command(self) -> list[str]:
         return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
                 "--preload", self.preload, "--limits", json.dumps(self.agent_limits, sort_keys=True),
-                "--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}", *(["--pid-ns"] if self.pid_ns else [])]
+                "--run-as", f"{self.run_as}:{self.run_as}", *(["--pid-ns"] if self.pid_ns else [])]
 
     @property
     def pid_ns(self) -> bool:
@@ -134,10 +70,13 @@ class ContainerSpec:
 
         mounts = [Mount(target=f"{AGENT_ROOT}/execbox_agent", source=agent_source_dir(), type="bind",
                         read_only=True)]
+        tmpfs = {"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size},mode=1777"}
         if self.host_workspace:
             mounts.append(Mount(target=WORKSPACE, source=self.host_workspace, type="bind"))
-        elif self.volume:
-            mounts.append(Mount(target=WORKSPACE, source=self.volume, type="volume"))
+        elif self.workspace_tmpfs:
+            tmpfs[WORKSPACE] = (f"rw,nosuid,nodev,size={self.workspace_tmpfs},mode=0700,"
+                                f"uid={self.run_as},gid={self.run_as}")
+        mounts += [Mount(target=t, source=src, type="bind", read_only=True) for t, src in sorted(self.nss.items())]
         kwargs: dict[str, Any] = {
             "image": self.image,
             "command": self.command(),
@@ -145,7 +84,7 @@ class ContainerSpec:
             "labels": dict(self.labels),
             "runtime": self.runtime,
             # uid 0 with only the capabilities the agent's privilege separation needs: it forks
-            # user code as SANDBOX_UID with none (agent/privsep.py), so code cannot signal,
+            # user code as run_as with none (agent/privsep.py), so code cannot signal,
             # trace or read the agent.
             "user": "0:0",
             "cap_add": list(PRIVSEP_CAPS) + (["SYS_ADMIN"] if self.pid_ns else []),
@@ -160,8 +99,11 @@ class ContainerSpec:
             "nano_cpus": int(self.cpus * 1e9),
             "pids_limit": self.pids_limit,
             "read_only": True,
-            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size},mode=1777"},
+            "tmpfs": tmpfs,
             "mounts": mounts,
+            # The agent's stdout carries every reply (file contents, run output): json-file kept an
+            # unbounded host copy of it. Nothing reads container logs; the attach stream is all.
+            "log_config": {"type": "none", "config": {}},
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges", oci_seccomp.security_opt(self.runtime)],
             "ulimits": [],
@@ -207,14 +149,15 @@ class DockerBox(Box):
     """A running box container. Removal can be handed to a background reaper (``remover``)."""
 
     def __init__(self, name: str, client: AgentClient, docker_client: Any, container_id: str,
-                 spec: ContainerSpec, transport: AttachTransport) -> None:
-        super().__init__(name, client, spec.host_workspace, spec.agent_limits)
+                 spec: ContainerSpec, transport: AttachTransport, host: HostSide) -> None:
+        super().__init__(name, client, host.caller_dir, spec.agent_limits)
         self.docker = docker_client
         self.container_id = container_id
         self.spec = spec
         self.transport = transport
+        self.host = host
         self.remover: Callable[[Callable[[], None]], None] | None = None
-        self.keep_workspace = spec.host_workspace is not None
+        self.keep_workspace = host.caller_dir is not None
         self._oom_file = oom_file(container_id)
         self._oom = OomCounter(self._oom_file) if self._oom_file else None
         self._oom_seen = 0
@@ -222,10 +165,6 @@ class DockerBox(Box):
         self.claimed_by: dict[str, str] = {}
         self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
         self.net: Any = None  # boxes/jail_net.JailNet when the box has egress
-
-    @property
-    def volume(self) -> str | None:
-        return self.spec.volume
 
     def oom_events(self) -> int:
         """OOM kills in the container's memory cgroup; from container state once it has exited."""
@@ -248,19 +187,15 @@ class DockerBox(Box):
             pass
 
     def remove(self) -> None:
-        """Remove the container and, unless kept, its workspace volume (idempotent)."""
+        """Remove the container, then its host side (workspace mounts, uid lease); idempotent.
+        A container that could not be removed keeps its uid and workspace."""
         if self._oom is not None:
             self._oom.close()
         net, self.net = self.net, None
         if net is not None:
             net.detach()
-        try:
-            self.docker.api.remove_container(self.container_id, force=True, v=True)
-        except Exception as e:  # noqa: BLE001
-            if "No such container" not in str(e):
-                log.warning("removing container %s failed: %s", self.name, e)
-        if self.spec.volume and not self.keep_workspace:
-            remove_volume(self.docker.api, self.spec.volume)
+        if remove_container(self.docker.api, self.container_id, self.name):
+            self.host.release()
 
     def destroy(self) -> None:
         """Close the stream and remove the container (in the background when a remover is set)."""
@@ -276,7 +211,7 @@ class DockerBox(Box):
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "container": self.container_id[:12], "container_name": self.name,
-                "runtime": self.spec.runtime, "image": self.spec.image, "volume": self.spec.volume,
+                "runtime": self.spec.runtime, "image": self.spec.image, "box_uid": self.host.uid,
                 **({"claimed_by": self.claimed_by} if self.claimed_by else {})}
 
 
@@ -305,16 +240,26 @@ def remove_volume(api: Any, name: str, patience: float = VOLUME_PATIENCE) -> boo
         delay = min(delay * 2, 1.0)
 
 
-def start_container(docker_client: Any, spec: ContainerSpec,
+def remove_container(api: Any, container_id: str, name: str) -> bool:
+    """Force-remove a container; True once it is gone (also when it already was)."""
+    try:
+        api.remove_container(container_id, force=True, v=True)
+    except Exception as e:  # noqa: BLE001
+        if "No such container" not in str(e):
+            log.warning("removing container %s failed: %s", name, e)
+            return False
+    return True
+
+
+def start_container(docker_client: Any, spec: ContainerSpec, host: HostSide,
                     ready_timeout: float = READY_TIMEOUT) -> DockerBox:
-    """Create, attach, start and wait for the agent's ready frame; clean up on any failure."""
+    """Create, attach, start and wait for the agent's ready frame; clean up on any failure,
+    ``host`` (released once the container is gone) included."""
     api = docker_client.api
     if spec.egress is not None and spec.egress.mode != "none" and spec.egress_ca is None:
         from .jail_net import new_ca
 
         spec.egress_ca = new_ca(spec.name, spec.egress)
-    if spec.volume and not spec.host_workspace:
-        api.create_volume(spec.volume, labels=spec.labels)
     container_id: str | None = None
     transport: AttachTransport | None = None
     box: DockerBox | None = None
@@ -325,7 +270,7 @@ def start_container(docker_client: Any, spec: ContainerSpec,
         transport = AttachTransport(sock)
         api.start(container_id)
         client = AgentClient(transport, spec.name)
-        box = DockerBox(spec.name, client, docker_client, container_id, spec, transport)
+        box = DockerBox(spec.name, client, docker_client, container_id, spec, transport, host)
         if spec.egress is not None and spec.egress.mode != "none":
             from .docker_net import attach as attach_net
 
@@ -345,13 +290,8 @@ def start_container(docker_client: Any, spec: ContainerSpec,
             spec.egress_ca.close()
         if transport is not None:
             transport.close()
-        if container_id is not None:
-            try:
-                api.remove_container(container_id, force=True, v=True)
-            except Exception:  # noqa: BLE001
-                pass
-        if spec.volume and not spec.host_workspace:
-            remove_volume(api, spec.volume)
+        if container_id is None or remove_container(api, container_id, spec.name):
+            host.release()
         raise
 
 
@@ -361,9 +301,10 @@ def reattach_container(docker_client: Any, container_id: str, workspace: str | N
 
     The agent is the container's main process and the container keeps its stdin open
     (``stdin_open``, not ``stdin_once``), so a new ``attach`` stream reaches the same agent with
-    its contexts. Output written while nobody was attached went to the log driver, not to this
-    stream; request ids start far from the previous process's so a late reply to one of its
-    requests can never be mistaken for ours. A ping proves the agent answers."""
+    its contexts. Output written while nobody was attached is lost (the log driver is "none");
+    request ids start far from the previous process's so a late reply to one of its requests
+    can never be mistaken for ours. A ping proves the agent answers. The uid lease and host dir
+    recorded on the container's labels are taken over (SB004 when that is refused)."""
     import itertools
     import secrets
 
@@ -373,11 +314,17 @@ def reattach_container(docker_client: Any, container_id: str, workspace: str | N
         raise InstanceCreationError(f"container {container_id[:12]} is not running",
                                     details={"container": container_id[:12]})
     cfg, host = attrs["Config"], attrs["HostConfig"]
+    labels = dict(cfg.get("Labels") or {})
+    side = HostSide.reopen(labels, workspace)
     spec = ContainerSpec(image=cfg.get("Image", ""), runtime=host.get("Runtime") or "", name=attrs["Name"].lstrip("/"),
-                         labels=dict(cfg.get("Labels") or {}), memory_bytes=int(host.get("Memory") or 0),
+                         labels=labels, memory_bytes=int(host.get("Memory") or 0),
                          cpus=(host.get("NanoCpus") or 0) / 1e9, pids_limit=int(host.get("PidsLimit") or 0),
-                         host_workspace=workspace)
-    sock = api.attach_socket(attrs["Id"], params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                         host_workspace=workspace, run_as=side.uid)
+    try:
+        sock = api.attach_socket(attrs["Id"], params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+    except BaseException:
+        side.detach()
+        raise
     transport = AttachTransport(sock)
     client = AgentClient(transport, spec.name)
     client.ids = itertools.count(1_000_000_000 + secrets.randbelow(1_000_000_000))
@@ -385,9 +332,10 @@ def reattach_container(docker_client: Any, container_id: str, workspace: str | N
         pong = client.call("ping", timeout=ping_timeout)
     except BaseException:
         transport.close()
+        side.detach()
         raise
     client.hello = {"event": "ready", "pid": pong.get("pid"), "reattached": True}
     client.beside_run = protocol.FILE_OPS.intersection(pong.get("beside_run") or ())  # an older agent: none
-    box = DockerBox(spec.name, client, docker_client, attrs["Id"], spec, transport)
+    box = DockerBox(spec.name, client, docker_client, attrs["Id"], spec, transport, side)
     box.keep_workspace = workspace is not None
     return box

@@ -1,4 +1,4 @@
-"""Host uids for jail boxes: every concurrently running box gets its own uid/gid from a range.
+"""Host uids for jail and Docker boxes: every concurrently running box gets its own uid/gid from a range.
 
 Why: a box's user namespace is owned by the host uid its bwrap runs as, and the kernel grants a
 process every capability inside any user namespace its euid owns, and lets it signal, trace and
@@ -16,6 +16,10 @@ The model (see docs/jail.md):
   execbox process on the host (several services, test workers) and never leak across a crash;
 * a lease is released only after the box's cgroup is empty: a process that survived the kill
   keeps its uid out of circulation instead of handing it to the next box;
+* a box that can outlive its execbox process (a Docker container left running across a
+  restart, or by a crash) also *pins* its uid: ``<uid>.pin`` beside the lock, which
+  ``acquire`` skips even when no process holds the flock; its owner removes the pin once the
+  box is gone (boxes/docker_uid.py);
 * only when execbox runs as root (an unprivileged service cannot switch uids; its boxes run as
   the service's own uid, which the docs state).
 """
@@ -131,16 +135,70 @@ def acquire(rng: UidRange | None = None) -> UidLease:
         for i in range(rng.count):
             offset = (start + i) % rng.count
             uid = rng.first + offset
-            fd = os.open(os.path.join(d, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
+            fd = _lock_uid(d, uid)
+            if fd is None:
+                continue
+            if os.path.exists(_pin_path(d, uid)):  # a box that outlived its process still runs as it
                 os.close(fd)
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    continue
-                raise
+                continue
             _cursor = (offset + 1) % rng.count
             return UidLease(uid, fd)
-    raise RateLimitError(f"all {rng.count} jail box uids ({rng.describe()}) are in use; destroy boxes or "
+    raise RateLimitError(f"all {rng.count} box uids ({rng.describe()}) are in use (jail and docker); destroy boxes or "
                          "widen EXECBOX_JAIL_UID_RANGE",
                          details={"field": "EXECBOX_JAIL_UID_RANGE", "range": rng.describe()})
+
+
+def _pin_path(d: str, uid: int) -> str:
+    return os.path.join(d, f"{uid}.pin")
+
+
+def _lock_uid(d: str, uid: int) -> int | None:
+    """The uid's lock file, flocked by us; None while another holder has it."""
+    fd = os.open(os.path.join(d, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise
+    return fd
+
+
+def try_acquire(uid: int) -> UidLease | None:
+    """Lease this very uid (pinned or not); None while a live process holds it.
+
+    For a box that outlived the process that leased its uid: the next process takes the lease
+    over from the pin it left."""
+    d = lock_dir()
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    fd = _lock_uid(d, uid)
+    return None if fd is None else UidLease(uid, fd)
+
+
+def pin(lease: UidLease, note: str = "") -> None:
+    """Keep ``lease.uid`` out of ``acquire`` after this process lets go of it, until ``unpin``."""
+    if not lease.held:
+        raise RuntimeError(f"uid {lease.uid}: only a held lease can be pinned")
+    path = _pin_path(lock_dir(), lease.uid)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(note)
+
+
+def unpin(lease: UidLease) -> None:
+    """Drop the pin of a lease this process holds (its box is gone)."""
+    if not lease.held:
+        raise RuntimeError(f"uid {lease.uid}: only a held lease can be unpinned")
+    try:
+        os.unlink(_pin_path(lock_dir(), lease.uid))
+    except FileNotFoundError:
+        pass
+
+
+def pinned() -> list[int]:
+    """Uids that carry a pin, held or not."""
+    try:
+        names = os.listdir(lock_dir())
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-4]) for n in names if n.endswith(".pin") and n[:-4].isdigit())

@@ -16,15 +16,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..boxes import netns, oci_seccomp
-from ..boxes.docker_box import ContainerSpec, DockerBox, remove_volume, start_container
+from ..boxes import netns
+from ..boxes.docker_box import ContainerSpec, DockerBox, start_container
+from ..boxes.docker_host import HostSide
 from ..boxes.docker_owner import (
     OWNER_LABEL,
-    labelled_resources,
     owner_id,
     owner_is_gone,
-    remove_all,
-    remove_stale,
     safe_name,
 )
 from ..boxes.gpu import GpuPlan, parse_gpu
@@ -34,7 +32,15 @@ from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavaila
 from ..models import Isolation, SandboxInstance, make_instance_id
 from ..settings import parse_bool
 from .agent_backed import AgentBackedProvider, Instance
-from .docker_config import config_schema, docker_client, engine_availability, runsc_host_pids
+from .docker_config import (
+    check_box_seccomp,
+    config_schema,
+    docker_client,
+    engine_availability,
+    host_checks,
+    runsc_host_pids,
+)
+from .docker_hygiene import PROVIDER_LABEL, DockerHygieneMixin
 from .docker_sessions import DockerSessionsMixin
 from .docker_spares import DockerSparesMixin
 from .gpu_config import docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
@@ -43,11 +49,10 @@ from .schema import parse_size
 NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
 log = logging.getLogger("execbox.provider.docker")
 
-PROVIDER_LABEL = "execbox.provider_uid"  # one provider object: its shutdown sweeps only its own
 __all__ = ["DockerProvider", "docker_client", "owner_id", "owner_is_gone", "runsc_host_pids"]
 
 
-class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider):
+class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin, AgentBackedProvider):
     name = "docker"
     display_name = "Docker (gVisor)"
     description = ("Hardened containers from a warm pool: gVisor (runsc) when registered with the "
@@ -98,6 +103,11 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
         """dockerd answers, runsc is registered and the default image exists (cached per process)."""
         return engine_availability()
 
+    @classmethod
+    def diagnose(cls) -> dict[str, dict[str, Any]]:
+        """Host facts `execbox doctor` prints: the boxes' host uids and their workspace limit."""
+        return host_checks()
+
     def health_check(self) -> bool:
         """This configuration's engine answers (the class probe also demands runsc and the default image)."""
         if not self.initialized or self.docker is None:
@@ -142,6 +152,9 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
                     f"network {self.egress_cap.mode!r} under runsc needs the {NET_RUNTIME!r} Docker runtime "
                     "(scripts/setup/test/45-runsc-net.sh registers it)", details={"provider": self.name})
         self._check_box_seccomp(info)
+        uid_check = self.diagnose()["box_uids"]
+        if not uid_check["ok"]:
+            self._notes.append(f"docker: {uid_check['detail']}")
         host = cfg.get("docker_host") or os.environ.get("DOCKER_HOST", "")
         self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=not host or host.startswith("unix:"),
                                     dev_root=os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
@@ -164,17 +177,10 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
                 log.warning("docker: removed %d network leftovers of dead execbox processes", len(stale))
 
     def _check_box_seccomp(self, info: dict[str, Any]) -> None:
-        """gVisor silently ignores the boxes' seccomp profile unless started with --oci-seccomp."""
         runtimes = [self.runtime]
         if self.runtime == "runsc" and self.network_enabled:
             runtimes.append(NET_RUNTIME)  # the runtime egress boxes actually run under
-        for rt in runtimes:
-            if oci_seccomp.is_gvisor(rt) and not oci_seccomp.runsc_applies_seccomp(info, rt):
-                raise ProviderUnavailableError(
-                    f"runtime {rt!r} is registered without --oci-seccomp, so gVisor would ignore the boxes' "
-                    "seccomp profile; add it to the runtime's runtimeArgs in /etc/docker/daemon.json and send "
-                    "dockerd SIGHUP (scripts/setup/test/40-docker.sh and 45-runsc-net.sh do both)",
-                    details={"provider": self.name, "runtime": rt, "missing": "--oci-seccomp"})
+        check_box_seccomp(info, runtimes, self.name)
 
     def admit(self, tenant_id: str) -> None:
         if self._gpu is not None:
@@ -202,6 +208,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
         c = self.config
         return {**super().applied_limits(), "max_memory": c.get("max_memory"), "cpus": c.get("cpus"),
                 "pids_limit": c.get("pids_limit"), "network": self.egress_cap.mode, "runtime": self.runtime,
+                "disk_quota_mb": self.disk_bytes() // (1024 * 1024),
                 "gpu": self._gpu.describe() if self._gpu else "off", "enforced_by": f"docker/{self.runtime}"}
 
     def pool_status(self) -> dict[str, Any] | None:
@@ -212,15 +219,22 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
         return status
 
     # -- boxes ------------------------------------------------------------------------------
+    def disk_bytes(self) -> int:
+        """The /workspace size limit (the jail's ``disk_quota_mb``)."""
+        return int(self.config.get("disk_quota_mb") or 512) * 1024 * 1024
+
     def container_spec(self, *, tenant_id: str = "", session_id: str = "", instance_id: str = "",
-                       workspace: str | None = None, labels: dict[str, str] | None = None,
-                       image: str | None = None) -> ContainerSpec:
+                       labels: dict[str, str] | None = None, image: str | None = None,
+                       host: HostSide | None = None) -> ContainerSpec:
+        """What a box is created with; ``host`` (docker_host.HostSide) gives its uid and /workspace
+        (without one, as for a non-root service's pool box: SANDBOX_UID and a tmpfs)."""
         c = self.config
+        host = host or HostSide(None, None, tmpfs_bytes=self.disk_bytes())
         memory = parse_size(c["max_memory"])
         short = uuid.uuid4().hex[:12]
         labels = {"execbox.tenant": tenant_id, "execbox.session": session_id, "execbox.instance": instance_id,
                   "execbox.pooled": "false" if instance_id else "true", OWNER_LABEL: self.owner,
-                  PROVIDER_LABEL: self.uid, **(labels or {})}
+                  PROVIDER_LABEL: self.uid, **host.labels(), **(labels or {})}
         # The agent's per-run data limit sits below the cgroup limit, so most bombs end in a clean
         # MemoryError (SB006) instead of a cgroup OOM kill; the cgroup stays the hard backstop.
         agent_limits = {"memory_bytes": int(memory * 0.8), "fsize_bytes": 256 * 1024**2, "nofile": 1024}
@@ -237,17 +251,19 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
             labels=labels, memory_bytes=memory, cpus=float(c["cpus"]), pids_limit=pids,
             egress=self.egress_cap, gpu=bool(self._gpu and self._gpu.enabled),
             gpu_ids=docker_device_ids(self._gpu) if self._gpu else None,
-            volume=None if workspace else safe_name("execbox-ws", short), host_workspace=workspace,
-            preload=c.get("preload") or "auto", agent_limits=agent_limits,
+            host_workspace=host.bind, workspace_tmpfs=0 if host.bind else host.tmpfs_bytes, run_as=host.uid,
+            nss=dict(host.nss), preload=c.get("preload") or "auto", agent_limits=agent_limits,
         )
 
     def start_box(self, workspace: str | None = None, labels: dict[str, str] | None = None,
                   image: str | None = None, **ids: str) -> DockerBox:
-        if workspace is not None:
-            os.makedirs(workspace, exist_ok=True)
-            os.chown(workspace, 1000, 1000)
-        box = start_container(self.docker, self.container_spec(workspace=workspace, labels=labels, image=image,
-                                                               **ids))
+        host = HostSide.prepare(workspace, self.disk_bytes())
+        try:
+            spec = self.container_spec(labels=labels, image=image, host=host, **ids)
+        except BaseException:
+            host.release()
+            raise
+        box = start_container(self.docker, spec, host)
         box.remover = self._remove_later
         if workspace is None and not ids:  # a pool box: worth preparing off the hot path
             try:
@@ -342,15 +358,6 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
             meta["runtime"] = inst.runtime
         return meta
 
-    # -- hygiene ----------------------------------------------------------------------------
-    def owned_resources(self, mine: bool = False) -> tuple[list[Any], list[Any]]:
-        """(containers, volumes) labelled by execbox; only this provider object's when ``mine``."""
-        return labelled_resources(self.docker, f"{PROVIDER_LABEL}={self.uid}" if mine else OWNER_LABEL)
-
-    def remove_stale(self) -> int:
-        """Remove containers and volumes whose owning execbox process no longer exists."""
-        return remove_stale(self.docker, self.owner)
-
     def shutdown(self) -> None:
         pool = self._pool
         if self._warmer is not None:
@@ -365,13 +372,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, AgentBackedProvider
             self._reaper.shutdown(wait=True)
             self._reaper = None
         if self.docker is not None:
-            try:
-                containers, volumes = self.owned_resources(mine=True)
-                remove_all([c for c in containers if c.id not in self._kept])
-                for v in volumes:  # a kept session mounts its host workspace, never a volume
-                    remove_volume(self.docker.api, v.name)
-            except Exception as e:  # noqa: BLE001
-                log.warning("docker: final cleanup failed: %s", e)
+            self.remove_leftovers()
             self.docker.close()
             self.docker = None
 

@@ -9,8 +9,10 @@ import os
 import time
 from typing import Any
 
+from ..boxes import docker_uid, oci_seccomp, quota
 from ..boxes.images import DEFAULT_IMAGE
 from ..egress.schema import NETWORK_SCHEMA
+from ..errors import ProviderUnavailableError
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA
 from .gpu_config import GPU_SCHEMA
 
@@ -56,6 +58,10 @@ def config_schema() -> dict[str, dict[str, Any]]:
                  "description": "CPU quota per container."},
         "pids_limit": {"type": "integer", "default": 128, "min": 16, "max": 4096, "label": "Pids limit",
                        "description": "Most processes and threads a container may hold."},
+        "disk_quota_mb": {"type": "integer", "default": 512, "min": 8, "max": 1048576,
+                          "label": "Workspace quota (MB)",
+                          "description": "Size of each box's /workspace (the jail's key): an ext4 image as root, "
+                                         "else a tmpfs; writing past it fails (ENOSPC, 507)."},
         **TIMEOUT_SCHEMA,
         "max_output_bytes": {"type": "integer", "default": 1048576, "min": 1024, "max": 64 * 1048576,
                              "label": "Output cap (bytes)",
@@ -105,3 +111,22 @@ def _probe() -> tuple[bool, str]:
         return False, f"docker engine not usable: {e}"
     finally:
         client.close()
+
+
+def check_box_seccomp(info: dict[str, Any], runtimes: list[str], provider: str = "docker") -> None:
+    """gVisor silently ignores the boxes' seccomp profile unless started with --oci-seccomp: SB009."""
+    for rt in runtimes:
+        if oci_seccomp.is_gvisor(rt) and not oci_seccomp.runsc_applies_seccomp(info, rt):
+            raise ProviderUnavailableError(
+                f"runtime {rt!r} is registered without --oci-seccomp, so gVisor would ignore the boxes' "
+                "seccomp profile; add it to the runtime's runtimeArgs in /etc/docker/daemon.json and send "
+                "dockerd SIGHUP (scripts/setup/test/40-docker.sh and 45-runsc-net.sh do both)",
+                details={"provider": provider, "runtime": rt, "missing": "--oci-seccomp"})
+
+
+def host_checks() -> dict[str, dict[str, Any]]:
+    """What `execbox doctor` prints for docker: the boxes' host uids and how /workspace is bounded."""
+    ok, detail = quota.loop_quota_possible()
+    return {"box_uids": docker_uid.uid_check(),
+            "workspace_quota": {"ok": ok, "detail": "an ext4 loop image of disk_quota_mb" if ok else
+                                f"{detail}; /workspace is a tmpfs of disk_quota_mb (counts against max_memory)"}}

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..boxes.docker_box import reattach_container
+from ..boxes.docker_box import reattach_container, remove_container
+from ..boxes.docker_host import release_removed
 from ..boxes.docker_owner import REGISTRY_LABEL
 from ..models import SandboxInstance, make_instance_id
 from .agent_backed import Instance
@@ -51,17 +52,21 @@ class DockerSessionsMixin:
             del self._instances[instance_id]  # type: ignore[attr-defined]
         inst.box.destroyed = True  # no teardown: only our end of the stream goes
         inst.box.client.close()
+        inst.box.host.detach()  # its uid stays pinned, its workspace mounted, for the next start
         self._kept.add(inst.box.container_id)
         return True
 
     def remove_box(self, handle: dict[str, Any]) -> None:
+        """Remove a session's container by id, then its host side (workspace mounts, uid pin)."""
         container = str(handle.get("container_id") or "")
-        if container:
-            try:
-                self.docker.api.remove_container(container, force=True, v=True)
-            except Exception as e:  # noqa: BLE001
-                if "No such container" not in str(e):
-                    log.warning("docker: removing %s failed: %s", container, e)
+        if not container:
+            return
+        try:
+            labels = (self.docker.api.inspect_container(container).get("Config") or {}).get("Labels") or {}
+        except Exception:  # noqa: BLE001 - gone already: its host side was swept or released
+            labels = {}
+        if remove_container(self.docker.api, container, container[:12]):
+            release_removed(labels)
 
     def remove_orphans(self, keep: set[str], registry: str) -> int:
         """Remove session containers of this registry that no registry row refers to."""

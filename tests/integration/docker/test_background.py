@@ -25,7 +25,8 @@ def test_background_process_runs_as_the_sandbox_user_beside_an_exec(provider, in
             break
         time.sleep(0.01)
     assert slow.is_alive(), "the background process waited for the exec"
-    assert out == b"hello 1000 1000\n" and v["exit_code"] == 0
+    uid = provider._instances[instance].box.host.uid
+    assert out == f"hello {uid} {uid}\n".encode() and v["exit_code"] == 0
     slow.join(30)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -23,7 +24,8 @@ def _box_status(provider, instance) -> dict[str, str]:
 
 def test_runs_as_non_root_without_capabilities(provider, instance):
     r = provider.execute_code(instance, "id -u; id -g", "bash")
-    assert r.stdout.split() == ["1000", "1000"]
+    uid = provider._instances[instance].box.host.uid  # its own host uid (test_box_uids.py)
+    assert r.stdout.split() == [str(uid), str(uid)] and uid != 0
     st = _box_status(provider, instance)
     assert int(st["CapEff"], 16) == 0 and int(st["CapBnd"], 16) == 0
     r = provider.execute_code(instance, "import ctypes\nprint(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))",
@@ -61,12 +63,27 @@ def test_container_hardening_flags(provider, instance, docker_engine):
     assert hc["PidsLimit"] == (runsc_host_pids(64) if provider.runtime == "runsc" else 64)
     assert hc["NanoCpus"] == 10**9 and hc["Runtime"] == provider.runtime
     assert "/tmp" in hc["Tmpfs"]
-    assert attrs["Config"]["User"] == "0:0"  # the agent; user code runs as 1000 (agent/privsep.py)
+    assert attrs["Config"]["User"] == "0:0"  # the agent; user code runs as the box's uid (agent/privsep.py)
     assert box.hello["privsep"] == "uid"
     labels = attrs["Config"]["Labels"]
     assert {"execbox.tenant", "execbox.session", "execbox.instance", "execbox.owner"} <= set(labels)
-    assert any(m["Destination"] == "/workspace" and m["Type"] == "volume" for m in attrs["Mounts"])
+    # a size-limited workspace (an ext4 image as root, else a tmpfs): never an unbounded volume
+    assert not any(m["Destination"] == "/workspace" and m["Type"] == "volume" for m in attrs["Mounts"])
     assert any(m["Destination"] == "/opt/execbox/execbox_agent" and not m["RW"] for m in attrs["Mounts"])
+
+
+def test_no_host_copy_of_the_agents_output(provider, instance, docker_engine):
+    """dockerd's json-file driver kept an unbounded host copy of every reply: file contents, output."""
+    box = provider._instances[instance].box
+    provider.write_file(instance, "creds.env", "DB_PASSWORD=tenant-secret-4711\n")
+    assert "tenant-secret-4711" in provider.read_file(instance, "creds.env").content
+    r = provider.execute_code(instance, "print('out-marker-' * 1000)", "python")
+    assert r.exit_code == 0, r.stderr
+    attrs = docker_engine.api.inspect_container(box.container_id)
+    assert attrs["HostConfig"]["LogConfig"]["Type"] == "none"
+    assert not attrs.get("LogPath")  # no log file on the host at all
+    assert not os.path.exists(os.path.join("/var/lib/docker/containers", box.container_id,
+                                           f"{box.container_id}-json.log"))
 
 
 NET_PROBE = """

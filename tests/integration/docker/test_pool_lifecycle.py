@@ -144,9 +144,12 @@ def test_cold_start_without_pool_has_exact_labels(docker_engine):
         labels = docker_engine.api.inspect_container(box.container_id)["Config"]["Labels"]
         assert labels["execbox.tenant"] == "acme" and labels["execbox.session"] == "s-9"
         assert labels["execbox.instance"] == inst.instance_id
-        volume = box.volume
+        host_dir = box.host.host_dir
+        if os.geteuid() == 0:  # the box's uid and host dir, for a restarted service (docker_host.py)
+            assert labels["execbox.run_as"] == str(box.host.uid) and labels["execbox.host_dir"] == host_dir
+            assert os.path.isdir(host_dir)
         p.destroy_instance(inst.instance_id)
-        assert _wait(lambda: volume not in {v.name for v in docker_engine.volumes.list()}, 30)
+        assert _wait(lambda: host_dir is None or not os.path.exists(host_dir), 30)
     finally:
         p.shutdown()
 

@@ -1,0 +1,209 @@
+"""The host side of a Docker box: its own uid (boxes/docker_uid.py), a /workspace of bounded size,
+and the host dir holding them; all undone only once the container is gone.
+
+/workspace has the jail's size limit (``disk_quota_mb``, default 512), so a box cannot fill the
+host's disk under /var/lib/docker; a write past it fails with ENOSPC inside the box:
+
+* as root with loop devices: an ext4 image (the jail's ``quota.Workspace``): a fresh one in the
+  host dir for a box without a session dir (deleted with the box), or the session's persistent
+  ``<dir>/.execbox-workspace.img``, also bound onto the session dir so the host sees the files
+  in place, and re-owned to each new box's uid when it attaches;
+* otherwise a tmpfs of that size, mounted by Docker (it counts against ``max_memory``), and a
+  session dir bound as it is, without a limit, as the jail does without root.
+
+The host dir ``<jail dir>/docker-boxes/docker-<pid>-<id>`` (root only) holds the mount point, the
+fresh image and the box's passwd/group; the container carries its path as the label
+``execbox.host_dir``, so a restarted service, or the sweep of a dead one's leftovers, can undo it.
+The engine must see this process's mounts (dockerd in the host's mount namespace, the default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+from . import docker_uid, quota, uids
+from .images import SANDBOX_UID
+from .runtime import jail_dir
+
+log = logging.getLogger("execbox.docker")
+
+HOST_DIR_LABEL = "execbox.host_dir"
+PREFIX = "docker-"
+
+
+def boxes_root() -> str:
+    return os.path.join(jail_dir(), "docker-boxes")
+
+
+class HostSide:
+    """What one Docker box holds on the host: uid lease, workspace mounts, host dir."""
+
+    def __init__(self, caller_dir: str | None, lease: uids.UidLease | None, host_dir: str | None = None,
+                 ws: quota.Workspace | None = None, bind: str | None = None, tmpfs_bytes: int = 0) -> None:
+        self.caller_dir = caller_dir
+        self.lease = lease
+        self.uid = docker_uid.uid_of(lease)
+        self.host_dir = host_dir
+        self.ws = ws
+        self.bind = bind  # what the container binds on /workspace (None: a tmpfs of tmpfs_bytes)
+        self.tmpfs_bytes = tmpfs_bytes
+        self.nss: dict[str, str] = {}  # container path -> host file, bound read-only
+
+    @classmethod
+    def prepare(cls, caller_dir: str | None, size_bytes: int) -> HostSide:
+        """Lease a uid and set up /workspace for a new box (nothing is left behind on failure)."""
+        if caller_dir is not None:
+            os.makedirs(caller_dir, exist_ok=True)
+        if not docker_uid.per_box_uids():
+            if caller_dir is None:
+                return cls(None, None, tmpfs_bytes=size_bytes)
+            os.chown(caller_dir, SANDBOX_UID, SANDBOX_UID)
+            return cls(caller_dir, None, bind=caller_dir)
+        if caller_dir is not None:
+            wait_unmounted(caller_dir)
+        host_dir = os.path.join(boxes_root(), f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
+        os.makedirs(host_dir, mode=0o755)
+        lease: uids.UidLease | None = None
+        ws = quota.Workspace(host_dir, caller_dir)
+        try:
+            lease = docker_uid.lease(os.path.basename(host_dir))
+            assert lease is not None
+            side = cls(caller_dir, lease, host_dir, ws)
+            side.nss = docker_uid.write_nss(host_dir, lease.uid)
+            ws.setup(size_bytes, lease.uid)
+            side.bind = ws.bind_src
+            if side.bind is None:  # no loop devices here: a tmpfs of the quota
+                side.tmpfs_bytes = size_bytes
+            elif not ws.loop:  # a session dir bound as it is: re-own it for this box's uid
+                chown_tree(side.bind, lease.uid)
+            return side
+        except BaseException:
+            ws.teardown()
+            undo(host_dir)
+            docker_uid.release(lease)
+            raise
+
+    @classmethod
+    def reopen(cls, labels: dict[str, str], caller_dir: str | None) -> HostSide:
+        """The host side of a container a dead execbox process started (see docker_uid.take_over)."""
+        lease = docker_uid.take_over(labels)
+        return cls(caller_dir, lease, checked_host_dir(labels.get(HOST_DIR_LABEL, "")), bind=caller_dir)
+
+    def labels(self) -> dict[str, str]:
+        if self.lease is None or self.host_dir is None:
+            return {}
+        return {docker_uid.RUN_AS_LABEL: str(self.uid), HOST_DIR_LABEL: self.host_dir}
+
+    def release(self) -> None:
+        """The container is gone: unmount and delete what the box had here, then free its uid
+        (kept leased if the teardown left anything: files of that uid may still be mounted)."""
+        from .jail_box import remove_box_dir
+
+        try:
+            if self.ws is not None:
+                self.ws.teardown()  # a session's image stays in its dir; a fresh one goes
+                if self.host_dir is not None:
+                    remove_box_dir(self.host_dir)
+            elif self.host_dir is not None:
+                undo(self.host_dir)
+        except Exception as e:  # noqa: BLE001 - a background removal: log, keep the uid
+            log.error("docker: tearing down %s failed: %s", self.host_dir, e)
+        if self.host_dir is not None and os.path.exists(self.host_dir):
+            log.error("docker: %s could not be removed; keeping uid %d leased", self.host_dir, self.uid)
+            return
+        docker_uid.release(self.lease)
+        self.lease = None
+
+    def detach(self) -> None:
+        """The container stays running without us: let go of the uid's lock, keep its pin and mounts."""
+        if self.lease is not None:
+            self.lease.release()
+
+
+def wait_unmounted(caller_dir: str, timeout: float = quota.RELEASE_WAIT_SECONDS) -> None:
+    """Wait for the session's previous box to let go of its workspace: a destroyed box's
+    container and mounts go in the background (quota.StillMounted after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while quota.is_mounted(caller_dir):
+        if time.monotonic() > deadline:
+            raise quota.StillMounted(f"workspace {os.path.basename(caller_dir)} is still mounted by another box")
+        time.sleep(0.02)
+
+
+def chown_tree(root: str, uid: int) -> None:
+    """Give a session dir's tree to ``uid``. By directory fds, never following a link: the previous
+    box's code may still be running while its container goes, and could swap a dir for a link."""
+    for _path, dirnames, filenames, dir_fd in os.fwalk(root):
+        for n in (*dirnames, *filenames):
+            os.chown(n, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
+    os.chown(root, uid, uid, follow_symlinks=False)
+
+
+def checked_host_dir(path: str) -> str | None:
+    """A host dir named by a label, only if it is one of ours (labels are not trusted with paths)."""
+    if not path:
+        return None
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != os.path.realpath(boxes_root()) or not os.path.basename(real).startswith(PREFIX):
+        log.warning("docker: ignoring host dir label %r: not under %s", path, boxes_root())
+        return None
+    return real
+
+
+def undo(host_dir: str) -> None:
+    """Unmount and remove a box's host dir whatever state it was left in (idempotent)."""
+    from .jail_box import remove_box_dir
+
+    try:
+        with open(os.path.join(host_dir, "host_view"), encoding="utf-8") as f:
+            view = f.read().strip()
+    except OSError:
+        view = ""
+    if view:
+        quota.unmount(view)  # the image's bind onto the session dir, then the image itself
+    quota.unmount(os.path.join(host_dir, "workspace"))
+    if view:
+        quota.detach(os.path.join(view, quota.PERSISTENT_IMAGE))
+    quota.destroy(os.path.join(host_dir, "workspace.img"), os.path.join(host_dir, "workspace"))
+    remove_box_dir(host_dir)
+
+
+def release_removed(labels: dict[str, str]) -> None:
+    """After removing a container by id: undo its host dir and unpin its uid."""
+    host_dir = checked_host_dir(labels.get(HOST_DIR_LABEL, ""))
+    if host_dir is not None:
+        undo(host_dir)
+    docker_uid.release_label(labels)
+
+
+def sweep(client: Any) -> int:
+    """Undo host dirs of dead execbox processes that no container refers to, then unpin uids whose
+    box is gone. Returns how many dirs went."""
+    if not docker_uid.per_box_uids():
+        return 0
+    root = boxes_root()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        names = []
+    referenced = set()
+    for c in client.containers.list(all=True, filters={"label": HOST_DIR_LABEL}, ignore_removed=True):
+        referenced.add(checked_host_dir((c.labels or {}).get(HOST_DIR_LABEL, "")))
+    gone = 0
+    for name in names:
+        pid = name[len(PREFIX):].split("-", 1)[0]
+        path = os.path.join(root, name)
+        if not name.startswith(PREFIX) or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        if os.path.realpath(path) in referenced:
+            continue
+        undo(path)
+        gone += 1
+    if gone:
+        log.info("docker: removed %d host dirs of boxes whose execbox process died", gone)
+    docker_uid.sweep_pins(client)
+    return gone

@@ -1,0 +1,165 @@
+"""A host uid of its own for every Docker box, leased from the jail's range (boxes/uids.py).
+
+Why: user code, the agent's spare and its contexts all ran as uid 1000 in every container. Without
+a user namespace that is host uid 1000, a login account on many hosts: a plain host process of
+that uid could reach every box's files through ``/proc/<pid>/root``, read a box's environ and
+memory and ptrace code into a pooled box's spare before hand-out, and all boxes shared that uid's
+kernel quotas (one tenant holding every inotify instance starved the others). Now each box runs
+as a uid no other live box (jail or Docker, of any execbox process on this host) holds.
+
+Lifetime: the uid is leased before the container is created and *pinned* (``uids.pin``), so it
+stays out of circulation while the container runs even after this process dies; the container
+carries it as the label ``execbox.run_as``, so a restarted service takes the lease over when it
+re-attaches (``take_over``). It is released, and unpinned, only once the container is gone.
+Only as root: an unprivileged service cannot chown workspaces to other uids, so its boxes keep
+running as ``SANDBOX_UID`` (1000) as before (docs/docker.md says so).
+
+The uid has no entry in the image's passwd: each box gets ``/etc/passwd`` and ``/etc/group`` of
+its own (read-only binds) naming it ``sandbox`` with HOME ``/workspace``, so ``whoami``,
+``getpass.getuser()`` and node's ``os.userInfo()`` keep working.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ..errors import InstanceCreationError, SandboxError
+from . import uids
+from .images import SANDBOX_UID, WORKSPACE
+
+log = logging.getLogger("execbox.docker")
+
+RUN_AS_LABEL = "execbox.run_as"
+PIN_NOTE = "docker:"
+
+
+def per_box_uids() -> bool:
+    """True when boxes get a uid each (execbox runs as root)."""
+    return os.geteuid() == 0
+
+
+def lease(name: str) -> uids.UidLease | None:
+    """A pinned uid for a new box (None when not root: it runs as SANDBOX_UID). SB008 when the
+    range is used up."""
+    if not per_box_uids():
+        return None
+    held = uids.acquire()
+    try:
+        uids.pin(held, PIN_NOTE + name)
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def uid_of(held: uids.UidLease | None) -> int:
+    return held.uid if held is not None else SANDBOX_UID
+
+
+def release(held: uids.UidLease | None) -> None:
+    """The box's container is gone: its uid may serve the next box."""
+    if held is None or not held.held:
+        return
+    uids.unpin(held)
+    held.release()
+
+
+def take_over(labels: dict[str, str]) -> uids.UidLease | None:
+    """The lease of a container another (dead) execbox process started, from its label.
+
+    Refused (SB004) for a container without one while root (it predates per-box uids and runs
+    its code as uid 1000) and for a uid some live process holds: the session gets a fresh box.
+    """
+    raw = labels.get(RUN_AS_LABEL, "")
+    if not per_box_uids():
+        return None
+    if not raw.isdigit():
+        raise InstanceCreationError("container has no per-box uid (started before execbox leased one per "
+                                    "box); not re-attaching it", details={"label": RUN_AS_LABEL})
+    held = uids.try_acquire(int(raw))
+    if held is None:
+        raise InstanceCreationError(f"host uid {raw} of this container is leased by a live process; "
+                                    "not re-attaching it", details={"uid": int(raw)})
+    return held
+
+
+def release_label(labels: dict[str, str]) -> None:
+    """Unpin the uid of a container removed by id (no lease object here), unless a live process
+    holds it."""
+    raw = labels.get(RUN_AS_LABEL, "")
+    if not per_box_uids() or not raw.isdigit():
+        return
+    held = uids.try_acquire(int(raw))
+    if held is not None:
+        release(held)
+
+
+def sweep_pins(client: Any) -> list[int]:
+    """Unpin uids whose Docker box is gone and that no live process holds (a crash between the
+    lease and the container, a container removed behind execbox's back). Returns those uids."""
+    if not per_box_uids():
+        return []
+    live = set()
+    for c in client.containers.list(all=True, filters={"label": RUN_AS_LABEL}, ignore_removed=True):
+        live.add((c.labels or {}).get(RUN_AS_LABEL, ""))
+    freed = []
+    for uid in uids.pinned():
+        if str(uid) in live or not _pinned_by_docker(uid):
+            continue
+        held = uids.try_acquire(uid)
+        if held is None:
+            continue
+        release(held)
+        freed.append(uid)
+    if freed:
+        log.info("docker: unpinned %d host uids whose boxes are gone", len(freed))
+    return freed
+
+
+def _pinned_by_docker(uid: int) -> bool:
+    try:
+        with open(os.path.join(uids.lock_dir(), f"{uid}.pin"), encoding="utf-8") as f:
+            return f.read().startswith(PIN_NOTE)
+    except OSError:
+        return False
+
+
+def write_nss(directory: str, uid: int) -> dict[str, str]:
+    """passwd and group naming ``uid`` sandbox, in ``directory``; returns {container path: file}."""
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    files = {
+        "/etc/passwd": ("root:x:0:0:root:/root:/bin/sh\n"
+                        f"sandbox:x:{uid}:{uid}:execbox sandbox:{WORKSPACE}:/bin/bash\n"
+                        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
+        "/etc/group": f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n",
+    }
+    out = {}
+    for target, text in files.items():
+        path = os.path.join(directory, os.path.basename(target))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(path, 0o644)
+        out[target] = path
+    return out
+
+
+def uid_check() -> dict[str, Any]:
+    """``execbox doctor``'s view: which host uids boxes run as, and whether a real account has one."""
+    if not per_box_uids():
+        users = uids.users_in_range(uids.UidRange(SANDBOX_UID, 1))
+        if users:
+            return {"ok": False, "detail": f"not root: every box runs its code as uid {SANDBOX_UID}, which is the host "
+                                           f"account {users[0]}: that account's processes can read and trace boxes; "
+                                           "run the service as root (one uid per box) or free that uid"}
+        return {"ok": True, "detail": f"not root: every box runs as uid {SANDBOX_UID} (one uid per box needs root)"}
+    try:
+        rng = uids.configured_range()
+    except SandboxError as e:
+        return {"ok": False, "detail": e.message}
+    users = uids.users_in_range(rng)
+    if users:
+        return {"ok": False, "detail": f"EXECBOX_JAIL_UID_RANGE {rng.describe()} holds real users: "
+                                       f"{', '.join(users)}; pick a range no account uses"}
+    return {"ok": True, "detail": f"one host uid per box from {rng.describe()} (shared with the jail)"}
