@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -127,3 +128,47 @@ def test_settings_from_env_are_strict() -> None:
         with pytest.raises(InvalidConfigError) as e:
             ServiceSettings.from_env(env)
         assert e.value.code == "SB002" and e.value.details["field"] == var
+
+
+def test_readyz_runs_one_probe_for_a_flood_and_names_no_internal_address(service_factory) -> None:
+    """/readyz needs no token: a flood of it must not tie up a worker thread each (one provider
+    health check answers for READY_TTL), and its answer must not carry the provider's error text
+    (it named internal hosts, e.g. the Docker engine's address)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from execbox.errors import ProviderUnavailableError
+
+    calls: list[float] = []
+
+    class Slow:
+        name, initialized = "slowprobe", True
+
+        class isolation:  # noqa: N801 - stands in for the enum
+            value = "jail"
+
+        def health_check(self) -> bool:
+            calls.append(time.monotonic())
+            time.sleep(0.5)
+            return True
+
+    class Holder:
+        def __init__(self) -> None:
+            self.broken = False
+
+        def current(self):
+            if self.broken:
+                raise ProviderUnavailableError("HTTPConnectionPool(host='10.9.8.7', port=2376): refused")
+            return Slow()
+
+        def candidates(self):
+            return []
+
+    holder = Holder()
+    svc: Service = service_factory(provider=holder)
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(lambda _: svc.client().get("/readyz").status_code, range(32)))
+    assert answers == [200] * 32 and len(calls) == 1, (answers, len(calls))
+    holder.broken = True
+    time.sleep(2.1)  # past the answer's lifetime
+    r = svc.client().get("/readyz")
+    assert r.status_code == 503 and "10.9.8.7" not in r.text and "SB009" in r.text
