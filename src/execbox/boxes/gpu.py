@@ -35,6 +35,7 @@ BINARIES = ("nvidia-smi",)
 ALREADY_IN_JAIL = ("/usr/",)  # the jail binds the host's /usr read-only already
 _DEVICE = re.compile(r"^nvidia(\d+)$")
 OFF = ("", "off", "none", "false", "no")
+_DIGITS = re.compile(r"[0-9]+")  # str.isdigit() also takes "²" and "٣", which int() reads or refuses
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def parse_gpu(value: object, field_name: str = "gpu") -> GpuRequest | None:
     if text in ("all", "true", "yes", "on"):
         return GpuRequest(all=True)
     parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.isdigit() for p in parts):
+    if not parts or not all(_DIGITS.fullmatch(p) for p in parts):
         raise InvalidConfigError(f"{field_name}: {value!r} is not 'off', 'all' or device indices like '0,1'",
                                  details={"field": field_name, "value": str(value)})
     indices = tuple(sorted({int(p) for p in parts}))
@@ -76,7 +77,7 @@ def parse_tenant_cap(value: object, field_name: str = "gpu_tenant_cap") -> dict[
     for item in text.split(","):
         name, sep, num = item.strip().rpartition("=")
         name = name.strip() if sep else "*"
-        if not num.strip().isdigit() or not name:
+        if not _DIGITS.fullmatch(num.strip()) or not name:
             raise InvalidConfigError(f"{field_name}: {item.strip()!r} is not N or TENANT=N",
                                      details={"field": field_name, "value": text})
         caps[name] = int(num)

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from abc import abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,8 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         super().__init__()
         self._instances: dict[str, Instance] = {}
         self._lock = threading.Lock()
+        self._admit_lock = threading.Lock()
+        self._admitting: dict[str, int] = {}  # tenant -> boxes admitted and still starting
         self._start_slots = threading.BoundedSemaphore(START_SLOTS_PER_CPU * (os.cpu_count() or 1))
         self._pool: BoxPool | None = None
         self._policy: AstPolicy | None = None
@@ -166,7 +169,29 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
                         runtime: str | None = None) -> SandboxInstance:
         """``runtime`` names a runtime template (``NAME`` or ``NAME@vN``) for this instance only."""
         self._require_initialized()
-        self.admit(tenant_id)
+        with self.admitted(tenant_id):
+            return self._create_admitted(template, tenant_id, session_id, workspace, runtime)
+
+    @contextlib.contextmanager
+    def admitted(self, tenant_id: str) -> Iterator[None]:
+        """``admit`` and count the box as the tenant's until the block ends (by then it is in
+        ``_instances`` or failed): checked and counted under one lock, so concurrent creates
+        cannot all pass a per-tenant cap before any of them is registered."""
+        with self._admit_lock:
+            self.admit(tenant_id)
+            self._admitting[tenant_id] = self._admitting.get(tenant_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._admit_lock:
+                left = self._admitting[tenant_id] - 1
+                if left:
+                    self._admitting[tenant_id] = left
+                else:
+                    del self._admitting[tenant_id]
+
+    def _create_admitted(self, template: str, tenant_id: str, session_id: str | None, workspace: str | None,
+                         runtime: str | None) -> SandboxInstance:
         instance_id = make_instance_id(tenant_id, session_id)
         box = None
         runtime = runtime or None
@@ -203,8 +228,10 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         """Checks a new session must pass before it gets a box (raise its SB error); none here."""
 
     def tenant_boxes(self, tenant_id: str) -> int:
+        """The tenant's boxes, those still starting included (called under ``_admit_lock``)."""
         with self._lock:
-            return sum(1 for inst in self._instances.values() if inst.tenant_id == tenant_id)
+            live = sum(1 for inst in self._instances.values() if inst.tenant_id == tenant_id)
+        return live + self._admitting.get(tenant_id, 0)
 
     def _instance_metadata(self, inst: Instance) -> dict[str, Any]:
         return {

@@ -300,7 +300,11 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         """A pooled container (waiting up to ``pool_wait`` s); a cold start only without a pool, or
         with ``runtime`` (a runtime template built with ``--docker``: its image)."""
         self._require_initialized()
-        self.admit(tenant_id)
+        with self.admitted(tenant_id):
+            return self._create_admitted_container(tenant_id, session_id, workspace, labels, runtime)
+
+    def _create_admitted_container(self, tenant_id: str, session_id: str | None, workspace: str | None,
+                                   labels: dict[str, str] | None, runtime: str | None) -> SandboxInstance:
         image, runtime = runtime_image(self.docker, runtime) if runtime else (None, None)
         if self._pool is None or workspace is not None or image is not None:
             instance_id = make_instance_id(tenant_id, session_id)

@@ -26,15 +26,16 @@ def test_parse_gpu_and_tenant_cap():
     assert gpu.parse_gpu(None) is None and gpu.parse_gpu("off") is None and gpu.parse_gpu(False) is None
     assert gpu.parse_gpu("all") == gpu.GpuRequest(all=True) == gpu.parse_gpu(True)
     assert gpu.parse_gpu(" 2, 0,2") == gpu.GpuRequest(indices=(0, 2))
-    for bad in ("gpu0", "-1", "0,,1", "some"):
+    for bad in ("gpu0", "-1", "0,,1", "some", "\u00b2", "0,\u00b9", "\u0663"):  # not ASCII digits either
         with pytest.raises(InvalidConfigError) as e:
             gpu.parse_gpu(bad)
         assert e.value.code == "SB002" and e.value.details["field"] == "gpu"
     assert gpu.parse_tenant_cap("") == {}
     assert gpu.parse_tenant_cap("2") == {"*": 2}
     assert gpu.parse_tenant_cap("acme=4, *=1") == {"acme": 4, "*": 1}
-    with pytest.raises(InvalidConfigError):
-        gpu.parse_tenant_cap("acme=lots")
+    for bad in ("acme=lots", "acme=\u00b2"):
+        with pytest.raises(InvalidConfigError):
+            gpu.parse_tenant_cap(bad)
 
 
 def test_config_validation_rejects_bad_gpu_values():
@@ -114,6 +115,28 @@ def test_a_jail_box_gets_the_selected_nodes_usable_and_the_tenant_cap_holds(fake
         p.destroy_instance(a.instance_id)
         b = p.create_instance(tenant_id="acme", session_id="g4")  # released with the session
         p.destroy_instance(b.instance_id)
+    finally:
+        p.shutdown()
+
+
+def test_the_tenant_cap_holds_for_concurrent_creates(fake_dev):
+    """The cap is checked and the box counted under one lock: six creates at once used to all pass
+    it (each box was counted only once it had started)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = make_provider(gpu="0", gpu_tenant_cap="acme=1")
+    try:
+        def create(i: int):
+            try:
+                return p.create_instance(tenant_id="acme", session_id=f"c{i}").instance_id
+            except RateLimitError:
+                return None
+
+        with ThreadPoolExecutor(6) as pool:
+            made = [iid for iid in pool.map(create, range(6)) if iid]
+        assert len(made) == 1, made
+        p.destroy_instance(made[0])
+        p.destroy_instance(p.create_instance(tenant_id="acme", session_id="after").instance_id)  # slot freed
     finally:
         p.shutdown()
 
