@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 Handler = Callable[["RawServer", socket.socket, str, str, bytes], None]
 
 
@@ -130,3 +132,16 @@ def in_thread(fn: Callable[[], Any], limit: float) -> tuple[Any, BaseException |
     took = time.monotonic() - started
     assert not t.is_alive(), f"the client was still waiting after {took:.0f}s: no overall deadline"
     return box.get("value"), box.get("error"), took
+
+
+@pytest.fixture
+def serve():
+    servers: list[RawServer] = []
+
+    def start(handler) -> RawServer:
+        servers.append(RawServer(handler))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.stop()

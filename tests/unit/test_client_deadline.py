@@ -18,22 +18,9 @@ from execbox.providers.self_managed import SelfManagedProvider
 from execbox.sdk import wire
 from execbox.sdk.remote_async import AsyncRemoteSandbox
 
-from .client_fakes import RawServer, in_thread, keepalives_forever, trickle_body, trickle_headers
+from .client_fakes import in_thread, keepalives_forever, trickle_body, trickle_headers
 
 LIMIT = 15.0
-
-
-@pytest.fixture
-def serve():
-    servers: list[RawServer] = []
-
-    def start(handler) -> RawServer:
-        servers.append(RawServer(handler))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -22,19 +22,6 @@ MiB = 1024 * 1024
 CAP = 1024 * 1024  # the agent's default output cap (agent/pump.DEFAULT_OUTPUT_CAP)
 
 
-@pytest.fixture
-def serve():
-    servers: list[RawServer] = []
-
-    def start(handler) -> RawServer:
-        servers.append(RawServer(handler))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.stop()
-
-
 def declares_huge_body(srv: RawServer, conn: socket.socket, *_) -> None:
     """Announces 200 MiB, sends a little, hangs up: refused from the header, nothing buffered."""
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 209715200\r\n\r\n"

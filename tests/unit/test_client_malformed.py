@@ -16,21 +16,7 @@ from execbox.errors import ConnectionFailedError, ProviderUnavailableError, Sand
 from execbox.providers.self_managed import SelfManagedProvider, run_response_to_result
 from execbox.sdk.remote_async import AsyncRemoteSandbox
 
-from .client_fakes import RawServer, answer
-
-
-@pytest.fixture
-def serve():
-    servers: list[RawServer] = []
-
-    def start(handler) -> RawServer:
-        servers.append(RawServer(handler))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.stop()
-
+from .client_fakes import answer
 
 JSON_REPLIES = {
     "html": "<html>login</html>",

@@ -14,7 +14,7 @@ from execbox.errors import SandboxError
 from execbox.providers.self_managed import SelfManagedProvider, run_response_to_result
 from tests.unit.remote.http_server import free_port
 
-from .client_fakes import RawServer, answer, in_thread, trickle_body
+from .client_fakes import answer, in_thread, trickle_body
 
 KW = {"provider": "self_managed", "instance_id": "i", "wall": 0.1, "default_isolation": "container"}
 
@@ -60,19 +60,6 @@ def test_undecodable_artifact_is_dropped_not_an_exception():
 def _leaks(err: SandboxError, port: int) -> bool:
     shown = json.dumps(err.to_dict(), default=str)
     return str(port) in shown or "127.0.0.1" in shown
-
-
-@pytest.fixture
-def serve():
-    servers: list[RawServer] = []
-
-    def start(handler) -> RawServer:
-        servers.append(RawServer(handler))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.stop()
 
 
 def _run(url: str, api: str = "run", timeout: float = 5) -> SandboxError:

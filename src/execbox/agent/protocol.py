@@ -56,7 +56,7 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     except UnicodeEncodeError:
         if "ok" not in message:
             raise
-        where = _not_utf8(message) or "?"
+        where = not_utf8(message) or "?"
         body = dumps({"id": message.get("id"), "ok": False, "error": {
             "code": "SB002", "status": 400, "details": {"field": where},
             "message": f"the reply could not be sent: its field {where!r} holds text that is not valid "
@@ -66,7 +66,7 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def _not_utf8(value: Any, path: str = "", depth: int = 0) -> str | None:
+def not_utf8(value: Any, path: str = "", depth: int = 0) -> str | None:
     """The dotted name of the first string (or key) in ``value`` with no UTF-8 form."""
     if isinstance(value, str):
         try:
@@ -78,9 +78,9 @@ def _not_utf8(value: Any, path: str = "", depth: int = 0) -> str | None:
         return None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
     for key, item in items:
-        if isinstance(key, str) and _not_utf8(key) is not None:
+        if isinstance(key, str) and not_utf8(key) is not None:
             return path or "key"
-        found = _not_utf8(item, f"{path}.{key}" if path else str(key), depth + 1)
+        found = not_utf8(item, f"{path}.{key}" if path else str(key), depth + 1)
         if found is not None:
             return found
     return None

@@ -151,7 +151,7 @@ class AgentClient:
         try:
             frame = protocol.encode_frame(message)
         except UnicodeEncodeError:  # a lone UTF-16 surrogate ("\ud800" in JSON) has no UTF-8 form
-            field = (_surrogate_field(message) or "request")[:64]
+            field = (protocol.not_utf8(message) or "request")[:64]
             raise InvalidConfigError(f"{field} is not valid UTF-8 text: it holds a lone UTF-16 surrogate",
                                      details={"field": field}) from None
         with self.write_lock:
@@ -320,28 +320,6 @@ class AgentClient:
 
     def close(self) -> None:
         self.transport.close()
-
-
-def _surrogate_field(value: Any, path: str = "", depth: int = 0) -> str | None:
-    """The dotted name of the first string (or key) in ``value`` that cannot be UTF-8 encoded."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "value"
-        return None
-    if depth > 32:
-        return None
-    items: list[tuple[Any, Any]] = (list(value.items()) if isinstance(value, dict)
-                                    else list(enumerate(value)) if isinstance(value, (list, tuple)) else [])
-    for key, item in items:
-        name = f"{path}.{key}" if path else str(key)
-        if isinstance(key, str) and _surrogate_field(key) is not None:
-            return path or "key"
-        found = _surrogate_field(item, name, depth + 1)
-        if found is not None:
-            return found
-    return None
 
 
 def agent_error(err: dict[str, Any]) -> SandboxError:
