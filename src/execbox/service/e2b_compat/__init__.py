@@ -18,6 +18,7 @@ from starlette.requests import Request
 from ..errors import BodyTooLarge
 from .codecs import strict_codecs
 from .control import router
+from .creator import TokenLiveness, store_lookup
 from .envd_files import EnvdFiles
 from .envd_fs import FilesystemService
 from .envd_gen.filesystem.filesystem_connect import FilesystemASGIApplication
@@ -58,7 +59,8 @@ def _connect(service: Any) -> Any:
 
 def install(app: FastAPI, services: Services) -> None:
     """Mount the E2B control plane and the sandbox router on execbox's app (``services.e2b`` set)."""
-    services.e2b = Registry(services.sessions)
+    creators = TokenLiveness(store_lookup(services.store)) if services.store is not None else None
+    services.e2b = Registry(services.sessions, creators=creators)
     process_app = _connect(ProcessASGIApplication(ProcessService(services), codecs=strict_codecs()))
     fs_app = _connect(FilesystemASGIApplication(FilesystemService(services), codecs=strict_codecs()))
     files = EnvdFiles(services)

@@ -5,7 +5,8 @@ only keeps what E2B adds on top (template name, metadata, env vars, the kill dea
 per-sandbox access token the SDK sends to the sandbox URL). Expired sandboxes are destroyed by
 a sweeper thread, the same way ``set_timeout`` moves the deadline; until then the sweeper keeps
 the session in use often enough (every third of SANDBOX_IDLE_TIMEOUT) that the service's idle
-reaper does not take the sandbox's box and workspace first.
+reaper does not take the sandbox's box and workspace first. The sweeper also kills a sandbox
+whose creating execbox token was revoked (creator.py), as the sandbox URL refuses it already.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from ...errors import SandboxError
 from ..sessions import SessionManager
+from .creator import TokenLiveness
 
 log = logging.getLogger("execbox.service.e2b")
 
@@ -79,8 +81,11 @@ class E2BSandbox:
 
 
 class Registry:
-    def __init__(self, sessions: SessionManager, sweep_every: float = 1.0) -> None:
+    def __init__(self, sessions: SessionManager, sweep_every: float = 1.0,
+                 creators: TokenLiveness | None = None) -> None:
         self.sessions = sessions
+        self.creators = creators
+        """Validity of the creating tokens; None (no store) checks nothing."""
         self._boxes: dict[str, E2BSandbox] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -146,6 +151,18 @@ class Registry:
         sb = self.get(sandbox_id)
         return sb if sb is not None and sb.tenant_id == tenant_id else None
 
+    def creator_cached(self, sb: E2BSandbox) -> bool | None:
+        """Whether the sandbox's creating token is valid, when that is known without the store."""
+        if self.creators is None or sb.token_id is None:
+            return True
+        return self.creators.cached(sb.token_id)
+
+    def creator_valid(self, sb: E2BSandbox) -> bool:
+        """Whether the creating token is still valid (blocking; raises when the store fails)."""
+        if self.creators is None or sb.token_id is None:
+            return True
+        return self.creators.check(sb.token_id)
+
     def of_tenant(self, tenant_id: str) -> list[E2BSandbox]:
         with self._lock:
             mine = [s for s in self._boxes.values() if s.tenant_id == tenant_id]
@@ -201,3 +218,25 @@ class Registry:
                     log.info("e2b sandbox %s reached its timeout; killed", sb.sandbox_id)
                 except Exception:  # noqa: BLE001 - keep sweeping
                     log.exception("killing expired e2b sandbox %s failed", sb.sandbox_id)
+            self._kill_of_revoked_tokens()
+
+    def _kill_of_revoked_tokens(self) -> None:
+        """Kill the sandboxes whose creating token was revoked (at most one lookup per token per
+        TTL); a store that cannot answer is no proof of revocation, so those are left for later."""
+        if self.creators is None:
+            return
+        with self._lock:
+            boxes = [s for s in self._boxes.values() if s.token_id is not None]
+        for sb in boxes:
+            try:
+                if self.creator_valid(sb):
+                    continue
+            except Exception:  # noqa: BLE001 - retried at the next sweep
+                log.debug("checking the token of e2b sandbox %s failed", sb.sandbox_id, exc_info=True)
+                continue
+            try:
+                if self.kill(sb):
+                    log.info("e2b sandbox %s killed: the API token that created it was revoked",
+                             sb.sandbox_id)
+            except Exception:  # noqa: BLE001 - keep sweeping
+                log.exception("killing e2b sandbox %s of a revoked token failed", sb.sandbox_id)

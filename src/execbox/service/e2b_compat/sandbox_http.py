@@ -4,21 +4,26 @@ Every request carries ``E2b-Sandbox-Id`` (and ``E2b-Sandbox-Port``: 49983 envd, 
 interpreter) and the per-sandbox access token from create/connect (``X-Access-Token`` or
 ``E2B-Traffic-Access-Token``). ``route_sandbox_requests`` wraps the whole app and sends such
 requests here, so the SDK can use one URL for every sandbox; all other requests reach execbox's
-own API untouched.
+own API untouched. A sandbox whose creating execbox token was revoked answers 401 here too
+(checked against the store at most every few seconds per token: creator.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .registry import E2BSandbox, Registry
+
+log = logging.getLogger("execbox.service.e2b")
 
 ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
 
@@ -93,6 +98,10 @@ class SandboxRouter:
         if not sb.token_ok(token):
             await _send_response(envd_error(401, "missing or wrong sandbox access token"), scope, receive, send)
             return
+        refused = await self._creator_refused(sb)
+        if refused is not None:
+            await _send_response(refused, scope, receive, send)
+            return
         handler = (self.envd if port == ENVD_PORT else self.jupyter if port == JUPYTER_PORT else None)
         app = handler(sb, scope) if handler is not None else None
         if app is None:
@@ -101,6 +110,22 @@ class SandboxRouter:
                                                  f"interpreter {JUPYTER_PORT})"), scope, receive, send)
             return
         await app(scope, receive, send)
+
+    async def _creator_refused(self, sb: E2BSandbox) -> Response | None:
+        """401 when the execbox token that created the sandbox was revoked (503 when the store
+        cannot say); None when it is valid. The cached answer spares a thread hop."""
+        valid = self.registry.creator_cached(sb)
+        if valid is None:
+            try:
+                valid = await anyio.to_thread.run_sync(self.registry.creator_valid, sb)
+            except Exception as e:  # noqa: BLE001 - fail closed, but say it may pass on a retry
+                log.warning("checking the API token of e2b sandbox %s failed (%s)", sb.sandbox_id,
+                            type(e).__name__)
+                log.debug("token check failure", exc_info=True)
+                return envd_error(503, "could not check the API key that created this sandbox; try again")
+        if valid:
+            return None
+        return envd_error(401, "the API key that created this sandbox was revoked; the sandbox is being killed")
 
 
 class TooLarge(ValueError):
