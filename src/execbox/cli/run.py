@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from ..errors import InvalidConfigError, SandboxError
+from ._exec_json import EXEC_FIELDS, handle_exec_request, internal_error, read_request
 
 EXTENSIONS = {".py": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
               ".sh": "bash", ".bash": "bash"}
@@ -97,41 +98,7 @@ def run(
     raise typer.Exit(code_out if 0 <= code_out < 256 else 128 + abs(code_out) % 128)
 
 
-EXEC_FIELDS = {"code", "language", "timeout", "arguments", "provider", "config", "tenant_id", "files",
-               "include_artifact_content"}
-
-
-def handle_exec_request(request: Any) -> dict[str, Any]:
-    """The body of ``execbox exec --json``: validate, run once, return the JSON reply."""
-    from ..sdk.local import Sandbox
-    from ..settings import parse_duration
-
-    if not isinstance(request, dict):
-        raise InvalidConfigError("the request must be a JSON object", details={"field": "request"})
-    unknown = sorted(set(request) - EXEC_FIELDS)
-    if unknown:
-        raise InvalidConfigError(f"unknown request fields: {', '.join(unknown)}",
-                                 details={"fields": {k: "unknown field" for k in unknown}})
-    code = request.get("code")
-    if not isinstance(code, str):
-        raise InvalidConfigError("code must be a string", details={"field": "code"})
-    arguments = request.get("arguments")
-    if arguments is not None and not isinstance(arguments, dict):
-        raise InvalidConfigError("arguments must be a JSON object", details={"field": "arguments"})
-    files = request.get("files") or {}
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        raise InvalidConfigError("files must map paths to text content", details={"field": "files"})
-    timeout = request.get("timeout")
-    seconds = parse_duration(timeout, "timeout") if timeout is not None else None
-    with Sandbox.create(request.get("provider"), config=request.get("config"),
-                        tenant_id=str(request.get("tenant_id") or "default")) as sb:
-        if files:
-            sb.files.write_many(files)
-        result = sb.run_code(code, request.get("language") or "python", timeout=seconds, arguments=arguments)
-        if request.get("include_artifact_content", True):
-            for a in result.artifacts:
-                a.read_bytes()
-    return {"ok": True, "result": result.to_dict(include_artifact_content=True)}
+__all__ = ["EXEC_FIELDS", "exec_json", "handle_exec_request", "register", "run"]
 
 
 def exec_json(
@@ -145,17 +112,21 @@ def exec_json(
     if not json_mode:
         typer.echo("execbox exec currently speaks only --json (see docs/exec-json.md)", err=True)
         raise typer.Exit(EXIT_ERROR)
-    raw = sys.stdin.read()
     try:
+        raw = read_request(sys.stdin.buffer)
         try:
             request = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise InvalidConfigError(f"stdin is not valid JSON: {e}", details={"field": "request"}) from None
-        reply = handle_exec_request(request)
+        except (RecursionError, ValueError) as e:  # malformed, not UTF-8, or nested too deeply
+            raise InvalidConfigError(f"stdin is not valid JSON: {str(e)[:200] or type(e).__name__}",
+                                     details={"field": "request"}) from None
+        text = json.dumps(handle_exec_request(request), default=str)
     except SandboxError as e:
         _fail(e, True)
         return
-    sys.stdout.write(json.dumps(reply, default=str) + "\n")
+    except Exception as e:  # noqa: BLE001 - the contract: a JSON reply and exit 2, never a traceback
+        _fail(internal_error(e), True)
+        return
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
