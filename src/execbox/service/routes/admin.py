@@ -7,6 +7,7 @@ encrypted at rest and only ever returned redacted ("****" + last 4 characters).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -196,10 +197,34 @@ def status(request: Request, _: Principal = Depends(require_admin)) -> dict[str,
     return out
 
 
+AUDIT_MAX_LIMIT = 1000
+
+
 @router.get("/audit")
-def audit(request: Request, limit: int = 100, tenant_id: str | None = None,
+def audit(request: Request, limit: int = 100, tenant_id: str | None = None, before_id: int | None = None,
+          since: float | None = None, until: float | None = None,
           _: Principal = Depends(require_admin)) -> dict[str, Any]:
-    """Newest audit entries first (the code itself only when SANDBOX_AUDIT_CODE is on)."""
-    if not 1 <= limit <= 1000:
+    """Newest audit entries first, without the code (``has_code`` says whether a row has it:
+    SANDBOX_AUDIT_CODE; GET /audit/{id} returns it), so a page stays small whatever was run.
+    ``next_before_id`` pages back; ``since``/``until`` (epoch seconds) bound the time."""
+    if not 1 <= limit <= AUDIT_MAX_LIMIT:
         raise InvalidConfigError("limit must be between 1 and 1000", details={"fields": {"limit": "1..1000"}})
-    return {"data": services(request).store.audit.list(limit=limit, tenant_id=tenant_id)}
+    if before_id is not None and before_id < 1:
+        raise InvalidConfigError("before_id must be a positive entry id", details={"fields": {"before_id": ">= 1"}})
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and not math.isfinite(value):
+            raise InvalidConfigError(f"{name} must be a time in epoch seconds", details={"fields": {name: "finite"}})
+    if since is not None and until is not None and since > until:
+        raise InvalidConfigError("since must not be after until", details={"fields": {"since": "<= until"}})
+    rows = services(request).store.audit.list(limit=limit, tenant_id=tenant_id, before_id=before_id,
+                                              since=since, until=until, include_code=False)
+    return {"data": rows, "next_before_id": rows[-1]["id"] if len(rows) == limit else None}
+
+
+@router.get("/audit/{entry_id}")
+def audit_entry(request: Request, entry_id: int, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+    """One audit entry with its code (null unless SANDBOX_AUDIT_CODE was on when it ran)."""
+    row = services(request).store.audit.get(entry_id) if entry_id >= 1 else None
+    if row is None:
+        raise InvalidConfigError(f"no audit entry {entry_id}", details={"id": entry_id}, http_status=404)
+    return {"data": row}

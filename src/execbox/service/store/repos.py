@@ -279,12 +279,41 @@ class AuditRepo:
         with self._sessions.begin() as s:
             s.execute(insert(AuditEntry).values(**fields))
 
-    def list(self, limit: int = 100, tenant_id: str | None = None) -> list[dict[str, Any]]:
-        q = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(max(1, min(limit, 10000)))
+    def list(self, limit: int = 100, tenant_id: str | None = None, *, before_id: int | None = None,
+             since: float | None = None, until: float | None = None,
+             include_code: bool = True) -> list[dict[str, Any]]:
+        """Newest first. ``before_id`` pages back (ids below it), ``since``/``until`` bound
+        created_at (``since`` <= t < ``until``). Without ``include_code`` the code column is not
+        even read (a row's code may be 1 MiB) and each row says ``has_code`` instead."""
+        table = AuditEntry.__table__
+        fields = AUDIT_FIELDS if include_code else tuple(f for f in AUDIT_FIELDS if f != "code")
+        cols = [table.c.id, *(table.c[f] for f in fields)]
+        if not include_code:
+            cols.append(table.c.code.is_not(None).label("has_code"))
+        q = select(*cols).order_by(table.c.id.desc()).limit(max(1, min(limit, 10000)))
         if tenant_id is not None:
-            q = q.where(AuditEntry.tenant_id == tenant_id)
+            q = q.where(table.c.tenant_id == tenant_id)
+        if before_id is not None:
+            q = q.where(table.c.id < before_id)
+        if since is not None:
+            q = q.where(table.c.created_at >= since)
+        if until is not None:
+            q = q.where(table.c.created_at < until)
         with self._sessions() as s:
-            return [{"id": r.id, **{f: getattr(r, f) for f in AUDIT_FIELDS}} for r in s.scalars(q)]
+            return [_audit_row(r._mapping) for r in s.execute(q)]
+
+    def get(self, entry_id: int) -> dict[str, Any] | None:
+        """One entry, its code included (None when SANDBOX_AUDIT_CODE was off for it)."""
+        with self._sessions() as s:
+            row = s.get(AuditEntry, entry_id)
+            return None if row is None else {"id": row.id, **{f: getattr(row, f) for f in AUDIT_FIELDS}}
+
+
+def _audit_row(row: Any) -> dict[str, Any]:
+    out = dict(row)
+    if "has_code" in out:
+        out["has_code"] = bool(out["has_code"])
+    return out
 
 
 __all__ = ["AuditRepo", "SettingRecord", "SettingsRepo", "TokenRecord", "TokensRepo", "hash_token"]
