@@ -71,8 +71,7 @@ def test_each_box_has_its_own_leased_uid_with_a_name(provider):
 def test_a_host_account_of_uid_1000_cannot_reach_a_box(provider, docker_engine):
     """The reviewer's attack: a plain host process of uid 1000 read a box's workspace and environ
     through /proc/<pid>/root; now no process of the box has that uid, so every path is refused."""
-    _root()
-    require(provider.runtime == "runc", "runc (under runsc the host sees only gVisor's own processes)")
+    _root()  # under runsc the host sees only gVisor's own processes: the same attack finds nothing either
     require(shutil.which("setpriv") is not None, "setpriv (util-linux)")
     inst = provider.create_instance(tenant_id="victim", session_id="s").instance_id
     try:
@@ -90,7 +89,7 @@ def test_a_host_account_of_uid_1000_cannot_reach_a_box(provider, docker_engine):
         out = subprocess.run(["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups",  # noqa: S603,S607
                               sys_python(), "-c", probe, *map(str, pids)], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        assert len(pids) >= 3 and out.stdout.strip() == "[]"
+        assert len(pids) >= (3 if provider.runtime == "runc" else 1) and out.stdout.strip() == "[]"
     finally:
         provider.destroy_instance(inst)
 
@@ -106,15 +105,16 @@ PROBE = "import ctypes\nprint(ctypes.CDLL(None).inotify_init() >= 0)"
 
 
 def test_one_box_holding_every_inotify_instance_leaves_other_boxes_theirs(provider):
-    """fs.inotify.max_user_instances counts per host uid: with one shared uid a tenant starved all."""
+    """fs.inotify.max_user_instances counts per host uid: with one shared uid a tenant starved all.
+    (gVisor keeps its own inotify limits per sandbox: there the hog hits only its open-file limit.)"""
     _root()
-    require(provider.runtime == "runc", "runc (gVisor keeps its own inotify limits per sandbox)")
     hog = provider.create_instance(tenant_id="attacker", session_id="a").instance_id
     victim = provider.create_instance(tenant_id="victim", session_id="b").instance_id
     try:
         r = provider.execute_code(hog, HOG, "python", context_id="hog")  # a context keeps them open
         assert r.exit_code == 0 and int(r.stdout) > 0, r.stderr
-        assert provider.execute_code(hog, PROBE, "python").stdout.strip() == "False"  # the limit was hit
+        if provider.runtime == "runc":  # the host's per-uid limit was hit (gVisor: only the hog's nofile)
+            assert provider.execute_code(hog, PROBE, "python").stdout.strip() == "False"
         assert provider.execute_code(victim, PROBE, "python").stdout.strip() == "True"
     finally:
         provider.destroy_instance(hog)

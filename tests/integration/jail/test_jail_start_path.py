@@ -204,8 +204,9 @@ def test_box_processes_join_the_cgroup_and_the_leased_uid_before_bwrap_runs(laun
         p.shutdown()
 
 
-def test_a_cgroup_that_cannot_be_joined_fails_the_start_with_the_reason(monkeypatch):
-    """The launcher must never start a box outside its limits: a failed write stops it."""
+def test_a_cgroup_that_cannot_be_joined_fails_the_start_with_the_reason(monkeypatch, caplog):
+    """The launcher must never start a box outside its limits: a failed write stops it. The
+    reason (it names host paths) is in the server log; the caller's error says the start failed."""
     cgroups_ready()
     from execbox.boxes import cgroups, jail_box
 
@@ -215,9 +216,10 @@ def test_a_cgroup_that_cannot_be_joined_fails_the_start_with_the_reason(monkeypa
                         lambda self: [*real(self), "/proc/execbox-no-such-dir/cgroup.procs"])
     p = make_provider()
     try:
-        with pytest.raises(Exception) as err:
+        with caplog.at_level("WARNING", logger="execbox.provider"), pytest.raises(Exception) as err:
             p.create_instance()
-        assert "execbox-no-such-dir" in str(err.value)
+        assert "could not start a box" in str(err.value) and "execbox-no-such-dir" not in str(err.value)
+        assert "execbox-no-such-dir" in caplog.text
         assert jail_box.drain()
     finally:
         p.shutdown()
