@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import tracemalloc
 
 import pytest
@@ -188,3 +189,45 @@ def test_cloud_agent_malformed_error_reply_is_typed(error):
     with pytest.raises(SandboxError) as e:
         agent.call("read", {"path": "x"})
     assert e.value.code == ("SB002" if isinstance(error, dict) else "SB009")
+
+
+def test_self_managed_holds_at_most_pool_size_connections():
+    """pool_size caps this client's connections (httpx ignored the limits given with a transport,
+    so every concurrent run opened a connection of its own)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    peers: set[tuple[str, int]] = set()
+    lock = threading.Lock()
+
+    class Slow(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            with lock:
+                peers.add(self.client_address)
+            time.sleep(0.2)
+            body = json.dumps({"status": "success", "stdout": "ok\n", "exit_code": 0}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    p = SelfManagedProvider()
+    p.initialize({"endpoint": f"http://127.0.0.1:{srv.server_address[1]}", "max_retries": 0, "pool_size": 2})
+    try:
+        inst = p.create_instance().instance_id
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(lambda _: p.execute_code(inst, "print(1)", "python", 5).stdout, range(8)))
+        assert outs == ["ok\n"] * 8 and len(peers) <= 2, peers
+    finally:
+        p.shutdown()
+        srv.shutdown()

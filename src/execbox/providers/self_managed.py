@@ -130,8 +130,9 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         limits = httpx.Limits(max_connections=int(clean["pool_size"]), max_keepalive_connections=4,
                               keepalive_expiry=2.0)
         # every socket read obeys the exchange's wall-clock deadline (sdk/bounded.py)
-        self._client = httpx.Client(base_url=clean["endpoint"].rstrip("/"), headers=headers, limits=limits,
-                                    transport=clamp_transport(httpx.HTTPTransport(retries=0)))
+        # (limits go to the transport: httpx ignores a client's limits when a transport is given)
+        self._client = httpx.Client(base_url=clean["endpoint"].rstrip("/"), headers=headers,
+                                    transport=clamp_transport(httpx.HTTPTransport(retries=0, limits=limits)))
         self._policy = AstPolicy.from_config(None, None) if clean.get("enable_ast_analysis") else None
         self.initialized = True
         return True
