@@ -10,11 +10,13 @@ it installed.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..boxes.agent_client import MAX_REPLY_FRAME
 from ..errors import (
     ConnectionFailedError,
     FileNotFoundInSandbox,
@@ -224,21 +226,75 @@ class _Transport:
             raise self.provider._map_error(e, "upload to the sandbox") from e
 
     def run(self, argv: list[str], timeout: float, on_stdout: Callable[[str], None] | None) -> tuple[str, str]:
+        """The agent's stdout and stderr, collected here with a bound: tenant code can replace the
+        agent in its sandbox, and the SDK would otherwise keep whatever it prints in memory."""
         from e2b.sandbox.commands.command_handle import CommandExitException
 
-        kwargs: dict[str, Any] = {"timeout": timeout, "cwd": self.provider.config["workdir"]}
-        if on_stdout is not None:
-            kwargs["on_stdout"] = on_stdout
+        out = _Bounded(STDOUT_CAP, "stdout", on_stdout)
+        err = _Bounded(STDERR_CAP, "stderr", None)
+        kwargs: dict[str, Any] = {"timeout": timeout, "cwd": self.provider.config["workdir"],
+                                  "on_stdout": out.add, "on_stderr": err.add}
+        if _accepts(self.sandbox.commands.run, "retain_output"):
+            kwargs["retain_output"] = False  # our callbacks keep what is needed, bounded
         try:
-            res = self.sandbox.commands.run(shell_quote(argv), **kwargs)
-            return res.stdout, res.stderr
-        except CommandExitException as e:  # the agent's reply (an error one) is still on stdout
-            return e.stdout, e.stderr
+            self.sandbox.commands.run(shell_quote(argv), **kwargs)
+            return out.text(), err.text()
+        except CommandExitException:  # the agent's reply (an error one) is still on stdout
+            return out.text(), err.text()
+        except TooMuchOutput as e:
+            raise ProviderUnavailableError(
+                f"e2b: the sandbox's agent sent more than {e.cap} bytes on {e.stream}; stopped reading it",
+                details={"provider": "e2b", "limit_bytes": e.cap}) from None
         except Exception as e:  # noqa: BLE001
             if _is_timeout(e):
                 raise ProviderUnavailableError(f"e2b: the agent did not answer within {timeout:g}s",
                                                details={"provider": "e2b", "timeout": timeout}) from e
             raise self.provider._map_error(e, "run the agent") from e
+
+
+STDOUT_CAP = 2 * MAX_REPLY_FRAME
+"""The most agent stdout kept per command: its events and its one reply (itself refused past the
+frame limit by remote_agent)."""
+STDERR_CAP = 1024 * 1024
+"""stderr only feeds diagnostics (its tail): anything past this is dropped, not an error."""
+
+
+class TooMuchOutput(Exception):
+    def __init__(self, stream: str, cap: int) -> None:
+        super().__init__(stream)
+        self.stream, self.cap = stream, cap
+
+
+class _Bounded:
+    """Chunks of one stream, at most ``cap`` characters; stdout past it stops the command's read
+    (the SDK re-raises a callback's exception from ``commands.run``), stderr is just cut."""
+
+    def __init__(self, cap: int, stream: str, forward: Callable[[str], None] | None) -> None:
+        self.cap, self.stream, self.forward = cap, stream, forward
+        self.chunks: list[str] = []
+        self.size = 0
+
+    def add(self, chunk: str) -> None:
+        room = self.cap - self.size
+        if len(chunk) > room:
+            if self.stream == "stdout":
+                raise TooMuchOutput(self.stream, self.cap)
+            chunk = chunk[:max(room, 0)]
+        if chunk:
+            self.chunks.append(chunk)
+            self.size += len(chunk)
+            if self.forward is not None:
+                self.forward(chunk)
+
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _is_timeout(err: Exception) -> bool:

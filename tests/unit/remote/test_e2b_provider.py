@@ -220,3 +220,16 @@ def test_unknown_instance_and_unsupported_ops(provider):
             provider.execute_code(inst.instance_id, "x = 1", "python", 5, context_id="c")
     finally:
         provider.destroy_instance(inst.instance_id)
+
+
+def test_agent_output_past_the_cap_stops_the_read(provider, monkeypatch):
+    """Tenant code can replace the agent in its sandbox; what it prints is collected here, bounded
+    (the SDK kept all of it in the service's memory), and a flood ends the call with SB009."""
+    from execbox.errors import ProviderUnavailableError
+    from execbox.providers import e2b
+
+    assert run(provider, "print('x' * 10000)").stdout == "x" * 10000 + "\n"  # under the real cap
+    monkeypatch.setattr(e2b, "STDOUT_CAP", 4000)
+    with pytest.raises(ProviderUnavailableError) as err:
+        run(provider, "print('x' * 10000)")
+    assert "more than 4000 bytes on stdout" in err.value.message
