@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
@@ -42,3 +43,17 @@ def local_sandbox(local_provider):
 
     with Sandbox.create(local_provider) as sb:
         yield sb
+
+
+def wait_process_exit(p, iid, pid, timeout=20.0) -> tuple[bytes, bytes, dict]:
+    """Poll a background process until it has exited: (stdout, stderr, last poll)."""
+    out = err = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = p.poll_process(iid, pid, len(out), len(err))
+        out += v["stdout"]
+        err += v["stderr"]
+        if v["exited"]:
+            return out, err, v
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not end: {out[-2000:]!r} {err[-2000:]!r}")

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tests.conftest import wait_process_exit
+
 pytestmark = pytest.mark.docker
 
 
@@ -16,14 +18,7 @@ def test_background_process_runs_as_the_sandbox_user_beside_an_exec(provider, in
     time.sleep(0.3)
     pid = provider.start_process(instance, "read x; echo $x $(id -u) $(id -g)", stdin=True)
     provider.process_input(instance, pid, b"hello\n")
-    out = b""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        v = provider.poll_process(instance, pid, len(out), 0)
-        out += v["stdout"]
-        if v["exited"]:
-            break
-        time.sleep(0.01)
+    out, _, v = wait_process_exit(provider, instance, pid)
     assert slow.is_alive(), "the background process waited for the exec"
     uid = provider._instances[instance].box.host.uid
     assert out == f"hello {uid} {uid}\n".encode() and v["exit_code"] == 0

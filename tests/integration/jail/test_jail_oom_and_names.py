@@ -4,9 +4,9 @@ run's reply or the session's listings."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+
+from tests.conftest import wait_process_exit
 
 from .conftest import run
 
@@ -23,13 +23,7 @@ def test_user_code_is_picked_before_the_agent(jail, box):
         assert (own, r.exit_code) == ("1000", 0), r.stderr
         assert int(agent) < 1000, kw  # the run's parent, the agent, is left as it was
     pid = jail.start_process(box, "cat /proc/self/oom_score_adj")
-    out, end = b"", time.monotonic() + 10
-    while time.monotonic() < end:
-        polled = jail.poll_process(box, pid, len(out), 0)
-        out += polled["stdout"]
-        if polled["exited"]:
-            break
-        time.sleep(0.05)
+    out, _, _ = wait_process_exit(jail, box, pid, timeout=10)
     assert out == b"1000\n"
 
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from execbox.errors import SandboxError
+from tests.conftest import wait_process_exit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,25 +24,12 @@ def box():
     p.shutdown()
 
 
-def _wait_exit(p, iid, pid, timeout=20.0) -> tuple[bytes, bytes, dict]:
-    out = err = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = p.poll_process(iid, pid, len(out), len(err))
-        out += v["stdout"]
-        err += v["stderr"]
-        if v["exited"]:
-            return out, err, v
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not end: {out[-2000:]!r} {err[-2000:]!r}")
-
-
 def test_output_exit_code_env_and_cwd(box) -> None:
     p, iid = box
     p.write_file(iid, "sub/f.txt", "x")
     pid = p.start_process(iid, "echo out; echo err >&2; echo $GREETING; ls; exit 3", cwd="sub",
                           env={"GREETING": "hej"})
-    out, err, v = _wait_exit(p, iid, pid)
+    out, err, v = wait_process_exit(p, iid, pid)
     assert (out, err, v["exit_code"]) == (b"out\nhej\nf.txt\n", b"err\n", 3)
     with pytest.raises(SandboxError) as gone:  # reported once, then forgotten
         p.poll_process(iid, pid, 0, 0)
@@ -61,7 +49,7 @@ def test_runs_while_exec_holds_the_agent(box) -> None:
     p.process_input(iid, pid, b"hello\n")
     p.process_input(iid, pid, b"more bytes\n")
     p.close_process_input(iid, pid)  # EOF ends `cat`
-    out, _, v = _wait_exit(p, iid, pid)
+    out, _, v = wait_process_exit(p, iid, pid)
     assert runner.is_alive(), "the background process waited for the exec"
     assert out == b"got:hello\nmore bytes\n" and v["exit_code"] == 0
     runner.join(30)
@@ -76,7 +64,7 @@ def test_signal_kills_the_whole_job_and_exec_does_not_reap_it(box) -> None:
     assert p.execute_code(iid, "print(1)", "python").stdout == "1\n"
     assert pid in [q["pid"] for q in p.list_processes(iid) if q["running"]]
     assert p.signal_process(iid, pid, "SIGKILL") is True
-    _, _, v = _wait_exit(p, iid, pid)
+    _, _, v = wait_process_exit(p, iid, pid)
     assert v["exited"] and v["signal"] == 9
     r = p.run_command(iid, "pgrep -f 'sleep 61.23[4]' || echo none")
     assert r.stdout.strip() == "none"
@@ -94,7 +82,7 @@ def test_bad_requests(box) -> None:
     with pytest.raises(SandboxError):
         p.signal_process(iid, pid, "SIGBOGUS")
     assert p.signal_process(iid, pid, "SIGTERM") is True
-    _, _, v = _wait_exit(p, iid, pid)
+    _, _, v = wait_process_exit(p, iid, pid)
     assert v["signal"] == 15
 
 
@@ -125,7 +113,7 @@ def test_pty_process_has_a_terminal_and_takes_resizes(box) -> None:
     time.sleep(0.2)
     p.resize_process(iid, pid, 120, 40)
     p.process_input(iid, pid, b"typed\n")
-    out, err, v = _wait_exit(p, iid, pid)
+    out, err, v = wait_process_exit(p, iid, pid)
     assert err == b"" and v["exit_code"] == 4  # a terminal has one output stream
     assert out.replace(b"\r\n", b"\n").endswith(b"40 120\ngot:typed\n"), out
     assert out.startswith(b"30 100\r\n")
@@ -150,7 +138,7 @@ def test_a_flood_is_paused_until_read_and_read_output_is_freed(box, tmp_path) ->
         p.poll_process(iid, pid, 0, 0)
     assert state() == "T"  # stopped until the host catches up
     assert p.signal_process(iid, pid, "SIGKILL") is True  # ends it at once, backlog dropped
-    assert _wait_exit(p, iid, pid, timeout=10)[2]["signal"] == 9
+    assert wait_process_exit(p, iid, pid, timeout=10)[2]["signal"] == 9
     f = tmp_path / "out"
     f.write_bytes(b"x" * (4 << 20))
     assert _punch(str(f), (2 << 20) + 100) == 2 << 20
