@@ -26,10 +26,15 @@ def replica_base_url(url: str) -> bool:
             and u.path in ("", "/") and not u.query and not u.fragment and "?" not in url and "#" not in url)
 
 
+def internal_secret() -> str:
+    """EXECBOX_INTERNAL_SECRET: signs requests one replica forwards to another (empty: none)."""
+    return os.environ.get("EXECBOX_INTERNAL_SECRET", "")
+
+
 def forwarding_enabled() -> bool:
-    """EXECBOX_INTERNAL_SECRET is set: requests for sessions another replica owns are replayed
-    there (service/forwarding.py), and the owner counts and audits them, so this replica does not."""
-    return bool(os.environ.get("EXECBOX_INTERNAL_SECRET"))
+    """The secret is set: requests for sessions another replica owns are replayed there
+    (service/forwarding.py), and the owner counts and audits them, so this replica does not."""
+    return bool(internal_secret())
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import os
 import time
 from typing import Any
 
@@ -27,7 +26,7 @@ import httpx
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .config import replica_base_url
+from .config import internal_secret, replica_base_url
 from .errors import error_response
 from .streaming import sse
 
@@ -75,7 +74,7 @@ class ForwardToOwner:
     def __init__(self, app: ASGIApp, replica: str, secret: str | None = None) -> None:
         self.app = app
         self.replica = replica
-        self.secret = secret if secret is not None else os.environ.get("EXECBOX_INTERNAL_SECRET", "")
+        self.secret = secret if secret is not None else internal_secret()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
