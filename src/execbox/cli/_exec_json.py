@@ -25,11 +25,13 @@ EXEC_FIELDS = {"code", "language", "timeout", "arguments", "provider", "config",
                "include_artifact_content"}
 
 
-def read_request(stream: IO[bytes], limit: int = MAX_REQUEST_BYTES) -> bytes:
-    """At most ``limit`` bytes of ``stream``; more is SB002 (nothing past the limit is read)."""
+def read_request(stream: IO[bytes], limit: int | None = None, source: str = "stdin") -> bytes:
+    """At most ``limit`` bytes of ``stream`` (default ``MAX_REQUEST_BYTES``); more is SB002
+    (nothing past the limit is read)."""
+    limit = MAX_REQUEST_BYTES if limit is None else limit
     raw = stream.read(limit + 1)
     if len(raw) > limit:
-        raise PayloadTooLargeError(f"the request on stdin is larger than the limit of {limit} bytes",
+        raise PayloadTooLargeError(f"the input on {source} is larger than the limit of {limit} bytes",
                                    details={"field": "request", "limit": limit})
     return raw
 

@@ -40,6 +40,15 @@ def _parse_args_json(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+def _program_text(raw: bytes, source: str) -> str:
+    """The program as text: UTF-8 or SB002 naming where it came from (the size is already capped)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidConfigError(f"the program on {source} is not UTF-8 text (byte {e.start})",
+                                 details={"field": "file"}) from None
+
+
 def run(
     file: str = typer.Argument(..., help="Program file, or '-' to read the code from stdin."),
     language: str | None = typer.Option(None, "--language", "-l",
@@ -60,13 +69,14 @@ def run(
 
     try:
         if file == "-":
-            code = sys.stdin.read()
+            code = _program_text(read_request(sys.stdin.buffer), "stdin")
             lang = language or "python"
         else:
             path = Path(file)
             if not path.is_file():
                 raise InvalidConfigError(f"no such file: {file}", details={"field": "file"})
-            code = path.read_text(encoding="utf-8")
+            with path.open("rb") as f:
+                code = _program_text(read_request(f, source=file), file)
             lang = language or EXTENSIONS.get(path.suffix.lower())
             if lang is None:
                 raise InvalidConfigError(
