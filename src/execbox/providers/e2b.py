@@ -10,6 +10,7 @@ it installed.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
@@ -219,6 +220,11 @@ class _Transport:
         self.provider = provider
         self.sandbox = sandbox
 
+    @functools.cached_property
+    def _sdk_can_drop_output(self) -> bool:
+        """Whether this SDK's ``commands.run`` takes ``retain_output`` (looked up once per sandbox)."""
+        return _accepts(self.sandbox.commands.run, "retain_output")
+
     def upload(self, files: dict[str, bytes]) -> None:
         try:
             self.sandbox.files.write_files([{"path": p, "data": d} for p, d in files.items()])
@@ -234,7 +240,7 @@ class _Transport:
         err = _Bounded(STDERR_CAP, "stderr", None)
         kwargs: dict[str, Any] = {"timeout": timeout, "cwd": self.provider.config["workdir"],
                                   "on_stdout": out.add, "on_stderr": err.add}
-        if _accepts(self.sandbox.commands.run, "retain_output"):
+        if self._sdk_can_drop_output:
             kwargs["retain_output"] = False  # our callbacks keep what is needed, bounded
         try:
             self.sandbox.commands.run(shell_quote(argv), **kwargs)
