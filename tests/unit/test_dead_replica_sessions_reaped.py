@@ -4,6 +4,7 @@ tenant's and the cluster's session limits for ever (nobody adopts a session nobo
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from execbox.errors import RateLimitError
@@ -67,4 +68,146 @@ def test_an_idle_session_taken_over_elsewhere_is_let_go_not_reaped(local_provide
         assert open(os.path.join(ws, "f.txt")).read() == "the owner's"
     finally:
         sessions.shutdown()
+        store.close()
+
+
+class _Spy:
+    """The registry, recording which of its reads a sweep made and what they returned."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, list]] = []
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if name not in ("list", "orphaned"):
+            return attr
+
+        def read(*args, **kwargs):
+            rows = attr(*args, **kwargs)
+            self.calls.append((name, [(r.tenant_id, r.session_id) for r in rows]))
+            return rows
+        return read
+
+
+def _row(store, session_id: str, *, owner: str | None, lease_in: float, idle_for: float,
+         state: str = "running") -> None:
+    """A registry row as some replica left it: ``lease_in`` seconds of lease left (negative: over)."""
+    store.sessions.create("t1", session_id, provider="local", runtime=None, owner=owner or "x", lease_ttl=60,
+                          tenant_limit=1000, global_limit=1000)
+    now = time.time()
+    store.sessions.update("t1", session_id, state=state, owner=owner, lease_expires=now + lease_in,
+                          last_used=now - idle_for)
+
+
+def test_a_sweep_reads_only_the_orphaned_rows_not_the_whole_registry(local_provider, tmp_path) -> None:
+    """With many sessions across replicas, the sweep asks the registry for the dead replicas'
+    idle sessions only (one bounded query), not every row to filter here."""
+    store = open_store(tmp_path / "data")
+    settings = ServiceSettings(idle_timeout=60, lease_ttl=5, replica_id="me")
+    spy = _Spy(store.sessions)
+    sessions = SessionManager(Holder(local_provider), settings, str(tmp_path / "ws"), None, registry=spy)
+    try:
+        orphans = [f"orphan-{i:02d}" for i in range(12)]
+        for i, sid in enumerate(orphans):
+            _row(store, sid, owner=f"dead-{i % 3}", lease_in=-30, idle_for=600 + i)
+        _row(store, "no-lease-time", owner="dead-0", lease_in=-30, idle_for=600, state="creating")
+        store.sessions.update("t1", "no-lease-time", lease_expires=None)  # an owner, no lease: not live
+        orphans.append("no-lease-time")
+        for i in range(15):  # a live replica's idle sessions: its owner reaps them
+            _row(store, f"live-{i:02d}", owner="alive", lease_in=30, idle_for=600)
+        for i in range(5):  # a dead replica's, but used recently: adopted on use, reaped later
+            _row(store, f"recent-{i}", owner="dead-1", lease_in=-30, idle_for=5)
+        for i in range(4):  # this replica's own rows (its reap_idle's business)
+            _row(store, f"mine-{i}", owner="me", lease_in=-30, idle_for=600)
+        for i in range(4):  # a dead replica's paused ones (expire() deletes them when their retention ends)
+            _row(store, f"paused-{i}", owner="dead-2", lease_in=-30, idle_for=600, state="paused")
+        _row(store, "ownerless", owner=None, lease_in=-30, idle_for=600)
+        before = {(r.session_id, r.state, r.owner) for r in store.sessions.list()}
+        assert len(before) == 42
+        spy.calls.clear()
+
+        reaped = sessions.reap_orphaned()
+
+        assert [name for name, _ in spy.calls] == ["orphaned"]  # no read of the whole table
+        assert sorted(spy.calls[0][1]) == sorted(("t1", s) for s in orphans)
+        assert sorted(reaped) == sorted(("t1", s) for s in orphans)
+        after = {(r.session_id, r.state, r.owner) for r in store.sessions.list()}
+        assert after == {row for row in before if row[0] not in orphans}  # nothing else touched
+    finally:
+        sessions.shutdown()
+        store.close()
+
+
+def test_one_sweep_reaps_at_most_a_batch_and_the_next_sweep_goes_on(local_provider, tmp_path) -> None:
+    store = open_store(tmp_path / "data")
+    settings = ServiceSettings(idle_timeout=60, lease_ttl=5, replica_id="me")
+    spy = _Spy(store.sessions)
+    sessions = SessionManager(Holder(local_provider), settings, str(tmp_path / "ws"), None, registry=spy)
+    sessions.orphan_batch = 3
+    try:
+        for i in range(7):  # orphan-0 has been idle longest
+            _row(store, f"orphan-{i}", owner="dead", lease_in=-30, idle_for=1000 - i)
+        for i in range(3):
+            _row(store, f"live-{i}", owner="alive", lease_in=30, idle_for=5000)
+        sweeps = [sessions.reap_orphaned() for _ in range(4)]
+        assert sweeps == [[("t1", f"orphan-{i}") for i in range(0, 3)], [("t1", f"orphan-{i}") for i in range(3, 6)],
+                          [("t1", "orphan-6")], []]
+        assert all(len(rows) <= 3 for _, rows in spy.calls)
+        assert sorted(r.session_id for r in store.sessions.list()) == ["live-0", "live-1", "live-2"]
+    finally:
+        sessions.shutdown()
+        store.close()
+
+
+def test_two_replicas_sweeping_together_reap_each_orphan_once(local_provider, tmp_path) -> None:
+    """Both replicas' queries select the same rows; the conditional claim lets one of them reap each."""
+    store = open_store(tmp_path / "data")
+    managers = [SessionManager(Holder(local_provider), ServiceSettings(idle_timeout=60, lease_ttl=5, replica_id=r),
+                               str(tmp_path / "ws"), None, registry=store.sessions) for r in ("ra", "rb")]
+    try:
+        for i in range(20):
+            _row(store, f"orphan-{i:02d}", owner="dead", lease_in=-30, idle_for=600)
+        barrier = threading.Barrier(2)
+        results: dict[str, list[tuple[str, str]]] = {}
+
+        def sweep(m: SessionManager) -> None:
+            barrier.wait()
+            results[m.replica] = m.reap_orphaned()
+
+        threads = [threading.Thread(target=sweep, args=(m,)) for m in managers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        together = results["ra"] + results["rb"]
+        assert sorted(together) == [("t1", f"orphan-{i:02d}") for i in range(20)]  # each once, none twice
+        assert store.sessions.list() == []
+    finally:
+        for m in managers:
+            m.shutdown()
+        store.close()
+
+
+def test_the_memory_registry_selects_what_the_sql_one_does(tmp_path) -> None:
+    """``orphaned`` is part of the registry contract: the in-memory registry answers it alike."""
+    from execbox.service.sessions.registry import MemoryRegistry
+
+    store = open_store(tmp_path / "data")
+    mem = MemoryRegistry()
+    now = time.time()
+    try:
+        rows = [("a", "dead", "running", -30, 600), ("b", "dead", "creating", -30, 700),
+                ("c", "alive", "running", 30, 600), ("d", "dead", "running", -30, 5), ("e", "me", "running", -30, 600),
+                ("f", "dead", "paused", -30, 600), ("g", None, "running", -30, 600), ("h", "dead", "running", -30, 800)]
+        for reg in (store.sessions, mem):
+            for sid, owner, state, lease_in, idle_for in rows:
+                reg.create("t", sid, provider=None, runtime=None, owner="x", lease_ttl=60, tenant_limit=99,
+                           global_limit=99)
+                reg.update("t", sid, owner=owner, state=state, lease_expires=now + lease_in, last_used=now - idle_for)
+        for limit in (0, 1, 2, 10):
+            sql = [r.session_id for r in store.sessions.orphaned("me", now, now - 60, limit)]
+            assert sql == [r.session_id for r in mem.orphaned("me", now, now - 60, limit)]
+            assert sql == ["h", "b", "a"][:limit]
+    finally:
         store.close()

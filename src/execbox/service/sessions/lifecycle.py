@@ -26,6 +26,9 @@ log = logging.getLogger("execbox.service.sessions")
 
 
 class LifecycleMixin:
+    orphan_batch = 100
+    """Most dead replicas' sessions one sweep of ``reap_orphaned`` reads and reaps."""
+
     # -- restart: re-adoption -----------------------------------------------------------------
     def adopt_record(self: SessionManager, rec: SessionRecord) -> Session | None:
         """A local Session for a registry row this replica now owns; None (and the row ``lost``)
@@ -237,14 +240,19 @@ class LifecycleMixin:
         """Idle sessions of replicas that died: their lease ran out and nobody used (so adopted)
         them, yet they still count against the tenant's and the cluster's session limits. Any
         replica's sweep claims such a row (one wins: ``claim`` is conditional) and treats it like
-        its own idle session: destroyed, or paused with SANDBOX_IDLE_ACTION=pause."""
+        its own idle session: destroyed, or paused with SANDBOX_IDLE_ACTION=pause.
+
+        The registry selects the candidates (``orphaned``: a filtered query, not the whole table
+        on every sweep of every replica), at most ``orphan_batch`` of them, the longest idle
+        first; the next sweep takes the rest (a reaped row is gone or paused, a claimed one is
+        owned by a live replica: neither is selected again)."""
         if not self.registry.persistent:
             return []
         now = time.time()
         cutoff = now - self.settings.idle_timeout
         pause = self.settings.idle_action == "pause"
         done: list[tuple[str, str]] = []
-        for rec in self.registry.list():
+        for rec in self.registry.orphaned(self.replica, now, cutoff, self.orphan_batch):
             key = (rec.tenant_id, rec.session_id)
             if (rec.state not in ("creating", "running") or rec.owner in (None, self.replica)
                     or rec.lease_live(now) or (rec.last_used or 0) > cutoff):

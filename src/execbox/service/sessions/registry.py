@@ -106,6 +106,12 @@ class SessionRegistry(Protocol):
         """Renew ``owner``'s leases, store last-used times; return the keys it still owns."""
         ...
 
+    def orphaned(self, owner: str, now: float, idle_before: float, limit: int) -> list[SessionRecord]:
+        """At most ``limit`` ``creating``/``running`` rows another replica than ``owner`` owns,
+        whose lease ran out by ``now`` and that were last used at or before ``idle_before``;
+        the longest idle first. Only reads: the caller still ``claim``s each one."""
+        ...
+
     def expired(self, now: float) -> list[SessionRecord]: ...
 
     def leave(self, owner: str) -> None:
@@ -186,6 +192,12 @@ class MemoryRegistry:
                     self._rows[key] = replace(row, lease_expires=now + lease_ttl,
                                               last_used=last_used.get(key, row.last_used))
             return {k for k, r in self._rows.items() if r.owner == owner}
+
+    def orphaned(self, owner: str, now: float, idle_before: float, limit: int) -> list[SessionRecord]:
+        with self._lock:
+            rows = [r for r in self._rows.values() if r.state in ACTIVE and r.owner not in (None, owner)
+                    and not r.lease_live(now) and (r.last_used or 0.0) <= idle_before]
+        return sorted(rows, key=lambda r: (r.last_used, r.tenant_id, r.session_id))[:max(0, limit)]
 
     def expired(self, now: float) -> list[SessionRecord]:
         with self._lock:

@@ -254,6 +254,23 @@ class SqlSessionRegistry:
             return {(t, i) for t, i in s.execute(select(SessionRow.tenant_id, SessionRow.session_id)
                                                  .where(SessionRow.owner == owner))}
 
+    def orphaned(self, owner: str, now: float, idle_before: float, limit: int) -> list[SessionRecord]:
+        """One bounded read per idle sweep instead of the whole table: the same conditions as
+        ``SessionRecord.lease_live`` (a row with an owner and no ``lease_expires`` is not live).
+        The ``state`` index narrows it to active rows; there is deliberately no index on
+        ``lease_expires``: the heartbeat rewrites that column on every owned row every few
+        seconds, and indexing it would cost that much more write (no HOT updates on PostgreSQL)
+        than it saves this read."""
+        q = (select(SessionRow)
+             .where(SessionRow.state.in_(ACTIVE),
+                    SessionRow.owner.is_not(None), SessionRow.owner != owner,
+                    or_(SessionRow.lease_expires.is_(None), SessionRow.lease_expires <= now),
+                    SessionRow.last_used <= idle_before)
+             .order_by(SessionRow.last_used, SessionRow.tenant_id, SessionRow.session_id)
+             .limit(max(0, limit)))
+        with self._sessions() as s:
+            return [_record(r) for r in s.scalars(q)]
+
     def expired(self, now: float) -> list[SessionRecord]:
         with self._sessions() as s:
             return [_record(r) for r in s.scalars(select(SessionRow).where(
