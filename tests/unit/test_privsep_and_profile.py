@@ -62,7 +62,7 @@ def test_oci_profile_denies_the_jails_list_and_namespace_clones():
     assert prof["defaultAction"] == "SCMP_ACT_ALLOW"
     names = set(prof["syscalls"][0]["names"])
     assert set(seccomp.DENIED_SYSCALLS) <= names
-    assert {"unshare", "setns", "mount", "ptrace", "keyctl", "bpf", "perf_event_open"} <= names
+    assert {"unshare", "setns", "mount", "ptrace", "keyctl", "bpf", "perf_event_open", "io_setup", "io_submit"} <= names
     assert not names & {"setuid", "setgid", "setresuid", "setresgid", "setgroups", "prctl", "clone"}
     clones = [r for r in prof["syscalls"] if r["names"] == ["clone"]]
     assert sorted(r["args"][0]["value"] for r in clones) == sorted(seccomp.CLONE_NAMESPACE_FLAGS.values())

@@ -8,7 +8,7 @@ silently ignores it: ``runsc_applies_seccomp()`` lets the provider refuse to sta
 
 Default action allow, the listed calls answered with EPERM, like the jail: new user/mount (and
 any other) namespaces, mount family, ptrace and cross-process memory access, keyrings, bpf,
-perf_event_open, module loading, io_uring and host-wide clocks. ``setuid``/``setgid`` stay
+perf_event_open, module loading, io_uring, Linux AIO and host-wide clocks. ``setuid``/``setgid`` stay
 allowed: the agent uses them once per child to drop user code to the sandbox uid.
 """
 

@@ -29,6 +29,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
     "init_module", "finit_module", "delete_module", "lookup_dcookie", "fanotify_init",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
+    # Linux AIO: one io_setup(65536) reserved the host-wide fs.aio-max-nr for every other box
+    # and host service; software that uses it falls back to ordinary I/O on ENOSYS/EPERM
+    "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents",
     # host-wide state
     "reboot", "acct", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "iopl", "ioperm", "vhangup", "nfsservctl", "uselib", "sysfs", "ustat",

@@ -343,6 +343,25 @@ print(json.dumps(out))
     assert_healthy(jail, box)
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="io_setup's number below is x86_64's")
+def test_a_box_cannot_reserve_the_hosts_async_io_capacity(jail, box):
+    """io_setup(65536) took the whole host-wide fs.aio-max-nr: every other box and host service
+    using Linux AIO then failed with EAGAIN. Linux AIO is denied like io_uring."""
+    before = int(open("/proc/sys/fs/aio-nr").read())
+    code = """
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+ctx = ctypes.c_ulong(0)
+rc = libc.syscall(ctypes.c_long(206), ctypes.c_long(65536), ctypes.byref(ctx))  # io_setup
+print("OK" if rc == 0 else errno.errorcode.get(ctypes.get_errno()))
+import time; time.sleep(0.5)
+"""
+    assert run(jail, box, code).stdout.strip() == "EPERM"
+    assert int(open("/proc/sys/fs/aio-nr").read()) <= before + 1024  # nothing of the box's is held
+    assert_healthy(jail, box)
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x32 syscall numbering is x86_64's")
 def test_foreign_abi_syscalls_kill_the_process(jail, box):
     """ptrace through the x32 ABI (nr | 0x40000000), a classic way around per-arch filters."""
