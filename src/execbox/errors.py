@@ -124,6 +124,25 @@ class SessionDrainingError(ProviderUnavailableError):
     """The replica is shutting down (SIGTERM): it takes no new work; retry on another replica."""
 
 
+SEE_LOG = "the server log has the details"
+
+
+class BoxStartFailed(InstanceCreationError):
+    """A box that did not start, told twice: ``message`` and ``details`` are what the tenant reads
+    (no host paths, mount or engine output), ``reason`` is the whole error, for the server log and
+    the operator's own reports (`execbox doctor`, the admin console's provider test)."""
+
+    def __init__(self, message: str, reason: str = "", *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details=details)
+        self.reason = reason
+
+
+def operator_message(e: SandboxError) -> str:
+    """``CODE: message`` for an operator's eyes: with the whole reason a tenant's message leaves out."""
+    text = f"{e.code}: {e.message}"
+    return f"{text} [{e.reason}]" if isinstance(e, BoxStartFailed) and e.reason else text
+
+
 ERRORS_BY_CODE: dict[str, type[SandboxError]] = {
     cls.code: cls
     for cls in (

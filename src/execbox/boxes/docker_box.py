@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..agent import protocol
-from ..errors import InstanceCreationError
+from ..errors import SEE_LOG, BoxStartFailed, InstanceCreationError
 from . import oci_seccomp
 from .agent_client import AgentClient
 from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
@@ -279,9 +279,10 @@ def start_container(docker_client: Any, spec: ContainerSpec, host: HostSide,
             client.wait_ready(ready_timeout)
         except InstanceCreationError as e:
             tail = transport.stderr_tail.decode("utf-8", "replace")[-2000:]
-            raise InstanceCreationError(f"{e.message}; {exit_state(api, container_id)}; "
-                                        f"agent stderr: {tail or '(empty)'}",
-                                        details={"container": spec.name, "runtime": spec.runtime}) from None
+            reason = f"{e.message}; {exit_state(api, container_id)}; agent stderr: {tail or '(empty)'}"
+            log.warning("docker: %s", reason)  # the engine's words and host paths: the log only
+            raise BoxStartFailed(f"{e.message} ({SEE_LOG})", reason,
+                                 details={"container": spec.name, "runtime": spec.runtime}) from None
         return box
     except BaseException:
         if box is not None and box.net is not None:

@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from ..errors import SandboxError, operator_message
+
 log = logging.getLogger("execbox.pool")
 REFILL_PAUSE = 0.02  # seconds a refill waits after a box was handed out (see _run)
 SATURATED_HOLD = 0.5
@@ -47,7 +49,7 @@ class BoxPool:
         self._closed = False
         self.failures = 0
         self.consecutive_failures = 0
-        self.last_error: str | None = None
+        self.last_exception: Exception | None = None  # the newest start failure, whole: host paths and all
         self.last_error_at: float | None = None
         self.started_total = 0
         self.handed_out = 0
@@ -96,7 +98,7 @@ class BoxPool:
                         return
                     self.failures += 1
                     self.consecutive_failures += 1
-                    self.last_error = f"{type(e).__name__}: {e}"
+                    self.last_exception = e.with_traceback(None)  # not the frames of the failed start
                     self.last_error_at = time.time()
                     self._cond.notify_all()
                 log.warning("pool %s: box start failed (%s); retrying in %.1fs", self.name, e, backoff)
@@ -162,6 +164,14 @@ class BoxPool:
         if self._cold >= self.cold_limit:
             return SATURATED_HOLD
         return self._saturated_until - time.monotonic()
+
+    @property
+    def last_error(self) -> str | None:
+        """The newest start failure, whole, as ``status()`` reports it."""
+        e = self.last_exception
+        if e is None:
+            return None
+        return f"{type(e).__name__}: {operator_message(e) if isinstance(e, SandboxError) else e}"
 
     def status(self) -> dict[str, Any]:
         with self._cond:

@@ -50,7 +50,7 @@ def collect(probe: bool = True) -> dict[str, Any]:
 
 def _probe(name: str) -> dict[str, Any]:
     """Start the provider with a one-box pool, run print(1), report timing and pool health."""
-    from ..errors import SandboxError
+    from ..errors import SandboxError, operator_message
     from ..providers.registry import create_provider
 
     started = time.monotonic()
@@ -71,7 +71,7 @@ def _probe(name: str) -> dict[str, Any]:
                 "seconds": round(time.monotonic() - started, 3), "pool": pool,
                 "isolation": res.metadata.get("isolation")}
     except SandboxError as e:
-        return {"provider": name, "ok": False, "error": f"{e.code}: {e.message}"}
+        return {"provider": name, "ok": False, "error": operator_message(e)}
     except Exception as e:  # noqa: BLE001
         return {"provider": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
     finally:

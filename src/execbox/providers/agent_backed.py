@@ -24,7 +24,8 @@ from ..boxes.pool import BoxPool
 from ..boxes.quota import QuotaUnavailable
 from ..egress.policy import EgressPolicy
 from ..errors import (
-    InstanceCreationError,
+    SEE_LOG,
+    BoxStartFailed,
     InvalidConfigError,
     ProviderUnavailableError,
     SandboxError,
@@ -213,9 +214,7 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
-                log.warning("%s: could not start a box: %s", self.name, e)  # host paths: the log only
-                raise InstanceCreationError(f"{self.name}: could not start a box: {_tenant_safe(e)}",
-                                            details={"provider": self.name}) from e
+                raise box_start_failed(self.name, e) from e
         if workspace is not None or session_id is not None:
             box.keep_workspace = workspace is not None
         inst = Instance(instance_id, box, tenant_id, session_id, from_pool=from_pool, runtime=runtime)
@@ -399,11 +398,28 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         return bool(inst and inst.box.client.cancel())
 
 
-def _tenant_safe(e: Exception) -> str:
+def box_start_failed(provider: str, e: BaseException, what: str = "a box") -> BoxStartFailed:
+    """SB004 for a box start that failed with ``e``: logged whole (host paths: the log only), the
+    tenant's message cut to what ``tenant_safe`` lets through."""
+    log.warning("%s: could not start %s: %s", provider, what, e)
+    return BoxStartFailed(f"{provider}: could not start {what}: {tenant_safe(e)}", f"{type(e).__name__}: {e}",
+                          details={"provider": provider})
+
+
+def tenant_safe(e: BaseException) -> str:
     """What a tenant may read of a box start failure: the quota module's own messages (written
-    for them), an OS error's text without its file names (host paths), else the error's type."""
+    for them), the Docker engine's refusal as its class and HTTP status (its text names host
+    paths, images, the daemon's socket), an OS error's text without its file names (host paths),
+    else the error's type."""
     if isinstance(e, QuotaUnavailable):
         return str(e)
+    import docker.errors  # a dependency; imported here, where a start already failed
+
+    if isinstance(e, docker.errors.APIError):
+        status = f", HTTP {e.status_code}" if e.status_code else ""
+        return f"the Docker engine refused to start the box ({type(e).__name__}{status}; {SEE_LOG})"
+    if isinstance(e, docker.errors.DockerException):
+        return f"the Docker client could not start the box ({type(e).__name__}; {SEE_LOG})"
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
-    return f"{type(e).__name__} (the server log has the details)"
+    return f"{type(e).__name__} ({SEE_LOG})"

@@ -26,12 +26,19 @@ from ..boxes.docker_owner import (
     safe_name,
 )
 from ..boxes.gpu import GpuPlan, parse_gpu
+from ..boxes.pool import BoxPool
 from ..egress.policy import EgressPolicy, parse_policy
 from ..egress.schema import check_network_config, policy_from_config
-from ..errors import InstanceCreationError, InvalidConfigError, ProviderUnavailableError, SandboxError
+from ..errors import (
+    BoxStartFailed,
+    InstanceCreationError,
+    InvalidConfigError,
+    ProviderUnavailableError,
+    SandboxError,
+)
 from ..models import Isolation, SandboxInstance, make_instance_id
 from ..settings import parse_bool
-from .agent_backed import AgentBackedProvider, Instance
+from .agent_backed import AgentBackedProvider, Instance, box_start_failed, tenant_safe
 from .docker_config import (
     check_box_seccomp,
     config_schema,
@@ -305,32 +312,42 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
 
     def _create_admitted_container(self, tenant_id: str, session_id: str | None, workspace: str | None,
                                    labels: dict[str, str] | None, runtime: str | None) -> SandboxInstance:
-        image, runtime = runtime_image(self.docker, runtime) if runtime else (None, None)
-        if self._pool is None or workspace is not None or image is not None:
+        if self._pool is None or workspace is not None or runtime:
             instance_id = make_instance_id(tenant_id, session_id)
             try:
+                image, runtime = runtime_image(self.docker, runtime) if runtime else (None, None)
                 box = self.start_box(workspace, labels=labels if workspace is not None else None, image=image,
                                      tenant_id=tenant_id, session_id=session_id or "", instance_id=instance_id)
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
-                raise InstanceCreationError(f"docker: could not start a container: {e}",
-                                            details={"provider": self.name}) from e
+                raise box_start_failed(self.name, e, "a container") from e
             return self._register(Instance(instance_id, box, tenant_id, session_id, runtime=runtime),
                                   workspace is not None)
         wait = float(self.config.get("pool_wait") or 0)
         box = self._pool.take(wait)
         if box is None:
-            status = self._pool.status()
-            reason = (f"pool failing to start containers: {status['last_error']}" if not status["healthy"]
-                      else f"all {status['size']} pooled containers are in use "
-                           f"({status['starting']} starting)")
-            raise InstanceCreationError(f"docker: no container available within {wait:g}s; {reason}",
-                                        details={"provider": self.name, "pool": status})
+            raise self._no_pooled_box(self._pool, wait)
         instance_id = make_instance_id(tenant_id, session_id)
         assert isinstance(box, DockerBox)
         self._claim_later(box, tenant_id, session_id or "", instance_id)
         return self._register(Instance(instance_id, box, tenant_id, session_id, from_pool=True), False)
+
+    def _no_pooled_box(self, pool: BoxPool, wait: float) -> InstanceCreationError:
+        """SB004 for a caller the pool had no container for within ``wait`` s: every pooled one is
+        in use, or the pool fails to start them (the tenant reads that failure cut by tenant_safe)."""
+        status = pool.status()
+        head = f"docker: no container available within {wait:g}s"
+        failed = pool.last_exception
+        if status["healthy"] or failed is None:
+            return InstanceCreationError(
+                f"{head}; all {status['size']} pooled containers are in use ({status['starting']} starting)",
+                details={"provider": self.name, "pool": status})
+        cut = tenant_safe(failed)
+        log.warning("docker: no pooled container for a caller; the pool's last start failure: %s",
+                    status["last_error"])
+        return BoxStartFailed(f"{head}; pool failing to start containers: {cut}", status["last_error"],
+                              details={"provider": self.name, "pool": {**status, "last_error": cut}})
 
     def _register(self, inst: Instance, keep_workspace: bool) -> SandboxInstance:
         inst.box.keep_workspace = keep_workspace

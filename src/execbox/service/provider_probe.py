@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import SandboxError
+from ..errors import SandboxError, operator_message
 from ..providers import registry
 from ..providers.base import SandboxProvider
 
@@ -34,7 +34,7 @@ def probe(name: str, config: dict[str, Any], timeout: int = 30) -> dict[str, Any
         message = (f"{name}: probe ran in {lang}" if ok
                    else f"{name}: probe finished with exit code {result.exit_code} and unexpected output")
     except SandboxError as e:
-        ok, message = False, f"{e.code}: {e.message}"
+        ok, message = False, operator_message(e)
         details["error_code"] = e.code
     except Exception as e:  # noqa: BLE001 - report, never crash the admin API
         ok, message = False, f"{type(e).__name__}: {e}"
