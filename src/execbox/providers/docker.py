@@ -16,7 +16,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..boxes import netns
+from ..boxes import host_tables, netns
 from ..boxes.docker_box import ContainerSpec, DockerBox, start_container
 from ..boxes.docker_host import HostSide
 from ..boxes.docker_owner import (
@@ -163,7 +163,10 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         if not uid_check["ok"]:
             self._notes.append(f"docker: {uid_check['detail']}")
         host = cfg.get("docker_host") or os.environ.get("DOCKER_HOST", "")
-        self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=not host or host.startswith("unix:"),
+        local_engine = not host or host.startswith("unix:")
+        if local_engine:  # its boxes' open files count in this host's kernel (boxes/host_tables.py)
+            host_tables.raise_file_max_once()
+        self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=local_engine,
                                     dev_root=os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
         if self._gpu.error is not None:  # no warm pool: its GPU containers could not start anyway
             self._notes.append(f"{self._gpu.error}; sessions fail with SB002 until this is fixed")

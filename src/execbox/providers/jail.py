@@ -17,7 +17,20 @@ import threading
 import time
 from typing import Any
 
-from ..boxes import bwrap, cgroups, gpu, jail_net, netns, quota, runtime, seccomp, staged_leases, staging, uids
+from ..boxes import (
+    bwrap,
+    cgroups,
+    gpu,
+    host_tables,
+    jail_net,
+    netns,
+    quota,
+    runtime,
+    seccomp,
+    staged_leases,
+    staging,
+    uids,
+)
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
 from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
@@ -126,6 +139,7 @@ class JailProvider(AgentBackedProvider):
         cfg = self.config
         rt = runtime.resolve(cfg.get("runtime"))
         _reap_once()
+        host_tables.raise_file_max_once()
         self._warnings = []
         use_cgroups = True
         try:
@@ -282,6 +296,7 @@ class JailProvider(AgentBackedProvider):
             out["runtimes"] = {"ok": True, "detail": ", ".join(names)}
         except (OSError, ValueError) as e:
             out["runtimes"] = {"ok": False, "detail": f"cannot list runtimes: {e}"}
+        out["file_max"] = host_tables.file_max_check()
         try:
             out["host_uid"] = _uid_range_check()
         except InvalidConfigError as e:
