@@ -34,18 +34,3 @@ def test_a_failing_pools_error_reaches_the_tenant_without_host_paths():
     finally:
         p.shutdown()
 
-
-def test_a_root_jail_leaves_the_hosts_open_file_table_at_its_ceiling():
-    """boxes/host_tables.py: a box's open files are bounded by its memory cgroup, not by a
-    host-wide table one tenant's boxes filled for all."""
-    import os
-
-    import pytest
-
-    from execbox.boxes.host_tables import FILE_MAX_TARGET
-    from tests.integration.jail.conftest import make_provider
-
-    if os.geteuid() != 0:
-        pytest.skip("the table is raised by a root service only")
-    make_provider().shutdown()
-    assert int(open("/proc/sys/fs/file-max").read()) == FILE_MAX_TARGET
