@@ -18,6 +18,7 @@ from execbox.errors import InstanceCreationError, RateLimitError
 @pytest.fixture(autouse=True)
 def own_jail_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("EXECBOX_JAIL_DIR", str(tmp_path))
+    monkeypatch.setattr(uids, "HOST_LOCK_DIR", str(tmp_path / "run" / "uids"))  # as root: not the host's
     monkeypatch.delenv("EXECBOX_JAIL_HOST_UID", raising=False)
     monkeypatch.delenv("EXECBOX_JAIL_UID_RANGE", raising=False)
 
@@ -47,6 +48,7 @@ class Client:
 def _pin_left_by_a_dead_process(uid: int, note: str = "docker:box") -> None:
     """A process that leased and pinned ``uid``, then died (its flock went with it)."""
     code = ("import sys\nfrom execbox.boxes import uids\n"
+            f"uids.HOST_LOCK_DIR = {uids.HOST_LOCK_DIR!r}\n"
             f"lease = uids.try_acquire({uid})\nuids.pin(lease, {note!r})\n")
     subprocess.run([sys.executable, "-c", code], check=True)  # noqa: S603
 
@@ -80,6 +82,23 @@ def test_take_over_leases_the_recorded_uid_or_refuses(root):
     with pytest.raises(InstanceCreationError):  # started before per-box uids: its code runs as 1000
         docker_uid.take_over({})
     docker_uid.release(lease)
+    assert uids.pinned() == []
+
+
+def test_removing_a_container_unpins_its_uid_but_not_a_newer_box_s_pin(root):
+    """Pins go with a reboot (/run is tmpfs), a stopped container and its labels do not: its uid
+    may meanwhile be another box's, whose pin removing the old container must leave alone."""
+    assert docker_uid.HOST_DIR_LABEL == docker_host.HOST_DIR_LABEL
+    _pin_left_by_a_dead_process(300020, note="docker:docker-2-new")  # the new box (its process restarting)
+    old = {docker_uid.RUN_AS_LABEL: "300020", docker_uid.HOST_DIR_LABEL: "/var/lib/x/docker-1-old"}
+    docker_host.release_removed(old)  # the pre-reboot container, removed when its session is not re-attached
+    assert uids.pinned() == [300020]
+    with pytest.raises(RateLimitError):
+        uids.acquire(uids.UidRange(300020, 1))
+    docker_uid.release_label({docker_uid.RUN_AS_LABEL: "300020", docker_uid.HOST_DIR_LABEL: "/x/docker-2-new"})
+    assert uids.pinned() == []  # its own container gone: the uid is free
+    _pin_left_by_a_dead_process(300021, note="docker:docker-3")
+    docker_uid.release_label({docker_uid.RUN_AS_LABEL: "300021", docker_uid.HOST_DIR_LABEL: "/x/docker-3"})
     assert uids.pinned() == []
 
 

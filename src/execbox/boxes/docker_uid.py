@@ -32,6 +32,7 @@ from .images import SANDBOX_UID, WORKSPACE
 log = logging.getLogger("execbox.docker")
 
 RUN_AS_LABEL = "execbox.run_as"
+HOST_DIR_LABEL = "execbox.host_dir"  # docker_host.HOST_DIR_LABEL (that module imports this one)
 PIN_NOTE = "docker:"
 
 
@@ -87,13 +88,22 @@ def take_over(labels: dict[str, str]) -> uids.UidLease | None:
 
 def release_label(labels: dict[str, str]) -> None:
     """Unpin the uid of a container removed by id (no lease object here), unless a live process
-    holds it."""
+    holds it or the pin is another box's.
+
+    Another box's: pins live on tmpfs (``uids.HOST_LOCK_DIR``) and go with a reboot, while a
+    stopped container and its label stay until removed, so after a reboot its uid may have gone
+    to a new box that pinned it (note ``docker:<host dir name>``, as ``lease`` writes)."""
     raw = labels.get(RUN_AS_LABEL, "")
     if not per_box_uids() or not raw.isdigit():
         return
     held = uids.try_acquire(int(raw))
-    if held is not None:
-        release(held)
+    if held is None:
+        return
+    note = uids.pin_note(held.uid)
+    if note is not None and note != PIN_NOTE + os.path.basename(labels.get(HOST_DIR_LABEL, "")):
+        held.release()  # a newer box's pin: it keeps the uid
+        return
+    release(held)
 
 
 def sweep_pins(client: Any) -> list[int]:
@@ -120,10 +130,10 @@ def sweep_pins(client: Any) -> list[int]:
 
 def _pinned_by_docker(uid: int) -> bool:
     try:
-        with open(os.path.join(uids.lock_dir(), f"{uid}.pin"), encoding="utf-8") as f:
-            return f.read().startswith(PIN_NOTE)
+        note = uids.pin_note(uid)
     except OSError:
         return False
+    return note is not None and note.startswith(PIN_NOTE)
 
 
 def write_nss(directory: str, uid: int) -> dict[str, str]:

@@ -11,17 +11,28 @@ The model (see docs/jail.md):
 * the range is ``EXECBOX_JAIL_UID_RANGE=FIRST:COUNT`` (default ``61000:4096``; the legacy
   ``EXECBOX_JAIL_HOST_UID`` still sets FIRST); uid and gid are the same number and need no
   passwd entry, but the range must not hold real users (``execbox doctor`` checks);
-* a uid is leased by taking an exclusive ``flock`` on ``<jail dir>/uids/<uid>.lock``: the kernel
-  drops the lock when the holder closes it or dies, so leases are shared correctly by every
-  execbox process on the host (several services, test workers) and never leak across a crash;
+* a uid is leased by taking an exclusive ``flock`` on ``/run/execbox/uids/<uid>.lock``
+  (``HOST_LOCK_DIR``): the kernel drops the lock when the holder closes it or dies, so leases are
+  shared correctly by every execbox process on the host (several services, test workers) and
+  never leak across a crash. The directory is one fixed host-wide path because host uids are
+  host-wide: under ``EXECBOX_JAIL_DIR``, two processes with different jail dirs handed the same
+  uid to two tenants' boxes. ``/run`` is a tmpfs (systemd hosts): leases and pins go with a
+  reboot, as every box's processes do (execbox never restarts a stopped container). A symlink, a
+  non-directory, or one not owned by root or writable by group or others there (or as
+  ``/run/execbox``) is refused (SB002), never followed;
 * a lease is released only after the box's cgroup is empty: a process that survived the kill
   keeps its uid out of circulation instead of handing it to the next box;
 * a box that can outlive its execbox process (a Docker container left running across a
   restart, or by a crash) also *pins* its uid: ``<uid>.pin`` beside the lock, which
   ``acquire`` skips even when no process holds the flock; its owner removes the pin once the
   box is gone (boxes/docker_uid.py);
+* leases and pins of an execbox from before that move, in ``<jail dir>/uids``, still count: a uid
+  whose old lock a live process holds, or that carries an old pin (a Docker box that outlived
+  the upgraded process), is skipped, and a lease also holds the old lock where one exists, so
+  an old process that shares this jail dir skips it too;
 * only when execbox runs as root (an unprivileged service cannot switch uids; its boxes run as
-  the service's own uid, which the docs state).
+  the service's own uid, which the docs state). Without root nothing is leased for real (only
+  tests do) and the locks stay in ``<jail dir>/uids``.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import fcntl
 import os
 import pwd
 import random
+import stat
 import threading
 from dataclasses import dataclass
 
@@ -96,9 +108,10 @@ def users_in_range(rng: UidRange, limit: int = 5) -> list[str]:
 class UidLease:
     """One box's host uid, held until ``release()`` (or until this process dies)."""
 
-    def __init__(self, uid: int, fd: int) -> None:
+    def __init__(self, uid: int, fd: int, legacy_fd: int | None = None) -> None:
         self.uid = uid
         self._fd: int | None = fd
+        self._legacy_fd = legacy_fd  # the lock in the pre-upgrade dir, where one exists
 
     @property
     def held(self) -> bool:
@@ -106,16 +119,81 @@ class UidLease:
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing the only descriptor drops the flock
+        legacy_fd, self._legacy_fd = self._legacy_fd, None
+        for f in (legacy_fd, fd):
+            if f is not None:
+                os.close(f)  # closing the only descriptor drops the flock
 
 
 _lock = threading.Lock()
 _cursor: int | None = None
 
+HOST_LOCK_DIR = "/run/execbox/uids"  # host uids are host-wide, so are their leases (tests point it elsewhere)
+
+
+def _host_wide() -> bool:
+    """Boxes get leased host uids only as root; then leases live in ``HOST_LOCK_DIR``."""
+    return os.geteuid() == 0
+
+
+def _refused(path: str, why: str) -> InvalidConfigError:
+    return InvalidConfigError(f"box uid lease directory {path} {why}; refusing to use it (remove it: execbox "
+                              "recreates it, root-owned, mode 0700)", details={"path": path})
+
+
+def _checked_dir(parent_fd: int | None, path: str, mode: int) -> int:
+    """``path`` opened as a directory (created with ``mode`` if missing), relative to ``parent_fd``
+    when given: never through a symlink, and only if root (this process) owns it and no one
+    else may write to it. Returns its descriptor."""
+    name = os.path.basename(path) if parent_fd is not None else path
+    try:
+        os.mkdir(name, mode, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            what = "is a symlink" if os.path.islink(path) else "is not a directory"
+            raise _refused(path, what) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        why = (f"is owned by uid {st.st_uid}, not root" if st.st_uid != os.geteuid()
+               else f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+        raise _refused(path, why)
+    return fd
+
 
 def lock_dir() -> str:
-    return os.path.join(jail_dir(), "uids")
+    """The directory of uid locks and pins: ``HOST_LOCK_DIR`` as root, checked (and created) on
+    every call; ``<jail dir>/uids`` otherwise (as before: nothing is leased for real there)."""
+    if not _host_wide():
+        return os.path.join(jail_dir(), "uids")
+    parent = _checked_dir(None, os.path.dirname(HOST_LOCK_DIR), 0o755)
+    try:
+        os.close(_checked_dir(parent, HOST_LOCK_DIR, 0o700))
+    finally:
+        os.close(parent)
+    return HOST_LOCK_DIR
+
+
+def _legacy_dir() -> str | None:
+    """``<jail dir>/uids``, where a root execbox from before ``HOST_LOCK_DIR`` kept its leases and
+    pins, if there is one (None without root, or when it is ``HOST_LOCK_DIR`` itself). Read,
+    never created."""
+    if not _host_wide():
+        return None
+    d = os.path.join(jail_dir(), "uids")
+    if os.path.normpath(d) == os.path.normpath(HOST_LOCK_DIR) or not os.path.isdir(d):
+        return None
+    return d
+
+
+def _dirs(d: str | None = None) -> list[str]:
+    """Every directory whose pins count: the lease directory ``d``, then the pre-upgrade one."""
+    return [d or lock_dir(), *filter(None, [_legacy_dir()])]
 
 
 def acquire(rng: UidRange | None = None) -> UidLease:
@@ -126,8 +204,7 @@ def acquire(rng: UidRange | None = None) -> UidLease:
     """
     global _cursor
     rng = rng or configured_range()
-    d = lock_dir()
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    dirs = _dirs(_ready_dir())
     with _lock:
         if _cursor is None:
             _cursor = random.randrange(rng.count)  # noqa: S311 - spreading probes, not a secret
@@ -135,26 +212,56 @@ def acquire(rng: UidRange | None = None) -> UidLease:
         for i in range(rng.count):
             offset = (start + i) % rng.count
             uid = rng.first + offset
-            fd = _lock_uid(d, uid)
-            if fd is None:
+            lease = _take(dirs, uid)
+            if lease is None:
                 continue
-            if os.path.exists(_pin_path(d, uid)):  # a box that outlived its process still runs as it
-                os.close(fd)
+            if any(os.path.lexists(_pin_path(d, uid)) for d in dirs):  # an outlived box still runs as it
+                lease.release()
                 continue
             _cursor = (offset + 1) % rng.count
-            return UidLease(uid, fd)
+            return lease
     raise RateLimitError(f"all {rng.count} box uids ({rng.describe()}) are in use (jail and docker); destroy boxes or "
                          "widen EXECBOX_JAIL_UID_RANGE",
                          details={"field": "EXECBOX_JAIL_UID_RANGE", "range": rng.describe()})
+
+
+def _ready_dir() -> str:
+    d = lock_dir()
+    if not _host_wide():
+        os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
 
 
 def _pin_path(d: str, uid: int) -> str:
     return os.path.join(d, f"{uid}.pin")
 
 
-def _lock_uid(d: str, uid: int) -> int | None:
+def _take(dirs: list[str], uid: int) -> UidLease | None:
+    """The uid's lock in ``dirs[0]`` and, where a pre-upgrade execbox left one in ``dirs[1]``,
+    that lock too; None while a live process holds either."""
+    fd = _lock_uid(dirs[0], uid)
+    if fd is None:
+        return None
+    legacy_fd = None
+    for old in dirs[1:]:
+        try:
+            legacy_fd = _lock_uid(old, uid, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # no old process ever leased it
+        except BaseException:
+            os.close(fd)
+            raise
+        else:
+            if legacy_fd is None:  # an old execbox process still runs a box as this uid
+                os.close(fd)
+                return None
+    return UidLease(uid, fd, legacy_fd)
+
+
+def _lock_uid(d: str, uid: int, create: bool = True) -> int | None:
     """The uid's lock file, flocked by us; None while another holder has it."""
-    fd = os.open(os.path.join(d, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    fd = os.open(os.path.join(d, f"{uid}.lock"), flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -170,10 +277,7 @@ def try_acquire(uid: int) -> UidLease | None:
 
     For a box that outlived the process that leased its uid: the next process takes the lease
     over from the pin it left."""
-    d = lock_dir()
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    fd = _lock_uid(d, uid)
-    return None if fd is None else UidLease(uid, fd)
+    return _take(_dirs(_ready_dir()), uid)
 
 
 def pin(lease: UidLease, note: str = "") -> None:
@@ -189,16 +293,31 @@ def unpin(lease: UidLease) -> None:
     """Drop the pin of a lease this process holds (its box is gone)."""
     if not lease.held:
         raise RuntimeError(f"uid {lease.uid}: only a held lease can be unpinned")
-    try:
-        os.unlink(_pin_path(lock_dir(), lease.uid))
-    except FileNotFoundError:
-        pass
+    for d in _dirs():  # and a pin an execbox from before HOST_LOCK_DIR left
+        try:
+            os.unlink(_pin_path(d, lease.uid))
+        except FileNotFoundError:
+            pass
 
 
 def pinned() -> list[int]:
-    """Uids that carry a pin, held or not."""
-    try:
-        names = os.listdir(lock_dir())
-    except FileNotFoundError:
-        return []
-    return sorted(int(n[:-4]) for n in names if n.endswith(".pin") and n[:-4].isdigit())
+    """Uids that carry a pin, held or not (in either directory)."""
+    found: set[int] = set()
+    for d in _dirs():
+        try:
+            names = os.listdir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        found.update(int(n[:-4]) for n in names if n.endswith(".pin") and n[:-4].isdigit())
+    return sorted(found)
+
+
+def pin_note(uid: int) -> str | None:
+    """What ``pin`` wrote for ``uid`` (None when it carries no pin)."""
+    for d in _dirs():
+        try:
+            with open(_pin_path(d, uid), encoding="utf-8") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return None
