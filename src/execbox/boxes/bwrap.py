@@ -52,6 +52,7 @@ class BoxSpec:
     extra_ro: list[tuple[str, str]] = field(default_factory=list)
     device_args: list[str] = field(default_factory=list)  # GPU opt-in (boxes/gpu.py); empty: no devices
     share_net: bool = False  # run in the caller's network namespace (boxes/jail_net.py made it)
+    pts_host: str | None = None  # a capped devpts instance bound on /dev/pts (boxes/devpts.py); None: bwrap's
 
 
 def usr_mounts() -> list[str]:
@@ -89,6 +90,8 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
         *usr_mounts(),
         "--ro-bind", spec.etc_dir, "/etc",  # the whole /etc in one mount (staged_etc)
         "--proc", "/proc", "--dev", "/dev",
+        # --dev-bind: a plain --bind is nodev, and every pty is a device node
+        *(["--dev-bind", spec.pts_host, "/dev/pts"] if spec.pts_host else []),
         "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/tmp",
         "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/dev/shm",
         "--perms", "0755", "--dir", "/opt",

@@ -24,7 +24,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import bwrap, cgroups, jail_net, quota, seccomp, uids
+from . import bwrap, cgroups, devpts, jail_net, quota, seccomp, uids
 from .box import READY_TIMEOUT, ProcessBox
 from .quota import Workspace
 from .runtime import PIP_MOUNT, Runtime, jail_dir
@@ -90,6 +90,7 @@ class JailBox(ProcessBox):
         self.survivors: list[int] = []
         self.stderr: Tail | None = None  # last KB of bwrap's and the agent's own stderr
         self.net: jail_net.JailNet | None = None  # set when the box has network egress
+        self.pts: str | None = None  # its capped devpts mount on the host (boxes/devpts.py), if any
 
     def oom_events(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
@@ -160,6 +161,8 @@ class JailBox(ProcessBox):
             self.net = None
         if self.cgroup is not None and not self.cgroup.remove():
             log.error("box %s: cgroup %s could not be removed", self.name, self.cgroup.name)
+        if self.pts is not None and devpts.unmount(self.box_dir):
+            self.pts = None
         self.ws.teardown()  # a caller's workspace (and its image) stays; the box's own goes
         remove_box_dir(self.box_dir)
         self._release_uid()
@@ -279,7 +282,9 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
             log.warning("jail: removed boxes of dead execbox processes still holding a session workspace")
     seccomp_fd: int | None = None
     jn: jail_net.JailNet | None = None
+    pts: str | None = None
     try:
+        pts = devpts.mount(box_dir)  # root: the box's own instance, at most PTYS_PER_BOX ptys
         if jail_net.wanted(settings.egress):
             jn = jail_net.attach(name, settings.egress, ca=jail_net.new_ca(name, settings.egress))
         if settings.use_cgroups:
@@ -299,7 +304,7 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
             env={**bwrap.box_env(), **settings.runtime.env()}, agent_limits=limits, seccomp_fd=seccomp_fd,
             workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
-            oneshot=oneshot, device_args=list(settings.device_args),
+            oneshot=oneshot, device_args=list(settings.device_args), pts_host=pts,
         )
         if jn is not None:
             spec.share_net = True
@@ -334,6 +339,8 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
         if cg is not None:
             cg.kill_all()
             cg.remove()
+        if pts is not None:
+            devpts.unmount(box_dir)
         ws.teardown()
         remove_box_dir(box_dir)
         if lease is not None:
@@ -345,6 +352,7 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
     box = JailBox(name, proc, ws, limits, cg, box_dir, lease)
     box.runtime = settings.runtime  # what it mounts (result metadata names NAME@vN)
     box.net = jn
+    box.pts = pts
     box.stderr = stderr_tail
     try:
         box.client.wait_ready(READY_TIMEOUT)
@@ -364,7 +372,8 @@ def reap_stale() -> list[str]:
     """Clean up boxes left by execbox processes that died without destroying them.
 
     A box dir is named ``jail-<owner pid>-...``; if that pid no longer exists its processes,
-    cgroup (where this process's layout can see it), mounts and files are removed.
+    cgroup (where this process's layout can see it), mounts (its devpts, its workspace) and files
+    are removed.
     """
     reaped: list[str] = []
     root = boxes_dir()
@@ -389,6 +398,7 @@ def reap_stale() -> list[str]:
                 cg.kill_all()
                 cg.remove()
         box_dir = os.path.join(root, name)
+        devpts.unmount(box_dir)
         try:
             with open(os.path.join(box_dir, "host_view"), encoding="utf-8") as f:
                 quota.unmount(f.read().strip())

@@ -48,3 +48,12 @@ def test_environment_is_only_what_box_env_sets():
     env = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--setenv"}
     assert env == bwrap.box_env()
     assert argv[argv.index("--") + 1:argv.index("--") + 3] == ["/usr/bin/python3", "-I"]
+
+
+def test_a_capped_devpts_is_bound_over_bwraps_own_with_its_devices():
+    """boxes/devpts.py: the service's instance replaces the one ``--dev`` mounts (so it comes
+    after it), bound with --dev-bind (a plain --bind is nodev: no pty could be opened)."""
+    argv = _argv(pts_host="/j/boxes/b1/pts")
+    i = argv.index("--dev-bind")
+    assert argv[i + 1:i + 3] == ["/j/boxes/b1/pts", "/dev/pts"] and argv.index("--dev") < i
+    assert "/dev/pts" not in _argv()  # not root: bwrap's own instance

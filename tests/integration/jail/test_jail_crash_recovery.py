@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from execbox.boxes import cgroups, quota
+from execbox.boxes import cgroups, devpts, quota
 from execbox.boxes.jail_box import boxes_dir, reap_stale
 
 from .conftest import cgroups_ready, jail_ready, wait_for
@@ -52,6 +52,8 @@ def test_boxes_of_a_killed_owner_die_and_are_reaped():
     assert wait_for(lambda: not any(_running(p) for p in info["pids"]), timeout=10)
     box_dir = os.path.join(boxes_dir(), info["name"])
     assert os.path.isdir(box_dir) and quota.is_mounted(info["ws"])  # left behind by the crash
+    pts = devpts.path(box_dir)
+    assert quota.is_mounted(pts) == (os.geteuid() == 0)  # its capped devpts instance (root only)
     assert info["name"] in reap_stale()
-    assert not os.path.exists(box_dir) and not quota.is_mounted(info["ws"])
+    assert not os.path.exists(box_dir) and not quota.is_mounted(info["ws"]) and not quota.is_mounted(pts)
     assert not cgroups.BoxCgroup(cgroups.detect(), info["name"]).exists()

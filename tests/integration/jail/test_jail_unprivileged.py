@@ -33,13 +33,18 @@ r2 = p.execute_code(i, "import os\ntry:\n    for n in 'fg':\n        open(n,'wb'
 r3 = p.execute_code(i, "import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n"
                        "            time.sleep(5); os._exit(0)\n        n += 1\nexcept OSError as e:\n"
                        "    print(n, e.strerror)", "python", 20)
+r4 = p.execute_code(i, "import os\nm, s = os.openpty()\nos.write(s, b'pty-ok')\nprint(os.read(m, 6).decode(), "
+                       "[l.split()[-1] for l in open('/proc/self/mountinfo') if l.split()[4] == '/dev/pts'])",
+                    "python", 20)
 box = p._instances[i].box
 pid = box.proc.pid
+own_pts = box.pts is not None or os.path.exists(os.path.join(box.box_dir, "pts"))
 p.destroy_instance(i)
 p.shutdown()
 print(json.dumps({"ok": ok, "reason": reason, "uid": r1.stdout.strip(), "fill": r2.stdout.strip(),
                   "warnings": r1.metadata.get("warnings", []), "workspace": box.workspace,
-                  "bwrap_alive": os.path.exists(f"/proc/{pid}"), "forks": r3.stdout.strip()}))
+                  "bwrap_alive": os.path.exists(f"/proc/{pid}"), "forks": r3.stdout.strip(),
+                  "pty": r4.stdout.strip(), "own_pts": own_pts}))
 """
 
 
@@ -81,3 +86,5 @@ def test_unprivileged_host_uses_user_namespaces_and_a_tmpfs_quota(open_tmp):
     assert out["bwrap_alive"] is False
     forked, _, err = out["forks"].partition(" ")
     assert err == "Resource temporarily unavailable" and int(forked) < 32  # RLIMIT_NPROC stands in
+    # no devpts mount of the service's (only root may mount one): bwrap's own instance, ptys work
+    assert out["own_pts"] is False and out["pty"].startswith("pty-ok ") and "max=" not in out["pty"], out["pty"]

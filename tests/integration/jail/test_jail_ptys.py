@@ -1,0 +1,110 @@
+"""Pseudo-terminals in a jail box: as root every box has a devpts instance of its own, capped at
+PTYS_PER_BOX (boxes/devpts.py, the attack is tests/security/jail/test_pty_exhaustion.py), bound on
+its /dev/pts. Ptys work as they did with bwrap's own instance, and the mount goes with the box:
+on destroy, on a failed start and (test_jail_crash_recovery.py) when a dead owner's box is reaped."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from execbox.boxes import devpts, jail_box
+from execbox.boxes.jail_box import boxes_dir, drain
+from tests.conftest import wait_process_exit
+
+from .conftest import run
+
+pytestmark = pytest.mark.jail
+
+PTYS = r"""
+import json, os, pty, shutil, subprocess
+out = {}
+m, s = os.openpty()
+st = os.stat(os.ttyname(s))
+out["slave"] = [os.ttyname(s).rsplit("/", 1)[0], st.st_uid, st.st_gid, oct(st.st_mode & 0o777)]
+os.close(os.open(os.ttyname(s), os.O_RDWR | os.O_NOCTTY))  # the box user opens its slave by name
+if os.fork() == 0:  # a child on the slave side writes, the master reads it back
+    os.close(m)
+    os.write(s, b"through-the-pty\n")
+    os._exit(0)
+os.wait()
+out["read"] = os.read(m, 100).decode().strip()
+os.close(s)
+pid, fd = pty.fork()
+if pid == 0:
+    print("child-tty", os.isatty(0), flush=True)
+    os._exit(0)
+data = b""
+while True:
+    try:
+        chunk = os.read(fd, 100)
+    except OSError:
+        break
+    if not chunk:
+        break
+    data += chunk
+os.waitpid(pid, 0)
+out["fork"] = data.decode().strip()
+if shutil.which("script"):
+    out["script"] = subprocess.run(["script", "-qc", "tty", "/dev/null"], capture_output=True, text=True).stdout.strip()
+pts = [line.split() for line in open("/proc/self/mountinfo") if line.split()[4] == "/dev/pts"]
+out["pts_options"] = pts[-1][-1]  # the top one: what /dev/ptmx (a link to pts/ptmx) opens
+print(json.dumps(out))
+"""
+
+
+def _mounts_under(path: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(path.rstrip("/") + "/")]
+
+
+def test_ptys_work_in_a_box_and_the_box_has_its_own_capped_instance(jail, box):
+    r = run(jail, box, PTYS)
+    assert r.exit_code == 0, r
+    out = json.loads(r.stdout)
+    assert out["slave"] == ["/dev/pts", 1000, 1000, "0o620"]  # the box user's own slave, as with bwrap's
+    assert out["read"] == "through-the-pty"
+    assert out["fork"] == "child-tty True"
+    if shutil.which("script"):
+        assert out["script"].startswith("/dev/pts/")
+    capped = f"max={devpts.PTYS_PER_BOX}" in out["pts_options"].split(",")
+    assert capped == (os.geteuid() == 0), out["pts_options"]  # not root: bwrap's own instance
+
+
+def test_a_pty_process_in_a_box_has_a_terminal_and_takes_resizes(jail, box):
+    """The agent's pty relay (E2B ``pty.create``) on the box's devpts."""
+    pid = jail.start_process(box, "stty size; tty; read line; stty size; echo got:$line; exit 4", pty=(100, 30))
+    jail.resize_process(box, pid, 120, 40)
+    jail.process_input(box, pid, b"typed\n")
+    out, err, v = wait_process_exit(jail, box, pid)
+    lines = out.replace(b"\r\n", b"\n").decode().splitlines()
+    assert err == b"" and v["exit_code"] == 4
+    assert any(line.startswith("/dev/pts/") for line in lines), lines  # the input may echo before it
+    assert lines[-2:] == ["40 120", "got:typed"], lines
+
+
+def test_the_devpts_mount_goes_with_the_box(jail):
+    inst = jail.create_instance(session_id="pts-destroy")
+    b = jail._instances[inst.instance_id].box
+    if os.geteuid() == 0:
+        assert b.pts == devpts.path(b.box_dir) and devpts.path(b.box_dir) in _mounts_under(b.box_dir)
+    else:
+        assert b.pts is None and not os.path.exists(devpts.path(b.box_dir))
+    jail.destroy_instance(inst.instance_id)
+    assert drain()
+    assert _mounts_under(b.box_dir) == [] and not os.path.exists(b.box_dir)
+
+
+def test_a_failed_start_leaves_no_devpts_mount(jail, monkeypatch):
+    def broken():
+        raise OSError(5, "seccomp export failed (test)")
+
+    monkeypatch.setattr(jail_box.seccomp, "bpf_fd", broken)  # fails after the devpts is mounted
+    mounts, names = set(_mounts_under(boxes_dir())), set(os.listdir(boxes_dir()))
+    with pytest.raises(Exception, match="seccomp export failed"):
+        jail.create_instance()
+    assert set(_mounts_under(boxes_dir())) - mounts == set()
+    assert set(os.listdir(boxes_dir())) - names == set()
