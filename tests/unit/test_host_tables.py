@@ -54,3 +54,17 @@ def test_doctor_flags_a_table_box_memory_could_fill(table, tmp_path):
     assert low["ok"] is False and "one tenant can exhaust" in low["detail"]
     table.write_text(f"{2**63 - 1}\n")
     assert host_tables.file_max_check(str(table), str(meminfo))["ok"] is True
+
+
+def test_pty_max_leaves_the_host_its_share_with_every_box_at_its_cap(tmp_path, monkeypatch):
+    """Boxes' devpts instances are mounted from the host's namespace and may use the reserve the
+    host keeps for its logins: kernel.pty.max must hold every box uid at its cap plus that."""
+    monkeypatch.setattr(host_tables.os, "geteuid", lambda: 0)
+    path = tmp_path / "pty-max"
+    path.write_text("4096\n")
+    assert host_tables.raise_pty_max(4096, str(path)) == (4096, 4096 * 64 + 4096)
+    assert host_tables.pty_max_check(4096, str(path))["ok"] is True
+    assert host_tables.pty_max_check(8192, str(path))["ok"] is False
+    assert host_tables.pty_max_target(100_000) == 1 << 20  # the kernel refuses more
+    path.write_text("2000000\n")
+    assert host_tables.raise_pty_max(4096, str(path)) == (2000000, 2000000)  # never lowered

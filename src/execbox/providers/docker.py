@@ -165,7 +165,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         host = cfg.get("docker_host") or os.environ.get("DOCKER_HOST", "")
         local_engine = not host or host.startswith("unix:")
         if local_engine:  # its boxes' open files count in this host's kernel (boxes/host_tables.py)
-            host_tables.raise_file_max_once()
+            host_tables.raise_once()
         self._gpu = docker_gpu_plan(cfg, wanted, info, local_engine=local_engine,
                                     dev_root=os.environ.get("EXECBOX_GPU_DEV_ROOT", "/dev"))
         if self._gpu.error is not None:  # no warm pool: its GPU containers could not start anyway

@@ -139,7 +139,7 @@ class JailProvider(AgentBackedProvider):
         cfg = self.config
         rt = runtime.resolve(cfg.get("runtime"))
         _reap_once()
-        host_tables.raise_file_max_once()
+        host_tables.raise_once()
         self._warnings = []
         use_cgroups = True
         try:
@@ -297,6 +297,11 @@ class JailProvider(AgentBackedProvider):
         except (OSError, ValueError) as e:
             out["runtimes"] = {"ok": False, "detail": f"cannot list runtimes: {e}"}
         out["file_max"] = host_tables.file_max_check()
+        if os.geteuid() == 0:  # per-box devpts caps (and uids) need root; without, bwrap's instances
+            try:
+                out["pty_max"] = host_tables.pty_max_check(uids.configured_range().count)
+            except InvalidConfigError as e:
+                out["pty_max"] = {"ok": False, "detail": e.message}
         try:
             out["host_uid"] = _uid_range_check()
         except InvalidConfigError as e:
