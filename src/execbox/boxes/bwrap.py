@@ -76,6 +76,12 @@ def system_mounts() -> list[str]:
     return args
 
 
+PROC_MASKED = ("/proc/diskstats", "/proc/partitions")
+"""Host-wide /proc files read as empty in a box: they list every box's workspace loop device, with
+its I/O counters, so one tenant could watch another's disk activity (Docker masks them too)."""
+PROC_MASKS = [a for p in PROC_MASKED for a in ("--dev-bind", "/dev/null", p)]  # --bind is nodev: EACCES
+
+
 def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
     argv = [
         bwrap,
@@ -90,6 +96,7 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
         *usr_mounts(),
         "--ro-bind", spec.etc_dir, "/etc",  # the whole /etc in one mount (staged_etc)
         "--proc", "/proc", "--dev", "/dev",
+        *PROC_MASKS,
         # --dev-bind: a plain --bind is nodev, and every pty is a device node
         *(["--dev-bind", spec.pts_host, "/dev/pts"] if spec.pts_host else []),
         "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/tmp",

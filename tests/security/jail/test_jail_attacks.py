@@ -101,6 +101,14 @@ print(json.dumps(out))
     assert_healthy(jail, box)
 
 
+def test_other_boxes_disk_activity_is_not_readable(jail, box):
+    """/proc/diskstats and /proc/partitions list every box's workspace loop device (diskstats with
+    its I/O counters): a tenant could watch another's disk activity. Both read as empty."""
+    code = "import json; print(json.dumps({p: open(p).read() for p in ('/proc/diskstats', '/proc/partitions')}))"
+    assert json.loads(run(jail, box, code).stdout) == {"/proc/diskstats": "", "/proc/partitions": ""}
+    assert_healthy(jail, box)
+
+
 def test_host_processes_and_service_environment_are_invisible(jail, monkeypatch):
     monkeypatch.setenv("EXECBOX_ATTACK_SECRET", "tok-very-secret-1234")
     inst = jail.create_instance()
