@@ -211,3 +211,30 @@ def test_the_memory_registry_selects_what_the_sql_one_does(tmp_path) -> None:
             assert sql == ["h", "b", "a"][:limit]
     finally:
         store.close()
+
+
+def test_a_reap_that_fails_hands_the_session_back_for_a_later_sweep(local_provider, tmp_path, monkeypatch) -> None:
+    """Claimed and then not reaped (its box or workspace could not be removed), the row stayed
+    this replica's: the heartbeat renewed its lease for ever and no sweep tried it again."""
+    store = open_store(tmp_path / "data")
+    settings = ServiceSettings(idle_timeout=60, lease_ttl=5)
+    sessions = SessionManager(Holder(local_provider), settings, str(tmp_path / "ws"), None, registry=store.sessions)
+    try:
+        _orphan(store, "stuck", idle_for=600)
+        time.sleep(0.05)
+        real = sessions.destroy_unloaded
+
+        def fails(*a, **k):
+            raise OSError("workspace busy")
+
+        monkeypatch.setattr(sessions, "destroy_unloaded", fails)
+        assert sessions.reap_orphaned() == []
+        sessions.heartbeat()  # renews only what this replica owns
+        row = store.sessions.get("t1", "stuck")
+        assert row.owner == "dead-replica" and not row.lease_live(time.time())
+        monkeypatch.setattr(sessions, "destroy_unloaded", real)
+        assert sessions.reap_orphaned() == [("t1", "stuck")]
+        assert store.sessions.get("t1", "stuck") is None
+    finally:
+        sessions.shutdown()
+        store.close()

@@ -277,6 +277,9 @@ class LifecycleMixin:
                     self.destroy_unloaded(rec.tenant_id, rec.session_id)
             except Exception:  # noqa: BLE001 - keep sweeping the others
                 log.exception("reaping %s/%s of dead replica %s failed", rec.tenant_id, rec.session_id, rec.owner)
+                # handed back as it was found: claimed, this replica's heartbeat would renew its
+                # lease for ever without any sweep (ours or another's) trying it again
+                self.registry.update(rec.tenant_id, rec.session_id, owner=rec.owner, lease_expires=rec.lease_expires)
                 continue
             done.append(key)
             if self.metrics is not None:
