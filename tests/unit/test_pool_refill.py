@@ -113,3 +113,24 @@ def test_a_start_that_shutdown_ends_is_not_a_failure_nor_retried(caplog):
         assert wait_for(lambda: not p._threads[0].is_alive())
     assert p.failures == 0 and p.last_error is None and len(calls) == 1
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_failing_pool_keeps_its_backoff_while_a_caller_waits():
+    """A waiting take() wakes the refill; it used to wake the starter out of its backoff too, so a
+    pool failing to start boxes retried back to back (dozens of starts in 0.3 s) while anyone
+    waited, hammering a broken engine. Backoff 0.5 s, then 1 s: one worker starts at most 3 times
+    in a 1.2 s wait."""
+    calls = []
+
+    def start() -> FakeBox:
+        calls.append(time.monotonic())
+        raise RuntimeError("engine refused")
+
+    p = BoxPool(start, size=1, workers=1)
+    try:
+        assert wait_for(lambda: p.failures >= 1)
+        time.sleep(0.05)  # the starter is in its backoff now
+        assert p.take(wait=1.2) is None
+        assert 1 <= len(calls) <= 3, len(calls)  # (back to back: ~40000)
+    finally:
+        p.close()

@@ -102,8 +102,10 @@ class BoxPool:
                     self.last_error_at = time.time()
                     self._cond.notify_all()
                 log.warning("pool %s: box start failed (%s); retrying in %.1fs", self.name, e, backoff)
-                with self._cond:
-                    self._cond.wait(timeout=backoff)
+                until = time.monotonic() + backoff
+                with self._cond:  # the whole backoff: a waiting take() wakes the others, not this
+                    while not self._closed and (left := until - time.monotonic()) > 0:
+                        self._cond.wait(timeout=left)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
             backoff = 0.5
