@@ -54,6 +54,9 @@ class ServiceMetrics:
             "execbox_rate_limit_rejections", "Requests rejected by a per-tenant limit", ["limit"],
             registry=self.registry)
         self.sessions_reaped = Counter("execbox_sessions_reaped", "Idle sessions reaped", registry=self.registry)
+        self.sessions_fenced = Counter("execbox_sessions_fenced",
+                                       "Sessions whose box this replica stopped, its leases unrenewed",
+                                       registry=self.registry)
         self.boxes_died = Counter("execbox_box_deaths", "Session boxes found dead (SB009)", registry=self.registry)
 
     def bind_live(self, sessions: Callable[[], int],

@@ -307,8 +307,10 @@ class LifecycleMixin:
         """Renew this replica's leases and flush last-used times (one short transaction)."""
         with self._lock:
             dirty, self._dirty = self._dirty, {}
+        began = time.monotonic()  # the leases it writes run from (at least) here
         owned = self.registry.heartbeat(self.replica, self.settings.lease_ttl, dirty,
                                         self.settings.replica_url or None)
+        self._renewed_at = began
         if not self.registry.persistent:
             return
         with self._lock:  # taken over while this replica could not renew its lease: let go
@@ -331,8 +333,11 @@ class LifecycleMixin:
                 log.info("re-adopted %d sessions", len(adopted))
         except Exception:  # noqa: BLE001 - a registry hiccup must not stop the service starting
             log.exception("re-adopting sessions failed")
-        for target, every, name in ((self._sweep, self.settings.sweep_every, "execbox-reaper"),
-                                    (self.heartbeat, max(0.2, self.settings.lease_ttl / 3), "execbox-heartbeat")):
+        loops = [(self._sweep, self.settings.sweep_every, "execbox-reaper"),
+                 (self.heartbeat, max(0.2, self.settings.lease_ttl / 3), "execbox-heartbeat")]
+        if self.fences():  # its own thread: a heartbeat hung on a dead connection must not delay it
+            loops.append((self.fence_if_cut_off, max(0.1, self.settings.lease_ttl / 10), "execbox-fence"))
+        for target, every, name in loops:
             t = threading.Thread(target=self._loop, args=(target, every), name=name, daemon=True)
             t.start()
             self._threads.append(t)

@@ -33,6 +33,7 @@ from ..metrics import ServiceMetrics
 from .admin import AdminMixin
 from .boxes import BoxesMixin
 from .drain import DrainMixin
+from .fence import FenceMixin
 from .lifecycle import LifecycleMixin
 from .limits import TenantCounters
 from .model import ProviderSource, Session, SessionBusy, SessionOwnedElsewhere, pick_runtime
@@ -45,7 +46,7 @@ BESIDE_RECHECK = 0.05
 """Seconds between a waiting file operation's looks for a run it can go beside (``session(beside=)``)."""
 
 
-class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin):
+class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMixin):
     def __init__(self, providers: ProviderSource, settings: ServiceSettings, workspaces_root: str,
                  metrics: ServiceMetrics | None = None, registry: SessionRegistry | None = None) -> None:
         self.providers = providers
@@ -71,6 +72,7 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin):
         self._threads: list[threading.Thread] = []
         self._draining = False
         self._dirty: dict[tuple[str, str], float] = {}  # last-used times the heartbeat flushes
+        self._renewed_at = time.monotonic()  # the last successful heartbeat's start (fence.py)
 
     # -- limits -----------------------------------------------------------------------------
     @contextmanager
