@@ -86,8 +86,23 @@ def test_a_single_service_never_fences(local_provider, tmp_path, monkeypatch) ->
         with sessions.session("t", "s") as s:
             iid = s.instance_id
         _cut_off(sessions, monkeypatch)
-        sessions._renewed_at -= 60
+        sessions._renewed_at = (sessions._renewed_at[0] - 60, sessions._renewed_at[1] - 60)
         assert sessions.fence_if_cut_off() == 0 and local_provider.instance_alive(iid)
     finally:
         sessions.shutdown()
         store.close()
+
+
+def test_a_wall_clock_that_moved_on_while_the_monotonic_one_did_not_fences_too(replica, local_provider) -> None:
+    """A VM paused and resumed: its monotonic clock may not have moved, the wall clock (resynced,
+    the one leases are judged by) did."""
+    sessions, _ = replica
+    with sessions.session("t", "s") as s:
+        iid = s.instance_id
+    mono, wall = sessions._renewed_at
+    sessions._renewed_at = (mono, wall - 60)
+    assert sessions.fence_if_cut_off() == 1
+    deadline = time.monotonic() + 5
+    while local_provider.instance_alive(iid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not local_provider.instance_alive(iid)

@@ -31,16 +31,26 @@ FENCE_AFTER = 0.5
 """Fraction of ``lease_ttl`` without a renewal after which this replica stops its boxes."""
 
 
+def now() -> tuple[float, float]:
+    """(monotonic, wall) time: leases are judged by wall clocks (``lease_expires``), and a VM that
+    was paused may find its monotonic clock did not move while the wall clock (once resynced) did."""
+    return time.monotonic(), time.time()
+
+
 class FenceMixin:
-    _renewed_at: float = 0.0  # time.monotonic() when the last successful heartbeat began
+    _renewed_at: tuple[float, float] = (0.0, 0.0)  # now() when the last successful heartbeat began
 
     def fences(self: SessionManager) -> bool:
         return bool(self.settings.replica_url) and self.registry.persistent
 
+    def unrenewed_for(self: SessionManager) -> float:
+        mono, wall = now()
+        return max(mono - self._renewed_at[0], wall - self._renewed_at[1])
+
     def fence_if_cut_off(self: SessionManager) -> int:
         """Stop every box of this replica when its leases may be running out unrenewed; the
         number of sessions let go (0: renewed recently, nothing held, or not a replica set)."""
-        if not self.fences() or time.monotonic() - self._renewed_at <= self.settings.lease_ttl * FENCE_AFTER:
+        if not self.fences() or self.unrenewed_for() <= self.settings.lease_ttl * FENCE_AFTER:
             return 0
         with self._lock:
             sessions = list(self._sessions.values())
@@ -51,7 +61,7 @@ class FenceMixin:
         if sessions:
             log.error("replica %s has not renewed its session leases for %.1fs (lease %.0fs): stopping the boxes "
                       "of its %d sessions before another replica may take them over", self.replica,
-                      time.monotonic() - self._renewed_at, self.settings.lease_ttl, len(sessions))
+                      self.unrenewed_for(), self.settings.lease_ttl, len(sessions))
             for s in sessions:  # _park cancels a busy run first, then waits for it to end
                 threading.Thread(target=self._park, args=(s,), name="execbox-fence", daemon=True).start()
             if self.metrics is not None:

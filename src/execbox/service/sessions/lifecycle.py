@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SessionNotFoundError
+from .fence import now as fence_now
 from .registry import SessionRecord
 from .workspace import check_name, mounted, remove_workspace, workspace_dirs
 
@@ -307,7 +308,7 @@ class LifecycleMixin:
         """Renew this replica's leases and flush last-used times (one short transaction)."""
         with self._lock:
             dirty, self._dirty = self._dirty, {}
-        began = time.monotonic()  # the leases it writes run from (at least) here
+        began = fence_now()  # the leases it writes run from (at least) here
         owned = self.registry.heartbeat(self.replica, self.settings.lease_ttl, dirty,
                                         self.settings.replica_url or None)
         self._renewed_at = began

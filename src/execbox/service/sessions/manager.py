@@ -34,6 +34,7 @@ from .admin import AdminMixin
 from .boxes import BoxesMixin
 from .drain import DrainMixin
 from .fence import FenceMixin
+from .fence import now as fence_now
 from .lifecycle import LifecycleMixin
 from .limits import TenantCounters
 from .model import ProviderSource, Session, SessionBusy, SessionOwnedElsewhere, pick_runtime
@@ -72,7 +73,7 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         self._threads: list[threading.Thread] = []
         self._draining = False
         self._dirty: dict[tuple[str, str], float] = {}  # last-used times the heartbeat flushes
-        self._renewed_at = time.monotonic()  # the last successful heartbeat's start (fence.py)
+        self._renewed_at = fence_now()  # the last successful heartbeat's start (fence.py)
 
     # -- limits -----------------------------------------------------------------------------
     @contextmanager
