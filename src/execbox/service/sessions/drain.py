@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("execbox.service.sessions")
 
+PARK_RECANCEL = 0.05
+"""Seconds between cancels while a box being stopped still runs something."""
+
 
 class DrainMixin:
     # -- shutdown / drain ---------------------------------------------------------------------
@@ -89,13 +92,17 @@ class DrainMixin:
                 log.exception("final heartbeat failed")
 
     def _park(self: SessionManager, s: Session) -> None:
-        """Stop a session's box for a restart without destroying the session."""
-        if s.provider is not None and s.instance_id is not None:
-            try:
-                s.provider.cancel(s.instance_id)
-            except Exception:  # noqa: BLE001
-                pass
-        with s.lock:
+        """Stop a session's box without destroying the session (shutdown, fence). What runs is
+        cancelled until the session is ours: a run that began after the first cancel (its
+        request already held the session) is cancelled too, not left to run its full time."""
+        while not s.lock.acquire(timeout=PARK_RECANCEL):
+            prov, iid = s.provider, s.instance_id
+            if prov is not None and iid is not None:
+                try:
+                    prov.cancel(iid)
+                except Exception:  # noqa: BLE001 - a box that is going anyway
+                    pass
+        try:
             prov, iid = s.provider, s.instance_id
             if prov is None or iid is None:
                 return
@@ -104,3 +111,5 @@ class DrainMixin:
                 return  # left running; the box handle in the registry finds it again
             self._destroy_instance(prov, iid)
             s.instance_id = None
+        finally:
+            s.lock.release()

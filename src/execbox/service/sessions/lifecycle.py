@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SessionNotFoundError
+from .fence import CHECK_EVERY, HEARTBEAT_EVERY
 from .fence import now as fence_now
 from .registry import SessionRecord
 from .workspace import check_name, mounted, remove_workspace, workspace_dirs
@@ -311,7 +312,7 @@ class LifecycleMixin:
         began = fence_now()  # the leases it writes run from (at least) here
         owned = self.registry.heartbeat(self.replica, self.settings.lease_ttl, dirty,
                                         self.settings.replica_url or None)
-        self._renewed_at = began
+        self.renewed(began)
         if not self.registry.persistent:
             return
         with self._lock:  # taken over while this replica could not renew its lease: let go
@@ -332,12 +333,14 @@ class LifecycleMixin:
             adopted = self.adopt_all()
             if adopted:
                 log.info("re-adopted %d sessions", len(adopted))
+            self.heartbeat()  # the leases run from now, not from before a long adoption
         except Exception:  # noqa: BLE001 - a registry hiccup must not stop the service starting
             log.exception("re-adopting sessions failed")
+        ttl = self.settings.lease_ttl
         loops = [(self._sweep, self.settings.sweep_every, "execbox-reaper"),
-                 (self.heartbeat, max(0.2, self.settings.lease_ttl / 3), "execbox-heartbeat")]
+                 (self.heartbeat, max(0.2, ttl * HEARTBEAT_EVERY), "execbox-heartbeat")]
         if self.fences():  # its own thread: a heartbeat hung on a dead connection must not delay it
-            loops.append((self.fence_if_cut_off, max(0.1, self.settings.lease_ttl / 10), "execbox-fence"))
+            loops.append((self.fence_if_cut_off, max(0.1, ttl * CHECK_EVERY), "execbox-fence"))
         for target, every, name in loops:
             t = threading.Thread(target=self._loop, args=(target, every), name=name, daemon=True)
             t.start()
@@ -349,7 +352,11 @@ class LifecycleMixin:
         self.expire()
 
     def _loop(self: SessionManager, fn: Any, every: float) -> None:
-        while not self._stop.wait(every):
+        """``fn`` every ``every`` s, start to start: a slow call does not push the next one back
+        (a heartbeat must renew on time), nor do calls pile up (one at a time)."""
+        due = time.monotonic() + every
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            due = max(due + every, time.monotonic())
             try:
                 fn()
             except Exception:  # noqa: BLE001 - keep sweeping

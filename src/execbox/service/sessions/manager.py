@@ -73,7 +73,8 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         self._threads: list[threading.Thread] = []
         self._draining = False
         self._dirty: dict[tuple[str, str], float] = {}  # last-used times the heartbeat flushes
-        self._renewed_at = fence_now()  # the last successful heartbeat's start (fence.py)
+        mono, wall = fence_now()  # until the first heartbeat: as if one had just renewed (fence.py)
+        self._lease_until = (mono + settings.lease_ttl, wall + settings.lease_ttl)
 
     # -- limits -----------------------------------------------------------------------------
     @contextmanager
@@ -215,6 +216,7 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         check_name(tenant_id, "tenant_id")
         check_name(session_id, "session_id")
         self._refuse_if_draining()
+        self._refuse_if_fenced()
         with self._counters.slot(self._inflight, tenant_id, self.settings.tenant_max_requests,
                                  "tenant_max_requests", "requests", "session requests in flight"):
             with self._held(tenant_id, session_id, beside) as s:
