@@ -215,10 +215,14 @@ def test_the_memory_registry_selects_what_the_sql_one_does(tmp_path) -> None:
 
 def test_a_reap_that_fails_hands_the_session_back_for_a_later_sweep(local_provider, tmp_path, monkeypatch) -> None:
     """Claimed and then not reaped (its box or workspace could not be removed), the row stayed
-    this replica's: the heartbeat renewed its lease for ever and no sweep tried it again."""
+    this replica's: the heartbeat renewed its lease for ever and no sweep tried it again. Now it
+    is handed back, and this replica tries it again after REAP_RETRY."""
+    from execbox.service.sessions import lifecycle
+
     store = open_store(tmp_path / "data")
     settings = ServiceSettings(idle_timeout=60, lease_ttl=5)
     sessions = SessionManager(Holder(local_provider), settings, str(tmp_path / "ws"), None, registry=store.sessions)
+    monkeypatch.setattr(lifecycle, "REAP_RETRY", 0.3)
     try:
         _orphan(store, "stuck", idle_for=600)
         time.sleep(0.05)
@@ -233,8 +237,75 @@ def test_a_reap_that_fails_hands_the_session_back_for_a_later_sweep(local_provid
         row = store.sessions.get("t1", "stuck")
         assert row.owner == "dead-replica" and not row.lease_live(time.time())
         monkeypatch.setattr(sessions, "destroy_unloaded", real)
+        assert sessions.reap_orphaned() == []  # waits its turn
+        time.sleep(0.35)
         assert sessions.reap_orphaned() == [("t1", "stuck")]
         assert store.sessions.get("t1", "stuck") is None
     finally:
         sessions.shutdown()
+        store.close()
+
+
+def test_rows_whose_reap_fails_do_not_starve_the_others(local_provider, tmp_path, monkeypatch) -> None:
+    """Handed back with their old last-used time, failing rows head every batch: with a batch of
+    2 and two rows that always fail, a third orphan was never reached."""
+    store = open_store(tmp_path / "data")
+    sessions = SessionManager(Holder(local_provider), ServiceSettings(idle_timeout=60, lease_ttl=5),
+                              str(tmp_path / "ws"), None, registry=store.sessions)
+    sessions.orphan_batch = 2
+    try:
+        _orphan(store, "stuck-a", 900)
+        _orphan(store, "stuck-b", 800)
+        _orphan(store, "fine", 700)
+        time.sleep(0.05)
+        real = sessions.destroy_unloaded
+
+        def destroy(t, sid):
+            if sid.startswith("stuck"):
+                raise OSError("workspace busy")
+            return real(t, sid)
+
+        monkeypatch.setattr(sessions, "destroy_unloaded", destroy)
+        sweeps = [sessions.reap_orphaned() for _ in range(3)]
+        assert sum(sweeps, []) == [("t1", "fine")]
+    finally:
+        sessions.shutdown()
+        store.close()
+
+
+def test_a_failed_reap_never_hands_away_a_session_a_request_made_ours_meanwhile(
+        local_provider, tmp_path, monkeypatch) -> None:
+    """While the reap ran, the row was ours, and a request (forwarded here) adopted it and started
+    a box; handing the row back to the dead owner then would let another replica reap it (its
+    workspace included) under this replica's live box."""
+    store = open_store(tmp_path / "data")
+    sessions = SessionManager(Holder(local_provider), ServiceSettings(idle_timeout=60, lease_ttl=5, replica_id="me"),
+                              str(tmp_path / "ws"), None, registry=store.sessions)
+    try:
+        _orphan(store, "s", idle_for=900)
+        time.sleep(0.05)
+
+        def destroy(t, sid):
+            with sessions.session(t, sid):  # the concurrent request
+                pass
+            raise OSError("container removal failed")
+
+        monkeypatch.setattr(sessions, "destroy_unloaded", destroy)
+        assert sessions.reap_orphaned() == []
+        assert sessions.get("t1", "s") is not None and store.sessions.get("t1", "s").owner == "me"
+    finally:
+        sessions.shutdown()
+        store.close()
+
+
+def test_hand_back_writes_only_while_the_row_is_still_the_callers(tmp_path) -> None:
+    store = open_store(tmp_path / "data")
+    try:
+        _orphan(store, "s", idle_for=900)
+        reg = store.sessions
+        assert reg.hand_back("t1", "s", "someone-else", "x", None) is False
+        assert reg.get("t1", "s").owner == "dead-replica"
+        assert reg.hand_back("t1", "s", "dead-replica", "me", 5.0) is True
+        assert (reg.get("t1", "s").owner, reg.get("t1", "s").lease_expires) == ("me", 5.0)
+    finally:
         store.close()

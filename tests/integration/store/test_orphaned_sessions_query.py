@@ -60,3 +60,16 @@ def test_a_sweep_reaps_a_batch_per_sweep_on_this_database(db_url, tmp_path, loca
             assert sorted(r.session_id for r in store.sessions.list()) == [f"live-{i}" for i in range(5)]
         finally:
             sessions.shutdown()
+
+
+def test_hand_back_is_conditional_on_this_database(db_url, tmp_path) -> None:
+    """``hand_back`` (a failed reap returning a dead replica's row) writes only while the caller
+    still holds the row: one conditional UPDATE."""
+    with open_store(data_dir=tmp_path, url=db_url) as store:
+        reg, now = store.sessions, time.time()
+        _row(reg, "s", "me", "running", 30, 600, now)
+        assert reg.hand_back("t", "s", "someone-else", "dead", now - 30) is False
+        assert reg.get("t", "s").owner == "me"
+        assert reg.hand_back("t", "s", "me", "dead", now - 30) is True
+        row = reg.get("t", "s")
+        assert row.owner == "dead" and not row.lease_live(now)

@@ -27,9 +27,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("execbox.service.sessions")
 
 
+REAP_RETRY = 300.0
+"""Seconds before a dead replica's session whose reap failed is tried again (by this replica)."""
+
+
 class LifecycleMixin:
     orphan_batch = 100
     """Most dead replicas' sessions one sweep of ``reap_orphaned`` reads and reaps."""
+    _reap_failed: dict[tuple[str, str], float]  # reaps that failed -> when to try again (time.time())
 
     # -- restart: re-adoption -----------------------------------------------------------------
     def adopt_record(self: SessionManager, rec: SessionRecord) -> Session | None:
@@ -254,11 +259,15 @@ class LifecycleMixin:
         cutoff = now - self.settings.idle_timeout
         pause = self.settings.idle_action == "pause"
         done: list[tuple[str, str]] = []
-        for rec in self.registry.orphaned(self.replica, now, cutoff, self.orphan_batch):
+        failed = self._reap_failed
+        for key, retry_at in list(failed.items()):
+            if retry_at <= now:
+                del failed[key]
+        for rec in self.registry.orphaned(self.replica, now, cutoff, self.orphan_batch + len(failed)):
             key = (rec.tenant_id, rec.session_id)
-            if (rec.state not in ("creating", "running") or rec.owner in (None, self.replica)
+            if (key in failed or rec.state not in ("creating", "running") or rec.owner in (None, self.replica)
                     or rec.lease_live(now) or (rec.last_used or 0) > cutoff):
-                continue
+                continue  # (a row whose reap failed waits its turn: it would head every batch)
             with self._lock:
                 if key in self._sessions:
                     continue
@@ -279,9 +288,18 @@ class LifecycleMixin:
                     self.destroy_unloaded(rec.tenant_id, rec.session_id)
             except Exception:  # noqa: BLE001 - keep sweeping the others
                 log.exception("reaping %s/%s of dead replica %s failed", rec.tenant_id, rec.session_id, rec.owner)
+                failed[key] = time.time() + REAP_RETRY
                 # handed back as it was found: claimed, this replica's heartbeat would renew its
-                # lease for ever without any sweep (ours or another's) trying it again
-                self.registry.update(rec.tenant_id, rec.session_id, owner=rec.owner, lease_expires=rec.lease_expires)
+                # lease for ever without any sweep (ours or another's) trying it again; unless a
+                # request made it this replica's meanwhile (then it is served here, not orphaned)
+                with self._lock:
+                    served = key in self._sessions
+                if not served:
+                    try:
+                        self.registry.hand_back(rec.tenant_id, rec.session_id, self.replica, rec.owner,
+                                                rec.lease_expires)
+                    except Exception:  # noqa: BLE001 - the heartbeat keeps it ours; retried after a restart
+                        log.exception("handing %s/%s back failed", rec.tenant_id, rec.session_id)
                 continue
             done.append(key)
             if self.metrics is not None:

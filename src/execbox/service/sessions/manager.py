@@ -73,6 +73,7 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         self._threads: list[threading.Thread] = []
         self._draining = False
         self._dirty: dict[tuple[str, str], float] = {}  # last-used times the heartbeat flushes
+        self._reap_failed: dict[tuple[str, str], float] = {}  # lifecycle.reap_orphaned
         mono, wall = fence_now()  # until the first heartbeat: as if one had just renewed (fence.py)
         self._lease_until = (mono + settings.lease_ttl, wall + settings.lease_ttl)
 

@@ -95,6 +95,12 @@ class SessionRegistry(Protocol):
         """Make ``owner`` the owner if the row is free (no owner, own, or lease expired)."""
         ...
 
+    def hand_back(self, tenant_id: str, session_id: str, owner: str, to_owner: str | None,
+                  lease_expires: float | None) -> bool:
+        """Give a row ``owner`` holds to ``to_owner`` with ``lease_expires``; False (nothing
+        written) when ``owner`` no longer holds it."""
+        ...
+
     def delete(self, tenant_id: str, session_id: str) -> bool: ...
 
     def adoptable(self, owner: str, lease_ttl: float) -> list[SessionRecord]:
@@ -175,6 +181,15 @@ class MemoryRegistry:
             row = replace(row, owner=owner, lease_expires=now + lease_ttl)
             self._rows[(tenant_id, session_id)] = row
             return row
+
+    def hand_back(self, tenant_id: str, session_id: str, owner: str, to_owner: str | None,
+                  lease_expires: float | None) -> bool:
+        with self._lock:
+            row = self._rows.get((tenant_id, session_id))
+            if row is None or row.owner != owner:
+                return False
+            self._rows[(tenant_id, session_id)] = replace(row, owner=to_owner, lease_expires=lease_expires)
+            return True
 
     def delete(self, tenant_id: str, session_id: str) -> bool:
         with self._lock:

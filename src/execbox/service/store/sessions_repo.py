@@ -203,6 +203,16 @@ class SqlSessionRegistry:
                                                         SessionRow.session_id == session_id).values(**values))
             return bool(res.rowcount)
 
+    def hand_back(self, tenant_id: str, session_id: str, owner: str, to_owner: str | None,
+                  lease_expires: float | None) -> bool:
+        """One conditional UPDATE: only while ``owner`` still holds the row."""
+        with self._auto.connect() as conn:
+            res = conn.execute(update(SessionRow).where(SessionRow.tenant_id == tenant_id,
+                                                        SessionRow.session_id == session_id,
+                                                        SessionRow.owner == owner)
+                               .values(owner=to_owner, lease_expires=lease_expires))
+            return bool(res.rowcount)
+
     def claim(self, tenant_id: str, session_id: str, owner: str, lease_ttl: float) -> SessionRecord | None:
         now = time.time()
         with self._sessions.begin() as s:
