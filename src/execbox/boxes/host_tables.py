@@ -87,7 +87,8 @@ def raise_pty_max(uid_count: int, path: str = PTY_MAX) -> tuple[int | None, int 
 
 
 def raise_once() -> None:
-    """The raises above, on the first box provider's start in this process."""
+    """The raises above, on the first box provider's start in this process; only where boxes
+    have memory cgroups (the bound these tables give way to)."""
     global _done
     with _lock:
         if _done:

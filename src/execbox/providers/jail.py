@@ -139,7 +139,6 @@ class JailProvider(AgentBackedProvider):
         cfg = self.config
         rt = runtime.resolve(cfg.get("runtime"))
         _reap_once()
-        host_tables.raise_once()
         self._warnings = []
         use_cgroups = True
         try:
@@ -152,6 +151,8 @@ class JailProvider(AgentBackedProvider):
             use_cgroups = False
             self._warnings.append(f"jail: no cgroup limits ({e}); memory is bounded by rlimits only and "
                                   "destroy relies on the pid namespace (require_cgroups: true refuses instead)")
+        if use_cgroups:  # a box's open files and ptys are then charged to its memory cgroup
+            host_tables.raise_once()
         disk = int(cfg.get("disk_quota_mb") or 512) * 1024 * 1024
         if not quota.loop_quota_possible()[0]:
             self._warnings.append("jail: workspace quota is a tmpfs inside the box; its contents count "

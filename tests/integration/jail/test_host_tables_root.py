@@ -11,7 +11,7 @@ import pytest
 from execbox.boxes import host_tables
 from execbox.boxes.host_tables import FILE_MAX, FILE_MAX_TARGET, PTY_MAX, pty_max_target
 from execbox.boxes.uids import configured_range
-from tests.integration.jail.conftest import make_provider
+from tests.integration.jail.conftest import cgroups_ready, make_provider
 
 
 def _write(value: int, path: str = FILE_MAX) -> None:
@@ -22,14 +22,16 @@ def _write(value: int, path: str = FILE_MAX) -> None:
 def test_a_root_jail_raises_the_hosts_open_file_and_pty_tables(monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("the table is raised by a root service only")
+    cgroups_ready()  # ... whose boxes have memory cgroups, the bound the tables give way to
     monkeypatch.setattr(host_tables, "_done", False)  # as in a fresh service process
-    _write(2466183)  # the kernel's defaults (file-max: on a 24 GiB host)
-    _write(4096, PTY_MAX)
+    before = int(open(FILE_MAX).read()), int(open(PTY_MAX).read())
     target = pty_max_target(configured_range().count)
     try:
+        _write(2466183)  # the kernel's defaults (file-max: on a 24 GiB host)
+        _write(max(4096, int(open("/proc/sys/kernel/pty/nr").read()) + 64), PTY_MAX)  # never below what is open
         make_provider().shutdown()
         assert int(open(FILE_MAX).read()) == FILE_MAX_TARGET
         assert int(open(PTY_MAX).read()) == target > 4096
-    finally:
-        _write(FILE_MAX_TARGET)
-        _write(target, PTY_MAX)
+    finally:  # the host's own values where they were higher
+        _write(max(before[0], FILE_MAX_TARGET))
+        _write(max(before[1], target), PTY_MAX)
