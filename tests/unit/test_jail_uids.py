@@ -230,7 +230,11 @@ def test_pins_and_locks_left_in_the_old_location_still_count(as_root, tmp_path):
         also_old.release()
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.close(probe)
-        assert not (old / "340003.lock").exists()  # nothing new is created in the old location
+        # and where the old process never made one: it would make and flock it, and must find it held
+        probe = os.open(old / "340003.lock", os.O_RDWR | os.O_CREAT)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(probe)
         # the restarted service takes the box over, then gives the uid back once it is gone
         assert docker_uid._pinned_by_docker(340000)
         taken = uids.try_acquire(340000)
@@ -243,3 +247,14 @@ def test_pins_and_locks_left_in_the_old_location_still_count(as_root, tmp_path):
             lease.release()
     finally:
         os.close(live_old)
+
+
+def test_an_old_location_that_is_the_lease_dir_itself_is_not_locked_twice(as_root, tmp_path):
+    """<jail dir>/uids linked (or bound) to the host-wide directory by an operator: locking one
+    file twice made every uid look taken (SB008 on every box start)."""
+    lease = uids.acquire(uids.UidRange(360000, 1))  # makes the host-wide directory
+    lease.release()
+    os.symlink(uids.HOST_LOCK_DIR, tmp_path / "uids")
+    lease = uids.acquire(uids.UidRange(360000, 2))
+    assert lease.uid in (360000, 360001)
+    lease.release()

@@ -181,12 +181,15 @@ def lock_dir() -> str:
 
 def _legacy_dir() -> str | None:
     """``<jail dir>/uids``, where a root execbox from before ``HOST_LOCK_DIR`` kept its leases and
-    pins, if there is one (None without root, or when it is ``HOST_LOCK_DIR`` itself). Read,
-    never created."""
+    pins, if there is one (None without root, or when it is ``HOST_LOCK_DIR`` itself, also through
+    a link or a bind: locking one file twice would make every uid look taken). Never created."""
     if not _host_wide():
         return None
     d = os.path.join(jail_dir(), "uids")
-    if os.path.normpath(d) == os.path.normpath(HOST_LOCK_DIR) or not os.path.isdir(d):
+    try:
+        if not os.path.isdir(d) or os.path.samefile(d, HOST_LOCK_DIR):
+            return None
+    except OSError:  # HOST_LOCK_DIR missing: lock_dir() makes it before any lease
         return None
     return d
 
@@ -237,17 +240,18 @@ def _pin_path(d: str, uid: int) -> str:
 
 
 def _take(dirs: list[str], uid: int) -> UidLease | None:
-    """The uid's lock in ``dirs[0]`` and, where a pre-upgrade execbox left one in ``dirs[1]``,
-    that lock too; None while a live process holds either."""
+    """The uid's lock in ``dirs[0]`` and, where a pre-upgrade execbox's directory ``dirs[1]``
+    exists, that one's lock too (made if missing, as the old process would make it: so it sees
+    the uid taken); None while a live process holds either."""
     fd = _lock_uid(dirs[0], uid)
     if fd is None:
         return None
     legacy_fd = None
     for old in dirs[1:]:
         try:
-            legacy_fd = _lock_uid(old, uid, create=False)
+            legacy_fd = _lock_uid(old, uid)
         except (FileNotFoundError, NotADirectoryError):
-            pass  # no old process ever leased it
+            pass  # the old directory went meanwhile
         except BaseException:
             os.close(fd)
             raise
@@ -258,9 +262,9 @@ def _take(dirs: list[str], uid: int) -> UidLease | None:
     return UidLease(uid, fd, legacy_fd)
 
 
-def _lock_uid(d: str, uid: int, create: bool = True) -> int | None:
+def _lock_uid(d: str, uid: int) -> int | None:
     """The uid's lock file, flocked by us; None while another holder has it."""
-    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_CREAT
     fd = os.open(os.path.join(d, f"{uid}.lock"), flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
