@@ -271,15 +271,21 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
     root = os.geteuid() == 0
     lease = uids.acquire() if (root and settings.drop_uid) else None  # SB008 when all are in use
     uid = lease.uid if lease is not None else None
-    os.makedirs(box_dir, mode=0o755)
+    try:
+        os.makedirs(box_dir, mode=0o755)
+        if workspace is not None:
+            _wait_for_workspace(workspace)  # the previous box of this session may still be unmounting
+            if quota.is_mounted(workspace) and reap_stale():
+                # a box left by a dead execbox process (a replica that died or was killed, whose
+                # session this one takes over) still had its image bound there: gone now
+                log.warning("jail: removed boxes of dead execbox processes still holding a session workspace")
+    except BaseException:
+        remove_box_dir(box_dir)
+        if lease is not None:
+            lease.release()  # not kept out of circulation by a box that never started
+        raise
     cg: cgroups.BoxCgroup | None = None
     ws = Workspace(box_dir, workspace, tmpfs=tmpfs_workspace)
-    if workspace is not None:
-        _wait_for_workspace(workspace)  # the previous box of this session may still be unmounting
-        if quota.is_mounted(workspace) and reap_stale():
-            # a box left by a dead execbox process (a replica that died or was killed, whose
-            # session this one takes over) still had its image bound there: gone now
-            log.warning("jail: removed boxes of dead execbox processes still holding a session workspace")
     seccomp_fd: int | None = None
     jn: jail_net.JailNet | None = None
     pts: str | None = None
