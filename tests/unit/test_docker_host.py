@@ -106,14 +106,15 @@ def test_a_failed_start_releases_uid_and_workspace(root):
     host = docker_host.HostSide.prepare(None, 8 << 20)
     assert host.lease is not None and uids.pinned() == [host.uid]
 
-    class Containers:
-        def create(self, **kwargs):
+    class Api:
+        api_version = "1.41"
+
+        def create_container(self, **kwargs):
             assert kwargs["command"][kwargs["command"].index("--run-as") + 1] == f"{host.uid}:{host.uid}"
             raise RuntimeError("engine refused the create")
 
     class FailingClient:
-        containers = Containers()
-        api = None
+        api = Api()
 
     spec = docker_box.ContainerSpec(name="b", image="i", runtime="runc", labels={}, memory_bytes=256 << 20,
                                     cpus=1.0, pids_limit=64, host_workspace=host.bind,

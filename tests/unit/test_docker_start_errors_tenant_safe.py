@@ -87,6 +87,8 @@ class FakeEngine:
 
     def __init__(self, fail: Exception | None = None, api: FakeApi | None = None) -> None:
         self.fail, self.api = fail, api or FakeApi()
+        self.api.api_version = "1.41"  # a box is created through the low-level API (ContainerSpec.create_args)
+        self.api.create_container = lambda **kw: {"Id": self.create(**kw).id}
         self.containers = self
         self.volumes = SimpleNamespace(list=lambda **_: [])
         self.creates = 0

@@ -11,6 +11,11 @@ stays below it, unused; ``/dev/ptmx`` is bwrap's link to ``pts/ptmx``). Its othe
 bwrap's (``ptmxmode=0666,mode=620``, nosuid, noexec, no ``gid=``), so a slave belongs to the box
 user that opened it, as before. One mount(2) on start and one umount2(2) on teardown, no process.
 Without root bwrap's own instance is used, as before (the host-wide limit is then the only one).
+
+A Docker box under runc (boxes/docker_host.py) gets the same: runc's own devpts instance has no
+cap either, so the service mounts one on ``<host dir>/pts`` and the container binds it over its
+``/dev/pts`` (Docker then drops its default devpts; runc's ``/dev/ptmx`` is its link to
+``pts/ptmx``). gVisor (runsc) keeps its own devpts inside the sentry and gets none.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ MS_NOSUID, MS_NOEXEC = 2, 8
 MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
 
 _libc: ctypes.CDLL | None = None
-_refused = False  # root that may not mount (no CAP_SYS_ADMIN): bwrap's own instance from then on
+_refused = False  # root that may not mount (no CAP_SYS_ADMIN): the runtime's own instance from then on
 
 
 def _c() -> ctypes.CDLL:
@@ -52,8 +57,9 @@ def path(box_dir: str) -> str:
 
 def mount(box_dir: str) -> str | None:
     """Mount a capped instance on ``<box_dir>/pts`` (made here; ``box_dir`` is the box's fresh,
-    root-owned directory) and return that path for ``--dev-bind``. None when this process is not
-    root, or is a root that may not mount (logged once): the box then gets bwrap's instance."""
+    root-owned directory) and return that path for ``--dev-bind`` (or a Docker bind on /dev/pts).
+    None when this process is not root, or is a root that may not mount (logged once): the box then
+    gets its runtime's own instance (bwrap's, runc's)."""
     global _refused
     if os.geteuid() != 0 or _refused:
         return None
@@ -65,8 +71,8 @@ def mount(box_dir: str) -> str | None:
     os.rmdir(target)
     if err in (errno.EPERM, errno.EACCES):
         _refused = True
-        log.warning("jail: cannot mount a devpts instance (%s): boxes get bwrap's, without a per-box "
-                    "pty cap", os.strerror(err))
+        log.warning("cannot mount a devpts instance (%s): boxes get their runtime's own (bwrap's, runc's), "
+                    "without a per-box pty cap", os.strerror(err))
         return None
     raise OSError(err, f"mounting the box's devpts failed: {os.strerror(err)}")
 
@@ -82,5 +88,5 @@ def unmount(box_dir: str) -> bool:
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):  # not a mount point, or not there
         return True
-    log.error("jail: cannot unmount the devpts of %s: %s", os.path.basename(box_dir), os.strerror(err))
+    log.error("cannot unmount the devpts of %s: %s", os.path.basename(box_dir), os.strerror(err))
     return False

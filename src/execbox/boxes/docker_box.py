@@ -2,8 +2,9 @@
 
 The container is created with every limit up front (network none, memory/CPU/pids, read-only
 root, tmpfs /tmp, a size-limited /workspace and a host uid of its own (docker_host.py), no
-capabilities, no-new-privileges, no log driver), and the attach stream (docker_attach.py) is
-opened *before* start so the agent's ready frame cannot be missed. Never ``docker exec``: one
+capabilities, no-new-privileges, no log driver; under runc also a capped devpts of its own and the
+host's block devices masked: docker_host.py, docker_masks.py), and the attach stream
+(docker_attach.py) is opened *before* start so the agent's ready frame cannot be missed. Never ``docker exec``: one
 long-lived stream per box. Owner labels live in docker_owner.py, OOM detection in docker_oom.py.
 """
 
@@ -54,6 +55,8 @@ class ContainerSpec:
     agent_limits: dict[str, Any] = field(default_factory=dict)
     egress: Any = None  # EgressPolicy; not "none": network "none" + the gateway (boxes/docker_net.py)
     egress_ca: Any = None  # egress.inject.BoxCA when the policy injects credentials
+    pts_host: str | None = None  # the box's capped devpts on the host (docker_host.py), bound on /dev/pts
+    masked_paths: list[str] | None = None  # HostConfig MaskedPaths (docker_masks.py); None: the engine's
 
     def command(self) -> list[str]:
         return [PYTHON, "-I", "-c", AGENT_BOOT, AGENT_ROOT, "execbox_agent.main", "--workspace", WORKSPACE,
@@ -77,6 +80,9 @@ class ContainerSpec:
             tmpfs[WORKSPACE] = (f"rw,nosuid,nodev,size={self.workspace_tmpfs},mode=0700,"
                                 f"uid={self.run_as},gid={self.run_as}")
         mounts += [Mount(target=t, source=src, type="bind", read_only=True) for t, src in sorted(self.nss.items())]
+        if self.pts_host and not self.pid_ns:  # never under gVisor: its sentry has a devpts of its own
+            # Docker drops its default /dev/pts for this; runc's /dev/ptmx links to pts/ptmx
+            mounts.append(Mount(target="/dev/pts", source=self.pts_host, type="bind"))
         kwargs: dict[str, Any] = {
             "image": self.image,
             "command": self.command(),
@@ -129,6 +135,17 @@ class ContainerSpec:
         if self.gpu:
             kwargs["device_requests"] = [gpu_device_request(self.gpu_ids)]
         return kwargs
+
+    def create_args(self, api_version: str) -> dict[str, Any]:
+        """``create_kwargs()`` as docker-py's ``containers.create`` turns them into the arguments
+        of ``APIClient.create_container``, plus the HostConfig keys docker-py has no argument for
+        (``MaskedPaths``, API 1.40)."""
+        from docker.models.containers import _create_container_args
+
+        args = _create_container_args({**self.create_kwargs(), "version": api_version})
+        if self.masked_paths is not None:
+            args["host_config"]["MaskedPaths"] = list(self.masked_paths)
+        return args
 
 
 PRIVSEP_CAPS = ("SETUID", "SETGID", "SETPCAP")
@@ -264,8 +281,7 @@ def start_container(docker_client: Any, spec: ContainerSpec, host: HostSide,
     transport: AttachTransport | None = None
     box: DockerBox | None = None
     try:
-        container = docker_client.containers.create(**spec.create_kwargs())
-        container_id = container.id
+        container_id = api.create_container(**spec.create_args(api.api_version))["Id"]
         sock = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
         transport = AttachTransport(sock)
         api.start(container_id)

@@ -11,7 +11,11 @@ host's disk under /var/lib/docker; a write past it fails with ENOSPC inside the 
 * otherwise a tmpfs of that size, mounted by Docker (it counts against ``max_memory``), and a
   session dir bound as it is, without a limit, as the jail does without root.
 
-The host dir ``<jail dir>/docker-boxes/docker-<pid>-<id>`` (root only) holds the mount point, the
+Under runc (``ptys``), as root, the host dir also holds the box's own devpts instance, capped at
+``devpts.PTYS_PER_BOX`` ptys (boxes/devpts.py), which the container binds over its /dev/pts:
+runc's own instance has no cap, so one box could take every pty the host has left.
+
+The host dir ``<jail dir>/docker-boxes/docker-<pid>-<id>`` (root only) holds the mount points, the
 fresh image and the box's passwd/group; the container carries its path as the label
 ``execbox.host_dir``, so a restarted service, or the sweep of a dead one's leftovers, can undo it.
 The engine must see this process's mounts (dockerd in the host's mount namespace, the default).
@@ -25,7 +29,7 @@ import secrets
 import time
 from typing import Any
 
-from . import docker_uid, quota, uids
+from . import devpts, docker_uid, quota, uids
 from .images import SANDBOX_UID
 from .runtime import jail_dir
 
@@ -52,10 +56,12 @@ class HostSide:
         self.bind = bind  # what the container binds on /workspace (None: a tmpfs of tmpfs_bytes)
         self.tmpfs_bytes = tmpfs_bytes
         self.nss: dict[str, str] = {}  # container path -> host file, bound read-only
+        self.pts: str | None = None  # the box's capped devpts on the host, bound on /dev/pts (runc)
 
     @classmethod
-    def prepare(cls, caller_dir: str | None, size_bytes: int) -> HostSide:
-        """Lease a uid and set up /workspace for a new box (nothing is left behind on failure)."""
+    def prepare(cls, caller_dir: str | None, size_bytes: int, ptys: bool = False) -> HostSide:
+        """Lease a uid and set up /workspace for a new box (nothing is left behind on failure);
+        with ``ptys`` (a runtime on the host's kernel: runc) also mount the box's capped devpts."""
         if caller_dir is not None:
             os.makedirs(caller_dir, exist_ok=True)
         if not docker_uid.per_box_uids():
@@ -74,6 +80,8 @@ class HostSide:
             assert lease is not None
             side = cls(caller_dir, lease, host_dir, ws)
             side.nss = docker_uid.write_nss(host_dir, lease.uid)
+            if ptys:
+                side.pts = devpts.mount(host_dir)  # None where root may not mount: runc's own, as before
             ws.setup(size_bytes, lease.uid)
             side.bind = ws.bind_src
             if side.bind is None:  # no loop devices here: a tmpfs of the quota
@@ -104,6 +112,8 @@ class HostSide:
         from .jail_box import remove_box_dir
 
         try:
+            if self.host_dir is not None:
+                devpts.unmount(self.host_dir)  # the container (its only user) is gone
             if self.ws is not None:
                 self.ws.teardown()  # a session's image stays in its dir; a fresh one goes
                 if self.host_dir is not None:
@@ -163,6 +173,7 @@ def undo(host_dir: str) -> None:
             view = f.read().strip()
     except OSError:
         view = ""
+    devpts.unmount(host_dir)  # a runc box's capped devpts, if it had one
     if view:
         quota.unmount(view)  # the image's bind onto the session dir, then the image itself
     quota.unmount(os.path.join(host_dir, "workspace"))

@@ -16,7 +16,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..boxes import host_tables, netns
+from ..boxes import docker_masks, host_tables, netns
 from ..boxes.docker_box import ContainerSpec, DockerBox, start_container
 from ..boxes.docker_host import HostSide
 from ..boxes.docker_owner import (
@@ -26,6 +26,7 @@ from ..boxes.docker_owner import (
     safe_name,
 )
 from ..boxes.gpu import GpuPlan, parse_gpu
+from ..boxes.oci_seccomp import is_gvisor
 from ..boxes.pool import BoxPool
 from ..egress.policy import EgressPolicy, parse_policy
 from ..egress.schema import check_network_config, policy_from_config
@@ -76,6 +77,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         self.uid = uuid.uuid4().hex
         self._notes: list[str] = []
         self._gpu: GpuPlan | None = None
+        self._masked: list[str] | None = None  # runc: the boxes' MaskedPaths (boxes/docker_masks.py)
         self._reaper: ThreadPoolExecutor | None = None
         self._warmer: ThreadPoolExecutor | None = None
         self._warm_lock = threading.Lock()
@@ -178,6 +180,11 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
                 f"image {cfg['image']!r} not found in the Docker engine; build it with "
                 "`execbox image build python`", details={"provider": self.name, "image": cfg["image"]},
             ) from None
+        self._masked = None  # gVisor: the daemon's list; its /proc and /sys are the sentry's own
+        if not is_gvisor(wanted):
+            probe_labels = {OWNER_LABEL: self.owner, PROVIDER_LABEL: self.uid}
+            self._masked = docker_masks.masked_paths(docker_masks.engine_defaults(self.docker, cfg["image"],
+                                                                                  probe_labels))
         self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-reaper")
         self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-warmer")
         self.remove_stale()
@@ -263,11 +270,13 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
             gpu_ids=docker_device_ids(self._gpu) if self._gpu else None,
             host_workspace=host.bind, workspace_tmpfs=0 if host.bind else host.tmpfs_bytes, run_as=host.uid,
             nss=dict(host.nss), preload=c.get("preload") or "auto", agent_limits=agent_limits,
+            pts_host=host.pts, masked_paths=self._masked,
         )
 
     def start_box(self, workspace: str | None = None, labels: dict[str, str] | None = None,
                   image: str | None = None, **ids: str) -> DockerBox:
-        host = HostSide.prepare(workspace, self.disk_bytes())
+        # runc: a capped devpts of the box's own (runsc's sentry has its own, drawing on no host pty)
+        host = HostSide.prepare(workspace, self.disk_bytes(), ptys=not is_gvisor(self.runtime))
         try:
             spec = self.container_spec(labels=labels, image=image, host=host, **ids)
         except BaseException:
