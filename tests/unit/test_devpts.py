@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
+import os
 
 import pytest
 
@@ -46,13 +47,17 @@ def test_not_root_mounts_nothing_and_unmounts_nothing(libc, tmp_path, monkeypatc
 
 def test_root_mounts_a_capped_instance(libc, tmp_path, monkeypatch):
     monkeypatch.setattr(devpts.os, "geteuid", lambda: 0)
-    assert devpts.mount(str(tmp_path)) == str(tmp_path / "pts")
-    _, source, target, fstype, flags, options = libc.calls[0]
-    assert (source, target, fstype) == (b"devpts", str(tmp_path / "pts").encode(), b"devpts")
+    target = tmp_path / "pty" / "pts"
+    assert devpts.mount(str(tmp_path), os.getuid()) == str(target)
+    _, source, mounted, fstype, flags, options = libc.calls[0]
+    assert (source, mounted, fstype) == (b"devpts", str(target).encode(), b"devpts")
     assert flags == devpts.MS_NOSUID | devpts.MS_NOEXEC
     assert f"max={devpts.PTYS_PER_BOX}".encode() in options.split(b",") and b"ptmxmode=0666" in options
+    gate = (tmp_path / "pty").stat()
+    assert gate.st_mode & 0o777 == 0o700 and gate.st_uid == os.getuid()  # no other host account gets in
     assert devpts.unmount(str(tmp_path))
-    assert libc.calls[1] == ("umount2", str(tmp_path / "pts").encode(), devpts.MNT_DETACH | devpts.UMOUNT_NOFOLLOW)
+    assert libc.calls[1] == ("umount2", str(target).encode(), devpts.MNT_DETACH | devpts.UMOUNT_NOFOLLOW)
+    assert list(tmp_path.iterdir()) == []  # both directories go: the box dir's removal is one level deep
 
 
 def test_a_root_that_may_not_mount_falls_back_once(libc, tmp_path, monkeypatch, caplog):

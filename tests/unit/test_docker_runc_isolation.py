@@ -115,13 +115,16 @@ class Recorder:
         self.mounted: list[str] = []
         self.unmounted: list[tuple[str, bool]] = []  # (box dir, its pts dir still there)
 
-    def mount(self, box_dir: str) -> str:
-        os.mkdir(devpts.path(box_dir), 0o755)
+    def mount(self, box_dir: str, owner_uid: int | None = None) -> str:
+        os.makedirs(devpts.path(box_dir), 0o755)
         self.mounted.append(box_dir)
         return devpts.path(box_dir)
 
     def unmount(self, box_dir: str) -> bool:
         self.unmounted.append((box_dir, os.path.isdir(devpts.path(box_dir))))
+        for d in (devpts.path(box_dir), os.path.dirname(devpts.path(box_dir))):  # as the real one does
+            if os.path.isdir(d):
+                os.rmdir(d)
         return True
 
 

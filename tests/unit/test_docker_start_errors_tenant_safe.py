@@ -239,3 +239,18 @@ def test_execbox_doctor_still_shows_the_whole_reason(monkeypatch):
     out = doctor._probe("docker")
     assert out["ok"] is False and out["error"].startswith("SB004: docker: could not start a container")
     assert SECRET in out["error"]
+
+
+def test_a_busy_pool_that_failed_once_hands_the_tenant_no_engine_text():
+    """A pool that failed a start once and recovered keeps that failure as its last error; the
+    busy pool's SB004 carried it whole in ``details.pool``."""
+    p = provider(FakeEngine(), pool_wait=0.01)
+    pool = BoxPool(p.start_pooled_box, 0, name="docker")
+    pool.last_exception = api_error()  # an earlier, transient failure
+    p._pool = pool
+    with pytest.raises(InstanceCreationError) as ei:
+        p.create_instance()
+    assert "all 0 pooled containers are in use" in ei.value.message
+    shown = json.dumps(ei.value.to_dict())
+    assert "/var/lib/execbox" not in shown and "docker.sock" not in shown
+    assert ei.value.details["pool"]["last_error"].startswith("the Docker engine refused to start the box")

@@ -81,7 +81,7 @@ class HostSide:
             side = cls(caller_dir, lease, host_dir, ws)
             side.nss = docker_uid.write_nss(host_dir, lease.uid)
             if ptys:
-                side.pts = devpts.mount(host_dir)  # None where root may not mount: runc's own, as before
+                side.pts = devpts.mount(host_dir, lease.uid)  # None where root may not mount: runc's own
             ws.setup(size_bytes, lease.uid)
             side.bind = ws.bind_src
             if side.bind is None:  # no loop devices here: a tmpfs of the quota

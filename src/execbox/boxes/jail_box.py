@@ -290,7 +290,7 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
     jn: jail_net.JailNet | None = None
     pts: str | None = None
     try:
-        pts = devpts.mount(box_dir)  # root: the box's own instance, at most PTYS_PER_BOX ptys
+        pts = devpts.mount(box_dir, uid)  # root: the box's own instance, at most PTYS_PER_BOX ptys
         if jail_net.wanted(settings.egress):
             jn = jail_net.attach(name, settings.egress, ca=jail_net.new_ca(name, settings.egress))
         if settings.use_cgroups:

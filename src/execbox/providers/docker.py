@@ -351,11 +351,11 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         status = pool.status()
         head = f"docker: no container available within {wait:g}s"
         failed = pool.last_exception
-        if status["healthy"] or failed is None:
+        cut = tenant_safe(failed) if failed is not None else None
+        if status["healthy"] or failed is None:  # (a past failure stays in last_error: cut too)
             return InstanceCreationError(
                 f"{head}; all {status['size']} pooled containers are in use ({status['starting']} starting)",
-                details={"provider": self.name, "pool": status})
-        cut = tenant_safe(failed)
+                details={"provider": self.name, "pool": {**status, "last_error": cut}})
         log.warning("docker: no pooled container for a caller; the pool's last start failure: %s",
                     status["last_error"])
         return BoxStartFailed(f"{head}; pool failing to start containers: {cut}", status["last_error"],

@@ -108,3 +108,31 @@ def test_a_failed_start_leaves_no_devpts_mount(jail, monkeypatch):
         jail.create_instance()
     assert set(_mounts_under(boxes_dir())) - mounts == set()
     assert set(os.listdir(boxes_dir())) - names == set()
+
+
+def test_no_other_host_account_can_open_a_box_s_ptys(jail, tmp_path):
+    """The instance's ptmx is 0666: any host account that could reach it could open the box's 64
+    ptys (and leave its tenant none). Only the box's own host uid and root get through ``pty``."""
+    if os.geteuid() != 0:
+        pytest.skip("the capped instance is mounted by a root service only")
+    iid = jail.create_instance(tenant_id="t").instance_id
+    b = jail._instances[iid].box
+    try:
+        ptmx = os.path.join(b.pts, "ptmx")
+        pid = os.fork()
+        if pid == 0:  # a host account of its own (not the box's uid)
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                os.close(os.open(ptmx, os.O_RDWR | os.O_NOCTTY))
+                os._exit(0)
+            except PermissionError:
+                os._exit(13)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 13
+        r = run(jail, iid, "import os; m, s = os.openpty(); print('ok')")
+        assert r.stdout == "ok\n"  # the box itself still gets its ptys through the same gate
+    finally:
+        jail.destroy_instance(iid)
