@@ -254,3 +254,14 @@ def test_a_busy_pool_that_failed_once_hands_the_tenant_no_engine_text():
     shown = json.dumps(ei.value.to_dict())
     assert "/var/lib/execbox" not in shown and "docker.sock" not in shown
     assert ei.value.details["pool"]["last_error"].startswith("the Docker engine refused to start the box")
+
+
+def test_the_jails_cut_needs_no_docker_sdk(monkeypatch):
+    """A jail-only host without the docker package (the lent 16-core machine): a box start failure
+    turned into ModuleNotFoundError instead of its SB004."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "docker", None)  # `import docker.errors` raises ImportError
+    monkeypatch.setitem(sys.modules, "docker.errors", None)
+    err = agent_backed.box_start_failed("jail", OSError(28, "No space left on device", SECRET))
+    assert err.code == "SB004" and err.message == "jail: could not start a box: No space left on device"

@@ -413,12 +413,14 @@ def tenant_safe(e: BaseException) -> str:
     else the error's type."""
     if isinstance(e, QuotaUnavailable):
         return str(e)
-    import docker.errors  # a dependency; imported here, where a start already failed
-
-    if isinstance(e, docker.errors.APIError):
+    try:  # imported here, where a start already failed; a jail-only host may lack the SDK
+        import docker.errors
+    except ImportError:
+        docker = None
+    if docker is not None and isinstance(e, docker.errors.APIError):
         status = f", HTTP {e.status_code}" if e.status_code else ""
         return f"the Docker engine refused to start the box ({type(e).__name__}{status}; {SEE_LOG})"
-    if isinstance(e, docker.errors.DockerException):
+    if docker is not None and isinstance(e, docker.errors.DockerException):
         return f"the Docker client could not start the box ({type(e).__name__}; {SEE_LOG})"
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
