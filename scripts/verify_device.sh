@@ -71,7 +71,7 @@ setup() {
 # its own agent's group, where these are not delegated and the jail would run without cgroup limits
 # (degraded, as `execbox doctor` says) - the first device run of 2026-11-26 showed exactly that.
 in_cgroup() {  # NAME COMMAND...
-    local cg="/sys/fs/cgroup/execbox-device-$1"; shift
+    local cg="/sys/fs/cgroup/execbox-device-$1-$$"; shift  # fresh per run: a used one has controllers on
     [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] || { "$@"; return; }  # v1: as it is
     mkdir -p "$cg"
     bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$cg" "$@"
