@@ -19,10 +19,10 @@ import pytest
 
 from execbox.boxes import devpts
 from tests.conftest import require, wait_process_exit
+from tests.pty_probes import VICTIM, pty_nr
 
 pytestmark = pytest.mark.docker
 
-PTY_NR = "/proc/sys/kernel/pty/nr"
 
 # Held by a context's processes after the run returns: four processes open ptys until refused or
 # they hold twice the cap each (512 in all at most), so the cap that stops them is the box's.
@@ -58,21 +58,6 @@ held = [os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY) for _ in range(%d)]
 print(len(held))
 """
 
-VICTIM = """
-import os
-m, s = os.openpty()
-name = os.ttyname(s)
-if os.fork() == 0:
-    os.write(s, b"victim-ok\\n")
-    os._exit(0)
-os.wait()
-print(name, os.read(m, 64).decode().strip())
-"""
-
-
-def _nr() -> int:
-    with open(PTY_NR) as f:
-        return int(f.read())
 
 
 def _wait(cond, timeout: float) -> bool:
@@ -86,7 +71,7 @@ def _wait(cond, timeout: float) -> bool:
 
 def test_one_box_cannot_take_every_pty_on_the_host(provider):
     require(os.geteuid() == 0, "root (the per-box devpts cap is mounted by the service as root)")
-    baseline = _nr()
+    baseline = pty_nr()
     attacker = provider.create_instance(tenant_id="tenant-a", session_id="pty-hog").instance_id
     victim = provider.create_instance(tenant_id="tenant-b", session_id="pty-victim").instance_id
     try:
@@ -95,7 +80,7 @@ def test_one_box_cannot_take_every_pty_on_the_host(provider):
                                       context_id="hog")
             assert r.exit_code == 0, r.stderr
             got = json.loads(r.stdout)
-            during = _nr()
+            during = pty_nr()
             assert [e for _, e in got] == ["ENOSPC"] * 4, got  # refused by the box's cap, in every process
             assert sum(n for n, _ in got) == devpts.PTYS_PER_BOX, got  # the box's cap, not a process's
             assert during >= baseline + devpts.PTYS_PER_BOX  # held now, host-wide
@@ -103,7 +88,7 @@ def test_one_box_cannot_take_every_pty_on_the_host(provider):
             held = devpts.PTYS_PER_BOX // 2
             r = provider.execute_code(attacker, GVISOR_HOG % held, "python", timeout=60, context_id="hog")
             assert r.exit_code == 0 and r.stdout.strip() == str(held), r.stderr
-            during = _nr()
+            during = pty_nr()
             assert during < baseline + held, (baseline, during)  # not one of them is the host's
 
         r = provider.execute_code(victim, VICTIM, "python")  # another tenant, meanwhile
@@ -115,4 +100,4 @@ def test_one_box_cannot_take_every_pty_on_the_host(provider):
     finally:
         provider.destroy_instance(attacker)
         provider.destroy_instance(victim)
-    assert _wait(lambda: _nr() <= baseline, timeout=60), (baseline, _nr())  # given back with the box
+    assert _wait(lambda: pty_nr() <= baseline, timeout=60), (baseline, pty_nr())  # given back with the box

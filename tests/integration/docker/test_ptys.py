@@ -20,43 +20,10 @@ from execbox.boxes.docker_box import ContainerSpec
 from execbox.errors import InstanceCreationError
 from execbox.providers.docker import DockerProvider
 from tests.conftest import require, wait_process_exit
+from tests.pty_probes import PTYS
 
 pytestmark = pytest.mark.docker
 
-PTYS = r"""
-import json, os, pty, select
-out = {"uid": os.getuid()}
-m, s = os.openpty()
-st = os.stat(os.ttyname(s))
-out["slave"] = [os.ttyname(s).rsplit("/", 1)[0], st.st_uid, oct(st.st_mode & 0o777)]
-os.close(os.open(os.ttyname(s), os.O_RDWR | os.O_NOCTTY))  # the box user opens its slave by name
-if os.fork() == 0:  # a child on the slave side writes, the master reads it back
-    os.close(m)
-    os.write(s, b"through-the-pty\n")
-    os._exit(0)
-os.wait()
-out["read"] = os.read(m, 100).decode().strip()
-os.close(s)
-pid, fd = pty.fork()
-if pid == 0:
-    print("child-tty", os.isatty(0), flush=True)
-    os._exit(0)
-data = b""
-while b"True" not in data and select.select([fd], [], [], 10)[0]:  # gVisor: no EIO once the child is gone
-    try:
-        chunk = os.read(fd, 100)
-    except OSError:
-        break
-    if not chunk:
-        break
-    data += chunk
-os.waitpid(pid, 0)
-out["fork"] = data.decode().strip()
-pts = [line.split() for line in open("/proc/self/mountinfo") if line.split()[4] == "/dev/pts"]
-out["pts"] = [p[-1] for p in pts]
-out["ptmx"] = os.readlink("/dev/ptmx") if os.path.islink("/dev/ptmx") else "node"
-print(json.dumps(out))
-"""
 
 
 def _capped() -> bool:
@@ -84,7 +51,7 @@ def test_ptys_work_in_a_box_on_its_own_capped_instance(provider, instance):
     assert out["slave"][:2] == ["/dev/pts", out["uid"]], out  # the box user's own slave
     assert out["read"] == "through-the-pty" and out["fork"] == "child-tty True", out
     if provider.runtime == "runc":
-        assert out["slave"][2] == "0o620", out  # mode=620, as runc's own instance had it
+        assert out["slave"][3] == "0o620", out  # mode=620, as runc's own instance had it
         assert out["ptmx"] == "pts/ptmx" and len(out["pts"]) == 1, out  # Docker's default devpts is replaced
         capped = f"max={devpts.PTYS_PER_BOX}" in out["pts"][0].split(",")
         assert capped == _capped(), out

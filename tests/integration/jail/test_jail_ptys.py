@@ -14,46 +14,12 @@ import pytest
 from execbox.boxes import devpts, jail_box
 from execbox.boxes.jail_box import boxes_dir, drain
 from tests.conftest import wait_process_exit
+from tests.pty_probes import PTYS
 
 from .conftest import run
 
 pytestmark = pytest.mark.jail
 
-PTYS = r"""
-import json, os, pty, shutil, subprocess
-out = {}
-m, s = os.openpty()
-st = os.stat(os.ttyname(s))
-out["slave"] = [os.ttyname(s).rsplit("/", 1)[0], st.st_uid, st.st_gid, oct(st.st_mode & 0o777)]
-os.close(os.open(os.ttyname(s), os.O_RDWR | os.O_NOCTTY))  # the box user opens its slave by name
-if os.fork() == 0:  # a child on the slave side writes, the master reads it back
-    os.close(m)
-    os.write(s, b"through-the-pty\n")
-    os._exit(0)
-os.wait()
-out["read"] = os.read(m, 100).decode().strip()
-os.close(s)
-pid, fd = pty.fork()
-if pid == 0:
-    print("child-tty", os.isatty(0), flush=True)
-    os._exit(0)
-data = b""
-while True:
-    try:
-        chunk = os.read(fd, 100)
-    except OSError:
-        break
-    if not chunk:
-        break
-    data += chunk
-os.waitpid(pid, 0)
-out["fork"] = data.decode().strip()
-if shutil.which("script"):
-    out["script"] = subprocess.run(["script", "-qc", "tty", "/dev/null"], capture_output=True, text=True).stdout.strip()
-pts = [line.split() for line in open("/proc/self/mountinfo") if line.split()[4] == "/dev/pts"]
-out["pts_options"] = pts[-1][-1]  # the top one: what /dev/ptmx (a link to pts/ptmx) opens
-print(json.dumps(out))
-"""
 
 
 def _mounts_under(path: str) -> list[str]:
@@ -70,8 +36,8 @@ def test_ptys_work_in_a_box_and_the_box_has_its_own_capped_instance(jail, box):
     assert out["fork"] == "child-tty True"
     if shutil.which("script"):
         assert out["script"].startswith("/dev/pts/")
-    capped = f"max={devpts.PTYS_PER_BOX}" in out["pts_options"].split(",")
-    assert capped == (os.geteuid() == 0), out["pts_options"]  # not root: bwrap's own instance
+    capped = f"max={devpts.PTYS_PER_BOX}" in out["pts"][-1].split(",")
+    assert capped == (os.geteuid() == 0), out["pts"]  # not root: bwrap's own instance
 
 
 def test_a_pty_process_in_a_box_has_a_terminal_and_takes_resizes(jail, box):

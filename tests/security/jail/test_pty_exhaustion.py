@@ -15,10 +15,10 @@ from execbox.boxes import devpts
 from execbox.boxes.jail_box import drain
 from tests.conftest import require, wait_process_exit
 from tests.integration.jail.conftest import assert_healthy, run, wait_for
+from tests.pty_probes import VICTIM, pty_nr
 
 pytestmark = pytest.mark.jail
 
-PTY_NR = "/proc/sys/kernel/pty/nr"
 
 # Held by a context's process (and its children) after the run returns: every process opens ptys
 # until the kernel refuses, so a cap per process (nofile) would not be what stops them.
@@ -44,26 +44,11 @@ got = [json.loads(line) for line in lines.decode().splitlines()] + [list(grab())
 print(json.dumps(got))
 """
 
-VICTIM = """
-import os
-m, s = os.openpty()
-name = os.ttyname(s)
-if os.fork() == 0:
-    os.write(s, b"victim-ok\\n")
-    os._exit(0)
-os.wait()
-print(name, os.read(m, 64).decode().strip())
-"""
-
-
-def _nr() -> int:
-    with open(PTY_NR) as f:
-        return int(f.read())
 
 
 def test_one_box_cannot_take_every_pty_on_the_host(jail):
     require(os.geteuid() == 0, "root (the per-box devpts cap is mounted by the service as root)")
-    baseline = _nr()
+    baseline = pty_nr()
     attacker = jail.create_instance(tenant_id="tenant-a", session_id="pty-hog")
     victim = jail.create_instance(tenant_id="tenant-b", session_id="pty-victim")
     try:
@@ -71,7 +56,7 @@ def test_one_box_cannot_take_every_pty_on_the_host(jail):
         got = json.loads(r.stdout)
         assert [e for _, e in got] == ["ENOSPC"] * 4, r  # refused by the box's cap, in every process
         assert sum(n for n, _ in got) == devpts.PTYS_PER_BOX  # the cap is the box's, not a process's
-        assert _nr() >= baseline + devpts.PTYS_PER_BOX  # held now, host-wide
+        assert pty_nr() >= baseline + devpts.PTYS_PER_BOX  # held now, host-wide
 
         r = run(jail, victim.instance_id, VICTIM)  # another tenant, meanwhile
         assert r.exit_code == 0 and r.stdout.split()[1:] == ["victim-ok"], r
@@ -88,5 +73,5 @@ def test_one_box_cannot_take_every_pty_on_the_host(jail):
         jail.destroy_instance(attacker.instance_id)
         jail.destroy_instance(victim.instance_id)
     assert drain()
-    assert wait_for(lambda: _nr() <= baseline, timeout=10), (baseline, _nr())
+    assert wait_for(lambda: pty_nr() <= baseline, timeout=10), (baseline, pty_nr())
     assert_healthy(jail)
