@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+EXIT_POLL = 0.2
+"""Seconds of a quiet pty after which the relay looks whether the command has exited."""
+
+
 def set_size(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", max(1, rows), max(1, cols), 0, 0))
 
@@ -50,12 +54,21 @@ def relay_main(argv: list[str], env: dict[str, str], cwd: str, size: dict[str, A
     watched = [master, in_r, ctl_r]
     pending = b""  # stdin waiting for room in the pty
     ctl_buf = b""
+    status: int | None = None
     while master in watched:
         wlist = [master] if pending else []
         try:
-            readable, writable, _ = select.select(watched, wlist, [], 1.0)
+            readable, writable, _ = select.select(watched, wlist, [], EXIT_POLL)
         except InterruptedError:
             continue
+        if not readable and not writable:
+            # Linux ends the loop with EIO on the master once the command (and whatever kept its
+            # terminal) is gone; gVisor never does: so a command that exited ends it too, once
+            # the master has nothing more to read
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                break
         if master in writable and pending:
             try:
                 pending = pending[os.write(master, pending):]
@@ -93,7 +106,8 @@ def relay_main(argv: list[str], env: dict[str, str], cwd: str, size: dict[str, A
                         set_size(master, cols, rows)
                     except (ValueError, OSError):
                         pass
-    _, status = os.waitpid(pid, 0)
+    if status is None:
+        _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
