@@ -406,6 +406,13 @@ def box_start_failed(provider: str, e: BaseException, what: str = "a box") -> Bo
                           details={"provider": provider})
 
 
+def tenant_pool_view(pool: BoxPool) -> dict[str, Any]:
+    """``pool.status()`` as a tenant may read it: the pool keeps its last start failure whole (host
+    paths and all, for the log and ``doctor``); here it is cut by ``tenant_safe``."""
+    failed = pool.last_exception
+    return {**pool.status(), "last_error": tenant_safe(failed) if failed is not None else None}
+
+
 def tenant_safe(e: BaseException) -> str:
     """What a tenant may read of a box start failure: the quota module's own messages (written
     for them), the Docker engine's refusal as its class and HTTP status (its text names host

@@ -39,7 +39,7 @@ from ..errors import (
 )
 from ..models import Isolation, SandboxInstance, make_instance_id
 from ..settings import parse_bool
-from .agent_backed import AgentBackedProvider, Instance, box_start_failed, tenant_safe
+from .agent_backed import AgentBackedProvider, Instance, box_start_failed, tenant_pool_view
 from .docker_config import (
     check_box_seccomp,
     config_schema,
@@ -348,18 +348,16 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
     def _no_pooled_box(self, pool: BoxPool, wait: float) -> InstanceCreationError:
         """SB004 for a caller the pool had no container for within ``wait`` s: every pooled one is
         in use, or the pool fails to start them (the tenant reads that failure cut by tenant_safe)."""
-        status = pool.status()
+        view = tenant_pool_view(pool)  # (a past failure stays in last_error: cut there too)
         head = f"docker: no container available within {wait:g}s"
-        failed = pool.last_exception
-        cut = tenant_safe(failed) if failed is not None else None
-        if status["healthy"] or failed is None:  # (a past failure stays in last_error: cut too)
+        if view["healthy"] or pool.last_exception is None:
             return InstanceCreationError(
-                f"{head}; all {status['size']} pooled containers are in use ({status['starting']} starting)",
-                details={"provider": self.name, "pool": {**status, "last_error": cut}})
-        log.warning("docker: no pooled container for a caller; the pool's last start failure: %s",
-                    status["last_error"])
-        return BoxStartFailed(f"{head}; pool failing to start containers: {cut}", status["last_error"],
-                              details={"provider": self.name, "pool": {**status, "last_error": cut}})
+                f"{head}; all {view['size']} pooled containers are in use ({view['starting']} starting)",
+                details={"provider": self.name, "pool": view})
+        whole = pool.last_error
+        log.warning("docker: no pooled container for a caller; the pool's last start failure: %s", whole)
+        return BoxStartFailed(f"{head}; pool failing to start containers: {view['last_error']}", whole,
+                              details={"provider": self.name, "pool": view})
 
     def _register(self, inst: Instance, keep_workspace: bool) -> SandboxInstance:
         inst.box.keep_workspace = keep_workspace

@@ -36,7 +36,7 @@ from ..boxes.jail_box import start as start_jail_box
 from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
 from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError, SandboxError
 from ..models import Isolation
-from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, tenant_safe
+from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, tenant_pool_view
 from .gpu_config import GPU_SCHEMA, gpu_config_error
 from .schema import parse_size
 
@@ -238,11 +238,9 @@ class JailProvider(AgentBackedProvider):
     def _instance_metadata(self, inst) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         meta = super()._instance_metadata(inst)
         meta["runtime"] = self.runtime_ref(inst) or (self._settings.runtime.ref if self._settings else None)
-        pool = self.pool_status()
-        if pool is not None:
-            failed = self._pool.last_exception if self._pool else None  # whole, with host paths: cut
-            meta["pool"] = {**{k: pool[k] for k in ("size", "ready", "healthy")},
-                            "last_error": tenant_safe(failed) if failed is not None else None}
+        if self._pool is not None:
+            pool = tenant_pool_view(self._pool)
+            meta["pool"] = {k: pool[k] for k in ("size", "ready", "healthy", "last_error")}
         return meta
 
     # -- host facts -------------------------------------------------------------------------
