@@ -265,9 +265,8 @@ class LifecycleMixin:
                 del failed[key]
         for rec in self.registry.orphaned(self.replica, now, cutoff, self.orphan_batch + len(failed)):
             key = (rec.tenant_id, rec.session_id)
-            if (key in failed or rec.state not in ("creating", "running") or rec.owner in (None, self.replica)
-                    or rec.lease_live(now) or (rec.last_used or 0) > cutoff):
-                continue  # (a row whose reap failed waits its turn: it would head every batch)
+            if key in failed:
+                continue  # a row whose reap failed waits its turn: it would head every batch
             with self._lock:
                 if key in self._sessions:
                     continue
