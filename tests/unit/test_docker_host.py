@@ -14,13 +14,7 @@ from execbox.boxes import docker_box, docker_host, docker_uid, uids
 from execbox.boxes.images import SANDBOX_UID
 from execbox.errors import InstanceCreationError, RateLimitError
 
-
-@pytest.fixture(autouse=True)
-def own_jail_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("EXECBOX_JAIL_DIR", str(tmp_path))
-    monkeypatch.setattr(uids, "HOST_LOCK_DIR", str(tmp_path / "run" / "uids"))  # as root: not the host's
-    monkeypatch.delenv("EXECBOX_JAIL_HOST_UID", raising=False)
-    monkeypatch.delenv("EXECBOX_JAIL_UID_RANGE", raising=False)
+pytestmark = pytest.mark.usefixtures("own_uid_leases")
 
 
 @pytest.fixture

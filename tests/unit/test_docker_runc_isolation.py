@@ -10,15 +10,9 @@ import os
 
 import pytest
 
-from execbox.boxes import devpts, docker_box, docker_host, docker_masks, docker_uid, uids
+from execbox.boxes import devpts, docker_box, docker_host, docker_masks, docker_uid
 
-
-@pytest.fixture(autouse=True)
-def own_jail_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("EXECBOX_JAIL_DIR", str(tmp_path))
-    monkeypatch.setattr(uids, "HOST_LOCK_DIR", str(tmp_path / "run" / "uids"))
-    monkeypatch.delenv("EXECBOX_JAIL_HOST_UID", raising=False)
-    monkeypatch.delenv("EXECBOX_JAIL_UID_RANGE", raising=False)
+pytestmark = pytest.mark.usefixtures("own_uid_leases")
 
 
 def spec(runtime: str = "runc", **kw) -> docker_box.ContainerSpec:

@@ -16,13 +16,7 @@ import pytest
 from execbox.boxes import docker_uid, uids
 from execbox.errors import InvalidConfigError, RateLimitError
 
-
-@pytest.fixture(autouse=True)
-def own_lock_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("EXECBOX_JAIL_DIR", str(tmp_path))
-    monkeypatch.setattr(uids, "HOST_LOCK_DIR", str(tmp_path / "run" / "uids"))  # as root: not the host's
-    monkeypatch.delenv("EXECBOX_JAIL_HOST_UID", raising=False)
-    monkeypatch.delenv("EXECBOX_JAIL_UID_RANGE", raising=False)
+pytestmark = pytest.mark.usefixtures("own_uid_leases")
 
 
 def test_range_parsing(monkeypatch):
