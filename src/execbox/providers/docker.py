@@ -52,6 +52,7 @@ from .docker_hygiene import PROVIDER_LABEL, DockerHygieneMixin
 from .docker_sessions import DockerSessionsMixin
 from .docker_spares import DockerSparesMixin
 from .gpu_config import docker_device_ids, docker_gpu_plan, gpu_config_error, legacy_gpu
+from .preload import effective_preload
 from .schema import parse_size
 
 NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
@@ -77,6 +78,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         self.uid = uuid.uuid4().hex
         self._notes: list[str] = []
         self._gpu: GpuPlan | None = None
+        self._preload = "auto"  # the config's preload as boxes get it (docker_config.effective_preload)
         self._masked: list[str] | None = None  # runc: the boxes' MaskedPaths (boxes/docker_masks.py)
         self._reaper: ThreadPoolExecutor | None = None
         self._warmer: ThreadPoolExecutor | None = None
@@ -155,6 +157,10 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         # Instance attribute shadows the class tier: the real tier of this configuration.
         self.isolation = Isolation.GVISOR if wanted == "runsc" else Isolation.CONTAINER
         self.egress_cap = self._egress_policy()
+        self._preload, note = effective_preload(cfg.get("preload") or "auto", wanted, parse_size(cfg["max_memory"]))
+        if note:
+            self._notes.append(note)
+            log.warning("docker: %s", note)
         if self.egress_cap.mode != "none" and wanted == "runsc":
             if NET_RUNTIME not in runtimes:
                 raise ProviderUnavailableError(
@@ -269,7 +275,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
             egress=self.egress_cap, gpu=bool(self._gpu and self._gpu.enabled),
             gpu_ids=docker_device_ids(self._gpu) if self._gpu else None,
             host_workspace=host.bind, workspace_tmpfs=0 if host.bind else host.tmpfs_bytes, run_as=host.uid,
-            nss=dict(host.nss), preload=c.get("preload") or "auto", agent_limits=agent_limits,
+            nss=dict(host.nss), preload=self._preload, agent_limits=agent_limits,
             pts_host=host.pts, masked_paths=self._masked,
         )
 

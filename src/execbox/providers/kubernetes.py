@@ -38,6 +38,7 @@ from .agent_backed import AGENT_GRACE, AgentBackedProvider, Instance
 from .kubernetes_egress import KubernetesEgressMixin
 from .kubernetes_schema import SECRET_ENV, config_problem, config_schema
 from .kubernetes_sweep import PodSweeperMixin
+from .preload import effective_preload
 
 log = logging.getLogger("execbox.provider.kubernetes")
 
@@ -153,14 +154,19 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
 
         # As in the docker provider: the agent's per-run data limit sits below the pod's memory limit,
         # so most bombs end in a clean MemoryError (SB006) and the OOM killer stays the backstop.
-        memory_bytes = int(parse_quantity(c["memory"]) * 8 // 10)
+        pod_memory = int(parse_quantity(c["memory"]))
+        memory_bytes = pod_memory * 8 // 10
+        preload, note = effective_preload(c["preload"] or "auto", c["runtime_class"] or "", pod_memory)
+        if note:
+            self._notes.append(f"template {label}: {note}")
+            log.warning("kubernetes: template %s: %s", label, note)
         t = ks.PodTemplate(
             namespace=c["namespace"], image=c["image"], name=label, image_pull_policy=c["image_pull_policy"],
             runtime_class=c["runtime_class"], user_namespaces=bool(c.get("user_namespaces")),
             cpu_request=c["cpu_request"], cpu_limit=c["cpu_limit"],
             memory=c["memory"], workspace_size=c["workspace_size"], tmp_size=c["tmp_size"],
             node_selector=dict(c.get("node_selector") or {}), tolerations=list(c.get("tolerations") or []),
-            preload=c["preload"] or "auto", agent_limits={"memory_bytes": memory_bytes, "fsize_bytes": 256 * 1024**2,
+            preload=preload, agent_limits={"memory_bytes": memory_bytes, "fsize_bytes": 256 * 1024**2,
                                                           "nofile": 1024},
             max_lifetime=int(c["max_lifetime"]), port=int(c["agent_port"]))
         if c["runtime_class"] == "gvisor" or c.get("user_namespaces"):

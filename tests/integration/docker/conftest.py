@@ -25,7 +25,10 @@ def provider(request, docker_engine):
     from execbox.providers.docker import DockerProvider
 
     p = DockerProvider()
-    p.initialize({"runtime": runtime, "pool_size": 2, "pool_wait": 120, "max_memory": "256m",
+    # runsc at the default 512m: below it gVisor boxes preload nothing (providers/preload.py), and the
+    # suite should run the default preloaded agent under gVisor too
+    p.initialize({"runtime": runtime, "pool_size": 2, "pool_wait": 120,
+                  "max_memory": "512m" if runtime == "runsc" else "256m",
                   "pids_limit": 64, "cpus": 1.0, "timeout": 30})
     yield p
     p.shutdown()

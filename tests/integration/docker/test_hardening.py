@@ -57,7 +57,8 @@ def test_container_hardening_flags(provider, instance, docker_engine):
     assert not any("unconfined" in o for o in hc["SecurityOpt"])
     profile = json.loads(next(o for o in hc["SecurityOpt"] if o.startswith("seccomp="))[len("seccomp="):])
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and "keyctl" in profile["syscalls"][0]["names"]
-    assert hc["Memory"] == 256 * 1024**2 and hc["MemorySwap"] == hc["Memory"]
+    assert hc["Memory"] == (512 if provider.runtime == "runsc" else 256) * 1024**2
+    assert hc["MemorySwap"] == hc["Memory"]
     from execbox.providers.docker import runsc_host_pids
 
     assert hc["PidsLimit"] == (runsc_host_pids(64) if provider.runtime == "runsc" else 64)

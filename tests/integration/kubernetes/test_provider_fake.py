@@ -270,3 +270,18 @@ def test_bad_template_config_is_sb002(k8s_provider_factory):
         k8s_provider_factory(templates={"x": {"hostNetwork": True}})
     with pytest.raises(InvalidConfigError, match="not a Kubernetes quantity"):
         k8s_provider_factory(templates={"x": {"memory": "lots"}})
+
+
+def test_gvisor_pods_below_512mi_preload_nothing_and_say_why(k8s_provider_factory):
+    """As docker's runsc boxes (providers/preload.py): gVisor counts the preloaded agent's heap."""
+    p = k8s_provider_factory(runtime_class="gvisor", memory="256Mi", pool_size=0, preload="auto",
+                             templates={"big": {"memory": "1Gi"}, "named": {"preload": "auto,torch"}})
+    assert p.templates["default"].preload == "none" and p.templates["big"].preload == "auto"
+    assert p.templates["named"].preload == "torch"
+    notes = {w.split(":")[0]: w for w in p.warnings() if "preload" in w}
+    assert set(notes) == {f"template {p.templates[t].name}" for t in ("default", "named")}
+    assert all("gvisor" in n and "512 MiB" in n for n in notes.values())
+    assert "boxes preload 'none'" in notes[f"template {p.templates['default'].name}"]
+    assert "boxes preload 'torch'" in notes[f"template {p.templates['named'].name}"]
+    runc = k8s_provider_factory(runtime_class="", memory="256Mi", pool_size=0, preload="auto")
+    assert runc.templates["default"].preload == "auto" and not [w for w in runc.warnings() if "preload" in w]
