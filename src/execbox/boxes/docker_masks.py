@@ -32,11 +32,12 @@ releases added /sys/devices/virtual/powercap and /proc/interrupts)."""
 
 BLOCK_VIEWS = (
     "/proc/diskstats", "/proc/partitions", "/sys/block", "/sys/class/block", "/sys/devices/virtual/block",
-    "/sys/fs/ext4", "/proc/fs/ext4", "/proc/fs/jbd2",
+    "/sys/fs/ext4", "/proc/fs/ext4", "/proc/fs/jbd2", "/sys/class/bdi", "/sys/devices/virtual/bdi",
 )
 """The host's block devices as a runc box would see them: loop devices (other boxes' workspace
 images, their backing files, sizes and I/O counters). /sys/dev/block's links lead into
-/sys/devices/virtual/block, masked here."""
+/sys/devices/virtual/block, masked here; the bdi views (``7:N``, one per loop device) count the
+live workspace images."""
 
 
 def masked_paths(engine: list[str] | tuple[str, ...] = ()) -> list[str]:

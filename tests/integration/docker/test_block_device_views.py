@@ -34,9 +34,9 @@ for name in ("/proc/diskstats", "/proc/partitions"):
     except OSError as e:
         out["loop_lines"][name] = f"error {e.errno}"
 for name in ("/sys/block", "/sys/class/block", "/sys/devices/virtual/block", "/sys/fs/ext4", "/proc/fs/ext4",
-             "/proc/fs/jbd2"):
-    try:
-        out["listed"][name] = [n for n in os.listdir(name) if n.startswith("loop")]
+             "/proc/fs/jbd2", "/sys/class/bdi", "/sys/devices/virtual/bdi"):
+    try:  # loop devices by name, and their backing-device entries by major number (7:N)
+        out["listed"][name] = [n for n in os.listdir(name) if n.startswith(("loop", "7:"))]
     except OSError as e:
         out["listed"][name] = f"error {e.errno}"
 print(json.dumps(out))
