@@ -9,7 +9,7 @@ import time
 from dnslib import DNSRecord
 from sqlalchemy.orm import sessionmaker
 
-from execbox.egress import audit
+from execbox.egress import audit, box_dns
 from execbox.egress import gateway as gw
 from execbox.egress.policy import parse_policy
 
@@ -34,7 +34,7 @@ def test_a_box_flooding_its_resolver_gets_bounded_rows_and_exact_counts(monkeypa
     monkeypatch.setattr(gw.audit, "record", record)
     link = gw.BoxLink("flood", parse_policy("allowlist", ["api.example.com"]), gw.Limits(), None, None)
     link.dns_denials.clock = lambda: 100.0  # one second, however slow this machine is
-    dns = gw._Dns(None, link)  # type: ignore[arg-type]
+    dns = box_dns.BoxDns(link)
 
     class T:
         def is_closing(self) -> bool:

@@ -9,6 +9,7 @@ import ipaddress
 import pytest
 from dnslib import QTYPE, RCODE, DNSLabel, DNSRecord
 
+from execbox.egress import box_dns
 from execbox.egress import gateway as gw
 from execbox.egress.policy import parse_policy
 
@@ -48,10 +49,10 @@ def ask(monkeypatch):
     async def resolve(name: str, box: object = None) -> list[str]:
         return ["203.0.113.5"]
 
-    monkeypatch.setattr(gw, "resolve", resolve)
+    monkeypatch.setattr(box_dns, "resolve", resolve)
 
     def go(labels: list[bytes]) -> tuple[DNSRecord, list[dict]]:
-        dns = gw._Dns(None, _Link())  # type: ignore[arg-type]
+        dns = box_dns.BoxDns(_Link())
         dns.transport = _Transport()  # type: ignore[assignment]
         q = DNSRecord.question("placeholder.corp")
         q.q.qname = DNSLabel(labels)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import audit, relay
+from .box_dns import BoxDns
 from .conntrack import ConntrackAudit
 from .policy import EgressPolicy
 from .relay import splice
@@ -43,6 +44,7 @@ log = logging.getLogger("execbox.egress")
 SO_ORIGINAL_DST = 80
 SYNTH_NET = ipaddress.ip_network("198.19.0.0/16")
 CONNECT_TIMEOUT = 10.0
+BOX_GONE = "the box went before the gateway served this connection"
 _HTTP_REQ = re.compile(rb"^[A-Z]{3,8} \S+ HTTP/1\.[01]\r?\n")
 
 
@@ -161,58 +163,6 @@ class BoxLink:
                                  run_id=self.run_id, **kw)
 
 
-class _Dns(asyncio.DatagramProtocol):
-    def __init__(self, gw: Gateway, link: BoxLink) -> None:
-        self.gw = gw
-        self.link = link
-        self.transport: asyncio.DatagramTransport | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if len(self._tasks) >= 256:  # a box flooding its resolver: drop, it retries
-            return
-        task = asyncio.get_running_loop().create_task(self._answer(data, addr))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
-        from dnslib import QTYPE, RCODE, RR, A, DNSRecord
-
-        try:
-            req = DNSRecord.parse(data)
-            q = req.questions[0]
-        except Exception:  # noqa: BLE001 - garbage from the box is dropped
-            return
-        name = str(q.qname).rstrip(".").lower()
-        reply = req.reply()
-        policy = self.link.policy
-        # dnslib prints a dot or a backslash inside a label as it is: the one label "x.y" under
-        # "corp" would read as the name x.y.corp; only labels of letters, digits, "-" and "_" are
-        # checked against the policy at all
-        if all(_DNS_LABEL.fullmatch(lab) for lab in q.qname.label) and policy.name_allowed(name):
-            if q.qtype == QTYPE.A:
-                addrs = await resolve(name, self.link)
-                if addrs:
-                    reply.add_answer(RR(q.qname, QTYPE.A, rdata=A(str(self.link.synth(name))), ttl=5))
-                else:
-                    reply.header.rcode = RCODE.NXDOMAIN
-            # AAAA and others: an empty NOERROR answer (no IPv6 path exists)
-        else:
-            reply.header.rcode = RCODE.NXDOMAIN
-            self.link.dns_denials.submit(self.link.record(kind="dns", host=name[:253], ip=None, port=None,
-                                                          decision="denied",
-                                                          reason="name not allowed by the network policy"),
-                                         self.link.summarize_dns_denials)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.sendto(reply.pack(), addr)
-
-
-_DNS_LABEL = re.compile(rb"[A-Za-z0-9_-]{1,63}")
-
-
 class Gateway:
     """Process-wide singleton (``gateway()``); its event loop runs in a daemon thread."""
 
@@ -246,7 +196,7 @@ class Gateway:
     async def _attach(self, link: BoxLink) -> None:
         link._server = await asyncio.start_server(lambda r, w: self._handle(link, r, w), sock=link._tcp,
                                                   limit=1 << 18)
-        link._transport, _ = await self.loop.create_datagram_endpoint(lambda: _Dns(self, link), sock=link._udp)
+        link._transport, _ = await self.loop.create_datagram_endpoint(lambda: BoxDns(link), sock=link._udp)
         if link._capped is not None:
             link._capped_server = await asyncio.start_server(lambda r, w: self._handle(link, r, w, over="connections"),
                                                              sock=link._capped)
@@ -263,6 +213,7 @@ class Gateway:
             log.exception("egress: detaching %s failed", link.box)
 
     async def _detach(self, link: BoxLink) -> None:
+        self._drain_backlog(link)
         for server in (link._server, link._capped_server, link._spent_server):
             if server is not None:
                 server.close()
@@ -279,6 +230,30 @@ class Gateway:
         for w in list(link._writers):
             w.transport.abort()
 
+    @staticmethod
+    def _drain_backlog(link: BoxLink) -> None:
+        """Audit the box's connections still queued on the gateway's listeners when it goes.
+
+        The kernel completed their handshakes, so the box saw them connect; closing the listeners
+        would reset them with no row. Each gets a denied row (within the box's refusal budget, as
+        any refusal) and is closed.
+        """
+        started = time.monotonic()
+        for sock in (link._tcp, link._capped, link._spent):
+            while sock is not None and sock.fileno() >= 0:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:  # BlockingIOError: the queue is empty
+                    break
+                with conn:
+                    dst = original_dst(conn)
+                    if dst is None:
+                        continue
+                    name = link.name_of(dst[0]) if dst[0] in SYNTH_NET else None
+                    rec = link.record(kind="tcp", host=name, ip=str(dst[0]) if name is None else None, port=dst[1],
+                                      decision="denied", reason=BOX_GONE)
+                    link.tcp_refusals.submit(rec, link.summarize_tcp_refusals, started)
+
     # -- connection path --------------------------------------------------------------------
     async def _handle(self, link: BoxLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       over: str = "") -> None:
@@ -288,14 +263,11 @@ class Gateway:
         # Nothing is read from the box until the decision: an intercepted TLS connection must reach
         # the TLS layer with its ClientHello still in the socket (start_tls resumes reading).
         writer.transport.pause_reading()
-        sock = writer.get_extra_info("socket")
-        try:
-            raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
-            port = struct.unpack_from("!H", raw, 2)[0]
-            dst = ipaddress.IPv4Address(raw[4:8])
-        except (OSError, ValueError):
+        original = original_dst(writer.get_extra_info("socket"))
+        if original is None:
             writer.transport.abort()
             return
+        dst, port = original
         name = link.name_of(dst) if dst in SYNTH_NET else None
         rec = link.record(kind="tcp", host=name, ip=str(dst) if name is None else None, port=port)
         link.active += 1
@@ -332,6 +304,15 @@ class Gateway:
                 audit.finish(rec, started)
             if not writer.is_closing():
                 writer.close()
+
+
+def original_dst(sock: Any) -> tuple[ipaddress.IPv4Address, int] | None:
+    """Where the box addressed a REDIRECTed connection (SO_ORIGINAL_DST), or None."""
+    try:
+        raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        return ipaddress.IPv4Address(raw[4:8]), struct.unpack_from("!H", raw, 2)[0]
+    except (OSError, ValueError):
+        return None
 
 
 async def decide(link: Any, name: str | None, dst: ipaddress.IPv4Address | None,

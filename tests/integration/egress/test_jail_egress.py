@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -150,6 +151,40 @@ for _ in range(300):
     assert audit.counts()[("tcp", "denied")] - before == 300  # the metrics count every one
     assert len(own) + sum(summed) == 300, (len(own), summed)  # and the rows account for every one
     assert summed and len(own) <= 20 * (int(elapsed) + 2), (len(own), elapsed)
+
+
+def test_connections_still_queued_at_the_gateway_when_the_box_goes_are_audited(allow_jail):
+    """The kernel completes a box's handshake with the gateway's listener before the gateway
+    accepts; those still queued when the box is torn down get a row each (Gateway._drain_backlog)
+    instead of a reset that leaves none. The gateway stops accepting this box's connections for
+    the test, so they stay queued."""
+    from execbox.egress import audit
+    from execbox.egress.gateway import BOX_GONE, gateway
+    from execbox.providers.agent_egress import egress_link
+
+    iid = allow_jail.create_instance(session_id="backlog").instance_id
+    try:
+        link = egress_link(allow_jail._get(iid).box)
+
+        async def stop_accepting() -> None:
+            asyncio.get_running_loop().remove_reader(link._tcp.fileno())
+
+        gateway()._run(stop_accepting())
+        r = allow_jail.execute_code(iid, """
+import socket
+held = [socket.create_connection(dst, timeout=5) for dst in (("10.9.9.8", 80), ("10.9.9.9", 8080))]
+print(len(held))
+""", "python", 30)
+        assert r.exit_code == 0 and r.stdout == "2\n", r
+    finally:
+        allow_jail.destroy_instance(iid)
+    deadline = time.monotonic() + 20  # the box is torn down in the background
+    rows: list = []
+    while len(rows) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        rows = [x for x in audit.recent(session_id="backlog") if x.reason == BOX_GONE]
+    assert sorted((x.ip, x.port, x.decision) for x in rows) == [("10.9.9.8", 80, "denied"),
+                                                                 ("10.9.9.9", 8080, "denied")]
 
 
 def test_rebinding_metadata_and_host_addresses_denied(allow_jail, abox, fakenet):
