@@ -148,8 +148,11 @@ def activate_(provider: str = typer.Argument(..., help="Provider to make active.
 
 
 @config_app.command("fallback")
-def fallback(providers: list[str] = typer.Argument(None, help="Providers in order; none clears.")) -> None:
+def fallback(providers: list[str] = typer.Argument(
+        None, help="Providers in order; `none` (or no argument) clears the list.")) -> None:
     """Set the providers tried, in order, when the active one is unavailable (SB003/SB009)."""
+    if providers == ["none"]:
+        providers = []
     try:
         with store_from_cli() as store:
             _seeded_settings(store).set_fallback(list(providers or []))

@@ -73,6 +73,9 @@ def test_activate_and_fallback_errors(cli):
     assert cli("config", "fallback", "local").exit_code == 0
     assert json.loads(cli("config", "show", "local", "--json").stdout)["fallback"] == ["local"]
     assert cli("config", "fallback", "nope").exit_code == 2
+    r = cli("config", "fallback", "none")  # as --help and docs/admin.md say: clears the list
+    assert r.exit_code == 0 and "fallback: (none)" in r.stdout, r.output
+    assert json.loads(cli("config", "show", "local", "--json").stdout)["fallback"] == []
 
 
 def test_db_upgrade_and_status(cli):
