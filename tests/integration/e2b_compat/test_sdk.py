@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Iterator
@@ -290,8 +291,6 @@ def test_lifecycle_info_list_timeout_kill(e2b_env: Server) -> None:
         assert sb.get_info().end_at > before
         again = e2b.Sandbox.connect(sb.sandbox_id)
         assert again.commands.run("echo connected").stdout == "connected\n"
-        with pytest.raises(e2b.SandboxException):
-            sb.pause()
         with pytest.raises(e2b.SandboxException, match="not supported"):
             sb.get_metrics()
     finally:
@@ -299,6 +298,49 @@ def test_lifecycle_info_list_timeout_kill(e2b_env: Server) -> None:
     assert not sb.is_running()
     with pytest.raises(e2b.NotFoundException):
         e2b.Sandbox.connect(sb.sandbox_id)
+
+
+def test_pause_and_resume_keep_files_and_stop_the_timeout(e2b_env: Server) -> None:
+    """``pause()`` stops the session's box and keeps its files; ``connect()`` resumes it (201), as
+    does any use. No memory snapshot: a process or interpreter state does not survive."""
+    sb = e2b.Sandbox.create(metadata={"purpose": "pause"}, timeout=120)
+    try:
+        sb.files.write("kept.txt", "still here")
+        sb.commands.run("sleep 600", background=True)
+        assert sb.pause() is True
+        assert sb.pause() is False  # already paused: E2B's 409
+        assert sb.get_info().state == e2b.SandboxState.PAUSED
+        query = e2b.SandboxQuery(metadata={"purpose": "pause"}, state=[e2b.SandboxState.PAUSED])
+        assert [s.sandbox_id for s in e2b.Sandbox.list(query=query).next_items()] == [sb.sandbox_id]
+        running = e2b.SandboxQuery(metadata={"purpose": "pause"}, state=[e2b.SandboxState.RUNNING])
+        assert e2b.Sandbox.list(query=running).next_items() == []
+        left = sb.get_info().end_at
+        time.sleep(1.5)  # paused: the deadline does not run down meanwhile
+        again = e2b.Sandbox.connect(sb.sandbox_id)
+        assert again.get_info().state == e2b.SandboxState.RUNNING
+        assert again.get_info().end_at >= left + datetime.timedelta(seconds=1)  # moved by the pause
+        assert again.files.read("kept.txt") == "still here"
+        assert "sleep 600" not in again.commands.run("ps -eo args").stdout  # processes do not survive
+        assert again.pause() is True
+        assert again.files.read("kept.txt") == "still here"  # any use resumes it
+        deadline = time.monotonic() + 10  # the sweeper notices within a second or so
+        while again.get_info().state != e2b.SandboxState.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert again.get_info().state == e2b.SandboxState.RUNNING
+    finally:
+        assert sb.kill() is True
+
+
+def test_a_paused_sandbox_outlives_its_timeout(e2b_env: Server) -> None:
+    sb = e2b.Sandbox.create(timeout=2)
+    try:
+        sb.files.write("kept.txt", "x")
+        assert sb.pause() is True
+        time.sleep(3.5)  # past the deadline while paused: the sweeper leaves it alone
+        again = e2b.Sandbox.connect(sb.sandbox_id, timeout=60)
+        assert again.files.read("kept.txt") == "x"
+    finally:
+        sb.kill()
 
 
 def test_templates_map_to_runtimes(e2b_env: Server) -> None:

@@ -1,4 +1,4 @@
-"""E2B control plane (E2B_API_URL): create, get, list, kill, set_timeout, connect; pause/resume.
+"""E2B control plane (E2B_API_URL): create, get, list, kill, set_timeout, connect, pause, resume.
 
 Shapes follow E2B's OpenAPI spec as the official SDK parses them. The API key is an execbox
 token (header X-API-KEY); its tenant owns the sandboxes it creates, and another tenant's
@@ -139,8 +139,9 @@ async def list_sandboxes(request: Request) -> Response:
         states = request.query_params.get("state")
         items = [s for s in registry(request).of_tenant(who.tenant_id)
                  if all(s.metadata.get(k) == v for k, v in wanted.items())]
-        if states and "running" not in states.split(","):
-            items = []
+        if states:
+            wanted_states = set(states.split(","))
+            items = [s for s in items if s.state in wanted_states]
         items.sort(key=lambda s: s.started_at)
         return JSONResponse([s.listed() for s in items])
 
@@ -192,8 +193,11 @@ async def connect(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
         sb = _owned(request, sandbox_id, who)
         body = await _json(request) if await request.body() else {}
-        if body.get("timeout") is not None:  # connect only ever extends the deadline
-            sb.end_at = max(sb.end_at, time.time() + _timeout(body.get("timeout")))
+        timeout = _timeout(body.get("timeout")) if body.get("timeout") is not None else None
+        if await anyio.to_thread.run_sync(_resume_paused, request, sb, timeout):
+            return JSONResponse(sb.created(), status_code=201)  # E2B: 201 when it resumed a paused one
+        if timeout is not None:  # a running sandbox's deadline only ever moves later
+            sb.end_at = max(sb.end_at, time.time() + timeout)
         return JSONResponse(sb.created(), status_code=200)
 
     return await _guard(request, go)
@@ -212,11 +216,46 @@ async def not_yet(request: Request, sandbox_id: str) -> Response:
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")
-@router.post("/sandboxes/{sandbox_id}/resume")
 @router.post("/v2/sandboxes/{sandbox_id}/pause")
 async def pause(request: Request, sandbox_id: str) -> Response:
+    """The session's box stops (files kept, processes and interpreter state not: execbox takes no
+    memory snapshot); 409 when already paused, as E2B answers (the SDK's ``pause()`` -> False)."""
     async def go(who: Principal) -> Response:
-        _owned(request, sandbox_id, who)
-        raise E2BError(501, "pause/resume is not supported by execbox yet (sessions cannot pause)")
+        sb = _owned(request, sandbox_id, who)
+        reg = registry(request)
+
+        def stop() -> None:
+            if reg.session_state(sb) == "paused":
+                raise E2BError(409, f"sandbox {sandbox_id} is already paused")
+            services(request).sessions.pause(sb.tenant_id, sb.session_id)
+            reg.paused(sb)
+
+        await anyio.to_thread.run_sync(stop)
+        return Response(status_code=204)
 
     return await _guard(request, go)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume")
+async def resume(request: Request, sandbox_id: str) -> Response:
+    """E2B's older resume call: 409 when the sandbox is not paused, else 201 with the sandbox."""
+    async def go(who: Principal) -> Response:
+        sb = _owned(request, sandbox_id, who)
+        body = await _json(request) if await request.body() else {}
+        timeout = _timeout(body.get("timeout"))
+        if not await anyio.to_thread.run_sync(_resume_paused, request, sb, timeout):
+            raise E2BError(409, f"sandbox {sandbox_id} is already running")
+        return JSONResponse(sb.created(), status_code=201)
+
+    return await _guard(request, go)
+
+
+def _resume_paused(request: Request, sb: E2BSandbox, timeout: int | None) -> bool:
+    """Start a paused sandbox's box again (its timeout: ``timeout``, else what was left of it);
+    False when it was not paused."""
+    reg = registry(request)
+    if reg.session_state(sb) != "paused":
+        return False
+    services(request).sessions.resume(sb.tenant_id, sb.session_id)
+    reg.resumed(sb, timeout)
+    return True

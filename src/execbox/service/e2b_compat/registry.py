@@ -57,6 +57,10 @@ class E2BSandbox:
     session_created: float | None = None
     """The created_at of the session the sandbox started (create sets it): a session of the same
     name made later (after an admin DELETE, say) is not this sandbox's."""
+    paused_left: float | None = None
+    """Seconds of its timeout left when it was paused; None while it runs. A paused sandbox does
+    not time out (as in E2B); the session's paused retention bounds it instead."""
+    state: str = "running"
 
     @property
     def session_id(self) -> str:
@@ -68,7 +72,7 @@ class E2BSandbox:
     def listed(self) -> dict[str, Any]:
         return {"templateID": self.template, "alias": self.template, "sandboxID": self.sandbox_id,
                 "clientID": "execbox", "startedAt": iso(self.started_at), "endAt": iso(self.end_at),
-                "cpuCount": 1, "memoryMB": 512, "diskSizeMB": 1024, "state": "running",
+                "cpuCount": 1, "memoryMB": 512, "diskSizeMB": 1024, "state": self.state,
                 "envdVersion": ENVD_VERSION, "metadata": dict(self.metadata)}
 
     def created(self) -> dict[str, Any]:
@@ -190,6 +194,37 @@ class Registry:
             self._thread.join(timeout=5)
             self._thread = None
 
+    def session_state(self, sb: E2BSandbox) -> str | None:
+        """The state of the sandbox's session (``running``, ``paused``, ...), None when it is gone."""
+        s = self.sessions.get(sb.tenant_id, sb.session_id)
+        if s is not None and not s.closed:
+            return s.state
+        rec = self.sessions.registry.get(sb.tenant_id, sb.session_id)
+        return rec.state if rec is not None else None
+
+    def paused(self, sb: E2BSandbox) -> None:
+        """The sandbox's session was just paused: its timeout stops until it runs again."""
+        sb.paused_left = max(0.0, sb.end_at - time.time())
+        sb.state = "paused"
+
+    def resumed(self, sb: E2BSandbox, timeout: float | None = None) -> None:
+        """It runs again: ``timeout`` seconds from now, else what was left of it at the pause."""
+        left = sb.paused_left if sb.paused_left is not None else max(0.0, sb.end_at - time.time())
+        sb.end_at = time.time() + (timeout if timeout is not None else left)
+        sb.paused_left, sb.state = None, "running"
+
+    def _follow_pause(self, sb: E2BSandbox) -> None:
+        """A paused sandbox resumed by its session's use (envd calls, the session API) runs again
+        with its timeout's remainder; one paused through the session API stops its timeout too."""
+        try:
+            state = self.session_state(sb)
+        except Exception:  # noqa: BLE001 - a registry hiccup: looked at again at the next sweep
+            return
+        if state == "paused" and sb.paused_left is None:
+            self.paused(sb)
+        elif state not in (None, "paused") and sb.paused_left is not None:
+            self.resumed(sb)
+
     def _keepalive(self, sb: E2BSandbox) -> None:
         """Use the session (public API) so the idle reaper leaves a sandbox alone until its deadline."""
         if self.get(sb.sandbox_id) is not sb:  # killed, or its session destroyed: never recreate it
@@ -205,9 +240,13 @@ class Registry:
         while not self._stop.wait(self._sweep_every):
             now = time.time()
             with self._lock:
-                due = [s for s in self._boxes.values() if s.end_at <= now]
-                stale = [s for s in self._boxes.values()
-                         if s.end_at > now and now - s.kept_alive >= keepalive_every]
+                boxes = list(self._boxes.values())
+            for sb in boxes:
+                self._follow_pause(sb)
+            # a paused sandbox neither times out nor is kept alive (a use would resume it)
+            due = [s for s in boxes if s.paused_left is None and s.end_at <= now]
+            stale = [s for s in boxes if s.paused_left is None and s.end_at > now
+                     and now - s.kept_alive >= keepalive_every]
             for sb in stale:
                 sb.kept_alive = now
                 threading.Thread(target=self._keepalive, args=(sb,), daemon=True,
