@@ -116,7 +116,7 @@ def read_text(ws: str, path: str, offset: int = 0, limit: int = 2000) -> dict[st
         raise FileOpError("offset must be >= 0 and limit > 0", field="offset" if offset < 0 else "limit")
     data = read_bytes(ws, path)
     if b"\x00" in data[:8192]:
-        raise FileOpError(f"{path!r} looks binary; use read_binary", path=path)
+        raise FileOpError(f"{path!r} looks binary; use read_binary", path=path, reason="binary")
     lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
     page, cut = _bounded(lines[offset : offset + limit])
     return {

@@ -19,7 +19,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
 from .. import __version__
-from ..errors import InvalidConfigError, SandboxError
+from ..errors import SandboxError
 from .arguments import check_arguments
 from .core import Caller, ServiceCore
 from .results import error_result, file_uri
@@ -44,9 +44,9 @@ def build_server(resolve: Resolver) -> Server[Any]:
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         tool = BY_NAME.get(params.name)
-        if tool is None:
-            return error_result(InvalidConfigError(f"unknown tool {params.name!r}",
-                                                   details={"tools": sorted(BY_NAME)}))
+        if tool is None:  # a protocol error, as the MCP spec has it (bad arguments are tool errors)
+            raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {params.name[:100]!r}",
+                           data={"tools": sorted(BY_NAME)})
         try:
             core, caller, key = resolve(ctx)
             args = check_arguments(tool.name, tool.input_schema, params.arguments)  # SB002 naming the field

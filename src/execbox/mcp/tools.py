@@ -14,10 +14,10 @@ from typing import Any
 
 import mcp_types as types
 
-from ..errors import InvalidConfigError
+from ..errors import InvalidConfigError, SandboxError
 from ..service.sessions import NAME_PATTERN
 from .core import Caller, ServiceCore
-from .results import data_result, execution_result
+from .results import data_result, execution_result, file_uri
 
 SESSION_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
               "description": "An execbox session id from create_session or list_sessions. Omit it to use "
@@ -105,7 +105,14 @@ def list_sessions(core: ServiceCore, caller: Caller, key: str, args: dict[str, A
 
 def read_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
     sid = _existing(core, caller, key, args)
-    page = core.read_file(caller, sid, args["path"], args.get("offset", 0), args.get("limit", 2000))
+    try:
+        page = core.read_file(caller, sid, args["path"], args.get("offset", 0), args.get("limit", 2000))
+    except SandboxError as e:
+        if e.details.get("reason") != "binary":
+            raise
+        uri = file_uri(sid, args["path"])  # MCP has no read_binary tool: its bytes are a resource
+        raise InvalidConfigError(f"{args['path']!r} looks binary: read it as the resource {uri} (resources/read)",
+                                 details={**e.details, "resource": uri}) from None
     d = page.to_dict()
     more = (f"\n[lines {page.offset + 1}-{page.offset + page.limit} of {page.total_lines}; "
             f"read more with offset={page.offset + page.limit}]" if page.truncated else "")

@@ -222,3 +222,34 @@ def test_install_packages_tool_names_why_it_cannot_install(service) -> None:
     assert bad.is_error and bad.structured_content["error"]["code"] == "SB002"
     assert "https://evil.example/x.whl" in bad.structured_content["error"]["message"]
     assert offline.is_error and "without network" in offline.structured_content["error"]["message"]
+
+
+def test_binary_read_points_to_its_resource_and_an_unknown_tool_is_a_protocol_error(service) -> None:
+    from mcp.shared.exceptions import MCPError
+
+    async def go() -> dict[str, Any]:
+        async with http_client(service.url, service.tenant_a) as c:
+            sid = (await c.call_tool("create_session", {})).structured_content["session"]["session_id"]
+            blob = base64.b64encode(b"\x00\x01binary").decode()
+            await c.call_tool("write_file", {"session_id": sid, "path": "b.bin", "content": blob,
+                                             "encoding": "base64"})
+            out: dict[str, Any] = {"sid": sid}
+            out["read"] = await c.call_tool("read_file", {"session_id": sid, "path": "b.bin"})
+            uri = out["read"].structured_content["error"]["details"].get("resource")
+            out["resource"] = await c.read_resource(uri) if uri else None
+            try:
+                await c.call_tool("no_such_tool", {})
+            except MCPError as e:
+                out["unknown"] = e
+            out["still"] = await c.call_tool("run_code", {"session_id": sid, "code": "print(2)"})
+            await c.call_tool("close_session", {"session_id": sid})
+            return out
+
+    out = run_async(go)
+    uri = f"execbox://sessions/{out['sid']}/files/b.bin"
+    assert out["read"].is_error and uri in _text(out["read"]) and "read_binary" not in _text(out["read"])
+    assert base64.b64decode(out["resource"].contents[0].blob) == b"\x00\x01binary"
+    err = out["unknown"]
+    assert err.error.code == -32602 and "no_such_tool" in err.error.message, err
+    assert "run_code" in err.error.data["tools"]
+    assert out["still"].structured_content["stdout"] == "2\n"
