@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from . import staged_leases
 from .box import AGENT_BOOT
+from .images import HOME_ALIAS
 from .runtime import AGENT_PACKAGE, AGENT_ROOT_IN_BOX, Runtime, jail_dir
 
 BOX_UID = 1000
@@ -102,6 +103,8 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
         "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/tmp",
         "--perms", "1777", "--size", str(spec.tmp_size), "--tmpfs", "/dev/shm",
         "--perms", "0755", "--dir", "/opt",
+        # E2B programs (and their SDK's file paths) use /home/user: the same workspace
+        "--perms", "0755", "--dir", "/home", "--symlink", WORKSPACE, HOME_ALIAS,
         "--ro-bind", os.path.join(spec.agent_root, AGENT_PACKAGE), f"{AGENT_ROOT_IN_BOX}/{AGENT_PACKAGE}",
     ]
     for src, dest in [*spec.runtime.mounts(), *spec.extra_ro]:

@@ -23,11 +23,13 @@ from ..errors import InstanceCreationError, InvalidConfigError
 
 CACHE_DIR = os.environ.get("EXECBOX_IMAGE_CACHE", "/var/cache/execbox/images")
 SUITE = "bookworm"
-LAYOUT_VERSION = "3"  # bump when the rootfs customisation below changes
+LAYOUT_VERSION = "4"  # bump when the rootfs customisation below changes
 HASH_LABEL = "execbox.image.hash"
 FLAVOR_LABEL = "execbox.image.flavor"
 SANDBOX_UID = 1000
 WORKSPACE = "/workspace"
+HOME_ALIAS = "/home/user"
+"""A symlink to the workspace in every box (image and jail): E2B's home, where its programs write."""
 AGENT_ROOT = "/opt/execbox"
 PYTHON = "/usr/bin/python3"
 MPL_SEED = f"{AGENT_ROOT}/mpl-seed"
@@ -245,6 +247,10 @@ def customise_rootfs(rootfs: str) -> None:
         os.makedirs(os.path.join(rootfs, d), exist_ok=True)
     os.chown(os.path.join(rootfs, WORKSPACE.lstrip("/")), SANDBOX_UID, SANDBOX_UID)
     os.chmod(os.path.join(rootfs, WORKSPACE.lstrip("/")), 0o750)
+    os.makedirs(os.path.join(rootfs, "home"), exist_ok=True)  # /home/user: the workspace
+    alias = os.path.join(rootfs, HOME_ALIAS.lstrip("/"))
+    if not os.path.lexists(alias):
+        os.symlink(WORKSPACE, alias)
     for d in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
               "usr/share/info", "usr/share/locale"):
         path = os.path.join(rootfs, d)

@@ -46,6 +46,15 @@ def test_session_state_and_files(provider, instance):
     assert ei.value.http_status == 404
 
 
+def test_home_user_is_the_workspace(provider, instance):
+    """E2B programs write to /home/user: the image links it to /workspace (boxes/images.HOME_ALIAS)."""
+    provider.write_file(instance, "home.txt", "hi")
+    r = provider.execute_code(instance, "cat /home/user/home.txt; echo; cd /home/user && pwd -P && echo made > q.txt",
+                              "bash")
+    assert (r.exit_code, r.stdout) == (0, "hi\n/workspace\n"), r
+    assert provider.read_file(instance, "q.txt").content == "made\n"
+
+
 def test_artifacts_and_figures(provider, instance):
     code = ("import matplotlib.pyplot as plt\n"
             "open('artifacts/report.csv', 'w').write('a,b\\n1,2\\n')\n"
