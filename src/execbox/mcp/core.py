@@ -51,11 +51,17 @@ class ServiceCore:
             return s.to_dict()
 
     def require_session(self, caller: Caller, session_id: str) -> None:
+        """A session named by the model must exist: a mistyped id must not become a new, empty
+        workspace. Loaded here, or in the registry (paused, another replica's, not yet used since
+        a restart)."""
         check_name(session_id, "session_id")
-        if self.sessions.get(caller.tenant_id, session_id) is None:
+        loaded = self.sessions.get(caller.tenant_id, session_id)
+        if loaded is not None and not loaded.closed:
+            return
+        if self.sessions.registry.get(caller.tenant_id, session_id) is None:
             raise SessionNotFoundError(f"no session {session_id!r} for this tenant: create it with "
-                                       "create_session (or run_code without session_id)",
-                                       details={"session_id": session_id})
+                                       "create_session, or leave session_id out to use this conversation's "
+                                       "session", details={"session_id": session_id})
 
     def close_session(self, caller: Caller, session_id: str) -> dict[str, Any]:
         self.require_session(caller, session_id)

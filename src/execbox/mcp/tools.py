@@ -56,12 +56,8 @@ def _obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[
             "additionalProperties": False}
 
 
-def _session(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> str:
-    sid = args.get("session_id")
-    return sid if sid else core.implicit_session(caller, key)
-
-
 def _existing(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> str:
+    """The session a tool acts on: the one named (it must exist), else the conversation's own."""
     sid = args.get("session_id")
     if sid:
         core.require_session(caller, sid)
@@ -70,7 +66,7 @@ def _existing(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any])
 
 
 def run_code(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _session(core, caller, key, args)
+    sid = _existing(core, caller, key, args)
     timeout, capped = core.timeout(args.get("timeout"))
     context_id = args.get("context_id")
     language = args.get("language", "python")
@@ -81,7 +77,7 @@ def run_code(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) 
 
 
 def run_command(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _session(core, caller, key, args)
+    sid = _existing(core, caller, key, args)
     timeout, capped = core.timeout(args.get("timeout"))
     result = core.run_command(caller, sid, args["command"], timeout, args.get("cwd"))
     return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None)
@@ -155,7 +151,7 @@ def grep(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> t
 
 
 def install_packages(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _session(core, caller, key, args)
+    sid = _existing(core, caller, key, args)
     out = core.install(caller, sid, list(args.get("pip") or []), list(args.get("npm") or []))
     names = " ".join([*out["pip"], *out["npm"]])
     return data_result(f"installed {names} ({out['bytes']} bytes) into session {sid}", {**out, "session_id": sid})

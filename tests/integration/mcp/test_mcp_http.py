@@ -253,3 +253,26 @@ def test_binary_read_points_to_its_resource_and_an_unknown_tool_is_a_protocol_er
     assert err.error.code == -32602 and "no_such_tool" in err.error.message, err
     assert "run_code" in err.error.data["tools"]
     assert out["still"].structured_content["stdout"] == "2\n"
+
+
+def test_a_mistyped_session_id_is_an_error_not_a_new_empty_workspace(service) -> None:
+    async def go() -> dict[str, Any]:
+        async with http_client(service.url, service.tenant_a) as c:
+            sid = (await c.call_tool("create_session", {})).structured_content["session"]["session_id"]
+            await c.call_tool("write_file", {"session_id": sid, "path": "mine.txt", "content": "x"})
+            out: dict[str, Any] = {"sid": sid}
+            for tool, args in (("run_code", {"code": "print(1)"}), ("run_command", {"command": "ls"}),
+                               ("install_packages", {"pip": ["x"]})):
+                out[tool] = await c.call_tool(tool, {**args, "session_id": sid + "-typo"})
+            out["listed"] = (await c.call_tool("list_sessions", {})).structured_content["sessions"]
+            out["own"] = await c.call_tool("run_command", {"session_id": sid, "command": "ls"})
+            await c.call_tool("close_session", {"session_id": sid})
+            return out
+
+    out = run_async(go)
+    for tool in ("run_code", "run_command", "install_packages"):
+        r = out[tool]
+        assert r.is_error and r.structured_content["error"]["details"]["session_id"] == out["sid"] + "-typo", tool
+        assert "create_session" in _text(r)
+    assert out["sid"] + "-typo" not in {s["session_id"] for s in out["listed"]}
+    assert "mine.txt" in out["own"].structured_content["stdout"].split()
