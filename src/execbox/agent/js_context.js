@@ -25,6 +25,17 @@ function encode(value) {
   }
 }
 
+// A cell's error as Node shows it, without the frames below the cell: the vm calls that ran it
+// and this file's (or a wrapper's, see service/e2b_compat/cells.py) are not the user's code.
+const MACHINERY = /^\s+at (?:new Script|createScript|Script\.runInThisContext|Object\.runInThisContext) \(node:vm[:)]/;
+
+function cellStack(e) {
+  if (!e || typeof e.stack !== "string") return `${e}`;
+  const lines = e.stack.split("\n");
+  const cut = lines.findIndex((line) => MACHINERY.test(line));
+  return (cut > 0 ? lines.slice(0, cut) : lines).join("\n");
+}
+
 function reply(msg) {
   try { fs.writeSync(4, JSON.stringify(msg) + "\n"); } catch (e) { process.exit(0); }
 }
@@ -54,7 +65,7 @@ async function handle(req) {
       if (result.error) result = { present: true, json: JSON.stringify(util.inspect(value)), type: "inspect" };
     }
   } catch (e) {
-    process.stderr.write((e && e.stack) ? `${e.stack}\n` : `${e}\n`);
+    process.stderr.write(`${cellStack(e)}\n`);
     exitCode = 1;
   }
   reply({ exit_code: exitCode, result, peak_memory_kb: Math.round(process.resourceUsage().maxRSS) });

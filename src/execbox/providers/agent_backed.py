@@ -321,8 +321,7 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
                      on_output: OutputCallback | None = None, inline_artifacts: bool = False) -> ExecutionResult:
         lang = Language.parse(language)
         check_code_and_arguments(code, arguments)
-        if lang is Language.PYTHON and self._policy is not None:
-            self._policy.check(code)
+        self.check_code_policy(code, lang)
         return self._exec(instance_id, {
             "language": lang.value, "code": code, "arguments": arguments, "context_id": context_id,
         }, timeout, on_output, inline_artifacts)

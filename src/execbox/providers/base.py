@@ -13,6 +13,7 @@ from ..models import (
     FileInfo,
     GrepMatch,
     Isolation,
+    Language,
     SandboxInstance,
     TextPage,
 )
@@ -90,6 +91,14 @@ class SandboxProvider(ABC):
         ``inline_artifacts`` attaches artifact bytes to the result (one-shot runs, where the
         instance is destroyed before anyone could fetch them).
         """
+
+    def check_code_policy(self, code: str, language: Language) -> None:
+        """The provider's code policy (``enable_ast_analysis``, where it has one) on ``code``:
+        raises its SB error. ``execute_code`` applies it; a caller that wraps the user's code in
+        a program of its own (the E2B cell driver) calls it so the policy judges what the user wrote."""
+        policy = getattr(self, "_policy", None)
+        if language is Language.PYTHON and policy is not None:
+            policy.check(code)
 
     @abstractmethod
     def destroy_instance(self, instance_id: str) -> bool:

@@ -190,8 +190,7 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         lang = Language.parse(language)
         if self.native:
             check_run_inputs(code, arguments, timeout)
-            if lang is Language.PYTHON and self._policy is not None:
-                self._policy.check(code)
+            self.check_code_policy(code, lang)
             return self._native_execute(instance_id, code, lang.value, float(timeout), arguments, context_id,
                                         on_output)
         if lang not in WIRE_LANGUAGES:
@@ -201,8 +200,7 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         if context_id is not None:
             raise self._unsupported("stateful contexts (context_id)")
         check_run_inputs(code, arguments, timeout)
-        if lang is Language.PYTHON and self._policy is not None:
-            self._policy.check(code)
+        self.check_code_policy(code, lang)
         payload = {"code_b64": base64.b64encode(code.encode("utf-8")).decode("ascii"),
                    "language": WIRE_LANGUAGES[lang], "arguments": arguments or {}, "timeout": timeout}
         started = time.monotonic()

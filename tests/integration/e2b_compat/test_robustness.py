@@ -105,6 +105,7 @@ def test_code_contexts_are_capped_and_cwd_is_a_workspace_path(e2b_server: Server
         for bad in ({"cwd": "x" * 30_000}, {"cwd": {"a": 1}}, {"cwd": 5}, {"cwd": "/etc"}, {"cwd": "../up"}):
             r = httpx.post(f"{url}/contexts", json={"language": "python", **bad}, headers=h)
             assert "cwd" in _not_500(r, 400)["message"], bad
+        sbx.files.make_dir("/home/user/sub")  # a context's cwd must exist
         ctx = sbx.create_code_context(cwd="/home/user/sub")
         assert ctx.cwd == "/home/user/sub"
         made = 1

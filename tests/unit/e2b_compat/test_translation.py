@@ -49,8 +49,9 @@ def test_cell_value_and_user_main_preserved() -> None:
     assert _run_cell("y = 1", g) is None
 
 
-def test_cell_edge_cases_are_left_as_written() -> None:
-    assert python_cell("a = 1; a").startswith("a = 1; a")  # same-line expression: no display
+def test_cell_edge_cases() -> None:
+    assert _run_cell("a = 1; a", {}) == {DISPLAY_KEY: {"text": "1"}}  # the last statement, as IPython
+    assert _run_cell("a = 1; a;", {}) is None  # a trailing ";" hides it, as in IPython
     assert python_cell("def broken(:") == "def broken(:"  # the agent reports the syntax error
     assert python_cell("print(1)\nx = 3").endswith('if __name__ == "__main__":\n    pass\n')
 

@@ -1,69 +1,224 @@
 """Jupyter cell semantics over execbox's run contract, and E2B's error/result shapes.
 
-A code-interpreter cell shows the value of its last expression and never calls ``main()`` by
-itself; execbox's agent returns a value from ``main()`` and calls a defined ``main`` (its run
-contract). So a cell ending in an expression is sent with that expression moved into a one-use
-``main`` that first puts back whatever ``main`` the context had (the user's own function is
-kept, and called only if the expression calls it), and any other cell gets an empty
-``if __name__ == "__main__"`` guard appended, which tells the agent the program runs as a script
-(no implicit ``main()`` call). Everything the user wrote runs as written (same line numbers in
-tracebacks).
+A Python cell is sent as a small launcher program: it hands the cell's source (a string
+literal) to a driver (``_DRIVER``, run in a namespace of its own) that behaves as IPython does:
+
+- it compiles the source itself as ``<code>`` (and seeds linecache with it), so tracebacks show
+  the user's own lines and line numbers, never the driver's; frames before the cell's are cut;
+- when the last statement (by the ast) is an expression, that expression is evaluated on its
+  own and its value is the cell's result (``x += 1; x`` shows ``x``), unless a ``;`` ends the
+  cell (IPython's rule: ``x;`` shows nothing);
+- ``SystemExit`` (``sys.exit(3)``) is an error named ``SystemExit`` whose value is the exit code,
+  with IPython's short notice as the traceback, and the context lives on;
+- the sandbox's envs (``Sandbox.create(envs=...)``) are set in ``os.environ`` by a context's first
+  cell, for good (E2B starts its kernels with them); the run's ``env`` is set for the cell's
+  duration and put back afterwards (what the cell set itself is left alone);
+- a context's ``cwd`` (relative to the workspace) is the cell's directory.
+
+execbox's agent returns a value from ``main()`` and calls a defined ``main`` (its run contract),
+so a cell with a value installs a one-use ``main`` that first puts back whatever ``main`` the
+context had (the user's own function is kept), and returns the value's representations; any
+other cell gets an empty ``if __name__ == "__main__"`` guard appended, which tells the agent the
+program runs as a script (no implicit ``main()`` call). A failed cell prints its traceback on
+stderr and ends the run with exit code 1 (``error_from_stderr`` reads it back).
+
+The driver is compiled once per context process (kept in ``sys.modules`` under a name that
+carries its hash). The launcher imports nothing and calls no builtin function by name, so a
+provider's AST policy (``enable_ast_analysis``) has nothing to object to in it; the interpreter
+checks the user's own code against that policy instead (interpreter.py), as the provider would.
+
+A JavaScript cell with envs or a ``cwd`` is wrapped likewise (``js_cell``): the wrapper sets
+them, runs the source as its own script (``<cell>``, the user's line numbers) in the context's
+global scope, and puts the run's envs back once the value (awaited if a Promise) is settled.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import io
+import json
 import re
+import tokenize
 from typing import Any
 
 DISPLAY_KEY = "__e2b_display__"
 
-_MAIN = """
-__e2b_saved_main = globals().get("main")
-def main():
-    global main, __e2b_saved_main
-    if __e2b_saved_main is None:
-        del main
-    else:
-        main = __e2b_saved_main
-    del __e2b_saved_main
-    __e2b_value = ({expr})
-    if __e2b_value is None:
-        return None
-    __e2b_out = {{"text": repr(__e2b_value)}}
-    for __e2b_attr, __e2b_key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"),
-                                  ("_repr_json_", "json"), ("_repr_latex_", "latex")):
-        __e2b_fn = getattr(__e2b_value, __e2b_attr, None)
-        if callable(__e2b_fn):
-            try:
-                __e2b_r = __e2b_fn()
-            except Exception:
-                __e2b_r = None
-            if __e2b_r is not None:
-                __e2b_out[__e2b_key] = __e2b_r
-    return {{"{key}": __e2b_out}}
-"""
+_DRIVER = r'''
+import sys, os, _ast
 
+_MISSING = object()
+_FILE = "<code>"
+_LAUNCHER_NAMES = ("__e2b_b", "__e2b_sys", "__e2b_m")
+_started = False
+
+
+def _display(value):
+    out = {"text": repr(value)}
+    for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"),
+                      ("_repr_json_", "json"), ("_repr_latex_", "latex")):
+        fn = getattr(value, attr, None)
+        if callable(fn):
+            try:
+                r = fn()
+            except Exception:
+                r = None
+            if r is not None:
+                out[key] = r
+    return out
+
+
+def _report(e):
+    import traceback
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != _FILE:
+        tb = tb.tb_next  # the driver's own frames: the cell's come first, as in IPython
+    sys.stderr.write("".join(traceback.format_exception(type(e), e, tb)))
+
+
+def _run(src, start_env, env, cwd, show, key, g):
+    global _started
+    import linecache
+    linecache.cache[_FILE] = (len(src), None, src.splitlines(True), _FILE)
+    if not _started:  # this context's first cell: the sandbox's envs, as a kernel starts with them
+        _started = True
+        os.environ.update(start_env)
+    before = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        os.environ[k] = v
+    try:
+        try:
+            if cwd:
+                os.chdir(cwd)
+            tree = compile(src, _FILE, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
+            last = tree.body.pop() if show else None
+            exec(compile(tree, _FILE, "exec", dont_inherit=True), g)
+            out = None
+            if last is not None:
+                value = eval(compile(_ast.Expression(body=last.value), _FILE, "eval", dont_inherit=True), g)
+                out = None if value is None else _display(value)
+        except MemoryError:
+            raise
+        except SystemExit as e:
+            import traceback
+            sys.stderr.write("An exception has occurred, use %tb to see the full traceback.\n\n")
+            sys.stderr.write("".join(traceback.format_exception_only(type(e), e)))
+            raise SystemExit(1) from None
+        except BaseException as e:
+            _report(e)
+            raise SystemExit(1) from None
+    finally:
+        for k, v in env.items():
+            if os.environ.get(k) == v:  # unless the cell changed it itself
+                if before[k] is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = before[k]
+    if show:
+        saved = g.get("main", _MISSING)
+
+        def main():
+            if saved is _MISSING:
+                g.pop("main", None)
+            else:
+                g["main"] = saved
+            return None if out is None else {key: out}
+
+        g["main"] = main
+
+
+def run(*args):
+    g = sys._getframe(1).f_globals  # the launcher's: the context's globals
+    for name in _LAUNCHER_NAMES:
+        g.pop(name, None)
+    _run(*args, g)
+'''
+
+_DRIVER_MODULE = "_execbox_e2b_cell_" + hashlib.sha256(_DRIVER.encode()).hexdigest()[:12]
+
+_LAUNCHER = """try:
+    __e2b_b = __builtins__.__dict__
+except AttributeError:
+    __e2b_b = __builtins__
+__e2b_sys = __e2b_b["__import__"]("sys")
+__e2b_m = __e2b_sys.modules.get({module!r})
+if __e2b_m is None:
+    __e2b_m = type(__e2b_sys)({module!r})
+    __e2b_b["exec"]({driver!r}, __e2b_m.__dict__)
+    __e2b_sys.modules[{module!r}] = __e2b_m
+__e2b_m.run({args})
+"""
 
 _GUARD = "\n\nif __name__ == \"__main__\":\n    pass\n"
 
 
-def python_cell(code: str) -> str:
-    """The program that runs ``code`` as a cell (see the module docstring)."""
+def shows_value(code: str, tree: ast.Module) -> bool:
+    """IPython's rule: the last statement is an expression and no ``;`` ends the cell."""
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return False
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return True
+    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+    for tok in reversed(tokens):
+        if tok.type in skip:
+            continue
+        return not (tok.type == tokenize.OP and tok.string == ";")
+    return True
+
+
+def python_cell(code: str, env: dict[str, str] | None = None, cwd: str | None = None,
+                start_env: dict[str, str] | None = None) -> str:
+    """The program that runs ``code`` as a cell (see the module docstring).
+
+    ``start_env`` is set in the context's first cell and stays (the sandbox's envs: E2B starts
+    the kernel with them); ``env`` is set for this cell's duration only; ``cwd`` is the cell's
+    directory, relative to the run's (the workspace). Code that does not parse is sent as
+    written: the agent reports the syntax error with the user's line numbers."""
     try:
         tree = ast.parse(code)
-    except SyntaxError:
-        return code  # the agent reports the syntax error with the user's line numbers
-    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
-        return code + _GUARD
-    last = tree.body[-1]
-    expr = ast.get_source_segment(code, last.value)
-    lines = code.splitlines(keepends=True)
-    if expr is None or last.end_lineno is None or "".join(lines[last.end_lineno:]).strip() \
-            or lines[last.lineno - 1][: last.col_offset].strip():
-        return code + _GUARD  # `a; b` on one line or trailing text: no displayed value
-    head = "".join(lines[: last.lineno - 1])
-    return head + _MAIN.format(expr="\n".join(expr.splitlines()), key=DISPLAY_KEY)
+    except (SyntaxError, ValueError):
+        return code
+    show = shows_value(code, tree)
+    args = ", ".join(repr(a) for a in (code, dict(start_env or {}), dict(env or {}), cwd or None, show, DISPLAY_KEY))
+    program = _LAUNCHER.format(module=_DRIVER_MODULE, driver=_DRIVER, args=args)
+    return program if show else program + _GUARD
+
+
+_JS_WRAPPER = """(function (src, startEnv, env, cwd) {
+  const started = Symbol.for("execbox.e2b.started");
+  if (!globalThis[started]) {  // this context's first cell: the sandbox's envs, for good
+    globalThis[started] = true;
+    Object.assign(process.env, startEnv);
+  }
+  const before = {};
+  for (const k of Object.keys(env)) { before[k] = process.env[k]; process.env[k] = env[k]; }
+  const restore = () => {
+    for (const k of Object.keys(env)) {
+      if (process.env[k] !== env[k]) continue;  // the cell changed it itself
+      if (before[k] === undefined) delete process.env[k]; else process.env[k] = before[k];
+    }
+  };
+  let value;
+  try {
+    if (cwd) { process.chdir(cwd); globalThis.__dirname = process.cwd(); }
+    value = require("vm").runInThisContext(src, { filename: "<cell>" });
+  } catch (e) { restore(); throw e; }
+  if (value && typeof value.then === "function") return Promise.resolve(value).finally(restore);
+  restore();
+  return value;
+})(%s, %s, %s, %s)"""
+
+
+def js_cell(code: str, env: dict[str, str] | None = None, cwd: str | None = None,
+            start_env: dict[str, str] | None = None) -> str:
+    """``code`` for a JavaScript context, wrapped to apply the envs and ``cwd`` when it has any
+    (as ``python_cell``)."""
+    if not env and not cwd and not start_env:
+        return code
+    return _JS_WRAPPER % (json.dumps(code), json.dumps(dict(start_env or {})), json.dumps(dict(env or {})),
+                          json.dumps(cwd or None))
 
 
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Iteration)?)(?::\s?(.*))?$")
@@ -76,7 +231,7 @@ def error_from_stderr(stderr: str, language: str) -> dict[str, str]:
     candidates = lines[::-1] if language == "python" else lines
     for ln in candidates:
         m = _EXC_LINE.match(ln.strip())
-        if m and (m.group(2) is not None or ln.strip().endswith(("Error", "Exception", "Interrupt"))):
+        if m and (m.group(2) is not None or ln.strip().endswith(("Error", "Exception", "Interrupt", "SystemExit"))):
             name, value = m.group(1).rsplit(".", 1)[-1], (m.group(2) or "").strip()
             break
     return {"name": name, "value": value, "traceback": stderr}
@@ -89,8 +244,6 @@ def display_result(value: Any) -> dict[str, Any] | None:
         return {"type": "result", "is_main_result": True, **out}
     if value is None:
         return None
-    import json
-
     text = json.dumps(value) if not isinstance(value, str) else value
     extra = {"json": value} if isinstance(value, (dict, list)) else {}
     return {"type": "result", "is_main_result": True, "text": text, **extra}

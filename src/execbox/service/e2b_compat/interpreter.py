@@ -3,7 +3,11 @@
 A run goes through the service's Executor (quota slot, session box, metrics, audit), exactly
 like POST /v1/sandbox/execute. Python and JavaScript contexts are execbox contexts in the
 sandbox's session (globals persist: a forked Python child, a long-lived Node process); restart
-and remove end the old context's process in the box.
+and remove end the old context's process in the box, and first stop a cell running in it.
+
+A cell runs until it ends, or until its client goes away (the SDK's ``timeout`` closes the
+stream): then it is cancelled (the agent kills it, and the context with it), so a cell the
+caller gave up on never holds the sandbox.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import base64
 import json
 import logging
+import posixpath
 import secrets
 import threading
 import time
@@ -21,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ...errors import SandboxError
+from ...errors import InvalidConfigError, SandboxError, SessionNotFoundError
 from ...models import ExecutionResult, Language
 from ...providers.base import OutputCallback, SandboxProvider
 from ..executions import RunSpec
+from ..streaming import RunHandle
 from . import envd_bg
-from .cells import display_result, error_from_stderr, python_cell
+from .cells import display_result, error_from_stderr, js_cell, python_cell
 from .registry import E2BSandbox
 from .sandbox_http import TooLarge, clip, envd_error, read_json
 from .workspace import HOME, PathRefused, to_e2b, to_workspace
@@ -43,6 +49,8 @@ MAX_CONTEXTS = 16
 """Code contexts one sandbox may hold (the defaults included): the agent keeps at most 16 live
 context processes per box, both languages together (docs/e2b-compat.md)."""
 MAX_CWD = 4096
+STOP_WAIT = 10.0
+"""Seconds restart/remove wait for a cell running in the context to stop once cancelled."""
 
 
 @dataclass
@@ -52,6 +60,8 @@ class Ctx:
     cwd: str = HOME
     generation: int = 0
     executions: int = 0
+    running: set[CellHandle] = field(default_factory=set, repr=False, compare=False)
+    """Cells sent to this context that have not ended (restart and remove stop them)."""
 
     def execbox_id(self) -> str:
         return f"c{self.id[:40]}-{self.generation}"
@@ -99,6 +109,32 @@ def _cwd(value: Any) -> str:
         raise ValueError(f"cwd: {e}") from None
 
 
+class CellHandle(RunHandle):
+    """A running cell: RunHandle (cancel it, wait for it) plus why it was stopped, if it was."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped_by: str | None = None  # "restarted" / "removed": its context was, meanwhile
+
+
+def _envs(value: Any) -> dict[str, str]:
+    """A run's ``env_vars``: names to string values (what ``os.environ`` / ``process.env`` take)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
+        for k, v in value.items()
+    ):
+        raise ValueError("env_vars must map variable names to string values")
+    return value
+
+
+def _rel_cwd(ctx: Ctx) -> str | None:
+    """The context's directory relative to the workspace (None: the workspace itself)."""
+    rel = to_workspace(ctx.cwd)
+    return None if rel == "." else rel
+
+
 def _line(kind: str, **fields: Any) -> bytes:
     return (json.dumps({"type": kind, **fields}) + "\n").encode()
 
@@ -114,11 +150,11 @@ class Interpreter:
             if path == "/execute" and method == "POST":
                 return await self.execute(sb, await read_json(request, limit))
             if path == "/contexts" and method == "POST":
-                return self.create_context(sb, await read_json(request, limit))
+                return await self.create_context(sb, await read_json(request, limit))
             if path == "/contexts" and method == "GET":
                 return JSONResponse([c.to_json() for c in list(contexts_of(sb).by_id.values())])
             if path.startswith("/contexts/"):
-                return self.context_op(sb, path.split("/")[2:], method)
+                return await self.context_op(sb, path.split("/")[2:], method)
             if path == "/health":
                 return Response(status_code=200)
         except TooLarge as e:
@@ -127,8 +163,9 @@ class Interpreter:
             return envd_error(400, str(e))
         return envd_error(404, f"no route {method} {clip(path)} on the code interpreter")
 
-    def create_context(self, sb: E2BSandbox, body: dict[str, Any]) -> Response:
+    async def create_context(self, sb: E2BSandbox, body: dict[str, Any]) -> Response:
         ctx = Ctx(secrets.token_hex(8), _language(body.get("language")), _cwd(body.get("cwd")))
+        await asyncio.to_thread(self._check_dir, sb, to_workspace(ctx.cwd))
         ctxs = contexts_of(sb)
         with ctxs.lock:
             if len(ctxs.by_id) >= MAX_CONTEXTS:
@@ -137,23 +174,64 @@ class Interpreter:
             ctxs.by_id[ctx.id] = ctx
         return JSONResponse(ctx.to_json())
 
-    def context_op(self, sb: E2BSandbox, parts: list[str], method: str) -> Response:
+    def _check_dir(self, sb: E2BSandbox, rel: str) -> None:
+        """ValueError (400) unless ``rel`` is a directory in the sandbox's workspace."""
+        if rel == ".":
+            return
+        parent = posixpath.dirname(rel) or "."
+
+        def call(provider: SandboxProvider, instance_id: str) -> list[Any]:
+            return provider.list_files(instance_id, parent, False)
+
+        missing = ValueError(f"cwd {clip(to_e2b(rel))!r} is not a directory in the sandbox; create it first")
+        try:
+            infos = self.svc.runs.file_op(sb.tenant_id, sb.session_id, "list_files", parent, sb.token_id, call)
+        except InvalidConfigError as e:  # the parent is missing, or not a directory
+            if isinstance(e, SessionNotFoundError):
+                raise
+            raise missing from None
+        if not any(posixpath.normpath(i.path) == rel and i.is_dir for i in infos):
+            raise missing
+
+    async def context_op(self, sb: E2BSandbox, parts: list[str], method: str) -> Response:
         ctxs = contexts_of(sb)
         ctx = ctxs.by_id.get(parts[0]) if parts else None
+        if ctx is None and parts and parts[0] in ("default-python", "default-javascript"):
+            ctx = ctxs.default(parts[0].split("-", 1)[1])  # a default context not used yet
         if ctx is None:
             return envd_error(404, f"context {clip(parts[0] if parts else '')!r} not found")
         if len(parts) == 1 and method == "DELETE":
             with ctxs.lock:
                 ctxs.by_id.pop(ctx.id, None)
+            await self._stop_cells(ctx, "removed")
             self._end_context(sb, ctx.execbox_id())
             return Response(status_code=204)
         if parts[1:] == ["restart"] and method == "POST":
             old = ctx.execbox_id()
             ctx.generation += 1  # a fresh execbox context: empty globals
             ctx.executions = 0
+            await self._stop_cells(ctx, "restarted")
             self._end_context(sb, old)
             return Response(status_code=204)
         return envd_error(404, "unknown context operation")
+
+    @staticmethod
+    async def _stop_cells(ctx: Ctx, why: str) -> None:
+        """Cancel the cells running in ``ctx`` (as a kernel restart interrupts them) and wait, a
+        bounded time, until they let go of the sandbox."""
+        handles = ctx.running.copy()  # one C call under the GIL: safe beside a worker's discard
+        if not handles:
+            return
+        for handle in handles:
+            handle.stopped_by = why
+            handle.cancel()
+        deadline = time.monotonic() + STOP_WAIT
+
+        def wait() -> None:
+            for handle in handles:
+                handle.done.wait(max(0.0, deadline - time.monotonic()))
+
+        await asyncio.to_thread(wait)
 
     def _end_context(self, sb: E2BSandbox, execbox_id: str) -> None:
         """Free the old context's process in the box (in the background: a run may hold the box)."""
@@ -181,6 +259,7 @@ class Interpreter:
                 raise ValueError("language does not match the context's language")
         else:
             ctx = contexts_of(sb).default(_language(body.get("language")))
+        envs = _envs(body.get("env_vars"))
         settings = self.svc.settings
         try:
             size = len(code.encode("utf-8"))
@@ -188,14 +267,19 @@ class Interpreter:
             raise ValueError("code is not valid UTF-8 text (it holds a lone UTF-16 surrogate)") from None
         if size > settings.max_code_bytes:
             return envd_error(413, f"code is larger than {settings.max_code_bytes} bytes")
-        return StreamingResponse(self._stream(sb, ctx, code), media_type="application/x-ndjson")
+        return StreamingResponse(self._stream(sb, ctx, code, envs), media_type="application/x-ndjson")
 
-    async def _stream(self, sb: E2BSandbox, ctx: Ctx, code: str):  # noqa: ANN202
+    async def _stream(self, sb: E2BSandbox, ctx: Ctx, code: str, envs: dict[str, str]):  # noqa: ANN202
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        handle = CellHandle()
+        ctx.running.add(handle)
 
         def push(item: bytes | None) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: the server is stopping
+                handle.cancel()
 
         def on_output(stream: str, text: str) -> None:
             if stream in ("stdout", "stderr") and text:
@@ -203,32 +287,57 @@ class Interpreter:
 
         def work() -> None:
             try:
-                for line in self._run(sb, ctx, code, on_output):
+                for line in self._run(sb, ctx, code, envs, on_output, handle):
                     push(line)
             except SandboxError as e:
                 push(_line("error", name=type(e).__name__, value=f"{e.code}: {e.message}", traceback=""))
             except Exception as e:  # noqa: BLE001 - reported to the client, the server stays up
-                push(_line("error", name=type(e).__name__, value=str(e), traceback=""))
+                if handle.cancelled.is_set():
+                    push(_stopped_line(handle))
+                else:
+                    push(_line("error", name=type(e).__name__, value=str(e), traceback=""))
             finally:
+                ctx.running.discard(handle)
+                handle.done.set()
                 push(None)
 
         threading.Thread(target=work, name="execbox-e2b-execute", daemon=True).start()
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            yield item
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    finished = True
+                    return
+                yield item
+        finally:
+            if not finished:  # the client went away (the SDK's timeout): stop the cell
+                handle.cancel()
 
-    def _run(self, sb: E2BSandbox, ctx: Ctx, code: str, on_output: OutputCallback) -> list[bytes]:
+    def _run(self, sb: E2BSandbox, ctx: Ctx, code: str, envs: dict[str, str], on_output: OutputCallback,
+             handle: CellHandle) -> list[bytes]:
         language = ctx.language
-        program = python_cell(code) if language == "python" else code
+        cwd = _rel_cwd(ctx)
+        # E2B starts kernels with the sandbox's envs (a context's first cell sets them); the run's
+        # envs hold for the cell. A bash run is a process of its own: both, the run's on top.
+        env = {**sb.env_vars, **envs}
+        if language == "python":
+            program = python_cell(code, envs, cwd, start_env=sb.env_vars)
+        elif language == "javascript":
+            program = js_cell(code, envs, cwd, start_env=sb.env_vars)
+        else:
+            program = code
         context_id = ctx.execbox_id() if language in ("python", "javascript") else None
+        cap: list[int] = []
 
         def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
                  out: OutputCallback | None) -> ExecutionResult:
+            cap.append(int(getattr(provider, "output_cap", 0) or 0))
             if language == "bash":
-                return provider.run_command(instance_id, program, EXEC_TIMEOUT, env=sb.env_vars or None,
+                return provider.run_command(instance_id, program, EXEC_TIMEOUT, cwd=cwd, env=env or None,
                                             on_output=out)
+            # enable_ast_analysis judges the user's code, not the cell driver around it
+            provider.check_code_policy(code, Language.parse(language))
             kwargs: dict[str, Any] = {"on_output": out}
             if context_id is not None:
                 kwargs["context_id"] = context_id
@@ -236,14 +345,20 @@ class Interpreter:
                                          None, **kwargs)
 
         spec = RunSpec(sb.tenant_id, sb.session_id, "execute_code", language, code, sb.token_id, call)
-        result = self.svc.runs.run(spec, on_output)
-        ctx.executions += 1
+        result = self.svc.runs.run(spec, on_output, handle)
+        if not handle.stopped_by:  # a cell its restart stopped does not count in the new kernel
+            ctx.executions += 1
         lines: list[bytes] = []
+        note = _truncation_note(result, cap[0] if cap else 0)
+        if note:
+            on_output("stderr", note)
         lines.extend(self._figures(sb, result))
         main = display_result(result.result)
         if main is not None:
             lines.append(_line(main.pop("type"), **main))
-        if result.timed_out:
+        if handle.stopped_by:
+            lines.append(_stopped_line(handle))
+        elif result.timed_out:
             lines.append(_line("error", name="TimeoutError", value="execution timed out", traceback=""))
         elif result.exit_code != 0 or result.error_code:
             lines.append(_line("error", **error_from_stderr(result.stderr, language)))
@@ -264,3 +379,23 @@ class Interpreter:
                 out.append(_line("result", **{key: value}, text=f"<Figure {art.name}>", is_main_result=False))
         return out
 
+
+def _stopped_line(handle: CellHandle) -> bytes:
+    if handle.stopped_by is None:
+        return _line("error", name="Cancelled", value="the cell was cancelled", traceback="")
+    return _line("error", name=f"Context{handle.stopped_by.capitalize()}", traceback="",
+                 value=f"the code context was {handle.stopped_by} while this cell ran; the cell was stopped")
+
+
+def _truncation_note(result: ExecutionResult, cap: int) -> str:
+    """The stderr line saying which stream hit the output cap (the HTTP API's ``truncated``)."""
+    if not result.truncated:
+        return ""
+    if not cap:
+        return "execbox: output exceeded the cap and was truncated\n"
+    cut = [name for name, text in (("stdout", result.stdout), ("stderr", result.stderr))
+           if len(text.encode("utf-8", "replace")) >= cap - 3]  # a split character is cut at the cap
+    if not cut:
+        return ""  # the value main() returned was over the cap: the agent's own line says so
+    return (f"execbox: output exceeded the cap and was truncated: {' and '.join(cut)} kept "
+            f"the first {cap} bytes\n")
