@@ -78,12 +78,17 @@ def _str_map(value: Any, field: str) -> dict[str, str]:
     return dict(value)
 
 
-def _timeout(value: Any, default: int = DEFAULT_TIMEOUT) -> int:
+def _timeout(value: Any, default: int = DEFAULT_TIMEOUT, field: str = "timeout") -> int:
+    """Seconds from 0 to MAX_TIMEOUT; anything else is 400, as E2B's API refuses a timeout over
+    its maximum ("Timeout cannot be greater than 24 hours") rather than capping it."""
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise E2BError(400, "timeout must be a non-negative integer of seconds")
-    return min(value, MAX_TIMEOUT)
+        raise E2BError(400, f"{field} must be a non-negative integer of seconds")
+    if value > MAX_TIMEOUT:
+        raise E2BError(400, f"{field.capitalize()} cannot be greater than {MAX_TIMEOUT // 3600} hours "
+                            f"({MAX_TIMEOUT} seconds)")
+    return value
 
 
 def _owned(request: Request, sandbox_id: str, who: Principal) -> E2BSandbox:
@@ -181,7 +186,7 @@ async def refresh(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
         sb = _owned(request, sandbox_id, who)
         body = await _json(request) if await request.body() else {}
-        sb.end_at = max(sb.end_at, time.time() + _timeout(body.get("duration"), 60))
+        sb.end_at = max(sb.end_at, time.time() + _timeout(body.get("duration"), 60, "duration"))
         return Response(status_code=204)
 
     return await _guard(request, go)

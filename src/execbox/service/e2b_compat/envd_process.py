@@ -75,6 +75,7 @@ class Proc:
     instance_id: str | None = None
     background: bool = False  # an agent background process: pid is the box pid
     pty: bool = False  # on a pseudo-terminal: output travels as pty data
+    stdin: bool = False  # takes input: started with stdin (or on a terminal) and not closed since
     done: bool = False
     subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -201,7 +202,8 @@ class ProcessService:
                     instance_id, command, cwd=None if cwd in (None, ".") else cwd, env=env, stdin=stdin, pty=pty))
             except SandboxError as e:
                 raise connect_error(e) from None
-            bg = Proc(pid, cfg, request.tag, provider, instance_id, background=True, pty=pty is not None)
+            bg = Proc(pid, cfg, request.tag, provider, instance_id, background=True, pty=pty is not None,
+                      stdin=stdin or pty is not None)
             events = bg.subscribe()
             procs_of(sb)[pid] = bg
             spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, None)  # type: ignore[arg-type]
@@ -274,6 +276,18 @@ class ProcessService:
         except SandboxError as e:
             raise connect_error(e) from None
 
+    async def _input(self, proc: Proc, data: bytes) -> None:
+        """Write to the process's stdin; FAILED_PRECONDITION when it takes none, as envd answers
+        for a process started without stdin or whose stdin was closed."""
+        if proc.background and not proc.stdin:
+            raise ConnectError(Code.FAILED_PRECONDITION, _no_stdin(proc.pid))
+        try:
+            await self._bg(proc, "process_input", data)
+        except ConnectError as e:
+            if e.code == Code.ALREADY_EXISTS:  # the agent's 409: no stdin, or the process closed it
+                raise ConnectError(Code.FAILED_PRECONDITION, f"{_no_stdin(proc.pid)} ({e.message})") from None
+            raise
+
     @staticmethod
     def _stdin_bytes(inp: pb.ProcessInput | None) -> bytes:
         sel = inp.input if inp is not None else None
@@ -304,17 +318,23 @@ class ProcessService:
             else:
                 data = self._stdin_bytes(event.value.input)
                 if data:
-                    await self._bg(proc, "process_input", data)
+                    await self._input(proc, data)
         return pb.StreamInputResponse()
 
     async def send_input(self, request: pb.SendInputRequest, ctx: Any) -> pb.SendInputResponse:
         proc = self._find(sandbox_for(self.reg, ctx), request.process)
         data = self._stdin_bytes(request.input)
         if data:
-            await self._bg(proc, "process_input", data)
+            await self._input(proc, data)
         return pb.SendInputResponse()
 
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx: Any) -> pb.CloseStdinResponse:
         proc = self._find(sandbox_for(self.reg, ctx), request.process)
         await self._bg(proc, "close_process_input")
+        proc.stdin = False
         return pb.CloseStdinResponse()
+
+
+def _no_stdin(pid: int) -> str:
+    return (f"stdin not enabled or closed: process {pid} was started without stdin "
+            "(commands.run(..., stdin=True) enables it) or its stdin was closed")
