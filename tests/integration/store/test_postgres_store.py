@@ -12,7 +12,7 @@ from execbox.service.store import open_store
 def test_migrations_from_empty_and_idempotent(db_url, tmp_path):
     store = open_store(tmp_path, url=db_url)
     try:
-        assert store.revision() == "0005"
+        assert store.revision() == "0006"
         tables = set(inspect(store.engine).get_table_names())
         assert {"system_settings", "tokens", "audit", "alembic_version"} <= tables
         store.settings.set("sandbox.local", '{"timeout": 3}')
@@ -51,7 +51,7 @@ def test_upgrade_from_0001_keeps_data(db_url, tmp_path):
             conn.exec_driver_sql("INSERT INTO audit (tenant_id, operation, code_hash, created_at) "
                                  "VALUES ('old', 'execute', 'abc', 1.0)")
         upgrade(store.engine)
-        assert store.revision() == "0005"
+        assert store.revision() == "0006"
         assert store.audit.list(tenant_id="old")[0]["code_hash"] == "abc"
     finally:
         store.close()
@@ -114,4 +114,4 @@ def test_processes_starting_together_on_an_empty_database_migrate_once(db_url, t
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [o[1][-800:] for o in outs]
-    assert [o[0].strip() for o in outs] == ["0005"] * 4
+    assert [o[0].strip() for o in outs] == ["0006"] * 4

@@ -82,8 +82,8 @@ def test_db_upgrade_and_status(cli):
     r = cli("db", "status")
     assert r.exit_code == 0 and "empty" in r.stdout
     r = cli("db", "upgrade")
-    assert r.exit_code == 0 and "-> 0005" in r.stdout
-    assert "(head 0005)" in cli("db", "status").stdout
+    assert r.exit_code == 0 and "-> 0006" in r.stdout
+    assert "(head 0006)" in cli("db", "status").stdout
 
 
 def test_secrets_rotate_with_env_key_and_previous(cli, monkeypatch):

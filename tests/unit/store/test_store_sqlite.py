@@ -20,7 +20,7 @@ def store(tmp_path):
 
 def test_migrations_from_empty_create_tables_at_head(tmp_path):
     s = open_store(tmp_path)
-    assert s.revision() == "0005"
+    assert s.revision() == "0006"
     assert s.ping()
     tables = {r[0] for r in sqlite3.connect(tmp_path / "execbox.db").execute(
         "select name from sqlite_master where type='table'")}
@@ -28,7 +28,7 @@ def test_migrations_from_empty_create_tables_at_head(tmp_path):
     s.close()
     # Re-opening an up-to-date database is a no-op and keeps data.
     s2 = open_store(tmp_path)
-    assert s2.revision() == "0005"
+    assert s2.revision() == "0006"
     s2.close()
 
 

@@ -25,6 +25,7 @@ from .envd_gen.filesystem.filesystem_connect import FilesystemASGIApplication
 from .envd_gen.process.process_connect import ProcessASGIApplication
 from .envd_process import ProcessService
 from .interpreter import Interpreter
+from .persist import SandboxStore
 from .registry import E2BSandbox, Registry
 from .sandbox_http import SandboxRouter
 
@@ -60,7 +61,13 @@ def _connect(service: Any) -> Any:
 def install(app: FastAPI, services: Services) -> None:
     """Mount the E2B control plane and the sandbox router on execbox's app (``services.e2b`` set)."""
     creators = TokenLiveness(store_lookup(services.store)) if services.store is not None else None
-    services.e2b = Registry(services.sessions, creators=creators)
+    store = None
+    if services.store is not None and hasattr(services.store, "e2b"):
+        settings = services.sandbox_settings
+        store = SandboxStore(services.store.e2b, lambda: settings.keyring)
+    services.e2b = Registry(services.sessions, creators=creators, store=store)
+    if store is not None:  # sandboxes made before a restart (or by other replicas) time out here too
+        services.e2b.start()
     process_app = _connect(ProcessASGIApplication(ProcessService(services), codecs=strict_codecs()))
     fs_app = _connect(FilesystemASGIApplication(FilesystemService(services), codecs=strict_codecs()))
     files = EnvdFiles(services)

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from ...errors import SandboxError
 from ..auth import Principal
 from ..container import services
+from ..forwarding import TARGET
 from .registry import MAX_TIMEOUT, E2BSandbox, Registry, new_sandbox_id
 from .sandbox_http import clip, parse_json
 from .templates import TemplateRefused, runtime_for
@@ -40,7 +41,11 @@ def error_response(status: int, message: str) -> JSONResponse:
 
 
 def sandbox_error_response(e: SandboxError) -> JSONResponse:
-    return error_response(e.http_status if e.http_status < 600 else 500, f"{e.code}: {e.message}")
+    resp = error_response(e.http_status if e.http_status < 600 else 500, f"{e.code}: {e.message}")
+    owner = getattr(e, "forward_to", None)  # SessionOwnedElsewhere: ForwardToOwner takes it there
+    if owner:
+        resp.headers[TARGET] = str(owner)
+    return resp
 
 
 def principal(request: Request) -> Principal:
@@ -91,8 +96,8 @@ def _timeout(value: Any, default: int = DEFAULT_TIMEOUT, field: str = "timeout")
     return value
 
 
-def _owned(request: Request, sandbox_id: str, who: Principal) -> E2BSandbox:
-    sb = registry(request).owned(sandbox_id, who.tenant_id)
+async def _owned(request: Request, sandbox_id: str, who: Principal) -> E2BSandbox:
+    sb = await anyio.to_thread.run_sync(registry(request).owned, sandbox_id, who.tenant_id)  # may read the store
     if sb is None:
         raise E2BError(404, f"sandbox {clip(sandbox_id)} not found")
     return sb
@@ -142,7 +147,8 @@ async def list_sandboxes(request: Request) -> Response:
     async def go(who: Principal) -> Response:
         wanted = dict(parse_qsl(request.query_params.get("metadata", ""), keep_blank_values=True))
         states = request.query_params.get("state")
-        items = [s for s in registry(request).of_tenant(who.tenant_id)
+        mine = await anyio.to_thread.run_sync(registry(request).of_tenant, who.tenant_id)
+        items = [s for s in mine
                  if all(s.metadata.get(k) == v for k, v in wanted.items())]
         if states:
             wanted_states = set(states.split(","))
@@ -156,7 +162,7 @@ async def list_sandboxes(request: Request) -> Response:
 @router.get("/sandboxes/{sandbox_id}")
 async def get_info(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
-        return JSONResponse(_owned(request, sandbox_id, who).detail())
+        return JSONResponse((await _owned(request, sandbox_id, who)).detail())
 
     return await _guard(request, go)
 
@@ -164,7 +170,7 @@ async def get_info(request: Request, sandbox_id: str) -> Response:
 @router.delete("/sandboxes/{sandbox_id}")
 async def kill(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
-        sb = _owned(request, sandbox_id, who)
+        sb = await _owned(request, sandbox_id, who)
         await anyio.to_thread.run_sync(registry(request).kill, sb)
         return Response(status_code=204)
 
@@ -174,8 +180,9 @@ async def kill(request: Request, sandbox_id: str) -> Response:
 @router.post("/sandboxes/{sandbox_id}/timeout")
 async def set_timeout(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
-        sb = _owned(request, sandbox_id, who)
-        sb.end_at = time.time() + _timeout((await _json(request)).get("timeout"), 0)
+        sb = await _owned(request, sandbox_id, who)
+        end_at = time.time() + _timeout((await _json(request)).get("timeout"), 0)
+        await anyio.to_thread.run_sync(registry(request).set_deadline, sb, end_at)
         return Response(status_code=204)
 
     return await _guard(request, go)
@@ -184,9 +191,10 @@ async def set_timeout(request: Request, sandbox_id: str) -> Response:
 @router.post("/sandboxes/{sandbox_id}/refreshes")
 async def refresh(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
-        sb = _owned(request, sandbox_id, who)
+        sb = await _owned(request, sandbox_id, who)
         body = await _json(request) if await request.body() else {}
-        sb.end_at = max(sb.end_at, time.time() + _timeout(body.get("duration"), 60, "duration"))
+        end_at = max(sb.end_at, time.time() + _timeout(body.get("duration"), 60, "duration"))
+        await anyio.to_thread.run_sync(registry(request).set_deadline, sb, end_at)
         return Response(status_code=204)
 
     return await _guard(request, go)
@@ -196,13 +204,13 @@ async def refresh(request: Request, sandbox_id: str) -> Response:
 @router.post("/v2/sandboxes/{sandbox_id}/connect")
 async def connect(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
-        sb = _owned(request, sandbox_id, who)
+        sb = await _owned(request, sandbox_id, who)
         body = await _json(request) if await request.body() else {}
         timeout = _timeout(body.get("timeout")) if body.get("timeout") is not None else None
         if await anyio.to_thread.run_sync(_resume_paused, request, sb, timeout):
             return JSONResponse(sb.created(), status_code=201)  # E2B: 201 when it resumed a paused one
         if timeout is not None:  # a running sandbox's deadline only ever moves later
-            sb.end_at = max(sb.end_at, time.time() + timeout)
+            await anyio.to_thread.run_sync(registry(request).set_deadline, sb, max(sb.end_at, time.time() + timeout))
         return JSONResponse(sb.created(), status_code=200)
 
     return await _guard(request, go)
@@ -213,7 +221,7 @@ async def connect(request: Request, sandbox_id: str) -> Response:
 @router.get("/v2/sandboxes/{sandbox_id}/logs")
 async def not_yet(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
-        _owned(request, sandbox_id, who)
+        await _owned(request, sandbox_id, who)
         raise E2BError(501, "sandbox metrics and logs are not supported by execbox's E2B endpoint yet "
                             "(see /metrics and the audit log)")
 
@@ -226,7 +234,7 @@ async def pause(request: Request, sandbox_id: str) -> Response:
     """The session's box stops (files kept, processes and interpreter state not: execbox takes no
     memory snapshot); 409 when already paused, as E2B answers (the SDK's ``pause()`` -> False)."""
     async def go(who: Principal) -> Response:
-        sb = _owned(request, sandbox_id, who)
+        sb = await _owned(request, sandbox_id, who)
         reg = registry(request)
 
         def stop() -> None:
@@ -245,7 +253,7 @@ async def pause(request: Request, sandbox_id: str) -> Response:
 async def resume(request: Request, sandbox_id: str) -> Response:
     """E2B's older resume call: 409 when the sandbox is not paused, else 201 with the sandbox."""
     async def go(who: Principal) -> Response:
-        sb = _owned(request, sandbox_id, who)
+        sb = await _owned(request, sandbox_id, who)
         body = await _json(request) if await request.body() else {}
         timeout = _timeout(body.get("timeout"))
         if not await anyio.to_thread.run_sync(_resume_paused, request, sb, timeout):

@@ -2,7 +2,9 @@
 
 An E2B sandbox *is* an execbox session named ``e2b-<id>`` in the owning tenant; this registry
 only keeps what E2B adds on top (template name, metadata, env vars, the kill deadline and the
-per-sandbox access token the SDK sends to the sandbox URL). Expired sandboxes are destroyed by
+per-sandbox access token the SDK sends to the sandbox URL). With a store (the service's
+database; persist.py) that is a row every replica reads, kept across restarts; the objects
+here are a cache of those rows, read afresh on every lookup. Expired sandboxes are destroyed by
 a sweeper thread, the same way ``set_timeout`` moves the deadline; until then the sweeper keeps
 the session in use often enough (every third of SANDBOX_IDLE_TIMEOUT) that the service's idle
 reaper does not take the sandbox's box and workspace first. The sweeper also kills a sandbox
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import secrets
 import string
 import threading
@@ -23,7 +26,12 @@ from typing import Any
 
 from ...errors import SandboxError
 from ..sessions import SessionManager
+from ..sessions.model import SessionOwnedElsewhere
 from .creator import TokenLiveness
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .persist import SandboxStore
 
 log = logging.getLogger("execbox.service.e2b")
 
@@ -32,6 +40,10 @@ ENVD_VERSION = "0.5.7"
 
 MAX_TIMEOUT = 86400
 _ALPHABET = string.ascii_lowercase + string.digits
+_ID = re.compile(r"[a-z0-9]{1,32}")
+FRESH = 0.5
+"""Seconds a sandbox read from the store is used as it is: a request's several lookups (router,
+handler, watchers) cost one query, and what another replica changed shows within this."""
 
 
 def new_sandbox_id() -> str:
@@ -52,6 +64,8 @@ class E2BSandbox:
     end_at: float
     token_id: str | None = None  # the execbox token that created it: runs are audited under it
     access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+    accepted: tuple[str, ...] = field(default=(), repr=False)
+    """Older access tokens still valid (made under a secret key that a rotation replaced)."""
     started_at: float = field(default_factory=time.time)
     kept_alive: float = field(default_factory=time.time)
     session_created: float | None = None
@@ -61,13 +75,19 @@ class E2BSandbox:
     """Seconds of its timeout left when it was paused; None while it runs. A paused sandbox does
     not time out (as in E2B); the session's paused retention bounds it instead."""
     state: str = "running"
+    read_at: float = field(default=0.0, repr=False, compare=False)
+    """time.monotonic() of the last read of its row (Registry._load)."""
 
     @property
     def session_id(self) -> str:
         return f"e2b-{self.sandbox_id}"
 
     def token_ok(self, presented: str | None) -> bool:
-        return presented is not None and hmac.compare_digest(presented.encode(), self.access_token.encode())
+        if presented is None:
+            return False
+        # every candidate compared, so the time taken does not say which one matched
+        matches = [hmac.compare_digest(presented.encode(), t.encode()) for t in (self.access_token, *self.accepted)]
+        return any(matches)
 
     def listed(self) -> dict[str, Any]:
         return {"templateID": self.template, "alias": self.template, "sandboxID": self.sandbox_id,
@@ -86,10 +106,12 @@ class E2BSandbox:
 
 class Registry:
     def __init__(self, sessions: SessionManager, sweep_every: float = 1.0,
-                 creators: TokenLiveness | None = None) -> None:
+                 creators: TokenLiveness | None = None, store: SandboxStore | None = None) -> None:
         self.sessions = sessions
         self.creators = creators
         """Validity of the creating tokens; None (no store) checks nothing."""
+        self.store = store
+        """Where sandboxes live (persist.py); None: in this process only, gone with it."""
         self._boxes: dict[str, E2BSandbox] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -97,18 +119,67 @@ class Registry:
         self._thread: threading.Thread | None = None
 
     def add(self, sb: E2BSandbox) -> None:
+        """Record a new sandbox (with a store: its row, and the access token derived for it)."""
+        if self.store is not None:
+            self.store.insert(sb)
         with self._lock:
             self._boxes[sb.sandbox_id] = sb
         self.start()
 
-    def get(self, sandbox_id: str) -> E2BSandbox | None:
-        """The sandbox, or None when it is unknown or its session was destroyed under it."""
-        with self._lock:
-            sb = self._boxes.get(sandbox_id)
+    def get(self, sandbox_id: str, fresh: bool = False) -> E2BSandbox | None:
+        """The sandbox, or None when it is unknown or its session was destroyed under it.
+        ``fresh``: read its row now (the control plane: what another replica just changed shows)."""
+        sb = self._load(sandbox_id, fresh=fresh) if self.store is not None else self._cached(sandbox_id)
         if sb is None or self._session_alive(sb):
             return sb
         self._gone(sb)
         return None
+
+    def _cached(self, sandbox_id: str) -> E2BSandbox | None:
+        with self._lock:
+            return self._boxes.get(sandbox_id)
+
+    def _load(self, sandbox_id: str, row: dict[str, Any] | None = None, fresh: bool = False) -> E2BSandbox | None:
+        """The sandbox as its row says now (the same object for as long as it lives: watchers
+        compare it), or None when no row exists. A store that cannot answer falls back on what
+        was read last, so a database hiccup does not end sandboxes."""
+        assert self.store is not None
+        if row is None:
+            if not _ID.fullmatch(sandbox_id):
+                return None
+            cached = self._cached(sandbox_id)
+            if cached is not None and not fresh and time.monotonic() - cached.read_at < FRESH:
+                return cached
+            try:
+                row = self.store.repo.get(sandbox_id)
+            except Exception:  # noqa: BLE001 - see above
+                log.warning("looking up e2b sandbox %s in the store failed; using the last known state",
+                            sandbox_id, exc_info=True)
+                return self._cached(sandbox_id)
+        from .persist import refresh
+
+        with self._lock:
+            if row is None:
+                self._boxes.pop(sandbox_id, None)
+                return None
+            sb = self._boxes.get(sandbox_id)
+            if sb is not None:
+                refresh(sb, row)
+                sb.read_at = time.monotonic()
+                return sb
+        made = self.store.sandbox(row)  # decrypts: outside the lock
+        made.read_at = time.monotonic()
+        with self._lock:
+            return self._boxes.setdefault(sandbox_id, made)
+
+    def _save(self, sb: E2BSandbox, **fields: Any) -> None:
+        if self.store is not None:
+            self.store.repo.update(sb.sandbox_id, **fields)
+
+    def set_deadline(self, sb: E2BSandbox, end_at: float) -> None:
+        """Move the kill deadline (set_timeout, refreshes, connect)."""
+        sb.end_at = end_at
+        self._save(sb, end_at=end_at)
 
     def _session_alive(self, sb: E2BSandbox) -> bool:
         """Whether the session the sandbox started still exists (this replica's table first; the
@@ -137,6 +208,11 @@ class Registry:
             if self._boxes.get(sb.sandbox_id) is not sb:
                 return
             del self._boxes[sb.sandbox_id]
+        if self.store is not None:
+            try:
+                self.store.repo.delete(sb.sandbox_id)
+            except Exception:  # noqa: BLE001 - the next lookup finds the session gone again
+                log.warning("removing e2b sandbox %s from the store failed", sb.sandbox_id, exc_info=True)
         log.info("e2b sandbox %s ended: its session was destroyed", sb.sandbox_id)
 
         def sweep() -> None:
@@ -151,8 +227,9 @@ class Registry:
         threading.Thread(target=sweep, name="execbox-e2b-orphan", daemon=True).start()
 
     def owned(self, sandbox_id: str, tenant_id: str) -> E2BSandbox | None:
-        """The sandbox if this tenant owns it; another tenant's looks exactly like a missing one."""
-        sb = self.get(sandbox_id)
+        """The sandbox, as its row says now, if this tenant owns it; another tenant's looks
+        exactly like a missing one."""
+        sb = self.get(sandbox_id, fresh=True)
         return sb if sb is not None and sb.tenant_id == tenant_id else None
 
     def creator_cached(self, sb: E2BSandbox) -> bool | None:
@@ -168,19 +245,35 @@ class Registry:
         return self.creators.check(sb.token_id)
 
     def of_tenant(self, tenant_id: str) -> list[E2BSandbox]:
-        with self._lock:
-            mine = [s for s in self._boxes.values() if s.tenant_id == tenant_id]
-        return [s for s in mine if self.get(s.sandbox_id) is s]
+        if self.store is not None:
+            rows = self.store.repo.of_tenant(tenant_id)
+            mine = [sb for sb in (self._load(str(r["sandbox_id"]), r) for r in rows) if sb is not None]
+        else:
+            with self._lock:
+                mine = [s for s in self._boxes.values() if s.tenant_id == tenant_id]
+        alive = []
+        for sb in mine:
+            if self._session_alive(sb):
+                alive.append(sb)
+            else:
+                self._gone(sb)
+        return alive
 
     def kill(self, sb: E2BSandbox) -> bool:
-        with self._lock:
-            if self._boxes.pop(sb.sandbox_id, None) is None:
-                return False
+        """Destroy the sandbox's session, then forget the sandbox. When another replica owns the
+        session this raises SessionOwnedElsewhere before anything changed (a request is then
+        forwarded to that replica, which does the whole kill)."""
         try:
             self.sessions.destroy(sb.tenant_id, sb.session_id)
+        except SessionOwnedElsewhere:
+            raise
         except SandboxError:  # never used, or already reaped: nothing left to destroy
             pass
-        return True
+        with self._lock:
+            known = self._boxes.pop(sb.sandbox_id, None) is not None
+        if self.store is not None:
+            known = self.store.repo.delete(sb.sandbox_id) or known
+        return known
 
     # -- deadline sweeper -------------------------------------------------------------------
     def start(self) -> None:
@@ -206,12 +299,14 @@ class Registry:
         """The sandbox's session was just paused: its timeout stops until it runs again."""
         sb.paused_left = max(0.0, sb.end_at - time.time())
         sb.state = "paused"
+        self._save(sb, paused_left=sb.paused_left)
 
     def resumed(self, sb: E2BSandbox, timeout: float | None = None) -> None:
         """It runs again: ``timeout`` seconds from now, else what was left of it at the pause."""
         left = sb.paused_left if sb.paused_left is not None else max(0.0, sb.end_at - time.time())
         sb.end_at = time.time() + (timeout if timeout is not None else left)
         sb.paused_left, sb.state = None, "running"
+        self._save(sb, end_at=sb.end_at, paused_left=None)
 
     def _follow_pause(self, sb: E2BSandbox) -> None:
         """A paused sandbox resumed by its session's use (envd calls, the session API) runs again
@@ -237,35 +332,57 @@ class Registry:
 
     def _loop(self) -> None:
         keepalive_every = max(1.0, self.sessions.settings.idle_timeout / 3)
+        last_scan = 0.0
         while not self._stop.wait(self._sweep_every):
             now = time.time()
             with self._lock:
-                boxes = list(self._boxes.values())
-            for sb in boxes:
+                cached = list(self._boxes.values())
+            for sb in cached:
                 self._follow_pause(sb)
             # a paused sandbox neither times out nor is kept alive (a use would resume it)
-            due = [s for s in boxes if s.paused_left is None and s.end_at <= now]
-            stale = [s for s in boxes if s.paused_left is None and s.end_at > now
-                     and now - s.kept_alive >= keepalive_every]
+            if self.store is None:
+                due = [s for s in cached if s.paused_left is None and s.end_at <= now]
+                stale = [s for s in cached if s.paused_left is None and s.end_at > now
+                         and now - s.kept_alive >= keepalive_every]
+            else:  # every replica's sandboxes: the row is the truth (another may have moved a deadline)
+                due = self._rows(self.store.repo.due, now)
+                stale = []
+                if now - last_scan >= keepalive_every:
+                    last_scan = now
+                    stale = self._rows(self.store.repo.running, now)
             for sb in stale:
                 sb.kept_alive = now
                 threading.Thread(target=self._keepalive, args=(sb,), daemon=True,
                                  name="execbox-e2b-keepalive").start()
             for sb in due:
                 try:
-                    self.kill(sb)
-                    log.info("e2b sandbox %s reached its timeout; killed", sb.sandbox_id)
+                    if self.kill(sb):
+                        log.info("e2b sandbox %s reached its timeout; killed", sb.sandbox_id)
+                except SessionOwnedElsewhere:  # that replica's sweeper kills it
+                    log.debug("expired e2b sandbox %s is served by another replica", sb.sandbox_id)
                 except Exception:  # noqa: BLE001 - keep sweeping
                     log.exception("killing expired e2b sandbox %s failed", sb.sandbox_id)
             self._kill_of_revoked_tokens()
+
+    def _rows(self, query: Any, *args: Any) -> list[E2BSandbox]:
+        """The sandboxes of the rows ``query(*args)`` returns; none when the store cannot answer now."""
+        try:
+            rows = query(*args)
+        except Exception:  # noqa: BLE001 - swept again a second later
+            log.debug("e2b sandbox sweep: the store did not answer", exc_info=True)
+            return []
+        return [sb for sb in (self._load(str(r["sandbox_id"]), r) for r in rows) if sb is not None]
 
     def _kill_of_revoked_tokens(self) -> None:
         """Kill the sandboxes whose creating token was revoked (at most one lookup per token per
         TTL); a store that cannot answer is no proof of revocation, so those are left for later."""
         if self.creators is None:
             return
-        with self._lock:
-            boxes = [s for s in self._boxes.values() if s.token_id is not None]
+        if self.store is not None:
+            boxes = self._rows(self.store.repo.with_tokens)
+        else:
+            with self._lock:
+                boxes = [s for s in self._boxes.values() if s.token_id is not None]
         for sb in boxes:
             try:
                 if self.creator_valid(sb):
@@ -277,5 +394,7 @@ class Registry:
                 if self.kill(sb):
                     log.info("e2b sandbox %s killed: the API token that created it was revoked",
                              sb.sandbox_id)
+            except SessionOwnedElsewhere:  # that replica's sweeper kills it
+                continue
             except Exception:  # noqa: BLE001 - keep sweeping
                 log.exception("killing e2b sandbox %s of a revoked token failed", sb.sandbox_id)

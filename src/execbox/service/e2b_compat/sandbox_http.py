@@ -21,6 +21,9 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ...errors import SandboxError
+from ..sessions.model import SessionOwnedElsewhere
+from . import forward
 from .registry import E2BSandbox, Registry
 
 log = logging.getLogger("execbox.service.e2b")
@@ -89,7 +92,7 @@ class SandboxRouter:
             await self.app(scope, receive, send)
             return
         sid, port = target
-        sb = self.registry.get(sid)
+        sb = await anyio.to_thread.run_sync(self.registry.get, sid)  # may read the store
         if sb is None:  # E2B's edge answers 502 for a sandbox that is gone; the SDK reads it so
             await _send_response(envd_error(502, f"sandbox {clip(sid)} not found (killed or timed out)"),
                                  scope, receive, send)
@@ -102,6 +105,13 @@ class SandboxRouter:
         if refused is not None:
             await _send_response(refused, scope, receive, send)
             return
+        owner = await self._owner_elsewhere(sb, scope)
+        if owner is False:
+            await _send_response(envd_error(403, "invalid internal forwarding signature"), scope, receive, send)
+            return
+        if owner:
+            await forward.relay(owner, self.registry.sessions.replica, scope, receive, send)
+            return
         handler = (self.envd if port == ENVD_PORT else self.jupyter if port == JUPYTER_PORT else None)
         app = handler(sb, scope) if handler is not None else None
         if app is None:
@@ -110,6 +120,21 @@ class SandboxRouter:
                                                  f"interpreter {JUPYTER_PORT})"), scope, receive, send)
             return
         await app(scope, receive, send)
+
+    async def _owner_elsewhere(self, sb: E2BSandbox, scope: dict[str, Any]) -> str | bool | None:
+        """The URL of the live replica that owns the sandbox's session, when that is not this one
+        and the request may go there (forward.py); None to serve it here; False for a forged
+        forwarding marker."""
+        marker = forward.forwarded_here(scope)
+        if marker is not None:
+            return None if marker else False  # forwarded once already: served here, whatever comes
+        try:
+            await anyio.to_thread.run_sync(self.registry.sessions.check_owner, sb.tenant_id, sb.session_id)
+        except SessionOwnedElsewhere as e:
+            return e.forward_to if forward.can_forward(e.forward_to) else None
+        except SandboxError:  # the registry cannot say now: the handler's own session use decides
+            return None
+        return None
 
     async def _creator_refused(self, sb: E2BSandbox) -> Response | None:
         """401 when the execbox token that created the sandbox was revoked (503 when the store

@@ -227,7 +227,7 @@ def _make_engine(url: str) -> Engine:
 
 
 class Store:
-    """The database behind the service: settings, tokens, audit, the session registry."""
+    """The database behind the service: settings, tokens, audit, the session registry, E2B sandboxes."""
 
     def __init__(self, engine: Engine, data_dir: Path) -> None:
         self.engine = engine
@@ -236,9 +236,11 @@ class Store:
         self.settings = SettingsRepo(sessions)
         self.tokens = TokensRepo(sessions)
         self.audit = AuditRepo(sessions)
+        from .e2b_repo import E2BSandboxRepo
         from .sessions_repo import SqlSessionRegistry
 
         self.sessions = SqlSessionRegistry(sessions)
+        self.e2b = E2BSandboxRepo(sessions)
 
     @property
     def url(self) -> str:

@@ -109,3 +109,22 @@ class Replica(Base):
     url: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False)
     heartbeat: Mapped[float] = mapped_column(Float(precision=53), nullable=False)
+
+
+class E2BSandboxRow(Base):
+    """An E2B sandbox of the E2B-compatible endpoint (migration 0006): what E2B adds to its session
+    (``e2b-<sandbox_id>``), so sandboxes outlive a restart and every replica knows them."""
+
+    __tablename__ = "e2b_sandboxes"
+
+    sandbox_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
+    template: Mapped[str] = mapped_column(Text, nullable=False)
+    meta: Mapped[str] = mapped_column("metadata", Text, nullable=False, default="{}")
+    env_vars: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    """JSON, encrypted with the settings' secret key (a sandbox's env vars often hold API keys)."""
+    token_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    started_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False)
+    end_at: Mapped[float] = mapped_column(Float(precision=53), nullable=False, index=True)
+    session_created: Mapped[float | None] = mapped_column(Float(precision=53), nullable=True)
+    paused_left: Mapped[float | None] = mapped_column(Float(precision=53), nullable=True)

@@ -141,6 +141,9 @@ class SandboxSettings:
                 continue
             if isinstance(value, dict):
                 ids.update(k for k in (ciphertext_key_id(v) for v in value.values() if isinstance(v, str)) if k)
+        e2b = getattr(self.store, "e2b", None)  # E2B sandboxes' env vars (e2b_compat/persist.py)
+        if e2b is not None:
+            ids.update(k for k in (ciphertext_key_id(v) for _, v in e2b.encrypted()) if k)
         return ids
 
     # -- first boot ------------------------------------------------------------------------
@@ -395,6 +398,12 @@ class SandboxSettings:
             return changed
 
         self.store.settings.rewrite(rewrite)
+        e2b = getattr(self.store, "e2b", None)
+        if e2b is not None:  # after the settings: a crash between leaves both keys in the ring
+            for sandbox_id, value in e2b.encrypted():
+                aad = f"e2b_sandboxes.{sandbox_id}.env_vars"  # as e2b_compat/persist.py binds them
+                e2b.update(sandbox_id, env_vars=new.encrypt(old.decrypt(value, aad), aad))
+                count += 1
         self._keyring = new
         return count
 
