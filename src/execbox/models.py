@@ -211,6 +211,8 @@ class FileInfo:
     size: int
     is_dir: bool
     modified: float
+    symlink_target: str | None = None
+    """A symlink's own text (never followed: size and modified are the link's); None otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

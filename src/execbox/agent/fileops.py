@@ -147,13 +147,23 @@ def _bounded(lines: list[str]) -> tuple[list[str], bool]:
 
 
 def info(ws: str, real: str) -> dict[str, Any]:
+    """An entry as it is (lstat: a symlink is never followed); a symlink's text is in
+    ``symlink_target`` (left out when it is not valid UTF-8: no reply could carry it)."""
     st = os.lstat(real)
-    return {
+    out = {
         "path": paths.relative(ws, real),
         "size": st.st_size,
         "is_dir": stat.S_ISDIR(st.st_mode),
         "modified": st.st_mtime,
     }
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(real)
+            target.encode("utf-8")
+            out["symlink_target"] = target
+        except (OSError, UnicodeEncodeError):
+            pass
+    return out
 
 
 def _walk(ws: str, start: str, skipped: paths.Skipped | None = None):

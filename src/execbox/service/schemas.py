@@ -187,6 +187,7 @@ class FileInfoOut(BaseModel):
     size: int
     is_dir: bool
     modified: float
+    symlink_target: str | None = None
 
 
 class FilesOut(BaseModel):

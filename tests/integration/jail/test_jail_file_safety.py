@@ -47,6 +47,17 @@ def test_removing_a_symlink_removes_the_link_not_its_target(jail, box):
     assert set(r.stdout.split()) - {"artifacts"} == {"data", "precious"}, r.stdout
 
 
+def test_a_listing_shows_symlinks_as_links_without_following_them(jail, box):
+    r = run(jail, box, "mkdir -p data && echo precious > data/db.txt && ln -s data/db.txt link.txt && "
+                       "ln -s /etc/passwd out && ln -s data cache", "bash")
+    assert r.exit_code == 0, r.stderr
+    found = {f.path: f for f in jail.list_files(box, ".")}
+    assert (found["link.txt"].symlink_target, found["link.txt"].size) == ("data/db.txt", len("data/db.txt"))
+    assert found["out"].symlink_target == "/etc/passwd" and not found["out"].is_dir
+    assert found["cache"].symlink_target == "data" and not found["cache"].is_dir  # the link, not the dir
+    assert found["data"].symlink_target is None and found["data"].is_dir
+
+
 def test_fifo_is_refused_at_once_and_the_box_lives_on(jail, box):
     assert run(jail, box, "mkfifo p && mkdir d && mkfifo d/q && echo hello > d/h.txt", "bash").exit_code == 0
     start = time.monotonic()

@@ -34,7 +34,9 @@ from .envd_gen.filesystem import filesystem_pb as pb
 from .envd_process import connect_error, sandbox_for
 from .registry import E2BSandbox, Registry
 from .sandbox_http import clip
-from .workspace import PathRefused, to_e2b, to_workspace
+from .workspace import HOME, PathRefused, to_e2b, to_workspace
+
+WORKSPACE_ROOT = "/workspace"  # the workspace inside the box (/home/user links to it)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..container import Services
@@ -53,12 +55,35 @@ Snapshot = dict[str, tuple[int, float, bool]]
 
 def _entry(info: FileInfo) -> pb.EntryInfo:
     secs = int(info.modified)
+    stamp = Timestamp(seconds=secs, nanos=int((info.modified - secs) * 1e9))
+    name, path = posixpath.basename(info.path) or "user", to_e2b(info.path)
+    if info.symlink_target is not None:  # as envd reports a link: its own size, where it points
+        return pb.EntryInfo(name=name, path=path, size=info.size, type=pb.FileType.SYMLINK, mode=0o777,
+                            permissions="lrwxrwxrwx", owner="user", group="user", modified_time=stamp,
+                            symlink_target=link_target(info.path, info.symlink_target))
     return pb.EntryInfo(
-        name=posixpath.basename(info.path) or "user", path=to_e2b(info.path), size=info.size,
+        name=name, path=path, size=info.size,
         type=pb.FileType.DIRECTORY if info.is_dir else pb.FileType.FILE,
         mode=0o755 if info.is_dir else 0o644, permissions="drwxr-xr-x" if info.is_dir else "-rw-r--r--",
-        owner="user", group="user",
-        modified_time=Timestamp(seconds=secs, nanos=int((info.modified - secs) * 1e9)))
+        owner="user", group="user", modified_time=stamp)
+
+
+def link_target(rel: str, text: str) -> str:
+    """Where a workspace symlink points, as the sandbox names it: a ``/home/user/...`` path when
+    the link text leads into the workspace (relative, or by /workspace or /home/user), else the
+    text as it is. Worked out from the text alone: nothing is followed."""
+    where = posixpath.normpath(posixpath.join(posixpath.dirname(rel) or ".", text)) if not text.startswith("/") \
+        else text
+    for root in (WORKSPACE_ROOT, HOME):
+        if where == root or where.startswith(root + "/"):
+            where = posixpath.relpath(posixpath.normpath(where), root)
+            break
+    if where.startswith("/") or where == ".." or where.startswith("../"):
+        return text
+    try:
+        return to_e2b(where)
+    except PathRefused:
+        return text
 
 
 def _rel(path: str) -> str:
