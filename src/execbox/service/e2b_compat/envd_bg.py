@@ -31,13 +31,16 @@ def resolve_box(state: Any, sb: Any, fresh: bool = False) -> tuple[Any, str]:
     """(provider, instance id) of the sandbox's session, cached on the sandbox.
 
     The cache lets process requests reach the box while another request holds the session
-    (a long run_code); a stale entry (box gone) is replaced through the session.
+    (a long run_code); so does ``beside_run`` when nothing is cached yet (the first command of a
+    sandbox while a cell runs). A stale entry (box gone) is replaced through the session.
     """
     cached = getattr(sb, "_box", None)
     if cached is not None and not fresh and cached[0].instance_alive(cached[1]):
         return cached
-    with state.sessions.session(sb.tenant_id, sb.session_id) as s:
-        pair = (s.provider, s.instance_id)
+    pair = state.sessions.beside_run(sb.tenant_id, sb.session_id)  # a run holds it: its box, without waiting
+    if pair is None:
+        with state.sessions.session(sb.tenant_id, sb.session_id) as s:
+            pair = (s.provider, s.instance_id)
     sb._box = pair
     return pair
 

@@ -1,5 +1,5 @@
-"""Symlinks through E2B's file API: reported as links (type SYMLINK, ``symlink_target``, the
-link's own size), never followed, a target inside the workspace named as the sandbox sees it."""
+"""envd's file and process API around the edges: symlinks reported as links (type SYMLINK,
+``symlink_target``, the link's own size; never followed), and a command beside a running cell."""
 
 from __future__ import annotations
 
@@ -24,5 +24,25 @@ def test_get_info_and_list_report_symlinks(e2b_env: Server) -> None:
         assert (plain.type, plain.symlink_target) == (e2b.FileType.FILE, None)
         listed = {e.name: e for e in sbx.files.list("/home/user")}
         assert listed["link.txt"].type == e2b.FileType.SYMLINK and listed["d"].type == e2b.FileType.DIR
+    finally:
+        sbx.kill()
+
+
+def test_the_first_command_runs_beside_a_long_cell(e2b_env: Server) -> None:
+    """A sandbox whose first command comes while a cell runs: the command reaches the box beside
+    the run (envd_bg.resolve_box) instead of queueing behind the cell."""
+    import threading
+
+    ci = pytest.importorskip("e2b_code_interpreter")
+    sbx = ci.Sandbox.create(timeout=60)
+    try:
+        started = threading.Event()
+        cell = threading.Thread(target=lambda: sbx.run_code("import time\nprint('in', flush=True)\ntime.sleep(8)",
+                                                            on_stdout=lambda _m: started.set()))
+        cell.start()
+        assert started.wait(30)
+        assert sbx.commands.run("echo beside").stdout == "beside\n"
+        assert cell.is_alive()  # answered while the cell still sleeps
+        cell.join(30)
     finally:
         sbx.kill()
