@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -195,7 +196,18 @@ async def _relay(resp: httpx.Response, receive: Receive, send: Send) -> None:
             await send({"type": "http.response.body", "body": sse("error", OWNER_LOST_ERROR), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    await until_caller_leaves(pump, receive)
+
+
+async def until_caller_leaves(pump: Callable[[], Awaitable[None]], receive: Receive,
+                              body_read: asyncio.Event | None = None) -> None:
+    """Run ``pump()`` (which relays an answer) until it ends, or until the caller disconnects,
+    which cancels it. ``body_read``: set once the request body is read (until then whoever reads
+    it owns ``receive``)."""
+
     async def caller_gone() -> None:
+        if body_read is not None:
+            await body_read.wait()
         while (await receive())["type"] != "http.disconnect":
             pass
 

@@ -5,6 +5,10 @@ E2B_API_KEY, exactly as a user would.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import pytest
 
 from tests.e2b_server import RUNTIME, SANDBOX_DOMAIN, Server
@@ -21,3 +25,18 @@ def e2b_env(e2b_server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
     for name in ("E2B_DOMAIN", "E2B_DEBUG", "E2B_ACCESS_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     return e2b_server
+
+
+@contextmanager
+def module_sandbox(server: Server, create: Callable[[], Any]) -> Iterator[Any]:
+    """A sandbox for a module-scoped fixture: ``create()`` runs with the SDK pointed at ``server``
+    (tenant alpha), and the sandbox is killed afterwards."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("E2B_API_URL", server.url)
+        mp.setenv("E2B_SANDBOX_URL", server.url)
+        mp.setenv("E2B_API_KEY", server.token_a)
+        sandbox = create()
+        try:
+            yield sandbox
+        finally:
+            sandbox.kill()

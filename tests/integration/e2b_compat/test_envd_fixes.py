@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import Server
+from .conftest import Server, module_sandbox
 
 e2b = pytest.importorskip("e2b")
 
@@ -21,15 +21,8 @@ Ev = e2b.FilesystemEventType
 
 @pytest.fixture(scope="module")
 def sbx(e2b_server: Server) -> Iterator[object]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("E2B_API_URL", e2b_server.url)
-        mp.setenv("E2B_SANDBOX_URL", e2b_server.url)
-        mp.setenv("E2B_API_KEY", e2b_server.token_a)
-        sandbox = e2b.Sandbox.create(timeout=300, metadata={"suite": "envd-fixes"})
-        try:
-            yield sandbox
-        finally:
-            sandbox.kill()
+    with module_sandbox(e2b_server, lambda: e2b.Sandbox.create(timeout=300, metadata={"suite": "envd-fixes"})) as sb:
+        yield sb
 
 
 def _lifetime(sb) -> float:

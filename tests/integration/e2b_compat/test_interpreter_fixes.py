@@ -12,7 +12,7 @@ import pytest
 from execbox.policy import AstPolicy
 from execbox.service.e2b_compat.cells import python_cell
 
-from .conftest import Server
+from .conftest import Server, module_sandbox
 
 e2b = pytest.importorskip("e2b")
 ci = pytest.importorskip("e2b_code_interpreter")
@@ -22,15 +22,8 @@ CAP = 1024 * 1024  # the jail's default output cap per stream
 
 @pytest.fixture(scope="module")
 def sbx(e2b_server: Server) -> Iterator[object]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("E2B_API_URL", e2b_server.url)
-        mp.setenv("E2B_SANDBOX_URL", e2b_server.url)
-        mp.setenv("E2B_API_KEY", e2b_server.token_a)
-        sandbox = ci.Sandbox.create(timeout=300, envs={"SBX_ENV": "from-create"})
-        try:
-            yield sandbox
-        finally:
-            sandbox.kill()
+    with module_sandbox(e2b_server, lambda: ci.Sandbox.create(timeout=300, envs={"SBX_ENV": "from-create"})) as sandbox:
+        yield sandbox
 
 
 def _cell_in_thread(sbx, code: str, **kwargs) -> tuple[threading.Thread, dict, threading.Event]:

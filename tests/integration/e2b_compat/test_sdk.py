@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import Server
+from .conftest import Server, module_sandbox
 
 e2b = pytest.importorskip("e2b")
 ci = pytest.importorskip("e2b_code_interpreter")
@@ -18,15 +18,11 @@ ci = pytest.importorskip("e2b_code_interpreter")
 
 @pytest.fixture(scope="module")
 def sbx(e2b_server: Server) -> Iterator[object]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("E2B_API_URL", e2b_server.url)
-        mp.setenv("E2B_SANDBOX_URL", e2b_server.url)
-        mp.setenv("E2B_API_KEY", e2b_server.token_a)
-        sandbox = ci.Sandbox.create(timeout=300, metadata={"suite": "e2b-compat"}, envs={"GREETING": "hej"})
-        try:
-            yield sandbox
-        finally:
-            sandbox.kill()
+    def create() -> object:
+        return ci.Sandbox.create(timeout=300, metadata={"suite": "e2b-compat"}, envs={"GREETING": "hej"})
+
+    with module_sandbox(e2b_server, create) as sandbox:
+        yield sandbox
 
 
 def test_run_code_python_stdout_value_and_state(sbx) -> None:

@@ -13,7 +13,6 @@ its sandbox access token as usual, which is passed on unchanged with every other
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ import httpx
 from starlette.responses import JSONResponse
 
 from ..config import internal_secret, replica_base_url
-from ..forwarding import HEADER, sign, verify
+from ..forwarding import HEADER, sign, until_caller_leaves, verify
 
 log = logging.getLogger("execbox.service.e2b")
 
@@ -105,16 +104,4 @@ async def _pass_on(resp: httpx.Response, receive: Any, send: Any, body_done: asy
             log.warning("forwarded e2b sandbox answer from %s broke: %s", resp.url, e)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def caller_gone() -> None:
-        await body_done.wait()  # until then the body reader owns receive()
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(caller_gone())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*tasks, return_exceptions=True)
+    await until_caller_leaves(pump, receive, body_done)
