@@ -52,6 +52,17 @@ async def _send_owner_lost(send: Send) -> None:
     await send({"type": "http.response.body", "body": resp.body, "more_body": False})
 
 
+def owner_url(target: str, path: str, query: bytes = b"") -> httpx.URL | None:
+    """``target``'s scheme, host and port with the request's path and query; None when the request
+    target is not a plain absolute path (``*@host/x`` or ``//host/x`` would name another host)."""
+    if not path.startswith("/") or path.startswith("//"):
+        return None
+    try:
+        return httpx.URL(target).copy_with(raw_path=path.encode("latin-1") + (b"?" + query if query else b""))
+    except (httpx.InvalidURL, UnicodeEncodeError):
+        return None
+
+
 def sign(secret: str, replica: str, stamp: str, method: str, path: str, body: bytes) -> str:
     msg = f"{replica}\n{stamp}\n{method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
     return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
@@ -152,7 +163,11 @@ class ForwardToOwner:
         stamp = f"{time.time():.3f}"
         out = {k: v for k, v in headers.items() if k not in HOP_HEADERS}
         out[HEADER] = f"{self.replica}:{stamp}:{sign(self.secret, self.replica, stamp, method, path, body)}"
-        url = target.rstrip("/") + path + (f"?{query.decode('latin-1')}" if query else "")
+        url = owner_url(target, path, query)
+        if url is None:
+            for m in held:
+                await send(m)
+            return
         async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=5.0)) as client:
             try:
                 resp = await client.send(client.build_request(method, url, content=body, headers=out),
@@ -218,3 +233,5 @@ async def until_caller_leaves(pump: Callable[[], Awaitable[None]], receive: Rece
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    if tasks[0].done() and not tasks[0].cancelled() and tasks[0].exception() is not None:
+        raise tasks[0].exception()  # the relay broke: the caller must not take the answer as whole

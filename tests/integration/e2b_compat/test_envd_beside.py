@@ -46,3 +46,13 @@ def test_the_first_command_runs_beside_a_long_cell(e2b_env: Server) -> None:
         cell.join(30)
     finally:
         sbx.kill()
+
+
+def test_metadata_and_envs_are_bounded(e2b_env: Server) -> None:
+    """Every replica reads a sandbox's row: its metadata and env vars are kept small (16 KiB each)."""
+    big = {"k": "x" * 20000}
+    for kwargs in ({"metadata": big}, {"envs": big}):
+        with pytest.raises(e2b.SandboxException, match="larger than 16384 bytes"):
+            e2b.Sandbox.create(timeout=30, **kwargs)
+    ok = e2b.Sandbox.create(timeout=30, metadata={"k": "x" * 10000})
+    ok.kill()

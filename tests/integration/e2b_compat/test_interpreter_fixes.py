@@ -97,6 +97,9 @@ def test_last_expression_statement_shows_its_value(sbx) -> None:
     assert sbx.run_code("x ;  # quiet", context=ctx).results == []
     assert sbx.run_code("if x:\n    x", context=ctx).results == []  # not an expression statement
     assert sbx.run_code("(x +\n 40)", context=ctx).text == "42"
+    odd = sbx.run_code("class Odd:\n    def _repr_json_(self):\n        return {1, 2}\n"
+                       "    def __repr__(self):\n        return 'odd'\nOdd()", context=ctx)
+    assert odd.error is None and odd.text == "odd"  # a repr that cannot travel is left out, as IPython does
     sbx.remove_code_context(ctx)
 
 

@@ -54,6 +54,7 @@ _started = False
 
 
 def _display(value):
+    import json
     out = {"text": repr(value)}
     for attr, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"),
                       ("_repr_json_", "json"), ("_repr_latex_", "latex")):
@@ -61,6 +62,7 @@ def _display(value):
         if callable(fn):
             try:
                 r = fn()
+                json.dumps(r)  # what cannot travel is left out, as IPython leaves out a failing repr
             except Exception:
                 r = None
             if r is not None:

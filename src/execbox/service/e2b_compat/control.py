@@ -8,6 +8,7 @@ SDK raises its own exceptions (AuthenticationException, NotFoundException, ...).
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 from urllib.parse import parse_qsl
@@ -75,11 +76,17 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
+MAX_MAP_BYTES = 16 * 1024
+"""Most bytes of a sandbox's metadata, and of its env vars (JSON): every replica reads them."""
+
+
 def _str_map(value: Any, field: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise E2BError(400, f"{field} must map strings to strings")
+    if len(json.dumps(value).encode()) > MAX_MAP_BYTES:
+        raise E2BError(400, f"{field} is larger than {MAX_MAP_BYTES} bytes")
     return dict(value)
 
 

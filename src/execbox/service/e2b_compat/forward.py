@@ -22,12 +22,18 @@ import httpx
 from starlette.responses import JSONResponse
 
 from ..config import internal_secret, replica_base_url
-from ..forwarding import HEADER, sign, until_caller_leaves, verify
+from ..forwarding import HEADER, OWNER_LOST, owner_url, sign, until_caller_leaves, verify
 
 log = logging.getLogger("execbox.service.e2b")
 
-_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade", "proxy-connection",
-        HEADER}
+_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-connection", HEADER}
+"""Not passed on, either way. A request's content-length goes too (its body is re-sent chunked);
+an answer's stays, so a caller can tell an answer cut short from a whole one."""
+_SKIP = {"date", "server"}  # the answering server sets its own
+
+
+class CallerGone(Exception):
+    """The caller went away before its request body was whole: the owner must not take it as done."""
 
 
 def forwarded_here(scope: dict[str, Any]) -> bool | None:
@@ -52,11 +58,14 @@ async def relay(target: str, replica: str, scope: dict[str, Any], receive: Any, 
     """Stream the request to ``target`` (another replica's base URL) and its answer back."""
     method, path = scope["method"], _path(scope)
     query = scope.get("query_string", b"")
+    url = owner_url(target, path, query)
+    if url is None:
+        await JSONResponse({"code": 400, "message": "bad request target"}, status_code=400)(scope, receive, send)
+        return
     stamp = f"{time.time():.3f}"
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])
-               if k.decode("latin-1").lower() not in _HOP]
+               if k.decode("latin-1").lower() not in _HOP | {"content-length"}]
     headers.append((HEADER, f"{replica}:{stamp}:{sign(internal_secret(), replica, stamp, method, path, b'')}"))
-    url = target.rstrip("/") + path + (f"?{query.decode('latin-1')}" if query else "")
     body_done = asyncio.Event()
 
     async def body() -> AsyncIterator[bytes]:
@@ -64,7 +73,7 @@ async def relay(target: str, replica: str, scope: dict[str, Any], receive: Any, 
             while True:
                 msg = await receive()
                 if msg["type"] == "http.disconnect":
-                    return
+                    raise CallerGone
                 chunk = msg.get("body", b"")
                 if chunk:
                     yield chunk
@@ -77,14 +86,19 @@ async def relay(target: str, replica: str, scope: dict[str, Any], receive: Any, 
         try:
             resp = await client.send(client.build_request(method, url, headers=headers, content=body()),
                                      stream=True)
+        except CallerGone:  # the owner saw the body end early (an incomplete chunked body): nothing done
+            return
         except httpx.HTTPError as e:
             log.warning("forwarding e2b sandbox request %s %s to %s failed: %s", method, path, target, e)
-            message = "the replica serving this sandbox did not answer; try again"
-            await JSONResponse({"code": 502, "message": message}, status_code=502)(scope, receive, send)
+            if isinstance(e, httpx.ConnectError):  # nothing reached the owner
+                status, message = 502, "the replica serving this sandbox did not answer; try again"
+            else:  # it may have acted on the request
+                status, message = 503, OWNER_LOST
+            await JSONResponse({"code": status, "message": message}, status_code=status)(scope, receive, send)
             return
         try:
             out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.multi_items()
-                   if k.lower() not in _HOP]
+                   if k.lower() not in _HOP | _SKIP]
             out.append((b"x-execbox-served-by", target.encode("latin-1")))
             await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
             await _pass_on(resp, receive, send, body_done)
@@ -100,8 +114,9 @@ async def _pass_on(resp: httpx.Response, receive: Any, send: Any, body_done: asy
         try:
             async for chunk in resp.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as e:  # the owner went away mid-answer: end ours
+        except httpx.HTTPError as e:  # the owner went away mid-answer: break ours off, never end it
             log.warning("forwarded e2b sandbox answer from %s broke: %s", resp.url, e)
+            raise  # (the server drops the connection: the caller sees a broken answer, not a short one)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     await until_caller_leaves(pump, receive, body_done)

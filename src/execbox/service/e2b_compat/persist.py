@@ -65,9 +65,16 @@ class SandboxStore:
         sb = E2BSandbox(sid, str(row["tenant_id"]), str(row["template"]), json.loads(row["meta"] or "{}"),
                         self._env_vars(sid, row["env_vars"]), float(row["end_at"]), token_id=row["token_id"],
                         started_at=float(row["started_at"]), session_created=row["session_created"])
-        sb.access_token, sb.accepted = self.tokens(sid)
-        refresh(sb, row)
+        self.refresh(sb, row)
         return sb
+
+    def refresh(self, sb: E2BSandbox, row: dict[str, Any]) -> None:
+        """What other replicas (or this one's routes) may have changed since ``sb`` was read, and
+        its tokens under the keys at hand now (a rotation applies at once)."""
+        sb.end_at = float(row["end_at"])
+        sb.paused_left = row["paused_left"]
+        sb.state = "paused" if row["paused_left"] is not None else "running"
+        sb.access_token, sb.accepted = self.tokens(sb.sandbox_id)
 
     def _env_vars(self, sandbox_id: str, stored: str) -> dict[str, str]:
         if not stored:
@@ -82,10 +89,3 @@ class SandboxStore:
     @staticmethod
     def _aad(sandbox_id: str) -> str:
         return f"e2b_sandboxes.{sandbox_id}.env_vars"  # store/sandbox_settings.reencrypt_all uses the same
-
-
-def refresh(sb: E2BSandbox, row: dict[str, Any]) -> None:
-    """What other replicas (or this one's routes) may have changed since ``sb`` was read."""
-    sb.end_at = float(row["end_at"])
-    sb.paused_left = row["paused_left"]
-    sb.state = "paused" if row["paused_left"] is not None else "running"

@@ -28,6 +28,7 @@ from ...errors import SandboxError
 from ..sessions import SessionManager
 from ..sessions.model import SessionOwnedElsewhere
 from .creator import TokenLiveness
+from .sweeper import SweeperMixin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -104,7 +105,9 @@ class E2BSandbox:
         return {**self.listed(), "envdAccessToken": self.access_token}
 
 
-class Registry:
+class Registry(SweeperMixin):
+    """The E2B endpoint's sandboxes (see the module docstring); sweeper.py keeps them in time."""
+
     def __init__(self, sessions: SessionManager, sweep_every: float = 1.0,
                  creators: TokenLiveness | None = None, store: SandboxStore | None = None) -> None:
         self.sessions = sessions
@@ -156,15 +159,13 @@ class Registry:
                 log.warning("looking up e2b sandbox %s in the store failed; using the last known state",
                             sandbox_id, exc_info=True)
                 return self._cached(sandbox_id)
-        from .persist import refresh
-
         with self._lock:
             if row is None:
                 self._boxes.pop(sandbox_id, None)
                 return None
             sb = self._boxes.get(sandbox_id)
             if sb is not None:
-                refresh(sb, row)
+                self.store.refresh(sb, row)
                 sb.read_at = time.monotonic()
                 return sb
         made = self.store.sandbox(row)  # decrypts: outside the lock
@@ -177,7 +178,12 @@ class Registry:
             self.store.repo.update(sb.sandbox_id, **fields)
 
     def set_deadline(self, sb: E2BSandbox, end_at: float) -> None:
-        """Move the kill deadline (set_timeout, refreshes, connect)."""
+        """Move the kill deadline (set_timeout, refreshes, connect). A paused sandbox's clock
+        stands: what changes is the time it has left once it runs again."""
+        if sb.paused_left is not None:
+            sb.paused_left = max(0.0, end_at - time.time())
+            self._save(sb, paused_left=sb.paused_left)
+            return
         sb.end_at = end_at
         self._save(sb, end_at=end_at)
 
@@ -275,18 +281,6 @@ class Registry:
             known = self.store.repo.delete(sb.sandbox_id) or known
         return known
 
-    # -- deadline sweeper -------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="execbox-e2b-sweeper", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
     def session_state(self, sb: E2BSandbox) -> str | None:
         """The state of the sandbox's session (``running``, ``paused``, ...), None when it is gone."""
         s = self.sessions.get(sb.tenant_id, sb.session_id)
@@ -307,94 +301,3 @@ class Registry:
         sb.end_at = time.time() + (timeout if timeout is not None else left)
         sb.paused_left, sb.state = None, "running"
         self._save(sb, end_at=sb.end_at, paused_left=None)
-
-    def _follow_pause(self, sb: E2BSandbox) -> None:
-        """A paused sandbox resumed by its session's use (envd calls, the session API) runs again
-        with its timeout's remainder; one paused through the session API stops its timeout too."""
-        try:
-            state = self.session_state(sb)
-        except Exception:  # noqa: BLE001 - a registry hiccup: looked at again at the next sweep
-            return
-        if state == "paused" and sb.paused_left is None:
-            self.paused(sb)
-        elif state not in (None, "paused") and sb.paused_left is not None:
-            self.resumed(sb)
-
-    def _keepalive(self, sb: E2BSandbox) -> None:
-        """Use the session (public API) so the idle reaper leaves a sandbox alone until its deadline."""
-        if self.get(sb.sandbox_id) is not sb:  # killed, or its session destroyed: never recreate it
-            return
-        try:
-            with self.sessions.session(sb.tenant_id, sb.session_id):
-                pass
-        except Exception:  # noqa: BLE001 - a dead box is reported on the sandbox's next real use
-            log.debug("keepalive of e2b sandbox %s failed", sb.sandbox_id, exc_info=True)
-
-    def _loop(self) -> None:
-        keepalive_every = max(1.0, self.sessions.settings.idle_timeout / 3)
-        last_scan = 0.0
-        while not self._stop.wait(self._sweep_every):
-            now = time.time()
-            with self._lock:
-                cached = list(self._boxes.values())
-            for sb in cached:
-                self._follow_pause(sb)
-            # a paused sandbox neither times out nor is kept alive (a use would resume it)
-            if self.store is None:
-                due = [s for s in cached if s.paused_left is None and s.end_at <= now]
-                stale = [s for s in cached if s.paused_left is None and s.end_at > now
-                         and now - s.kept_alive >= keepalive_every]
-            else:  # every replica's sandboxes: the row is the truth (another may have moved a deadline)
-                due = self._rows(self.store.repo.due, now)
-                stale = []
-                if now - last_scan >= keepalive_every:
-                    last_scan = now
-                    stale = self._rows(self.store.repo.running, now)
-            for sb in stale:
-                sb.kept_alive = now
-                threading.Thread(target=self._keepalive, args=(sb,), daemon=True,
-                                 name="execbox-e2b-keepalive").start()
-            for sb in due:
-                try:
-                    if self.kill(sb):
-                        log.info("e2b sandbox %s reached its timeout; killed", sb.sandbox_id)
-                except SessionOwnedElsewhere:  # that replica's sweeper kills it
-                    log.debug("expired e2b sandbox %s is served by another replica", sb.sandbox_id)
-                except Exception:  # noqa: BLE001 - keep sweeping
-                    log.exception("killing expired e2b sandbox %s failed", sb.sandbox_id)
-            self._kill_of_revoked_tokens()
-
-    def _rows(self, query: Any, *args: Any) -> list[E2BSandbox]:
-        """The sandboxes of the rows ``query(*args)`` returns; none when the store cannot answer now."""
-        try:
-            rows = query(*args)
-        except Exception:  # noqa: BLE001 - swept again a second later
-            log.debug("e2b sandbox sweep: the store did not answer", exc_info=True)
-            return []
-        return [sb for sb in (self._load(str(r["sandbox_id"]), r) for r in rows) if sb is not None]
-
-    def _kill_of_revoked_tokens(self) -> None:
-        """Kill the sandboxes whose creating token was revoked (at most one lookup per token per
-        TTL); a store that cannot answer is no proof of revocation, so those are left for later."""
-        if self.creators is None:
-            return
-        if self.store is not None:
-            boxes = self._rows(self.store.repo.with_tokens)
-        else:
-            with self._lock:
-                boxes = [s for s in self._boxes.values() if s.token_id is not None]
-        for sb in boxes:
-            try:
-                if self.creator_valid(sb):
-                    continue
-            except Exception:  # noqa: BLE001 - retried at the next sweep
-                log.debug("checking the token of e2b sandbox %s failed", sb.sandbox_id, exc_info=True)
-                continue
-            try:
-                if self.kill(sb):
-                    log.info("e2b sandbox %s killed: the API token that created it was revoked",
-                             sb.sandbox_id)
-            except SessionOwnedElsewhere:  # that replica's sweeper kills it
-                continue
-            except Exception:  # noqa: BLE001 - keep sweeping
-                log.exception("killing e2b sandbox %s of a revoked token failed", sb.sandbox_id)

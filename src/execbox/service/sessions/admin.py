@@ -52,6 +52,13 @@ class AdminMixin:
     def count(self: SessionManager) -> int:
         return len(self._sessions)
 
+    def loaded_sessions(self: SessionManager, prefix: str = "") -> list[tuple[str, str, float]]:
+        """(tenant, session id, created_at) of the sessions loaded on this replica whose id starts
+        with ``prefix`` and that nothing holds now (no database read)."""
+        with self._lock:
+            return [(t, sid, s.created_at) for (t, sid), s in self._sessions.items()
+                    if sid.startswith(prefix) and not s.closed and s.busy == 0]
+
     def get(self: SessionManager, tenant_id: str, session_id: str) -> Session | None:
         return self._sessions.get((tenant_id, session_id))
 

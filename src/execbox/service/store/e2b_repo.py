@@ -55,10 +55,12 @@ class E2BSandboxRepo:
                                                          E2BSandboxRow.paused_left.is_(None)))
             return [_dict(r) for r in rows]
 
-    def with_tokens(self) -> list[dict[str, Any]]:
-        """Every sandbox made with an API token (the sweeper checks those tokens are still valid)."""
+    def token_ids(self) -> list[tuple[str, str]]:
+        """(sandbox id, creating API token id) of every sandbox made with a token (the sweeper
+        kills those whose token was revoked); two columns only, whatever the rows hold besides."""
         with self._sessions() as s:
-            return [_dict(r) for r in s.scalars(select(E2BSandboxRow).where(E2BSandboxRow.token_id.is_not(None)))]
+            return [(r[0], r[1]) for r in s.execute(select(E2BSandboxRow.sandbox_id, E2BSandboxRow.token_id)
+                                                    .where(E2BSandboxRow.token_id.is_not(None)))]
 
     def encrypted(self) -> list[tuple[str, str]]:
         """(sandbox id, ciphertext) of every sandbox with env vars (key rotation re-encrypts them)."""
