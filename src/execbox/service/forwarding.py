@@ -57,9 +57,11 @@ def owner_url(target: str, path: str, query: bytes = b"") -> httpx.URL | None:
     target is not a plain absolute path (``*@host/x`` or ``//host/x`` would name another host)."""
     if not path.startswith("/") or path.startswith("//"):
         return None
+    if any(part in (".", "..") for part in path.split("?", 1)[0].split("/")):
+        return None  # the URL would drop them, and the path the marker signs would not match
     try:
         return httpx.URL(target).copy_with(raw_path=path.encode("latin-1") + (b"?" + query if query else b""))
-    except (httpx.InvalidURL, UnicodeEncodeError):
+    except (httpx.InvalidURL, UnicodeError):
         return None
 
 

@@ -78,17 +78,19 @@ def test_other_replicas_sandboxes_cost_no_query_each_and_leave_the_cache(world, 
     assert reg.get("sb0") is None and reg.get("sb1") is not None  # the rows stay the truth
 
 
-def test_a_session_named_like_a_sandbox_without_its_row_is_destroyed(world):
+def test_only_a_session_of_a_sandbox_this_replica_ended_is_taken_for_an_orphan(world):
     reg, sessions, store, _ = world
     _add(reg, "alive")
-    old = time.time() - sweeper.ORPHAN_GRACE - 1
-    sessions.loaded = [("t", "e2b-alive", old), ("t", "e2b-killed", old), ("t", "e2b-justmade", time.time()),
-                       ("u", "e2b-alive", old)]  # another tenant's session of that name: not the sandbox's
+    reg.ended(E2BSandbox("killed", "t", "base", {}, {}, time.time()))
+    sessions.loaded = [("t", "e2b-alive", 0.0), ("t", "e2b-killed", 0.0),  # made afresh after the kill
+                       ("t", "e2b-myproject", 0.0),  # a tenant's own session of that shape: never
+                       ("u", "e2b-killed", 0.0)]  # another tenant's session of that name: never
     reg._reap_orphans()
     deadline = time.monotonic() + 5
-    while len(sessions.destroyed) < 2 and time.monotonic() < deadline:
+    while not sessions.destroyed and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert sorted(sessions.destroyed) == [("t", "e2b-killed"), ("u", "e2b-alive")]
+    time.sleep(0.1)
+    assert sessions.destroyed == [("t", "e2b-killed")]
 
 
 def test_tokens_follow_a_key_rotation_on_the_next_read(world, monkeypatch):
@@ -102,11 +104,14 @@ def test_tokens_follow_a_key_rotation_on_the_next_read(world, monkeypatch):
 
 def test_moving_a_paused_sandboxs_deadline_changes_what_it_has_left(world):
     reg, _, _, _ = world
-    sb = _add(reg, "nap")
+    _add(reg, "nap")
     sb = reg.get("nap", fresh=True)
     reg.paused(sb)
-    reg.set_deadline(sb, time.time() + 1000)
-    assert 990 < reg.get("nap", fresh=True).paused_left <= 1000
+    reg.set_deadline(sb, 1000)  # set_timeout while paused
+    assert reg.get("nap", fresh=True).paused_left == 1000
+    reg.set_deadline(sb, 10, extend_only=True)  # a refresh never shortens it
+    assert reg.get("nap", fresh=True).paused_left == 1000
     reg.resumed(sb)
     assert 990 < sb.end_at - time.time() <= 1000
-
+    reg.set_deadline(sb, 10, extend_only=True)
+    assert sb.end_at - time.time() > 990

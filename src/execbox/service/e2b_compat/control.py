@@ -188,8 +188,8 @@ async def kill(request: Request, sandbox_id: str) -> Response:
 async def set_timeout(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
         sb = await _owned(request, sandbox_id, who)
-        end_at = time.time() + _timeout((await _json(request)).get("timeout"), 0)
-        await anyio.to_thread.run_sync(registry(request).set_deadline, sb, end_at)
+        seconds = _timeout((await _json(request)).get("timeout"), 0)
+        await anyio.to_thread.run_sync(registry(request).set_deadline, sb, seconds)
         return Response(status_code=204)
 
     return await _guard(request, go)
@@ -200,8 +200,8 @@ async def refresh(request: Request, sandbox_id: str) -> Response:
     async def go(who: Principal) -> Response:
         sb = await _owned(request, sandbox_id, who)
         body = await _json(request) if await request.body() else {}
-        end_at = max(sb.end_at, time.time() + _timeout(body.get("duration"), 60, "duration"))
-        await anyio.to_thread.run_sync(registry(request).set_deadline, sb, end_at)
+        seconds = _timeout(body.get("duration"), 60, "duration")
+        await anyio.to_thread.run_sync(registry(request).set_deadline, sb, seconds, True)  # only ever later
         return Response(status_code=204)
 
     return await _guard(request, go)
@@ -217,7 +217,7 @@ async def connect(request: Request, sandbox_id: str) -> Response:
         if await anyio.to_thread.run_sync(_resume_paused, request, sb, timeout):
             return JSONResponse(sb.created(), status_code=201)  # E2B: 201 when it resumed a paused one
         if timeout is not None:  # a running sandbox's deadline only ever moves later
-            await anyio.to_thread.run_sync(registry(request).set_deadline, sb, max(sb.end_at, time.time() + timeout))
+            await anyio.to_thread.run_sync(registry(request).set_deadline, sb, timeout, True)
         return JSONResponse(sb.created(), status_code=200)
 
     return await _guard(request, go)

@@ -90,7 +90,7 @@ async def relay(target: str, replica: str, scope: dict[str, Any], receive: Any, 
             return
         except httpx.HTTPError as e:
             log.warning("forwarding e2b sandbox request %s %s to %s failed: %s", method, path, target, e)
-            if isinstance(e, httpx.ConnectError):  # nothing reached the owner
+            if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):  # nothing reached the owner
                 status, message = 502, "the replica serving this sandbox did not answer; try again"
             else:  # it may have acted on the request
                 status, message = 503, OWNER_LOST

@@ -115,6 +115,9 @@ class Registry(SweeperMixin):
         """Validity of the creating tokens; None (no store) checks nothing."""
         self.store = store
         """Where sandboxes live (persist.py); None: in this process only, gone with it."""
+        self._ended: dict[str, tuple[str, float]] = {}
+        """Sandboxes this replica ended (id -> tenant, time.time()): a session of such a sandbox's
+        name that shows up afterwards is an orphan (sweeper.py), and no other session is."""
         self._boxes: dict[str, E2BSandbox] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -177,15 +180,17 @@ class Registry(SweeperMixin):
         if self.store is not None:
             self.store.repo.update(sb.sandbox_id, **fields)
 
-    def set_deadline(self, sb: E2BSandbox, end_at: float) -> None:
-        """Move the kill deadline (set_timeout, refreshes, connect). A paused sandbox's clock
-        stands: what changes is the time it has left once it runs again."""
+    def set_deadline(self, sb: E2BSandbox, seconds: float, extend_only: bool = False) -> None:
+        """The kill deadline ``seconds`` from now (set_timeout), or at least that far off
+        (``extend_only``: refreshes, connect). A paused sandbox's clock stands: what changes is
+        the time it has left once it runs again."""
         if sb.paused_left is not None:
-            sb.paused_left = max(0.0, end_at - time.time())
+            sb.paused_left = max(sb.paused_left, seconds) if extend_only else max(0.0, seconds)
             self._save(sb, paused_left=sb.paused_left)
             return
-        sb.end_at = end_at
-        self._save(sb, end_at=end_at)
+        end_at = time.time() + seconds
+        sb.end_at = max(sb.end_at, end_at) if extend_only else end_at
+        self._save(sb, end_at=sb.end_at)
 
     def _session_alive(self, sb: E2BSandbox) -> bool:
         """Whether the session the sandbox started still exists (this replica's table first; the
@@ -214,6 +219,7 @@ class Registry(SweeperMixin):
             if self._boxes.get(sb.sandbox_id) is not sb:
                 return
             del self._boxes[sb.sandbox_id]
+        self.ended(sb)
         if self.store is not None:
             try:
                 self.store.repo.delete(sb.sandbox_id)
@@ -277,9 +283,14 @@ class Registry(SweeperMixin):
             pass
         with self._lock:
             known = self._boxes.pop(sb.sandbox_id, None) is not None
+        self.ended(sb)
         if self.store is not None:
             known = self.store.repo.delete(sb.sandbox_id) or known
         return known
+
+    def ended(self, sb: E2BSandbox) -> None:
+        with self._lock:
+            self._ended[sb.sandbox_id] = (sb.tenant_id, time.time())
 
     def session_state(self, sb: E2BSandbox) -> str | None:
         """The state of the sandbox's session (``running``, ``paused``, ...), None when it is gone."""

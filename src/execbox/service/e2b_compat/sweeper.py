@@ -19,10 +19,9 @@ log = logging.getLogger("execbox.service.e2b")
 
 CACHE_IDLE = 60.0
 """Seconds a cached sandbox whose session is not loaded here stays cached after its last read."""
-ORPHAN_GRACE = 30.0
-"""Seconds a session named like a sandbox's may exist here without the sandbox's row (a create
-writes the row just after the session) before it is taken for an orphan and destroyed."""
 ORPHAN_EVERY = 10.0
+ENDED_KEPT = 600.0
+"""Seconds a replica remembers a sandbox it ended, to destroy a session of its name made after."""
 
 
 class SweeperMixin:
@@ -32,6 +31,7 @@ class SweeperMixin:
     store: Any
     creators: Any
     _boxes: dict[str, Any]
+    _ended: dict[str, tuple[str, float]]
     _lock: threading.Lock
     _stop: threading.Event
     _sweep_every: float
@@ -148,22 +148,29 @@ class SweeperMixin:
             old = [sb for sb in self._boxes.values() if sb.read_at < cutoff]
         for sb in old:
             if not self._loaded(sb):
-                with self._lock:
-                    if self._boxes.get(sb.sandbox_id) is sb:
+                with self._lock:  # unless a request read it meanwhile
+                    if self._boxes.get(sb.sandbox_id) is sb and sb.read_at < cutoff:
                         del self._boxes[sb.sandbox_id]
 
     def _reap_orphans(self) -> None:
-        """Destroy sessions loaded here that are named like a sandbox's (``e2b-<id>``) but have no
-        sandbox row: a request that waited on the session while the sandbox was killed starts
-        it afresh (sessions.manager._held), and nothing would use or end it."""
-        for tenant, session_id, created_at in self.sessions.loaded_sessions("e2b-"):
-            if time.time() - created_at < ORPHAN_GRACE:
+        """Destroy a session loaded here that belongs to a sandbox this replica ended (killed,
+        or its session destroyed): a request that waited on the session while the sandbox went
+        starts it afresh (sessions.manager._held), and nothing would use or end it. Only such
+        sessions: a tenant's own session may be named ``e2b-...`` too."""
+        now = time.time()
+        with self._lock:
+            for sid in [k for k, (_, when) in self._ended.items() if now - when > ENDED_KEPT]:
+                del self._ended[sid]
+            ended = dict(self._ended)
+        if not ended:
+            return
+        for tenant, session_id, _created in self.sessions.loaded_sessions("e2b-"):
+            if ended.get(session_id[4:], ("",))[0] != tenant:
                 continue
             try:
-                row = self.store.repo.get(session_id[4:])
+                if self.store.repo.get(session_id[4:]) is not None:  # a new sandbox of that id
+                    continue
             except Exception:  # noqa: BLE001 - looked at again later
-                continue
-            if row is not None and row["tenant_id"] == tenant:
                 continue
             log.info("destroying session %s/%s: its e2b sandbox is gone", tenant, session_id)
             threading.Thread(target=self._destroy_quietly, args=(tenant, session_id), daemon=True,
