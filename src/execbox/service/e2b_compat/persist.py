@@ -73,7 +73,6 @@ class SandboxStore:
         its tokens under the keys at hand now (a rotation applies at once)."""
         sb.end_at = float(row["end_at"])
         sb.paused_left = row["paused_left"]
-        sb.state = "paused" if row["paused_left"] is not None else "running"
         sb.access_token, sb.accepted = self.tokens(sb.sandbox_id)
 
     def _env_vars(self, sandbox_id: str, stored: str) -> dict[str, str]:

@@ -75,13 +75,17 @@ class E2BSandbox:
     paused_left: float | None = None
     """Seconds of its timeout left when it was paused; None while it runs. A paused sandbox does
     not time out (as in E2B); the session's paused retention bounds it instead."""
-    state: str = "running"
     read_at: float = field(default=0.0, repr=False, compare=False)
     """time.monotonic() of the last read of its row (Registry._load)."""
 
     @property
     def session_id(self) -> str:
         return f"e2b-{self.sandbox_id}"
+
+    @property
+    def state(self) -> str:
+        """E2B's sandbox state: a paused sandbox is one whose timeout stands."""
+        return "paused" if self.paused_left is not None else "running"
 
     def token_ok(self, presented: str | None) -> bool:
         if presented is None:
@@ -226,17 +230,9 @@ class Registry(SweeperMixin):
             except Exception:  # noqa: BLE001 - the next lookup finds the session gone again
                 log.warning("removing e2b sandbox %s from the store failed", sb.sandbox_id, exc_info=True)
         log.info("e2b sandbox %s ended: its session was destroyed", sb.sandbox_id)
-
-        def sweep() -> None:
-            s = self.sessions.get(sb.tenant_id, sb.session_id)
-            if s is None:
-                return
-            try:
-                self.sessions.destroy(sb.tenant_id, sb.session_id)
-            except SandboxError:
-                pass
-
-        threading.Thread(target=sweep, name="execbox-e2b-orphan", daemon=True).start()
+        if self.sessions.get(sb.tenant_id, sb.session_id) is not None:  # made by a request in flight
+            threading.Thread(target=self._destroy_quietly, args=(sb.tenant_id, sb.session_id), daemon=True,
+                             name="execbox-e2b-orphan").start()
 
     def owned(self, sandbox_id: str, tenant_id: str) -> E2BSandbox | None:
         """The sandbox, as its row says now, if this tenant owns it; another tenant's looks
@@ -303,12 +299,11 @@ class Registry(SweeperMixin):
     def paused(self, sb: E2BSandbox) -> None:
         """The sandbox's session was just paused: its timeout stops until it runs again."""
         sb.paused_left = max(0.0, sb.end_at - time.time())
-        sb.state = "paused"
         self._save(sb, paused_left=sb.paused_left)
 
     def resumed(self, sb: E2BSandbox, timeout: float | None = None) -> None:
         """It runs again: ``timeout`` seconds from now, else what was left of it at the pause."""
         left = sb.paused_left if sb.paused_left is not None else max(0.0, sb.end_at - time.time())
         sb.end_at = time.time() + (timeout if timeout is not None else left)
-        sb.paused_left, sb.state = None, "running"
+        sb.paused_left = None
         self._save(sb, end_at=sb.end_at, paused_left=None)
