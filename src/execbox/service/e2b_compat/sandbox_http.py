@@ -92,7 +92,8 @@ class SandboxRouter:
             await self.app(scope, receive, send)
             return
         sid, port = target
-        sb = await anyio.to_thread.run_sync(self.registry.get, sid)  # may read the store
+        marker = forward.forwarded_here(scope)
+        sb, owner = await anyio.to_thread.run_sync(self._lookup, sid, marker is None)  # may read the store
         if sb is None:  # E2B's edge answers 502 for a sandbox that is gone; the SDK reads it so
             await _send_response(envd_error(502, f"sandbox {clip(sid)} not found (killed or timed out)"),
                                  scope, receive, send)
@@ -105,8 +106,7 @@ class SandboxRouter:
         if refused is not None:
             await _send_response(refused, scope, receive, send)
             return
-        owner = await self._owner_elsewhere(sb, scope)
-        if owner is False:
+        if marker is False:
             await _send_response(envd_error(403, "invalid internal forwarding signature"), scope, receive, send)
             return
         if owner:
@@ -121,20 +121,20 @@ class SandboxRouter:
             return
         await app(scope, receive, send)
 
-    async def _owner_elsewhere(self, sb: E2BSandbox, scope: dict[str, Any]) -> str | bool | None:
-        """The URL of the live replica that owns the sandbox's session, when that is not this one
-        and the request may go there (forward.py); None to serve it here; False for a forged
-        forwarding marker."""
-        marker = forward.forwarded_here(scope)
-        if marker is not None:
-            return None if marker else False  # forwarded once already: served here, whatever comes
+    def _lookup(self, sid: str, may_forward: bool) -> tuple[E2BSandbox | None, str | None]:
+        """In one thread hop: the sandbox, and the URL of the live replica that owns its session
+        when that is not this one and the request may go there (forward.py; not for a request a
+        replica forwarded already: it is served here, whatever comes)."""
+        sb = self.registry.get(sid)
+        if sb is None or not may_forward:
+            return sb, None
         try:
-            await anyio.to_thread.run_sync(self.registry.sessions.check_owner, sb.tenant_id, sb.session_id)
+            self.registry.sessions.check_owner(sb.tenant_id, sb.session_id)
         except SessionOwnedElsewhere as e:
-            return e.forward_to if forward.can_forward(e.forward_to) else None
+            return sb, (e.forward_to if forward.can_forward(e.forward_to) else None)
         except SandboxError:  # the registry cannot say now: the handler's own session use decides
-            return None
-        return None
+            pass
+        return sb, None
 
     async def _creator_refused(self, sb: E2BSandbox) -> Response | None:
         """401 when the execbox token that created the sandbox was revoked (503 when the store
