@@ -28,7 +28,7 @@ def _free_port() -> int:
 def relay(tmp_path):
     port = _free_port()
     root = os.path.dirname(agent_source_dir())  # .../execbox: the package is importable as `agent`
-    env = {"PATH": os.environ["PATH"], "EXECBOX_AGENT_TOKEN": TOKEN}
+    env = {"PATH": os.environ["PATH"], "EXECBOX_AGENT_TOKEN": TOKEN, "TMPDIR": str(tmp_path)}  # not the host's /tmp
     proc = subprocess.Popen([sys.executable, "-I", "-c", AGENT_BOOT, root, "agent.tcp_relay", "--port", str(port),  # noqa: S603
                              "--", "--workspace", str(tmp_path / "ws"), "--preload", "none", "--limits", "{}"],
                             env=env, stderr=subprocess.PIPE)
