@@ -36,6 +36,7 @@ CASES: dict[str, str] = {
     "file_operations": "write, read (paged), list, glob and grep on the workspace",
     "path_traversal_refused": "'..', absolute paths and symlinks leaving the workspace are SB002",
     "python_contexts": "globals persist per context_id; other contexts do not see them",
+    "bash_contexts": "shell variables and the working directory persist per context_id; an error ends the cell only",
 }
 
 NEEDS_MATPLOTLIB = "the provider's default runtime has no matplotlib"
@@ -66,6 +67,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "file_operations": REMOTE_EXECUTOR,
         "path_traversal_refused": REMOTE_EXECUTOR,
         "python_contexts": REMOTE_EXECUTOR,
+        "bash_contexts": RAGFLOW_LANGS,
         "timeout_sigterm_ignored": REMOTE_EXECUTOR + " (the check reads a file)",
         "background_ends_with_run": REMOTE_EXECUTOR + " (the check reads a file)",
         "daemon_ends_with_timeout": REMOTE_EXECUTOR + " (the check reads a file)",
@@ -76,10 +78,12 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "memory_bomb": FAKE_CLOUD,
         "fork_bomb": FAKE_CLOUD,
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "bash_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
     "e2b-execbox": {
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "bash_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
     },
     "aliyun": {
         "bash_script": NO_BASH,
@@ -89,6 +93,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "memory_bomb": FAKE_CLOUD,
         "fork_bomb": FAKE_CLOUD,
         "python_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
+        "bash_contexts": NO_BASH,
         "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
 }

@@ -265,6 +265,18 @@ def python_contexts(b: Box) -> None:
     assert other.exit_code != 0 and "NameError" in other.stderr
 
 
+def bash_contexts(b: Box) -> None:
+    iid = b.new("bash")
+    _ok(b.p.execute_code(iid, "mkdir -p d && cd d && n=40 && f() { echo $((n + $1)); }", "bash", 20, None,
+                         context_id="s"))
+    failed = b.p.execute_code(iid, "echo ${missing:?is not set}", "bash", 20, None, context_id="s")
+    assert failed.exit_code != 0 and "is not set" in failed.stderr
+    r = _ok(b.p.execute_code(iid, "f 2; basename $PWD", "bash", 20, None, context_id="s"))
+    assert r.stdout == "42\nd\n"
+    other = _ok(b.p.execute_code(iid, "echo ${n-none}", "bash", 20, None, context_id="t"))
+    assert other.stdout == "none\n"
+
+
 CORPUS: dict[str, Callable[[Box], None]] = {name: globals()[name] for name in CASES}
 
 

@@ -1,4 +1,4 @@
-"""Forking the agent's children: one-shot runs (each in a spare, spares.py) and Python contexts.
+"""Forking the agent's children: one-shot runs (each in a spare, spares.py) and contexts.
 
 Split from main.py (the protocol loop) along the process seam: everything here creates, feeds,
 reaps or kills a child process; main.py only reads requests and dispatches them.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import contexts, js_contexts, privsep, procs, protocol, pump
+from . import bash_contexts, contexts, js_contexts, privsep, procs, protocol, pump
 from .lean import dumps, signal
 from .spares import EARLY_SPARE_MAX_FORK, FIGURE_WORDS, Spares
 
@@ -47,8 +47,8 @@ class Children(Spares):
                 pass
         for ctx in self.contexts.values():
             ctx.sock.close()
-        for fd in [fd for js in self.js_contexts.values() for fd in js.fds()] + self.bg.parent_fds():
-            try:  # a JS context's pipes; background stdin: EOF must not wait for this child
+        for fd in [fd for c in self._pipe_contexts() for fd in c.fds()] + self.bg.parent_fds():
+            try:  # a JS or bash context's pipes; background stdin: EOF must not wait for this child
                 os.close(fd)
             except OSError:
                 pass
@@ -90,21 +90,20 @@ class Children(Spares):
             def emit(name: str, text: str) -> None:
                 self.send({"id": rid, "event": name, "data": text})
         context_id = req.get("context_id")
-        if context_id is not None and spec["language"] not in ("python", "javascript"):
-            raise RequestError("context_id is supported for python and javascript", field="context_id")
         before = pump.snapshot(self.artifacts)
         start = time.monotonic()
         ctx_note: dict[str, Any] = {}
         read_fds: tuple[int, ...] = ()
         js_state: dict[str, Any] | None = None
         try:
-            if context_id is not None and spec["language"] == "javascript":
-                watch, kill, ctx_note, js_state = js_contexts.run_in_context(self, str(context_id), spec, req,
-                                                                             result_cap=cap)
+            if context_id is not None and spec["language"] in ("javascript", "bash"):
+                js_lang = spec["language"] == "javascript"
+                start_cell = js_contexts.run_in_context if js_lang else bash_contexts.run_in_context
+                watch, kill, ctx_note, js_state = start_cell(self, str(context_id), spec, req, result_cap=cap)
                 res_r, res_w = os.pipe()  # results come with the context's reply, not on a pipe
                 os.close(res_w)
                 read_fds = (res_r,)
-                js = self.js_contexts[str(context_id)]
+                js = (self.js_contexts if js_lang else self.sh_contexts)[str(context_id)]
                 out_r, err_r = js.out_r, js.err_r
             elif context_id is not None:
                 out_r, out_w = os.pipe()
@@ -277,13 +276,13 @@ class Children(Spares):
 
     def _keep_pids(self) -> set[int]:
         """Children that outlive a run: contexts, background processes and the waiting spare."""
-        keep = self._context_pids() | self.bg.pids() | {c.pid for c in self.js_contexts.values()}
+        keep = self._context_pids() | self.bg.pids() | {c.pid for c in self._pipe_contexts()}
         if self.spare is not None:
             keep.add(self.spare.pid)
         return keep
 
     def _check_context_room(self) -> None:
-        if len(self.contexts) + len(self.js_contexts) >= contexts.MAX_CONTEXTS:
+        if len(self.contexts) + len(self.js_contexts) + len(self.sh_contexts) >= contexts.MAX_CONTEXTS:
             raise RequestError(f"too many contexts (max {contexts.MAX_CONTEXTS}); reset one first",
                                status=429, code="SB008", field="context_id")
 
@@ -306,11 +305,21 @@ class Children(Spares):
         self.contexts[context_id] = ctx
         return ctx
 
+    def _pipe_contexts(self) -> list[js_contexts.JsContext]:
+        """The JS and bash contexts: each a long-lived process with pipes of its own."""
+        return [*self.js_contexts.values(), *self.sh_contexts.values()]
+
+    def _context_ended(self, pid: int) -> bool:
+        """Whether a context's process has ended since its last cell (reaped here if so)."""
+        self.on_wake()
+        return self.exited.pop(pid, None) is not None
+
     def _drop_context(self, context_id: str) -> None:
-        js = self.js_contexts.pop(context_id, None)
-        if js is not None:
-            js_contexts.close(js, self._keep_pids())
-            self.reset_contexts.add(context_id)
+        for table in (self.js_contexts, self.sh_contexts):
+            js = table.pop(context_id, None)
+            if js is not None:
+                js_contexts.close(js, self._keep_pids())
+                self.reset_contexts.add(context_id)
         ctx = self.contexts.pop(context_id, None)
         if ctx is not None:
             pump.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on
@@ -321,13 +330,16 @@ class Children(Spares):
                           write_fds: tuple[int, int, int]):
         note: dict[str, Any] = {"context_id": context_id}
         ctx = self.contexts.get(context_id)
+        if ctx is not None and self._context_ended(ctx.pid):  # after its last reply (a late exit)
+            self._drop_context(context_id)
+            ctx = None
         if ctx is None:
             ctx = self._spawn_context(context_id)
             note["context_new"] = True
             if context_id in self.reset_contexts:
                 self.reset_contexts.discard(context_id)
                 note["context_restarted"] = True
-                note["context_note"] = "this context was restarted after a timeout; earlier state is gone"
+                note["context_note"] = js_contexts.RESTARTED
         ctx.executions += 1
         note["context_executions"] = ctx.executions
         import socket  # noqa: PLC0415 - loaded once the first context started

@@ -7,6 +7,7 @@
 // them before its reply is written.
 "use strict";
 const fs = require("fs");
+const net = require("net");
 const vm = require("vm");
 const util = require("util");
 const readline = require("readline");
@@ -72,6 +73,9 @@ async function handle(req) {
 }
 
 let queue = Promise.resolve();
-const input = readline.createInterface({ input: fs.createReadStream(null, { fd: 3 }), crlfDelay: Infinity });
+// A socket on the request pipe, not fs.createReadStream: that reads the pipe in a thread-pool
+// read that process.exit() waits for, so a cell's late process.exit() hung until the next cell.
+const requests = new net.Socket({ fd: 3, readable: true, writable: false });
+const input = readline.createInterface({ input: requests, crlfDelay: Infinity });
 input.on("line", (line) => { queue = queue.then(() => handle(JSON.parse(line))); });
 input.on("close", () => process.exit(0));

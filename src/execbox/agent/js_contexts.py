@@ -17,8 +17,10 @@ from .lean import dumps, loads, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
+RESTARTED = "this context was restarted (it timed out or its process ended); earlier state is gone"
 JS_CONTEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js_context.js")
 
 
@@ -88,19 +90,20 @@ def _exit_code_of(head: bytes) -> int:
         return 1
 
 
-def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any],
-          result_cap: int = pump.DEFAULT_OUTPUT_CAP):
-    """Send one cell; the Watch is done when the reply line (or EOF: the context died) arrives.
+def start(agent: Any, ctx: JsContext, request: bytes, result_cap: int = pump.DEFAULT_OUTPUT_CAP,
+          ended: Callable[[JsContext], dict[str, Any]] | None = None):
+    """Send one cell (``request``, written whole to the context's request pipe); the Watch is
+    done when the reply line (or EOF: the context died, ``ended`` says how) arrives.
 
     A reply line longer than the result pipe's bound (pump.pump) is not kept: its result is over
     the cap, so only its exit code is read and ``result_overflow`` is set."""
     state: dict[str, Any] = {}
     limit = 2 * result_cap + pump.RESULT_SLACK
     ctx.reply_buf.clear()
-    line = dumps({"code": spec["code"], "cwd": spec["cwd"]}) + "\n"
-    data = memoryview(line.encode())
-    while data:
-        data = data[os.write(ctx.req_w, data):]
+    try:
+        write_all(ctx.req_w, request)
+    except BrokenPipeError:  # it ended just now: the cell did not run
+        state["done"] = ended(ctx) if ended else {"exit_code": -9, "signal": 9, "died": True}
 
     def on_extra(fd: int) -> None:
         try:
@@ -108,7 +111,7 @@ def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any],
         except OSError:
             chunk = b""
         if not chunk:
-            state["done"] = {"exit_code": -9, "signal": 9, "died": True}
+            state["done"] = ended(ctx) if ended else {"exit_code": -9, "signal": 9, "died": True}
             return
         if "done" in state:
             return  # a late write after the reply line (only user code writes to fd 4 then)
@@ -145,20 +148,37 @@ def start(agent: Any, ctx: JsContext, spec: dict[str, Any], req: dict[str, Any],
     return watch, kill, state
 
 
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[str, Any],
                    result_cap: int = pump.DEFAULT_OUTPUT_CAP):
     """Start a cell in the context (spawned on first use); (watch, kill, note, state)."""
+    request = (dumps({"code": spec["code"], "cwd": spec["cwd"]}) + "\n").encode()
+    return run_in(agent, agent.js_contexts, lambda: spawn(agent, context_id), context_id, request, result_cap)
+
+
+def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext], context_id: str,
+           request: bytes | Callable[[JsContext], bytes], result_cap: int,
+           ended: Callable[[JsContext], dict[str, Any]] | None = None):
+    """A cell in ``table[context_id]``, made by ``make`` on first use (a JS or a bash context)."""
     note: dict[str, Any] = {"context_id": context_id}
-    ctx = agent.js_contexts.get(context_id)
+    ctx = table.get(context_id)
+    if ctx is not None and agent._context_ended(ctx.pid):  # after its last reply (a late exit)
+        agent._drop_context(context_id)
+        ctx = None
     if ctx is None:
         agent._check_context_room()
-        ctx = agent.js_contexts[context_id] = spawn(agent, context_id)
+        ctx = table[context_id] = make()
         note["context_new"] = True
         if context_id in agent.reset_contexts:
             agent.reset_contexts.discard(context_id)
             note["context_restarted"] = True
-            note["context_note"] = "this context was restarted after a timeout; earlier state is gone"
+            note["context_note"] = RESTARTED
     ctx.executions += 1
     note["context_executions"] = ctx.executions
-    watch, kill, state = start(agent, ctx, spec, req, result_cap)
+    watch, kill, state = start(agent, ctx, request(ctx) if callable(request) else request, result_cap, ended)
     return watch, kill, note, state

@@ -57,6 +57,7 @@ class Agent(Children):
         self.exited: dict[int, tuple[int, Any]] = {}
         self.contexts: dict[str, contexts.Context] = {}
         self.js_contexts: dict[str, js_contexts.JsContext] = {}
+        self.sh_contexts: dict[str, js_contexts.JsContext] = {}  # bash (bash_contexts.py)
         self.reset_contexts: set[str] = set()
         self.frames = protocol.FrameBuffer()
         self.pending: list[dict[str, Any]] = []  # a frame or two: no deque (collections costs ~1 ms a start)
@@ -217,7 +218,7 @@ class Agent(Children):
         self._discard_spare()
         for ctx in list(self.contexts.values()):
             pump.kill_quietly(ctx.pid)
-        for js in list(self.js_contexts.values()):
+        for js in self._pipe_contexts():
             pump.kill_quietly(js.pid)
         procs.kill_tree(os.getpid(), include_root=False)
         fileops.remove_tree(self.tmp)  # background output files included
@@ -262,12 +263,13 @@ class Agent(Children):
         raise RequestError(f"unknown operation {op!r}", field="op")
 
     def op_ping(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
-        return {"pong": True, "pid": os.getpid(), "contexts": sorted({*self.contexts, *self.js_contexts}),
+        return {"pong": True, "pid": os.getpid(),
+                "contexts": sorted({*self.contexts, *self.js_contexts, *self.sh_contexts}),
                 "spare_figures": self.spare_figures(), "beside_run": sorted(protocol.FILE_OPS)}
 
     def op_context_reset(self, rid: Any, req: dict[str, Any]) -> dict[str, Any]:
         cid = str(req.get("context_id"))
-        existed = cid in self.contexts or cid in self.js_contexts
+        existed = cid in self.contexts or cid in self.js_contexts or cid in self.sh_contexts
         self._drop_context(cid)
         self.reset_contexts.discard(cid)
         return {"reset": existed}

@@ -168,8 +168,10 @@ TOOLS: list[ToolDef] = [
                   "language": {"type": "string", "enum": ["python", "javascript", "bash"], "default": "python"},
                   "session_id": SESSION_ID,
                   "context_id": {"type": "string", "maxLength": 64, "pattern": NAME_PATTERN,
-                                 "description": "Python context whose globals persist (default: the session's "
-                                                "own). Use another id for a fresh namespace."},
+                                 "description": "Context whose state persists: Python or JavaScript globals, "
+                                                "a bash shell's variables and working directory (default for "
+                                                "Python: the session's own; JavaScript and bash without one "
+                                                "start fresh each call). Use another id for a fresh one."},
                   "timeout": TIMEOUT,
                   "arguments": {"type": "object", "description": "Keyword arguments for main(**arguments) "
                                                                  "(Python) or main(arguments) (JavaScript)."}},

@@ -327,10 +327,16 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         }, timeout, on_output, inline_artifacts)
 
     def run_command(self, instance_id: str, command: str, timeout: int = 30, *, cwd: str | None = None,
-                    env: dict[str, str] | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
+                    env: dict[str, str] | None = None, on_output: OutputCallback | None = None,
+                    context_id: str | None = None, start_env: dict[str, str] | None = None) -> ExecutionResult:
+        """``context_id``: run in that bash context (agent/bash_contexts.py), whose variables and
+        working directory persist (E2B's bash cells). ``cwd`` and ``start_env`` are then where and
+        with what environment a new context starts; ``env`` is set for this command and put back
+        after it."""
         if not isinstance(command, str) or not command.strip():
             raise InvalidConfigError("command must be a non-empty string", details={"field": "command"})
-        return self._exec(instance_id, {"language": "bash", "code": command, "cwd": cwd, "env": env or {}},
+        return self._exec(instance_id, {"language": "bash", "code": command, "cwd": cwd, "env": env or {},
+                                        "context_id": context_id, "start_env": start_env or {}},
                           timeout, on_output, False)
 
     def _check_timeout(self, timeout: Any) -> float:

@@ -173,6 +173,28 @@ def test_context_cwd_is_the_cells_directory(sbx, language: str, code: str) -> No
     sbx.remove_code_context(ctx)
 
 
+def test_bash_context_starts_in_its_cwd_and_keeps_cd_exports_and_variables(sbx) -> None:
+    sbx.files.write("/home/user/bsub/deeper/f.txt", "x")
+    ctx = sbx.create_code_context(cwd="/home/user/bsub", language="bash")
+    assert sbx.run_code("pwd", context=ctx).logs.stdout[0].endswith("/bsub\n")  # the box's own path of it
+    sbx.run_code("cd deeper && export SBX_ENV=changed && count=2", context=ctx)
+    r = sbx.run_code("echo $(pwd) $SBX_ENV $count", context=ctx, envs={"count": "ignored-if-set"})
+    assert r.logs.stdout[0].endswith("/bsub/deeper changed ignored-if-set\n")  # a run's envs hold for the run
+    assert sbx.run_code("echo $count", context=ctx).logs.stdout == ["2\n"]  # and are put back after it
+    failed = sbx.run_code("echo ${nope:?not set}", context=ctx)
+    assert failed.error is not None and "not set" in "".join(failed.logs.stderr)
+    assert sbx.run_code("echo $count", context=ctx).logs.stdout == ["2\n"]  # the error ended the cell only
+    sbx.restart_code_context(ctx)
+    out = sbx.run_code("echo $(pwd) $SBX_ENV ${count-none}", context=ctx).logs.stdout
+    assert out[0].endswith("/bsub from-create none\n"), out  # a restart starts a fresh shell, with the sandbox's envs
+    sbx.remove_code_context(ctx)
+
+
+def test_default_bash_context_keeps_state_between_cells(sbx) -> None:
+    sbx.run_code("greet() { echo hello $1; }; cd /home/user", language="bash")
+    assert sbx.run_code("greet $(pwd)", language="bash").logs.stdout == ["hello /home/user\n"]
+
+
 def test_context_cwd_must_exist(sbx) -> None:
     with pytest.raises(e2b.SandboxException, match="400.*not a directory"):
         sbx.create_code_context(cwd="/home/user/no-such-dir")

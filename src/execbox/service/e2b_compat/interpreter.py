@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...errors import InvalidConfigError, SandboxError, SessionNotFoundError
 from ...models import ExecutionResult, Language
+from ...providers.agent_backed import AgentBackedProvider
 from ...providers.base import OutputCallback, SandboxProvider
 from ..executions import RunSpec
 from ..streaming import RunHandle
@@ -47,7 +48,7 @@ LANGUAGES = {"python": "python", "py": "python", "javascript": "javascript", "js
 EXEC_TIMEOUT = 300.0
 MAX_CONTEXTS = 16
 """Code contexts one sandbox may hold (the defaults included): the agent keeps at most 16 live
-context processes per box, both languages together (docs/e2b-compat.md)."""
+context processes per box, all languages together (docs/e2b-compat.md)."""
 MAX_CWD = 4096
 STOP_WAIT = 10.0
 """Seconds restart/remove wait for a cell running in the context to stop once cancelled."""
@@ -196,7 +197,7 @@ class Interpreter:
     async def context_op(self, sb: E2BSandbox, parts: list[str], method: str) -> Response:
         ctxs = contexts_of(sb)
         ctx = ctxs.by_id.get(parts[0]) if parts else None
-        if ctx is None and parts and parts[0] in ("default-python", "default-javascript"):
+        if ctx is None and parts and parts[0] in ("default-python", "default-javascript", "default-bash"):
             ctx = ctxs.default(parts[0].split("-", 1)[1])  # a default context not used yet
         if ctx is None:
             return envd_error(404, f"context {clip(parts[0] if parts else '')!r} not found")
@@ -319,8 +320,8 @@ class Interpreter:
         language = ctx.language
         cwd = _rel_cwd(ctx)
         # E2B starts kernels with the sandbox's envs (a context's first cell sets them); the run's
-        # envs hold for the cell. A bash run is a process of its own: both, the run's on top.
-        env = {**sb.env_vars, **envs}
+        # envs hold for the cell. A bash context starts with the sandbox's; a provider without
+        # bash contexts runs each bash cell as a process of its own: both, the run's on top.
         if language == "python":
             program = python_cell(code, envs, cwd, start_env=sb.env_vars)
         elif language == "javascript":
@@ -333,9 +334,12 @@ class Interpreter:
         def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
                  out: OutputCallback | None) -> ExecutionResult:
             cap.append(int(getattr(provider, "output_cap", 0) or 0))
+            if language == "bash" and isinstance(provider, AgentBackedProvider):
+                return provider.run_command(instance_id, program, EXEC_TIMEOUT, cwd=cwd, env=envs, on_output=out,
+                                            context_id=ctx.execbox_id(), start_env=sb.env_vars)
             if language == "bash":
-                return provider.run_command(instance_id, program, EXEC_TIMEOUT, cwd=cwd, env=env or None,
-                                            on_output=out)
+                return provider.run_command(instance_id, program, EXEC_TIMEOUT, cwd=cwd,
+                                            env={**sb.env_vars, **envs} or None, on_output=out)
             # enable_ast_analysis judges the user's code, not the cell driver around it
             provider.check_code_policy(code, Language.parse(language))
             kwargs: dict[str, Any] = {"on_output": out}
