@@ -145,7 +145,7 @@ except AttributeError:
 __e2b_sys = __e2b_b["__import__"]("sys")
 __e2b_m = __e2b_sys.modules.get({module!r})
 if __e2b_m is None:
-    __e2b_m = type(__e2b_sys)({module!r})
+    __e2b_m = __e2b_b["type"](__e2b_sys)({module!r})
     __e2b_b["exec"]({driver!r}, __e2b_m.__dict__)
     __e2b_sys.modules[{module!r}] = __e2b_m
 __e2b_m.run({args})
