@@ -15,6 +15,7 @@ from typing import Any
 import mcp_types as types
 
 from ..errors import InvalidConfigError, SandboxError
+from ..models import Language
 from ..service.sessions import NAME_PATTERN
 from .core import Caller, ServiceCore
 from .results import data_result, execution_result, file_uri
@@ -70,8 +71,8 @@ def run_code(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) 
     timeout, capped = core.timeout(args.get("timeout"))
     context_id = args.get("context_id")
     language = args.get("language", "python")
-    if context_id is None and language == "python":
-        context_id = "mcp"  # globals persist across run_code calls in the session
+    if context_id is None and Language.parse(language) in (Language.PYTHON, Language.BASH):
+        context_id = "mcp"  # Python globals, the shell's variables and cd persist across calls
     result = core.run_code(caller, sid, args["code"], language, timeout, args.get("arguments"), context_id)
     return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None)
 
@@ -162,16 +163,17 @@ TOOLS: list[ToolDef] = [
             "Run Python, JavaScript (Node.js) or bash code in an isolated sandbox and return stdout, stderr, "
             "the exit code and, when the code defines main(), main's JSON return value. Python globals persist "
             "across run_code calls in the same session (a Jupyter-like context), so define data once and reuse "
-            "it. matplotlib figures come back as PNG images; files written under artifacts/ come back as "
-            "resources. The sandbox has no network access unless the operator allows it.",
+            "it; so do a bash shell's variables, functions and working directory (cd carries over). matplotlib "
+            "figures come back as PNG images; files written under artifacts/ come back as resources. The "
+            "sandbox has no network access unless the operator allows it.",
             _obj({"code": {"type": "string", "minLength": 1, "description": "The program to run."},
                   "language": {"type": "string", "enum": ["python", "javascript", "bash"], "default": "python"},
                   "session_id": SESSION_ID,
                   "context_id": {"type": "string", "maxLength": 64, "pattern": NAME_PATTERN,
                                  "description": "Context whose state persists: Python or JavaScript globals, "
                                                 "a bash shell's variables and working directory (default for "
-                                                "Python: the session's own; JavaScript and bash without one "
-                                                "start fresh each call). Use another id for a fresh one."},
+                                                "Python and bash: the session's own; JavaScript without one "
+                                                "starts fresh each call). Use another id for a fresh one."},
                   "timeout": TIMEOUT,
                   "arguments": {"type": "object", "description": "Keyword arguments for main(**arguments) "
                                                                  "(Python) or main(arguments) (JavaScript)."}},

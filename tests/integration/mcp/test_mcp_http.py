@@ -65,9 +65,12 @@ def test_python_state_persists_and_javascript_and_bash_run(service) -> None:
                                                    "arguments": {"n": 7}}),
                     await c.call_tool("run_code", {"code": "console.log([1,2,3].map(x => x * 2).join(','))",
                                                    "language": "javascript"}),
-                    await c.call_tool("run_command", {"command": "echo out; echo err >&2; exit 3"})]
+                    await c.call_tool("run_command", {"command": "echo out; echo err >&2; exit 3"}),
+                    await c.call_tool("run_code", {"code": "mkdir -p proj && cd proj && n=7", "language": "bash"}),
+                    await c.call_tool("run_code", {"code": "echo $n $(basename $PWD)", "language": "bash"})]
 
-    first, second, with_main, js, sh = run_async(go)
+    first, second, with_main, js, sh, _, shell = run_async(go)
+    assert shell.structured_content["stdout"] == "7 proj\n"  # the session's shell keeps variables and cd
     assert not first.is_error and not second.is_error
     assert second.structured_content["stdout"] == "[1, 2, 3]\n"
     assert first.structured_content["session_id"] == second.structured_content["session_id"]
