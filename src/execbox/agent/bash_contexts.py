@@ -21,8 +21,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import js_contexts, privsep, procs
-from .lean import signal
+from . import js_contexts, procs
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -90,27 +89,12 @@ def spawn(agent: Any, context_id: str, cwd: str, start_env: dict[str, str]) -> B
     err_r, err_w = os.pipe()
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            agent.child_prepare()
-            for sig in privsep.IGNORED_SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
-            # stderr is /dev/null until SETUP's last line: an interactive shell without a
-            # terminal first complains that it has no job control
-            quiet = os.open(os.devnull, os.O_WRONLY)
-            moves = ((cmd_r, 10), (out_w, 11), (quiet, 12), (req_r, 13), (rep_w, 14), (err_w, 15))
-            for src, dst in moves:  # above 0-5 first: a pipe's own number may be one of them
-                os.dup2(src, dst)
-            for dst in range(6):
-                os.dup2(10 + dst, dst)  # dup2 targets are inheritable
-            os.closerange(6, 1024)
-            os.chdir(cwd)
-            procs.apply_rlimits(agent.limits, allow_address_space=False)
-            env = {**os.environ, **start_env, "PS1": "", "PS2": "", "PS4": "+ "}
-            os.execve(agent.bash, [agent.bash, "--noprofile", "--norc", "--noediting", "-i"], env)
-        except BaseException:  # noqa: BLE001
-            os._exit(127)
+    # stderr (fd 2) is /dev/null until SETUP's last line moves fd 5 there: an interactive shell
+    # without a terminal first complains that it has no job control
+    env = {**os.environ, **start_env, "PS1": "", "PS2": "", "PS4": "+ "}
+    pid = js_contexts.fork_exec(
+        agent, lambda: [cmd_r, out_w, os.open(os.devnull, os.O_WRONLY), req_r, rep_w, err_w],
+        [agent.bash, "--noprofile", "--norc", "--noediting", "-i"], env, cwd)
     for fd in (cmd_r, out_w, err_w, req_r, rep_w):
         os.close(fd)
     os.set_blocking(out_r, False)

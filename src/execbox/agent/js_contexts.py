@@ -38,30 +38,40 @@ class JsContext:
         return (self.out_r, self.err_r, self.req_w, self.rep_r)
 
 
-def spawn(agent: Any, context_id: str) -> JsContext:
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    req_r, req_w = os.pipe()
-    rep_r, rep_w = os.pipe()
+def fork_exec(agent: Any, fds: Callable[[], list[int]], argv: list[str], env: dict[str, str], cwd: str) -> int:
+    """A context's process: the sandbox user (child_prepare), ``fds()[i]`` as fd i and nothing
+    else open, the agent's rlimits, ``argv`` exec'd; its pid. ``fds`` runs in the child."""
     pid = os.fork()
     if pid == 0:
         try:
             agent.child_prepare()
             for sig in privsep.IGNORED_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            for src, dst in ((devnull, 0), (out_w, 1), (err_w, 2), (req_r, 3), (rep_w, 4)):
+            wanted = fds()
+            # copies first, above 0-2 (always open): a pipe's own number may be one of 0..n
+            high = [os.dup(fd) for fd in wanted]
+            for dst, src in enumerate(high):
                 os.dup2(src, dst)  # dup2 targets are inheritable
-            os.closerange(5, 1024)
-            os.chdir(agent.ws)
+            os.closerange(len(wanted), 1024)
+            os.chdir(cwd)
             procs.apply_rlimits(agent.limits, allow_address_space=False)
-            heap = agent.limits.get("memory_bytes")
-            argv = [agent.node]
-            if heap:
-                argv.append(f"--max-old-space-size={int(heap // (1024 * 1024) * 3 // 4)}")
-            os.execve(agent.node, [*argv, JS_CONTEXT], dict(os.environ))
+            os.execve(argv[0], argv, env)
         except BaseException:  # noqa: BLE001
             os._exit(127)
+    return pid
+
+
+def spawn(agent: Any, context_id: str) -> JsContext:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    argv = [agent.node]
+    heap = agent.limits.get("memory_bytes")
+    if heap:
+        argv.append(f"--max-old-space-size={int(heap // (1024 * 1024) * 3 // 4)}")
+    pid = fork_exec(agent, lambda: [os.open(os.devnull, os.O_RDONLY), out_w, err_w, req_r, rep_w],
+                    [*argv, JS_CONTEXT], dict(os.environ), agent.ws)
     for fd in (out_w, err_w, req_r, rep_w):
         os.close(fd)
     os.set_blocking(out_r, False)
