@@ -1,6 +1,7 @@
 """Bench: the jail provider beside its baselines, measured in the same run.
 
-Rows: `print(1)` in a jail session and one-shot from the warm pool at concurrency 1 and 4; a fresh
+Rows: `print(1)` in a jail session and one-shot from the warm pool at concurrency 1 and 4; bash
+`echo 1` in a session as a process per run and in a bash context (its long-lived shell); a fresh
 `python3 -I -S -c` process and a fresh `bwrap ... python3 -I -S -c` box as baselines; pandas +
 matplotlib plot in a preloaded session (warm) vs a box without preload and a fresh process (cold);
 idle box memory. Prints tables only, asserts nothing.
@@ -73,6 +74,12 @@ def run_ok(provider: JailProvider, iid: str, code: str, expect: str = "1\n") -> 
     r = provider.execute_code(iid, code, "python", 60)
     if r.exit_code != 0 or (expect and r.stdout != expect):
         raise RuntimeError(r.stderr[-300:] or r.stdout[-300:])
+
+
+def _bash_ok(provider: JailProvider, iid: str, context_id: str | None) -> None:
+    r = provider.execute_code(iid, "echo 1", "bash", 30, None, context_id=context_id)
+    if r.stdout != "1\n":
+        raise RuntimeError(f"unexpected result: {r.stdout!r} {r.stderr!r}")
 
 
 def oneshot_from_pool(provider: JailProvider, n: int, concurrency: int) -> tuple[Row, float]:
@@ -196,6 +203,11 @@ def main() -> None:
             get, close = sessions(p, f"s{conc}")
             rows.append(measure("jail session print(1)", lambda get=get: run_ok(p, get(), "print(1)"), n=n,
                                 concurrency=conc, baseline="baseline: fresh python3 -I -S -c"))
+            if conc == 1:  # bash: a process per run vs. the context's long-lived shell
+                iid = get()
+                rows.append(measure("jail session bash echo 1", lambda iid=iid: _bash_ok(p, iid, None), n=n))
+                rows.append(measure("jail session bash echo 1, bash context",
+                                    lambda iid=iid: _bash_ok(p, iid, "sh"), n=n, baseline="jail session bash echo 1"))
             close()
         hit_rates = []
         for conc in (1, 4):
