@@ -128,6 +128,7 @@ class Background:
                     os.write(sync_w, f"{type(e).__name__}: {e}".encode()[:500])
                 finally:
                     os._exit(127)
+        agent.exited.pop(pid, None)  # a reused pid's old status is not this child's
         for fd in (out_fd, err_fd, in_r, sync_w, ctl_r):
             if fd >= 0:
                 os.close(fd)

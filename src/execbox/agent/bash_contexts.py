@@ -7,11 +7,17 @@ syntax error) ends that cell, not the shell. ``exit`` ends the shell, and ``set 
 failing command does too; the context is then dropped like a timed-out one.
 
 Its pipes (js_contexts.JsContext, plus one): fd 0 takes two fixed command lines per cell,
-fd 3 that cell's data (the file holding its code, then its ``env`` as name/value pairs, all
-NUL-terminated: nothing the caller sends is ever parsed as shell syntax), fd 4 the reply line
-``{"exit_code":N}``, stdout and stderr its own for life. A cell's code is sourced from a file
-with fds 3 and 4 closed and stdin on /dev/null, so what it runs sees neither. ``env`` is set
-for the cell and put back after it unless the cell changed it (E2B's ``run_code(envs=...)``).
+fd 3 the names of that cell's two files, NUL-terminated (its code; its ``env`` as NUL-terminated
+name/value pairs, or an empty name for none: nothing the caller sends is ever parsed as shell
+syntax, and no pipe write is larger than a few hundred bytes), fd 4 the reply line
+``{"exit_code":N}``, fds 5 and 6 the context's stderr and stdout for life (the shell's own
+fds 1 and 2 are /dev/null). A cell's code is sourced from a file with fds 3-6 closed, stdout
+and stderr on the context's pipes and stdin on /dev/null, so the processes it starts see none
+of the others. The shell itself keeps saved copies of them while the cell runs, so a cell can
+write its own context's reply early: that only confuses its own results (a reply that is not
+well-formed ends the context); it gains nothing a background job in the context lacks.
+``env`` is set for the cell and put back after it unless the cell changed it (E2B's
+``run_code(envs=...)``).
 The request's ``cwd`` and ``start_env`` are where and with what environment a new context
 starts (E2B's sandbox ``envs``); after that, ``cd`` and ``export`` in a cell carry over.
 """
@@ -27,18 +33,25 @@ TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annota
 if TYPE_CHECKING:
     from typing import Any
 
-# Sent once to the shell's stdin. The helpers' names start with __execbox_; a cell that
-# redefines them, or the builtins they call, breaks only its own context.
+# Sent once to the shell's stdin. The helpers' names start with __execbox_ (env names may not);
+# a cell that redefines them, or the builtins they call, breaks only its own context: the run
+# times out and the next starts a fresh shell. One that makes their variables readonly ends it.
 SETUP = rb"""unset HISTFILE MAILCHECK MAILPATH MAIL PROMPT_COMMAND
 set +o history +m +H
 __execbox_pre() {
-  IFS= builtin read -r -d '' __execbox_file <&3 || builtin exit 0
-  IFS= builtin read -r -d '' __execbox_n <&3 || builtin exit 0
+  local - IFS=
+  set +u +e
+  if [[ ${__execbox_file@a}${__execbox_envs@a}${__execbox_names@a}${__execbox_new@a} == *r* ||
+        ${__execbox_old@a}${__execbox_had@a} == *r* ]]; then
+    builtin printf 'execbox: a cell made the shell'"'"'s own __execbox_ variables readonly; this shell ends\n' >&5
+    builtin exit 70
+  fi
+  builtin read -r -d '' __execbox_file <&3 || builtin exit 0
+  builtin read -r -d '' __execbox_envs <&3 || builtin exit 0
   __execbox_names=() __execbox_new=() __execbox_old=() __execbox_had=()
+  [[ -n $__execbox_envs ]] || builtin return 0
   local __execbox_k __execbox_v
-  while (( __execbox_n > 0 )); do
-    IFS= builtin read -r -d '' __execbox_k <&3 || builtin exit 0
-    IFS= builtin read -r -d '' __execbox_v <&3 || builtin exit 0
+  while builtin read -r -d '' __execbox_k && builtin read -r -d '' __execbox_v; do
     __execbox_names+=("$__execbox_k") __execbox_new+=("$__execbox_v")
     if [[ -n ${!__execbox_k+x} ]]; then
       __execbox_had+=(1) __execbox_old+=("${!__execbox_k}")
@@ -46,11 +59,11 @@ __execbox_pre() {
       __execbox_had+=(0) __execbox_old+=("")
     fi
     builtin export "$__execbox_k=$__execbox_v"
-    __execbox_n=$((__execbox_n - 1))
-  done
+  done < "$__execbox_envs"
 }
 __execbox_answer() {
-  local __execbox_rc=$1 __execbox_i=0 __execbox_k
+  local - __execbox_rc=$1 __execbox_i=0 __execbox_k
+  set +u +e
   for __execbox_k in "${__execbox_names[@]}"; do
     if [[ -n ${!__execbox_k+x} && ${!__execbox_k} == "${__execbox_new[__execbox_i]}" ]]; then
       if [[ ${__execbox_had[__execbox_i]} == 1 ]]; then
@@ -63,12 +76,16 @@ __execbox_answer() {
   done
   builtin printf '{"exit_code":%d}\n' "$__execbox_rc" >&4
 }
-exec 2>&5 5>&-
 """
-# One cell: the first line reads the cell's data and sources its file; if an error ends that
-# line early, the second still answers (with the status the error left).
-CELL = b'__execbox_pre; builtin source "$__execbox_file" </dev/null 3<&- 4>&-\n__execbox_answer "$?"\n'
+# One cell: the first line reads the cell's data and sources its file with the cell's stdout
+# and stderr (fds 6 and 5); if an error ends that line early, the second still answers (with
+# the status the error left). The shell's own stdout and stderr are /dev/null, so what it
+# prints between cells (its prompt, a PROMPT_COMMAND a cell set, `set -x` traces of the two
+# helpers) reaches no cell's output.
+CELL = (b'__execbox_pre; builtin source "$__execbox_file" </dev/null >&6 2>&5 3<&- 4>&- 5>&- 6>&-\n'
+        b'__execbox_answer "$?"\n')
 EXIT_WAIT = 1.0  # seconds to wait for a shell whose reply pipe closed to be reapable
+MAX_ENV_STRING = 128 * 1024 - 1  # execve's limit on one NAME=value string (MAX_ARG_STRLEN)
 
 
 class BashContext(js_contexts.JsContext):
@@ -89,20 +106,21 @@ def spawn(agent: Any, context_id: str, cwd: str, start_env: dict[str, str]) -> B
     err_r, err_w = os.pipe()
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
-    # stderr (fd 2) is /dev/null until SETUP's last line moves fd 5 there: an interactive shell
-    # without a terminal first complains that it has no job control
     env = {**os.environ, **start_env, "PS1": "", "PS2": "", "PS4": "+ "}
-    pid = js_contexts.fork_exec(
-        agent, lambda: [cmd_r, out_w, os.open(os.devnull, os.O_WRONLY), req_r, rep_w, err_w],
-        [agent.bash, "--noprofile", "--norc", "--noediting", "-i"], env, cwd)
+
+    def fds() -> list[int]:
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        return [cmd_r, quiet, quiet, req_r, rep_w, err_w, out_w]
+
+    pid = js_contexts.fork_exec(agent, fds, [agent.bash, "--noprofile", "--norc", "--noediting", "-i"], env, cwd)
     for fd in (cmd_r, out_w, err_w, req_r, rep_w):
         os.close(fd)
-    os.set_blocking(out_r, False)
-    os.set_blocking(err_r, False)
+    for fd in (out_r, err_r, req_w, cmd_w):
+        os.set_blocking(fd, False)
     ctx = BashContext(context_id, pid, out_r, err_r, req_w, rep_r, cmd_w)
     try:
-        js_contexts.write_all(cmd_w, SETUP)
-    except BrokenPipeError:  # it died at once: the cell's write finds it dead and says so
+        js_contexts.write_all(cmd_w, SETUP, time.monotonic() + 5)  # an empty pipe takes it at once
+    except (BrokenPipeError, TimeoutError):  # it died at once: the cell's write finds it dead and says so
         pass
     return ctx
 
@@ -139,26 +157,30 @@ def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[
 
     if "\x00" in spec["code"]:
         raise RequestError("code must not contain NUL characters", field="code")
-    bad = [k for k in spec["env"] if not (k.isascii() and k.isidentifier())]
+    bad = [k for k in spec["env"] if not (k.isascii() and k.isidentifier()) or k.startswith("__execbox_")]
     if bad:
-        raise RequestError(f"env name {bad[0]!r} is not a shell variable name", field="env")
+        raise RequestError(f"env name {bad[0]!r} is not a shell variable name a cell may set", field="env")
     start_env, _ = procs.request_env_and_cwd(agent.ws, {"env": req.get("start_env")}, RequestError)
-    path = os.path.join(agent.tmp, "cell.sh")  # removed with the run's other files
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(spec["code"])
-    data = bytearray(path.encode() + b"\0" + str(len(spec["env"])).encode() + b"\0")
-    for name, value in spec["env"].items():
-        data += name.encode() + b"\0" + value.encode() + b"\0"
+    for name, value in start_env.items():
+        if name.startswith("__execbox_") or len(name) + len(value) + 2 > MAX_ENV_STRING:
+            raise RequestError(f"start_env {name[:64]!r}: the name is reserved or the entry is longer than "
+                               f"{MAX_ENV_STRING} bytes", field="start_env")
+    code_path = agent.run_file(".sh", spec["code"].encode())
+    env_path = ""
+    if spec["env"]:
+        env_path = agent.run_file(".env", b"".join(
+            k.encode() + b"\0" + v.encode() + b"\0" for k, v in spec["env"].items()))
+    data = code_path.encode() + b"\0" + env_path.encode() + b"\0"
 
     def make() -> BashContext:
         return spawn(agent, context_id, spec["cwd"], start_env)
 
-    def request_for(ctx: js_contexts.JsContext) -> bytes:
+    def request_for(ctx: js_contexts.JsContext, deadline: float) -> bytes:
         try:
-            js_contexts.write_all(ctx.cmd_w, CELL)  # type: ignore[attr-defined]
+            js_contexts.write_all(ctx.cmd_w, CELL, deadline)  # type: ignore[attr-defined]
         except BrokenPipeError:  # it ended just now: writing the data finds that out too
             pass
-        return bytes(data)
+        return data
 
-    return js_contexts.run_in(agent, agent.sh_contexts, make, context_id, request_for, result_cap,
-                              ended(agent))
+    return js_contexts.run_in(agent, agent.sh_contexts, make, context_id, request_for, spec["timeout"],
+                              result_cap, ended(agent))

@@ -135,7 +135,7 @@ class Children(Spares):
             self._cleanup_run_files()
         elapsed = time.monotonic() - start
         if context_id is not None and (out["timed_out"] or out["cancelled"] or out["exit"].get("died")):
-            self._drop_context(str(context_id))
+            self._drop_context(str(context_id), self._context_table(spec["language"]))
             ctx_note["context_reset"] = True
             ctx_note["context_note"] = (f"context {context_id!r} was killed "
                                         f"({'timeout' if out['timed_out'] else 'ended'}); "
@@ -188,6 +188,22 @@ class Children(Spares):
             cancel = True  # the host is gone: stop the run
         return cancel
 
+    def run_file(self, suffix: str, data: bytes) -> str:
+        """A file for this run in the agent's temp dir, removed with the run's other files.
+
+        A fresh, unguessable name, created here: user code runs as the agent's uid and can
+        write to that dir, but a FIFO it planted (which would block the agent's open) or a
+        symlink (which would send the write elsewhere) is never this file."""
+        path = os.path.join(self.tmp, f"run-{os.urandom(8).hex()}{suffix}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return path
+
     def _cleanup_run_files(self) -> None:
         for name in os.listdir(self.tmp):
             try:
@@ -199,13 +215,9 @@ class Children(Spares):
         lang = spec["language"]
         code_path = args_path = ""
         if lang != "python":
-            code_path = os.path.join(self.tmp, "code.js" if lang == "javascript" else "script.sh")
-            with open(code_path, "w", encoding="utf-8") as f:
-                f.write(spec["code"])
+            code_path = self.run_file(".js" if lang == "javascript" else ".sh", spec["code"].encode())
             if spec["arguments"] is not None:
-                args_path = os.path.join(self.tmp, "arguments.json")
-                with open(args_path, "w", encoding="utf-8") as f:
-                    f.write(dumps(spec["arguments"]))
+                args_path = self.run_file(".json", dumps(spec["arguments"]).encode())
         limits = dict(self.limits)
         limits.update({k: v for k, v in (req.get("limits") or {}).items() if v})
         job = {"spec": spec, "stream": bool(req.get("stream")), "prefix": prefix, "code_path": code_path,
@@ -281,8 +293,18 @@ class Children(Spares):
             keep.add(self.spare.pid)
         return keep
 
+    def _context_table(self, language: str) -> dict[str, Any]:
+        return {"python": self.contexts, "javascript": self.js_contexts, "bash": self.sh_contexts}[language]
+
     def _check_context_room(self) -> None:
-        if len(self.contexts) + len(self.js_contexts) + len(self.sh_contexts) >= contexts.MAX_CONTEXTS:
+        tables = (self.contexts, self.js_contexts, self.sh_contexts)
+        if sum(map(len, tables)) >= contexts.MAX_CONTEXTS:
+            self.on_wake()  # contexts whose process ended since their last run hold no room
+            for table in tables:
+                for cid, ctx in list(table.items()):
+                    if self.exited.pop(ctx.pid, None) is not None:
+                        self._drop_context(cid, table)
+        if sum(map(len, tables)) >= contexts.MAX_CONTEXTS:
             raise RequestError(f"too many contexts (max {contexts.MAX_CONTEXTS}); reset one first",
                                status=429, code="SB008", field="context_id")
 
@@ -300,6 +322,7 @@ class Children(Spares):
                 contexts.context_main(child, self.ws, self.artifacts)
             finally:
                 os._exit(0)
+        self.exited.pop(pid, None)  # a reused pid's old status is not this child's
         child.close()
         ctx = contexts.Context(context_id, pid, parent)
         self.contexts[context_id] = ctx
@@ -314,13 +337,15 @@ class Children(Spares):
         self.on_wake()
         return self.exited.pop(pid, None) is not None
 
-    def _drop_context(self, context_id: str) -> None:
+    def _drop_context(self, context_id: str, only: dict[str, Any] | None = None) -> None:
+        """End the contexts named ``context_id``: all languages' (``context.reset``), or only
+        the one in table ``only`` (a run that timed out or died: the others live on)."""
         for table in (self.js_contexts, self.sh_contexts):
-            js = table.pop(context_id, None)
+            js = table.pop(context_id, None) if only is None or only is table else None
             if js is not None:
                 js_contexts.close(js, self._keep_pids())
                 self.reset_contexts.add(context_id)
-        ctx = self.contexts.pop(context_id, None)
+        ctx = self.contexts.pop(context_id, None) if only is None or only is self.contexts else None
         if ctx is not None:
             pump.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on
             ctx.sock.close()
@@ -331,7 +356,7 @@ class Children(Spares):
         note: dict[str, Any] = {"context_id": context_id}
         ctx = self.contexts.get(context_id)
         if ctx is not None and self._context_ended(ctx.pid):  # after its last reply (a late exit)
-            self._drop_context(context_id)
+            self._drop_context(context_id, self.contexts)
             ctx = None
         if ctx is None:
             ctx = self._spawn_context(context_id)

@@ -11,6 +11,8 @@ with its id starts from empty globals.
 from __future__ import annotations
 
 import os
+import select
+import time
 
 from . import privsep, procs, pump
 from .lean import dumps, loads, signal
@@ -58,6 +60,7 @@ def fork_exec(agent: Any, fds: Callable[[], list[int]], argv: list[str], env: di
             os.execve(argv[0], argv, env)
         except BaseException:  # noqa: BLE001
             os._exit(127)
+    agent.exited.pop(pid, None)  # a reused pid's old status is not this child's
     return pid
 
 
@@ -74,8 +77,8 @@ def spawn(agent: Any, context_id: str) -> JsContext:
                     [*argv, JS_CONTEXT], dict(os.environ), agent.ws)
     for fd in (out_w, err_w, req_r, rep_w):
         os.close(fd)
-    os.set_blocking(out_r, False)
-    os.set_blocking(err_r, False)
+    for fd in (out_r, err_r, req_w):
+        os.set_blocking(fd, False)
     return JsContext(context_id, pid, out_r, err_r, req_w, rep_r)
 
 
@@ -86,6 +89,24 @@ def close(ctx: JsContext, keep: set[int]) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+DIED = {"exit_code": -9, "signal": 9, "died": True}
+
+
+def _reply(raw: bytes) -> dict[str, Any] | None:
+    """A context's reply line as the context writes it, or None for anything else."""
+    try:
+        msg = loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(msg, dict) or type(msg.get("exit_code")) is not int:
+        return None
+    if msg.get("result") is not None and not isinstance(msg["result"], dict):
+        return None
+    if not isinstance(msg.get("peak_memory_kb"), (int, type(None))):
+        msg["peak_memory_kb"] = None
+    return msg
 
 
 def _exit_code_of(head: bytes) -> int:
@@ -100,20 +121,28 @@ def _exit_code_of(head: bytes) -> int:
         return 1
 
 
-def start(agent: Any, ctx: JsContext, request: bytes, result_cap: int = pump.DEFAULT_OUTPUT_CAP,
+def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_cap: int = pump.DEFAULT_OUTPUT_CAP,
           ended: Callable[[JsContext], dict[str, Any]] | None = None):
-    """Send one cell (``request``, written whole to the context's request pipe); the Watch is
-    done when the reply line (or EOF: the context died, ``ended`` says how) arrives.
+    """Send one cell (``request``, written whole to the context's request pipe by ``deadline``);
+    the Watch is done when the reply line (or EOF: the context died, ``ended`` says how) arrives.
 
     A reply line longer than the result pipe's bound (pump.pump) is not kept: its result is over
-    the cap, so only its exit code is read and ``result_overflow`` is set."""
+    the cap, so only its exit code is read and ``result_overflow`` is set. A reply that is not
+    the context's own (user code can write to the reply pipe) ends the context."""
     state: dict[str, Any] = {}
     limit = 2 * result_cap + pump.RESULT_SLACK
     ctx.reply_buf.clear()
+
+    def kill() -> None:
+        pump.kill_quietly(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
+
     try:
-        write_all(ctx.req_w, request)
+        write_all(ctx.req_w, request, deadline)
     except BrokenPipeError:  # it ended just now: the cell did not run
-        state["done"] = ended(ctx) if ended else {"exit_code": -9, "signal": 9, "died": True}
+        state["done"] = ended(ctx) if ended else DIED
+    except TimeoutError:  # it does not read its requests (a cell left it busy or stopped)
+        kill()
+        state["done"] = DIED
 
     def on_extra(fd: int) -> None:
         try:
@@ -134,9 +163,13 @@ def start(agent: Any, ctx: JsContext, request: bytes, result_cap: int = pump.DEF
         ctx.reply_buf += chunk
         if b"\n" in ctx.reply_buf:
             raw, _, _ = bytes(ctx.reply_buf).partition(b"\n")
-            msg = loads(raw)
+            msg = _reply(raw)
+            if msg is None:
+                kill()
+                state["done"] = DIED
+                return
             state["result_raw"] = dumps({"result": msg["result"]}).encode() if msg.get("result") else b""
-            state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
+            state["done"] = {"exit_code": msg["exit_code"], "signal": None,
                              "peak_memory_kb": msg.get("peak_memory_kb")}
         elif len(ctx.reply_buf) > limit:
             state["result_overflow"] = True
@@ -151,34 +184,41 @@ def start(agent: Any, ctx: JsContext, request: bytes, result_cap: int = pump.DEF
             return {"exit_code": code, "signal": sig, "died": True}
         return None
 
-    def kill() -> None:
-        pump.kill_quietly(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
-
     watch = pump.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.rep_r], on_extra=on_extra, persistent=True)
     return watch, kill, state
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes, deadline: float) -> None:
+    """All of ``data`` to the non-blocking pipe ``fd``, or TimeoutError once ``deadline`` (a
+    monotonic time) passes with its reader not reading: the agent never blocks on a context."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise TimeoutError("the context does not read its requests") from None
 
 
 def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[str, Any],
                    result_cap: int = pump.DEFAULT_OUTPUT_CAP):
     """Start a cell in the context (spawned on first use); (watch, kill, note, state)."""
     request = (dumps({"code": spec["code"], "cwd": spec["cwd"]}) + "\n").encode()
-    return run_in(agent, agent.js_contexts, lambda: spawn(agent, context_id), context_id, request, result_cap)
+    return run_in(agent, agent.js_contexts, lambda: spawn(agent, context_id), context_id, request,
+                  spec["timeout"], result_cap)
 
 
 def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext], context_id: str,
-           request: bytes | Callable[[JsContext], bytes], result_cap: int,
+           request: bytes | Callable[[JsContext, float], bytes], timeout: float, result_cap: int,
            ended: Callable[[JsContext], dict[str, Any]] | None = None):
-    """A cell in ``table[context_id]``, made by ``make`` on first use (a JS or a bash context)."""
+    """A cell in ``table[context_id]``, made by ``make`` on first use (a JS or a bash context);
+    ``request`` (or what it returns) goes to the request pipe within the run's ``timeout``."""
+    deadline = time.monotonic() + timeout
     note: dict[str, Any] = {"context_id": context_id}
     ctx = table.get(context_id)
     if ctx is not None and agent._context_ended(ctx.pid):  # after its last reply (a late exit)
-        agent._drop_context(context_id)
+        agent._drop_context(context_id, table)
         ctx = None
     if ctx is None:
         agent._check_context_room()
@@ -190,5 +230,12 @@ def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext
             note["context_note"] = RESTARTED
     ctx.executions += 1
     note["context_executions"] = ctx.executions
-    watch, kill, state = start(agent, ctx, request(ctx) if callable(request) else request, result_cap, ended)
+    try:
+        data, stuck = (request(ctx, deadline) if callable(request) else request), False
+    except TimeoutError:  # a bash context's command pipe stayed full
+        data, stuck = b"", True
+    watch, kill, state = start(agent, ctx, data, deadline, result_cap, ended)
+    if stuck and "done" not in state:
+        kill()
+        state["done"] = DIED
     return watch, kill, note, state

@@ -119,6 +119,7 @@ class Spares:
                 finally:
                     os._exit(127)
             os._exit(1)
+        self.exited.pop(pid, None)  # a reused pid's old status is not this child's
         took = time.monotonic() - started
         self.fork_cost = took if self.fork_cost is None else 0.8 * self.fork_cost + 0.2 * took
         for fd in (out_w, err_w, res_w, ctl_r):

@@ -184,7 +184,11 @@ def test_bash_context_starts_in_its_cwd_and_keeps_cd_exports_and_variables(sbx) 
     assert sbx.run_code("echo $count", context=ctx).logs.stdout == ["2\n"]  # and are put back after it
     failed = sbx.run_code("echo ${nope:?not set}", context=ctx)
     assert failed.error is not None and "not set" in "".join(failed.logs.stderr)
+    assert failed.error.value.endswith("not set (exit code 1)"), failed.error
     assert sbx.run_code("echo $count", context=ctx).logs.stdout == ["2\n"]  # the error ended the cell only
+    ended = sbx.run_code("exit 3", context=ctx).error
+    assert ended.value == "exit code 3; the shell ended, the next cell starts a fresh one", ended
+    sbx.run_code("cd deeper && export SBX_ENV=changed && count=2", context=ctx)
     sbx.restart_code_context(ctx)
     out = sbx.run_code("echo $(pwd) $SBX_ENV ${count-none}", context=ctx).logs.stdout
     assert out[0].endswith("/bsub from-create none\n"), out  # a restart starts a fresh shell, with the sandbox's envs

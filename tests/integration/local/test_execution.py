@@ -227,58 +227,6 @@ def test_context_recovers_from_timeout(sb):
     assert "restarted" in r.metadata.get("context_note", "")
 
 
-def _sh(sb, code: str, **kwargs):
-    return sb.run_code(code, "bash", context_id="sh", **kwargs)
-
-
-def test_bash_context_keeps_variables_functions_options_and_directory(sb):
-    sb.run_code("mkdir -p bsub", "bash")
-    r = _sh(sb, "x=5; declare -A m=([k]=v); f() { echo fn $1; }; alias hi='echo alias'; shopt -s nullglob; cd bsub")
-    assert r.exit_code == 0 and r.metadata["context_new"] is True
-    r = _sh(sb, "echo $x ${m[k]} $(f a) $(basename $PWD); hi; shopt -q nullglob && echo nullglob")
-    assert (r.stdout, r.exit_code) == ("5 v fn a bsub\nalias\nnullglob\n", 0)
-    assert sb.run_code("echo ${x-unset} $(basename $PWD)", "bash").stdout != r.stdout  # a one-shot: its own shell
-    other = sb.run_code("echo ${x-unset}", "bash", context_id="sh2")
-    assert other.stdout == "unset\n"
-
-
-def test_an_error_in_a_bash_cell_ends_the_cell_not_the_context(sb):
-    _sh(sb, "kept=yes")
-    for code, message in (("echo ${zz:?need zz}; echo no", "need zz"), ("set -u; echo $nope; echo no", "nope"),
-                          ("if then fi", "syntax error"), ("echo a; break; echo b", "break")):
-        r = _sh(sb, code)
-        assert message in r.stderr and "no\n" not in r.stdout, (code, r)
-    r = _sh(sb, "set +u; echo $kept")
-    assert r.stdout == "yes\n" and "context_reset" not in r.metadata
-
-
-def test_exit_ends_a_bash_context_with_its_code_and_the_next_cell_starts_fresh(sb):
-    _sh(sb, "gone=no")
-    r = _sh(sb, "echo bye; exit 3")
-    assert (r.stdout, r.exit_code, r.metadata.get("context_reset")) == ("bye\n", 3, True)
-    r = _sh(sb, "echo ${gone-fresh}")
-    assert r.stdout == "fresh\n" and r.metadata["context_restarted"] is True
-
-
-def test_a_bash_cell_cannot_reach_the_context_pipes(sb):
-    r = _sh(sb, "echo '{\"exit_code\":0}' >&4; read -r -u 3 line; ls /proc/self/fd | wc -l")
-    assert r.stderr.count("Bad file descriptor") == 2 and r.stdout == "4\n", r  # 0, 1, 2 and ls's own
-    assert _sh(sb, "echo fine").stdout == "fine\n"
-
-
-def test_bash_context_env_holds_for_one_command_and_start_env_for_the_context(sb):
-    p, iid = sb.provider, sb.instance_id
-    run = lambda cmd, **kw: p.run_command(iid, cmd, 20, context_id="envs", **kw)  # noqa: E731
-    assert run("echo $BASE", start_env={"BASE": "start"}).stdout == "start\n"
-    assert run("echo $BASE", start_env={"BASE": "ignored"}).stdout == "start\n"  # only a new context's
-    assert run("echo $A $BASE; bash -c 'echo child $A'", env={"A": "1", "BASE": "cell"}).stdout == "1 cell\nchild 1\n"
-    assert run("echo ${A-unset} $BASE").stdout == "unset start\n"  # both put back
-    run("A=mine", env={"A": "1"})
-    assert run("echo $A").stdout == "mine\n"  # the cell changed it: kept
-    with pytest.raises(InvalidConfigError, match="'NOT-A-NAME' is not a shell variable name"):
-        run("true", env={"NOT-A-NAME": "x"})
-
-
 @pytest.mark.parametrize("language, code, probe", [
     ("python", "import threading, os; threading.Timer(0.2, os._exit, (0,)).start()", "print('alive')"),
     ("javascript", "setTimeout(() => process.exit(0), 200); 1", "console.log('alive')"),

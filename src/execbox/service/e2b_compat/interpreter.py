@@ -365,7 +365,13 @@ class Interpreter:
         elif result.timed_out:
             lines.append(_line("error", name="TimeoutError", value="execution timed out", traceback=""))
         elif result.exit_code != 0 or result.error_code:
-            lines.append(_line("error", **error_from_stderr(result.stderr, language)))
+            error = error_from_stderr(result.stderr, language)
+            if language == "bash":  # a shell says little on its own: the status, and whether it ended
+                error["value"] = (f"{error['value']} (exit code {result.exit_code})" if result.stderr.strip()
+                                  else f"exit code {result.exit_code}")
+                if result.metadata.get("context_reset"):
+                    error["value"] += "; the shell ended, the next cell starts a fresh one"
+            lines.append(_line("error", **error))
         lines.append(_line("number_of_executions", execution_count=ctx.executions))
         lines.append(_line("end_of_execution"))
         return lines
