@@ -16,6 +16,7 @@ from the configured index.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -139,7 +140,10 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
                                    details={"field": "base", "value": parent.ref})
     os.makedirs(top, mode=0o755, exist_ok=True)
     make_traversable(rt.runtimes_dir())
+    remove_abandoned_builds(top)
     work = tempfile.mkdtemp(prefix=".build-", dir=top)
+    held = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(held, fcntl.LOCK_EX)  # this build's: held until it ends (remove_abandoned_builds)
     temp_tag: str | None = None
     os.chmod(work, 0o755)
     try:
@@ -205,7 +209,45 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
             except Exception:  # noqa: BLE001 - best effort: a leftover build tag is harmless
                 pass
         raise
+    finally:
+        os.close(held)
     return rt.resolve(f"{name}@{version}")
+
+
+ABANDONED_AFTER = 60.0
+"""Seconds a ``.build-*`` directory must have existed before another build may take it for abandoned."""
+
+
+def remove_abandoned_builds(top: str) -> list[str]:
+    """Remove the ``.build-*`` directories of builds that were killed (a killed build cannot
+    clean up; each can hold hundreds of MB). A running build holds a lock on its directory, so
+    only an unlocked one older than ABANDONED_AFTER goes (not one another build has just made
+    and is about to lock). Returns the names removed."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(top) if n.startswith(".build-")]
+    except OSError:
+        return removed
+    for n in names:
+        path = os.path.join(top, n)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < ABANDONED_AFTER:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its build is running
+            make_writable(path)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(n)
+            log.info("runtime build: removed %s, left by a build that was killed", path)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def font_cache(work: str) -> str | None:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -86,7 +87,11 @@ def test_failed_build_keeps_previous_version_and_from_extends(index, tpl_name):
         made = runtime.resolve(child)
         assert made.packages == [index["py"]] and made.npm == [index["js"]]
         assert runtime.describe(made)["from"] == f"{tpl_name}@v1"
+        killed = os.path.join(runtime.runtimes_dir(), tpl_name, ".build-killed")  # a build killed earlier
+        os.makedirs(os.path.join(killed, "lib"))
+        os.utime(killed, (time.time() - 3600, time.time() - 3600))
         assert _build(tpl_name, index, "--pip", index["py"]).exit_code == 0  # v2; v1 stays usable pinned
+        assert not os.path.exists(killed)  # the next build removed it
         assert runtime.current_version(tpl_name) == "v2"
         assert runtime.resolve(f"{tpl_name}@v1").host_dir != runtime.resolve(tpl_name).host_dir
         with pytest.raises(runtime.RuntimeNotUsable, match="current version"):
