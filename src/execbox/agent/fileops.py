@@ -175,7 +175,7 @@ def _walk(ws: str, start: str, skipped: paths.Skipped | None = None):
     count = 0
     for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
         dirnames[:] = sorted(skipped.keep([d for d in dirnames if not d.startswith(".execbox-")]))
-        for name in dirnames + sorted(skipped.keep(filenames)):
+        for name in dirnames + sorted(skipped.keep([f for f in filenames if not f.startswith(".execbox-")])):
             count += 1
             if count > MAX_WALK_ENTRIES:
                 return

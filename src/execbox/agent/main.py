@@ -45,6 +45,10 @@ class Agent(Children):
         self.ws = os.path.realpath(workspace)
         self.artifacts = os.path.join(self.ws, "artifacts")
         os.makedirs(self.artifacts, exist_ok=True)
+        if os.path.isdir(os.path.join(self.ws, ".execbox-journal")):  # a write a killed agent left
+            from . import write_journal  # noqa: PLC0415 - only then: off the box's start-up path
+
+            write_journal.recover(self.ws)
         self.tmp = _private_tmpdir()
         self.limits = limits
         self.node = _which("node") or _which("nodejs")

@@ -14,6 +14,15 @@ Any error in phase 2 or 3 undoes what was done: committed targets get their old 
 are removed if they were new), temp files are removed, directories the batch made are removed.
 OSErrors become request errors (``fileops._os_error``) that name the user's path, never a temp
 file's. Temp and backup files are named ``.execbox-*`` (hidden from list, glob and grep).
+
+A write the agent does not live to finish (its box or the service killed mid-write) is finished
+by ``write_journal.recover`` when the next agent starts on the workspace, from a journal in ``.execbox-journal/``
+written before anything is staged: it names the write's targets, and its temp and backup files
+are named after the journal (``.execbox-<token>-<i>``, ``...b``). Until a batch of several files
+is marked committed (the mark is fsynced before the first rename), recovery undoes it: temp files
+go, a target moved aside comes back. After the mark it is rolled forward: every temp file left is
+renamed over its target. So a copy of several files is all or nothing across crashes too, and no
+temp file is left to hold the workspace's disk quota.
 """
 
 from __future__ import annotations
@@ -24,25 +33,26 @@ import stat
 from . import paths
 from .fileops import FileOpError, _os_error, _resolve, info, read_bytes
 from .lean import b64decode
+from .write_journal import PREFIX, Journal, unlink_quiet
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
     from typing import Any
 
 MODES = ("overwrite", "append", "create")
-PREFIX = ".execbox-"
 
 
 class _Item:
     """One file of a write: the user's path, its resolved target and what was done for it."""
 
-    __slots__ = ("backup", "committed", "data", "missing", "moved", "path", "real", "tmp")
+    __slots__ = ("backup", "backup_name", "committed", "data", "missing", "moved", "path", "real", "tmp")
 
     def __init__(self, path: str, real: str, data: bytes) -> None:
         self.path, self.real, self.data = path, real, data
         self.missing: list[str] = []  # parent directories to make, outermost first
         self.tmp: str | None = None
-        self.backup: str | None = None
+        self.backup: str | None = None  # set once the old target is kept there
+        self.backup_name: str | None = None  # what the journal calls it
         self.moved = False  # the old target was renamed to ``backup`` (no hard link possible)
         self.committed = False
 
@@ -85,19 +95,26 @@ def _write(ws: str, entries: list[tuple[str, bytes]], mode: str) -> list[dict[st
         return []
     made: list[str] = []
     current = items[0]
+    journal = None
     try:
+        journal = Journal(ws, items)
         for current in items:
             _stage(ws, current, made)
+        if len(items) > 1:
+            journal.mark_committed()
         for current in items:
             _commit(current)
     except BaseException as e:
         _rollback(items, made)
+        if journal is not None:
+            journal.close()
         if isinstance(e, OSError):
             raise _os_error(e, current.path) from None
         raise
     for item in items:
         if item.backup:
-            _unlink_quiet(item.backup)
+            unlink_quiet(item.backup)
+    journal.close()
     out = []
     for item in items:
         try:
@@ -168,7 +185,7 @@ def _stage(ws: str, item: _Item, made: list[str]) -> None:
     if os.path.realpath(parent) != parent:
         raise FileOpError(f"invalid path {item.path!r}: its directory changed while writing",
                           path=item.path, violation="resolves outside the workspace (symlink escape)")
-    item.tmp, fd = _create_beside(item.real)
+    item.tmp, fd = _create_beside(item.real, item.tmp)
     try:
         view = memoryview(item.data)
         while view:
@@ -178,19 +195,21 @@ def _stage(ws: str, item: _Item, made: list[str]) -> None:
         os.close(fd)
 
 
-def _create_beside(real: str) -> tuple[str, int]:
-    """A new file ``.execbox-<random>`` in ``real``'s directory, with ``real``'s permissions if
-    it exists (0644 under the usual umask if not)."""
+def _create_beside(real: str, name: str | None = None) -> tuple[str, int]:
+    """A new file in ``real``'s directory (``name``, else ``.execbox-<random>``), with ``real``'s
+    permissions if it exists (0644 under the usual umask if not)."""
     try:
         perm: int | None = stat.S_IMODE(os.stat(real).st_mode)
     except OSError:
         perm = None
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
-        tmp = _sibling(real)
+        tmp = name or _sibling(real)
         try:
             fd = os.open(tmp, flags, 0o666)
         except FileExistsError:
+            if name:  # the journal's name for it: a file by that name is not this write's
+                unlink_quiet(name)
             continue
         if perm is not None:
             try:
@@ -208,7 +227,7 @@ def _sibling(real: str) -> str:
 # -- 3. commit, and undo ------------------------------------------------------------------------
 def _commit(item: _Item) -> None:
     if os.path.lexists(item.real):
-        backup = _sibling(item.real)
+        backup = item.backup_name or _sibling(item.real)
         try:
             os.link(item.real, backup, follow_symlinks=False)
         except OSError:  # no hard links here (or too many): keep it by name instead
@@ -229,20 +248,13 @@ def _rollback(items: list[_Item], made: list[str]) -> None:
             except OSError:
                 pass
         elif item.backup:
-            _unlink_quiet(item.backup)
+            unlink_quiet(item.backup)
         elif item.committed:
-            _unlink_quiet(item.real)
+            unlink_quiet(item.real)
         if item.tmp:
-            _unlink_quiet(item.tmp)
+            unlink_quiet(item.tmp)
     for d in reversed(made):
         try:
             os.rmdir(d)  # fails, and keeps it, if the box's code put something there meanwhile
         except OSError:
             pass
-
-
-def _unlink_quiet(p: str) -> None:
-    try:
-        os.unlink(p)
-    except OSError:
-        pass
