@@ -142,20 +142,29 @@ class RunService:
         spec = RunSpec(tenant_id, session_id, operation, FILE_LANGUAGE, path, token_id, _no_call)
         provider_name, instance_id = "", None
         started = time.monotonic()
+
+        def filed(provider: SandboxProvider, iid: str) -> T:
+            """Filed as started, like a run: one cut off by a crash is audited `interrupted` at
+            the next start (a copy that changed files left no record at all)."""
+            nonlocal provider_name, instance_id
+            provider_name, instance_id = provider.name, iid
+            spec.inflight = self.oplog.begin(
+                tenant_id=tenant_id, session_id=session_id, provider=provider.name, operation=operation,
+                instance_id=iid, language=FILE_LANGUAGE, code=path, token_id=token_id)
+            return call(provider, iid)
+
         try:
             with self.sessions.execution_slot(tenant_id):
                 while True:  # a run may take the session and only then start (a new box first)
                     beside = self.sessions.beside_run(tenant_id, session_id)
                     if beside is not None:
-                        provider_name, instance_id = beside[0].name, beside[1]
-                        out = call(*beside)
+                        out = filed(*beside)
                         break
                     try:
                         with self.sessions.session(tenant_id, session_id, beside=lambda: self.sessions.beside_run(
                                 tenant_id, session_id) is not None) as s:
                             assert s.provider is not None and s.instance_id is not None
-                            provider_name, instance_id = s.provider.name, s.instance_id
-                            out = call(s.provider, s.instance_id)
+                            out = filed(s.provider, s.instance_id)
                         break
                     except SessionBusy:
                         continue

@@ -1,0 +1,58 @@
+"""A file operation is filed when it starts, like a run (review 21): one cut off by a crash of the
+service is audited `interrupted` at the next start instead of leaving no record (a copy that had
+changed files left none). The operation held open here is a grep whose pattern backtracks until
+the agent's search time limit (30 s), so the kill lands inside it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+
+from execbox.boxes.jail_box import boxes_dir
+from execbox.service.logs import code_hash
+from execbox.service.store import open_store
+
+from .conftest import traversable_tmpdir
+from .test_serve_cli import _serve, _wait_ready
+from .test_session_restart import _bwraps_under, _env, _term, _token
+
+
+def test_a_file_operation_cut_off_by_sigkill_is_audited_as_interrupted(jail_provider) -> None:
+    base = traversable_tmpdir("execbox-fileop-")
+    env, auth = _env(base), _token(base)
+    data = os.path.join(base, "data")
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        c = httpx.Client(base_url=url, headers=auth, timeout=90)
+        assert c.post("/v1/sandbox/write", json={"session_id": "g", "path": "slow.txt",
+                                                 "content": "a" * 40 + "b"}).status_code == 200
+        def grep() -> None:
+            try:
+                c.post("/v1/sandbox/grep", json={"session_id": "g", "pattern": "(a+)+$", "path": "."})
+            except httpx.HTTPError:  # the service is killed under it
+                pass
+
+        threading.Thread(target=grep, daemon=True).start()
+        time.sleep(2.0)  # the grep is running in the box; the audit writer's batch (50 ms) is out
+        proc.kill()  # no drain, no final audit rows
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+        for pid in _bwraps_under(os.path.join(boxes_dir(), f"jail-{proc.pid}-")):
+            os.kill(pid, signal.SIGKILL)
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        with open_store(data_dir=data) as store:
+            rows = [r for r in store.audit.list(tenant_id="t1") if r["session_id"] == "g"]
+        by_op = {r["operation"]: r for r in rows}
+        assert by_op["write_file"]["status"] == "success", rows
+        assert by_op["grep"]["status"] == "interrupted" and by_op["grep"]["code_hash"] == code_hash("."), rows
+        assert by_op["grep"]["language"] == "files" and by_op["grep"]["provider"] == "jail"
+    finally:
+        _term(proc)
