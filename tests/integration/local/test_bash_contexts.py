@@ -13,15 +13,9 @@ from execbox.errors import InvalidConfigError
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def sb():
-    from execbox.providers.local import LocalProvider
-
-    p = LocalProvider()
-    p.initialize({"max_memory": "512m"})
-    with Sandbox.create(p) as s:
-        yield s
-    p.shutdown()
+@pytest.fixture
+def sb(local_sandbox):
+    return local_sandbox
 
 
 def _sh(sb, code: str, **kwargs):

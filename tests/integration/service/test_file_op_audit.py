@@ -6,19 +6,17 @@ the agent's search time limit (30 s), so the kill lands inside it."""
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 
 import httpx
 
-from execbox.boxes.jail_box import boxes_dir
 from execbox.service.logs import code_hash
 from execbox.service.store import open_store
 
 from .conftest import traversable_tmpdir
 from .test_serve_cli import _serve, _wait_ready
-from .test_session_restart import _bwraps_under, _env, _term, _token
+from .test_session_restart import _env, _kill_now, _term, _token
 
 
 def test_a_file_operation_cut_off_by_sigkill_is_audited_as_interrupted(jail_provider) -> None:
@@ -41,10 +39,7 @@ def test_a_file_operation_cut_off_by_sigkill_is_audited_as_interrupted(jail_prov
         time.sleep(2.0)  # the grep is running in the box; the audit writer's batch (50 ms) is out
         proc.kill()  # no drain, no final audit rows
     finally:
-        proc.kill()
-        proc.communicate(timeout=30)
-        for pid in _bwraps_under(os.path.join(boxes_dir(), f"jail-{proc.pid}-")):
-            os.kill(pid, signal.SIGKILL)
+        _kill_now(proc)
     proc, url = _serve(env)
     try:
         _wait_ready(proc, url)

@@ -44,6 +44,14 @@ def _term(proc: subprocess.Popen) -> str:
     return err
 
 
+def _kill_now(proc: subprocess.Popen) -> None:
+    """SIGKILL the service (no drain, no final audit rows) and every box it started."""
+    proc.kill()
+    proc.communicate(timeout=30)
+    for pid in _bwraps_under(os.path.join(boxes_dir(), f"jail-{proc.pid}-")):
+        os.kill(pid, signal.SIGKILL)
+
+
 def _bwraps_under(path: str) -> list[int]:
     """Pids of processes whose command line names ``path`` (a jail box of that workspace root)."""
     out = []
@@ -192,10 +200,7 @@ def test_a_run_cut_off_by_sigkill_is_audited_as_interrupted_at_the_next_start(ja
             time.sleep(0.5)  # the audit writer's batch (50 ms)
             proc.kill()  # no drain, no final audit rows
     finally:
-        proc.kill()
-        proc.communicate(timeout=30)
-        for pid in _bwraps_under(os.path.join(boxes_dir(), f"jail-{proc.pid}-")):
-            os.kill(pid, signal.SIGKILL)
+        _kill_now(proc)
     with open_store(data_dir=data) as store:
         runs = [(r["session_id"], r["status"]) for r in store.audit.list(tenant_id="t1")
                 if r["operation"] == "execute_code"]
