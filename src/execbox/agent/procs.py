@@ -207,8 +207,10 @@ def descendants(pid: int) -> list[int]:
 def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = True) -> int:
     """SIGKILL ``pid``'s process group, its descendants, and our untracked orphans.
 
-    Repeats until nothing is left, so a fork bomb racing the kill still ends. Returns how many
-    processes were signalled.
+    An orphan in the session of a process in ``keep`` (a context, a background process: each
+    is a session of its own) is that process's daemon, not the run's: it stays, as its
+    starter does. Repeats until nothing is left, so a fork bomb racing the kill still ends.
+    Returns how many processes were signalled.
     """
     keep = set(keep or ())
     me = os.getpid()
@@ -216,6 +218,7 @@ def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = Tr
     if pidns.init_pid is not None:  # user code's PID namespace: its orphans go to its init
         keep.add(pidns.init_pid)
         reapers.append(pidns.init_pid)
+    kept_sessions = {_sid(k) for k in keep} - {_sid(me), _sid(pidns.init_pid or me), None}
     total = 0
     for _ in range(50):
         targets = set(descendants(pid)) if include_root or pid != me else set()
@@ -227,7 +230,7 @@ def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = Tr
                 pass
         # Orphans reparented to us (we are a subreaper) belong to some execution.
         for orphan in [o for r in reapers for o in children_of(r)]:
-            if orphan not in keep:
+            if orphan not in keep and (not kept_sessions or _sid(orphan) not in kept_sessions):
                 targets.add(orphan)
                 targets.update(descendants(orphan))
         targets -= keep
@@ -247,6 +250,13 @@ def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = Tr
         time.sleep(0.002)
         include_root = False
     return total
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def reap_all() -> list[tuple[int, int, resource.struct_rusage]]:

@@ -3,6 +3,7 @@ ends, and what a hostile cell can and cannot do to its context, its box's agent 
 (review 20). The same agent runs in every self-hosted box; tests/conformance runs the core case on
 each provider."""
 
+import os
 import time
 
 import pytest
@@ -164,3 +165,29 @@ def test_a_cell_that_makes_the_helpers_variables_readonly_ends_its_shell_with_a_
     r = _sh(sb, "echo never")
     assert r.stdout == "" and "readonly" in r.stderr and r.metadata.get("context_reset") is True
     assert _sh(sb, "echo again").stdout == "again\n"
+
+
+def _running(marker: str) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[0] == marker.encode():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def test_a_daemon_a_context_started_lives_with_the_context_not_the_next_run(sb):
+    marker = f"execbox-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    r = sb.run_code(f"(exec -a {marker} sleep 300 &); echo started", "bash", context_id="d")
+    assert r.stdout == "started\n"
+    sb.run_code("echo one-shot", "bash")  # its clean-up kills the run's orphans, not the context's
+    sb.run_code("print('python one-shot')")
+    assert _running(marker)
+    r = sb.run_code("sleep 30", "bash", context_id="d", timeout=1)  # the context ends...
+    assert r.metadata.get("context_reset") is True
+    deadline = time.monotonic() + 5
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(marker)  # ...and its daemon with it
