@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ..errors import SandboxError
+from ..errors import InvalidConfigError, SandboxError
 from ._store_cli import fail, store_from_cli
 
 secrets_app = typer.Typer(help="Key management for secrets stored in the settings database.",
@@ -23,13 +26,15 @@ def rotate(
                                      "one; or set EXECBOX_NEW_SECRET_KEY. Never on the command line: every "
                                      "local user can read a process's arguments."),
 ) -> None:
-    """Re-encrypt every stored secret under a new key, in one transaction.
+    """Re-encrypt every stored secret (provider secrets and E2B sandboxes' env vars) under a new
+    key, in one transaction.
 
     Key file (no EXECBOX_SECRET_KEY): a new key is generated, the secrets re-encrypted, then the key
-    file replaced; the replaced key is kept in secret.key.previous (decrypt only) for processes
-    that have not reloaded yet. With EXECBOX_SECRET_KEY: secrets are re-encrypted under that key
-    (older keys given in EXECBOX_SECRET_KEY_PREVIOUS still decrypt), or under the new key given,
-    which you then deploy.
+    file replaced; running processes on the host pick the new key up at their next use of it. The
+    replaced key is kept in secret.key.previous (decrypt only: E2B access tokens made under it keep
+    working) until the next rotation. An interrupted rotation loses nothing; run it again. With
+    EXECBOX_SECRET_KEY: secrets are re-encrypted under that key (older keys given in
+    EXECBOX_SECRET_KEY_PREVIOUS still decrypt), or under the new key given, which you then deploy.
     """
     from ..service import crypto
 
@@ -71,34 +76,87 @@ def _rotate_env_key(store: Any, new_key: bytes | None) -> None:
 
 
 def _rotate_key_file(store: Any, key: bytes) -> None:
-    """1) the new key on disk as secret.key.new (every process can decrypt with it), 2) one
-    transaction, 3) the replaced key kept as secret.key.previous, 4) an atomic rename. A crash at
-    any point leaves every secret decryptable, and a second run after a crash never deletes the
-    key the store was re-encrypted under."""
+    """1) the new key on disk as secret.key.new (whole, fsynced: every process can decrypt with
+    it), 2) one transaction re-encrypts every stored secret (provider rows and E2B env vars) under
+    it, 3) the replaced key kept as secret.key.previous, 4) an atomic rename to secret.key.
+
+    Kept true at every instant, so a kill at any point (any number of times) loses nothing: each
+    key a stored secret uses is in secret.key, secret.key.new or secret.key.previous. A key file
+    is replaced (step 3) only after the database shows no stored secret still uses its key, and
+    a secret.key.new is never deleted: the next run finishes its rotation (re-encrypting what is
+    not yet under it) or sets it aside. Rotations on one data directory take turns (a lock)."""
     from ..service import crypto
     from ..service.store.sandbox_settings import SandboxSettings
 
     path = store.data_dir / crypto.KEY_FILE
     pending = store.data_dir / crypto.PENDING_KEY_FILE
-    if pending.exists():
-        left = crypto.read_key_file(pending)
-        if crypto.key_id(left) in SandboxSettings(store).key_ids_in_use():
-            # an earlier rotation committed and stopped before its rename: finish it first
-            if path.exists():
-                crypto.replace_key_file(store.data_dir / crypto.PREVIOUS_KEY_FILE, crypto.read_key_file(path))
-            os.replace(pending, path)
-            typer.echo(f"finished an earlier rotation to key {crypto.key_id(left)} ({path})", err=True)
-        else:  # it never committed: nothing uses it, but it is set aside, never deleted
-            aside = pending.with_name(f"{crypto.PENDING_KEY_FILE}.unused-{int(time.time())}")
-            os.replace(pending, aside)
-            typer.echo(f"an earlier rotation never committed; its key is kept in {aside}", err=True)
-    settings = SandboxSettings(store)
-    old = settings.keyring
-    crypto.write_key_file(pending, key)
-    count = settings.reencrypt_all(crypto.KeyRing(key, str(path), [old.primary]))
-    crypto.replace_key_file(store.data_dir / crypto.PREVIOUS_KEY_FILE, old.primary)
-    os.replace(pending, path)
+    with _rotation_lock(store.data_dir):
+        if pending.exists():
+            left = crypto.read_key_file(pending)
+            settings = SandboxSettings(store)
+            in_use = settings.key_ids_in_use()
+            if crypto.key_id(left) in in_use:
+                # an earlier rotation committed and stopped before its rename: finish it first
+                if in_use - {crypto.key_id(left)}:
+                    # secrets under other keys too (re-encrypted row by row by an older execbox, or
+                    # saved meanwhile by a process on the replaced key): all under `left` first
+                    settings.reencrypt_all(crypto.KeyRing(left, str(pending), []))
+                if path.exists():
+                    _keep_as_previous(store, settings, crypto.read_key_file(path), left)
+                os.replace(pending, path)
+                crypto.sync_dir(store.data_dir)
+                typer.echo(f"finished an earlier rotation to key {crypto.key_id(left)} ({path})", err=True)
+            else:  # it never committed: nothing uses it, but it is set aside, never deleted
+                aside = pending.with_name(f"{crypto.PENDING_KEY_FILE}.unused-{int(time.time())}")
+                n = 1
+                while aside.exists():  # two in one second: neither overwrites the other
+                    aside, n = pending.with_name(f"{crypto.PENDING_KEY_FILE}.unused-{int(time.time())}-{n}"), n + 1
+                os.replace(pending, aside)
+                typer.echo(f"an earlier rotation never committed; its key is kept in {aside}", err=True)
+        settings = SandboxSettings(store)
+        old = settings.keyring
+        crypto.write_key_file(pending, key)
+        count = settings.reencrypt_all(crypto.KeyRing(key, str(path), []))
+        _keep_as_previous(store, settings, old.primary, key)
+        os.replace(pending, path)
+        crypto.sync_dir(store.data_dir)
     typer.echo(f"re-encrypted {count} secret(s); key {old.primary_id} -> {crypto.key_id(key)} ({path})")
+
+
+def _keep_as_previous(store: Any, settings: Any, keep: bytes, primary: bytes) -> None:
+    """secret.key.previous := ``keep``. The key it held is dropped only when no stored secret uses
+    it any more: one a process still on that key saved after the re-encryption is re-encrypted
+    under ``primary`` first; if one still appears, SB002 and nothing is dropped."""
+    from ..service import crypto
+
+    previous = store.data_dir / crypto.PREVIOUS_KEY_FILE
+    if previous.exists():
+        dropped = crypto.key_id(crypto.read_key_file(previous))
+        if dropped not in (crypto.key_id(keep), crypto.key_id(primary)) and dropped in settings.key_ids_in_use():
+            settings.reencrypt_all(crypto.KeyRing(primary, str(store.data_dir / crypto.PENDING_KEY_FILE), []))
+            if dropped in settings.key_ids_in_use():
+                raise crypto.SecretKeyError(
+                    f"stored secrets are still being saved under key {dropped} ({previous}); it is kept. "
+                    "Restart the execbox processes that still use it, then run `execbox secrets rotate` again.",
+                    details={"path": str(previous), "key_id": dropped})
+    crypto.replace_key_file(previous, keep)
+
+
+@contextmanager
+def _rotation_lock(directory: Path) -> Iterator[None]:
+    """One key-file rotation at a time per data directory (an flock on the directory itself,
+    released by the kernel if the process dies)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidConfigError(f"another `execbox secrets rotate` is running on {directory}; "
+                                     "let it finish, then run this one again",
+                                     details={"path": str(directory)}, http_status=409) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 @secrets_app.command("status")

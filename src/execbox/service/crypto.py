@@ -143,21 +143,61 @@ def read_key_file(path: Path) -> bytes:
 
 
 def replace_key_file(path: Path, key: bytes) -> None:
-    """Write ``path`` atomically (a temporary file of mode 0600, fsynced, then renamed over it)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        tmp.unlink()
-    write_key_file(tmp, key)
-    os.replace(tmp, path)
+    """Write ``path`` atomically (a temporary file of mode 0600, fsynced, then renamed over it,
+    then the directory fsynced): a reader sees the old key or the new one, never a torn file."""
+    tmp = _write_temporary(path, key)
+    try:
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    sync_dir(path.parent)
 
 
 def write_key_file(path: Path, key: bytes) -> None:
-    """Create ``path`` with mode 0600 from the start (never world-readable, even briefly)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    """Create ``path`` with mode 0600 from the start (never world-readable, even briefly), whole
+    or not at all: the key is written and fsynced under a temporary name, then hard-linked to
+    ``path`` (FileExistsError when ``path`` exists), so a process reloading its keys at that
+    moment never reads an empty key file."""
+    tmp = _write_temporary(path, key)
+    try:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: exclusive create, written in place
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(encode_key(key) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+    finally:
+        tmp.unlink(missing_ok=True)
+    sync_dir(path.parent)
+
+
+def _write_temporary(path: Path, key: bytes) -> Path:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(encode_key(key) + "\n")
         f.flush()
         os.fsync(f.fileno())
+    return tmp
+
+
+def sync_dir(directory: Path) -> None:
+    """fsync a directory, so a key file created or renamed in it survives a power loss (the
+    database commit that needs that key may be on disk already)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # not supported here (some network file systems): nothing more to do
+    finally:
+        os.close(fd)
 
 
 def ciphertext_key_id(token: str) -> str | None:
@@ -181,8 +221,10 @@ def load_keyring(data_dir: str | os.PathLike[str], env: dict[str, str] | None = 
     for i, part in enumerate(p for p in env.get("EXECBOX_SECRET_KEY_PREVIOUS", "").split(",") if p.strip()):
         others.append(parse_key(part, f"EXECBOX_SECRET_KEY_PREVIOUS[{i}]"))
     for name in (PENDING_KEY_FILE, PREVIOUS_KEY_FILE):
-        if (directory / name).exists():
+        try:
             others.append(read_key_file(directory / name))
+        except FileNotFoundError:
+            pass  # none, or a rotation renamed it a moment ago (its key is secret.key then)
     if env.get("EXECBOX_SECRET_KEY", "").strip():
         return KeyRing(parse_key(env["EXECBOX_SECRET_KEY"]), "EXECBOX_SECRET_KEY", others)
     path = directory / KEY_FILE

@@ -38,24 +38,26 @@ def _token(key: bytes, sandbox_id: str) -> str:
 
 
 class SandboxStore:
-    """Rows of ``e2b_sandboxes`` <-> sandboxes. ``keyring`` is read per call: a rotation that a
-    reload picked up applies at once."""
+    """Rows of ``e2b_sandboxes`` <-> sandboxes. ``keyring`` is called per use and must give the
+    current key ring (``SandboxSettings.keyring`` reloads when a key file changed): after a
+    rotation, new env vars and tokens are under the new key at once."""
 
     def __init__(self, repo: Any, keyring: Callable[[], KeyRing]) -> None:
         self.repo = repo
         self._keyring = keyring
 
-    def tokens(self, sandbox_id: str) -> tuple[str, tuple[str, ...]]:
+    def tokens(self, sandbox_id: str, ring: KeyRing | None = None) -> tuple[str, tuple[str, ...]]:
         """The access token to hand out (under the primary key) and the older ones still accepted."""
-        ring = self._keyring()
+        ring = self._keyring() if ring is None else ring
         return _token(ring.primary, sandbox_id), tuple(_token(k, sandbox_id) for k in ring.others)
 
     def insert(self, sb: E2BSandbox) -> None:
-        sb.access_token, sb.accepted = self.tokens(sb.sandbox_id)
+        ring = self._keyring()  # one ring, the current one: the token and the env vars under one key
+        sb.access_token, sb.accepted = self.tokens(sb.sandbox_id, ring)
         self.repo.insert({
             "sandbox_id": sb.sandbox_id, "tenant_id": sb.tenant_id, "template": sb.template,
             "meta": json.dumps(sb.metadata, sort_keys=True),
-            "env_vars": self._keyring().encrypt(json.dumps(sb.env_vars, sort_keys=True), self._aad(sb.sandbox_id))
+            "env_vars": ring.encrypt(json.dumps(sb.env_vars, sort_keys=True), self._aad(sb.sandbox_id))
             if sb.env_vars else "",
             "token_id": sb.token_id, "started_at": sb.started_at, "end_at": sb.end_at,
             "session_created": sb.session_created, "paused_left": sb.paused_left})

@@ -1,14 +1,16 @@
 """The ``e2b_sandboxes`` table (migration 0006): the E2B endpoint's sandboxes, shared by replicas.
 
 Rows are plain column dicts; service/e2b_compat/registry.py turns them into sandboxes (and
-decrypts their env vars). Every method is one short transaction.
+decrypts their env vars). Every method is one short transaction, but ``reencrypt_env_vars``, which
+runs in its caller's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from .models import E2BSandboxRow
@@ -67,6 +69,19 @@ class E2BSandboxRepo:
         with self._sessions() as s:
             rows = s.scalars(select(E2BSandboxRow).where(E2BSandboxRow.env_vars != ""))
             return [(r.sandbox_id, r.env_vars) for r in rows]
+
+    @staticmethod
+    def reencrypt_env_vars(s: Session, fn: Callable[[str, str], str]) -> int:
+        """In the caller's transaction ``s`` (key rotation: with the provider secrets, all or
+        nothing): every sandbox's env vars ciphertext replaced by ``fn(sandbox_id, ciphertext)``.
+        Returns how many rows were rewritten."""
+        table = E2BSandboxRow.__table__
+        rows = s.execute(select(table.c.sandbox_id, table.c.env_vars).where(table.c.env_vars != "")).all()
+        params = [{"sid": sandbox_id, "value": fn(sandbox_id, value)} for sandbox_id, value in rows]
+        if params:
+            s.execute(update(table).where(table.c.sandbox_id == bindparam("sid")).values(env_vars=bindparam("value")),
+                      params)
+        return len(params)
 
     def update(self, sandbox_id: str, **fields: Any) -> bool:
         bad = set(fields) - set(COLUMNS[4:])

@@ -16,12 +16,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from ...errors import InvalidConfigError, SandboxError
 from ...providers import registry
 from ...providers.base import SandboxProvider
 from ...providers.schema import validate_against_schema
 from ...settings import parse_duration, sandbox_type
 from ..crypto import (
+    KEY_FILE,
+    PENDING_KEY_FILE,
+    PREVIOUS_KEY_FILE,
     KeyRing,
     SecretKeyError,
     ciphertext_key_id,
@@ -31,6 +37,8 @@ from ..crypto import (
     redact,
 )
 from .engine import Store
+from .models import SystemSetting
+from .repos import SettingsRepo, _lock_for_write
 
 log = logging.getLogger("execbox.config")
 
@@ -115,19 +123,46 @@ def moved_destinations(schema: Mapping[str, Mapping[str, Any]], config: Mapping[
             and _destination_value(spec, config.get(k)) != _destination_value(spec, stored.get(k))]
 
 
+def _key_source_identity(data_dir: Path) -> tuple[Any, ...]:
+    """What the key ring is loaded from, cheaply: the key env vars, and the identity (inode,
+    size, times) of each key file. A rotation replaces key files by rename (a new inode), so
+    any change shows here; three stat calls per use."""
+    out: list[Any] = [os.environ.get("EXECBOX_SECRET_KEY", ""), os.environ.get("EXECBOX_SECRET_KEY_PREVIOUS", "")]
+    for name in (KEY_FILE, PENDING_KEY_FILE, PREVIOUS_KEY_FILE):
+        try:
+            st = os.stat(Path(data_dir) / name)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(out)
+
+
 class SandboxSettings:
-    """The provider rows of the store, with secrets encrypted at rest."""
+    """The provider rows of the store, with secrets encrypted at rest.
+
+    The key ring follows the key files: every use of :attr:`keyring` checks them (one stat each)
+    and reloads when one changed, so after ``execbox secrets rotate`` a running process
+    encrypts, and derives E2B access tokens, under the new key at once, while the replaced key
+    (``secret.key.previous``) still decrypts and still opens the tokens made under it."""
 
     def __init__(self, store: Store, keyring: KeyRing | None = None) -> None:
         self.store = store
         self._keyring = keyring
         self._keyring_fixed = keyring is not None
+        self._loaded: tuple[tuple[Any, ...], KeyRing] | None = None  # (key source identity, ring)
 
     @property
     def keyring(self) -> KeyRing:
-        if self._keyring is None:
-            self._keyring = load_keyring(self.store.data_dir, needed=self.key_ids_in_use())
-        return self._keyring
+        if self._keyring_fixed:
+            assert self._keyring is not None
+            return self._keyring
+        identity = _key_source_identity(self.store.data_dir)  # before loading: a change meanwhile reloads next time
+        loaded = self._loaded
+        if loaded is None or loaded[0] != identity:
+            loaded = (identity, load_keyring(self.store.data_dir, needed=self.key_ids_in_use()))
+            self._loaded = loaded  # one assignment: threads see an identity with its own ring
+        return loaded[1]
 
     def key_ids_in_use(self) -> set[str]:
         """The ids of the keys the stored secrets are encrypted with."""
@@ -242,8 +277,9 @@ class SandboxSettings:
             # Another process may have rotated the key file since we loaded it: reload once.
             if "key_id" not in e.details or "configured_key_id" not in e.details or self._keyring_fixed:
                 raise
-            self._keyring = load_keyring(self.store.data_dir, create=False)
-            return self._keyring.decrypt(value, aad)
+            identity = _key_source_identity(self.store.data_dir)
+            self._loaded = (identity, load_keyring(self.store.data_dir, create=False))
+            return self._loaded[1].decrypt(value, aad)
 
     def effective(self, provider: str) -> dict[str, Any]:
         """Schema defaults overlaid with stored values (unknown stored fields dropped)."""
@@ -373,38 +409,52 @@ class SandboxSettings:
         return self.store.settings.set(FALLBACK, json.dumps(providers))
 
     def reencrypt_all(self, new: KeyRing) -> int:
-        """Re-encrypt every stored secret under ``new`` in one transaction; returns the count."""
-        old = self.keyring
+        """Re-encrypt every stored secret, the provider rows' and the E2B sandboxes' env vars,
+        under ``new`` in one transaction (all or nothing: a crash leaves every row as it was);
+        returns the count. Any key at hand decrypts (the key ring's, and ``new``'s); a value
+        none of them can decrypt fails the whole transaction with SB002, changing nothing."""
+        identity = _key_source_identity(self.store.data_dir)
+        current = self.keyring
+        ring = KeyRing(new.primary, new.source, [*new.others, current.primary, *current.others])
         count = 0
 
-        def rewrite(rows: dict[str, str]) -> dict[str, str]:
+        def rewrite(name: str, raw: str) -> str | None:
             nonlocal count
-            changed: dict[str, str] = {}
-            for name, raw in rows.items():
-                if not name.startswith(PREFIX):
-                    continue
-                try:
-                    value = json.loads(raw)
-                except json.JSONDecodeError:
-                    continue
-                if not isinstance(value, dict) or not any(is_encrypted(v) for v in value.values()):
-                    continue
-                for k, v in list(value.items()):
-                    if is_encrypted(v):
-                        aad = f"{name}.{k}"
-                        value[k] = new.encrypt(old.decrypt(v, aad), aad)
-                        count += 1
-                changed[name] = json.dumps(value, sort_keys=True)
-            return changed
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                return None
+            if not isinstance(value, dict) or not any(is_encrypted(v) for v in value.values()):
+                return None
+            for k, v in list(value.items()):
+                if is_encrypted(v):
+                    aad = f"{name}.{k}"
+                    value[k] = ring.encrypt(ring.decrypt(v, aad), aad)
+                    count += 1
+            return json.dumps(value, sort_keys=True)
 
-        self.store.settings.rewrite(rewrite)
-        e2b = getattr(self.store, "e2b", None)
-        if e2b is not None:  # after the settings: a crash between leaves both keys in the ring
-            for sandbox_id, value in e2b.encrypted():
-                aad = f"e2b_sandboxes.{sandbox_id}.env_vars"  # as e2b_compat/persist.py binds them
-                e2b.update(sandbox_id, env_vars=new.encrypt(old.decrypt(value, aad), aad))
-                count += 1
-        self._keyring = new
+        def env_vars(sandbox_id: str, value: str) -> str:
+            aad = f"e2b_sandboxes.{sandbox_id}.env_vars"  # as e2b_compat/persist.py binds them
+            return ring.encrypt(ring.decrypt(value, aad), aad)
+
+        with Session(self.store.engine, expire_on_commit=False) as s, s.begin():
+            _lock_for_write(s)  # first: SQLite takes its write lock before reading anything
+            rows = s.scalars(select(SystemSetting).where(SystemSetting.name.startswith(PREFIX, autoescape=True)))
+            types: dict[str, str] = {}
+            changed: dict[str, str] = {}
+            for row in rows:
+                new_value = rewrite(row.name, row.value)
+                if new_value is not None:
+                    changed[row.name], types[row.name] = new_value, row.data_type
+            if changed:
+                SettingsRepo._write(s, changed, "admin", "json", types)  # bumps the version: replicas reload
+            e2b = getattr(self.store, "e2b", None)
+            if e2b is not None:
+                count += e2b.reencrypt_env_vars(s, env_vars)
+        if self._keyring_fixed:
+            self._keyring = ring
+        else:  # until a key file changes: the new key first, and every key it had still decrypts
+            self._loaded = (identity, ring)
         return count
 
 
