@@ -154,9 +154,31 @@ def _rotation_lock(directory: Path) -> Iterator[None]:
             raise InvalidConfigError(f"another `execbox secrets rotate` is running on {directory}; "
                                      "let it finish, then run this one again",
                                      details={"path": str(directory)}, http_status=409) from None
+        remove_stale_key_temps(directory)
         yield
     finally:
         os.close(fd)
+
+
+def remove_stale_key_temps(directory: Path) -> list[str]:
+    """Key files half-written by a process that was killed (``<name>.tmp-<pid>-<random>``, see
+    crypto.write_key_file): never read, but each holds a key. One whose writer lives is left."""
+    removed = []
+    for path in directory.glob("secret.key*.tmp-*-*"):
+        try:
+            pid = int(path.name.rsplit(".tmp-", 1)[1].split("-", 1)[0])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # its writer is alive (a service starting now writes its first key)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
 
 
 @secrets_app.command("status")

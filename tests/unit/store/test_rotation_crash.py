@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -204,3 +205,13 @@ def test_two_rotations_at_once_take_turns(store):
         os.close(fd)
     assert not (store.data_dir / crypto.PENDING_KEY_FILE).exists()
     _assert_all_decryptable(store)
+
+
+def test_a_rotation_removes_key_temp_files_whose_writer_died(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"secret.key.new.tmp-{dead.pid}-abcd1234").write_text("k1")
+    (tmp_path / f"secret.key.tmp-{os.getpid()}-abcd1234").write_text("k2")  # a live writer's
+    (tmp_path / "secret.key").write_text("kept")
+    assert secrets_cli.remove_stale_key_temps(tmp_path) == [f"secret.key.new.tmp-{dead.pid}-abcd1234"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.key", f"secret.key.tmp-{os.getpid()}-abcd1234"]
