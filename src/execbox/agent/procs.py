@@ -218,7 +218,10 @@ def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = Tr
     if pidns.init_pid is not None:  # user code's PID namespace: its orphans go to its init
         keep.add(pidns.init_pid)
         reapers.append(pidns.init_pid)
-    kept_sessions = {_sid(k) for k in keep} - {_sid(me), _sid(pidns.init_pid or me), None}
+    # never the session of what is being killed, even when the caller keeps its root alive (a
+    # run answered from its exit record: its pid is kept, its orphans are not); a run is a
+    # session of its own, so its id is its pid
+    kept_sessions = {_sid(k) for k in keep} - {_sid(me), _sid(pidns.init_pid or me), _sid(pid), pid, None}
     total = 0
     for _ in range(50):
         targets = set(descendants(pid)) if include_root or pid != me else set()

@@ -191,3 +191,45 @@ def test_a_daemon_a_context_started_lives_with_the_context_not_the_next_run(sb):
     while _running(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(marker)  # ...and its daemon with it
+
+
+RUN_WITH_DAEMON = r'''
+import os, time
+if os.fork() == 0:
+    os.setpgid(0, 0)  # out of the run's process group, still in its session
+    if os.fork() == 0:
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, 4096)  # holds none of the run's pipes
+        os.execvp("sleep", ["MARKER", "300"])
+    os._exit(0)
+time.sleep(0.3)
+pipes = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        if int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+            pipes.append(int(fd))
+    except OSError:  # the listing's own descriptor, closed by now
+        pass
+for fd in pipes:  # the run writes its own exit record and lets go of its pipes: answered at once
+    try:
+        os.write(fd, b'{"exited":0,"maxrss":1}')
+    except OSError:
+        pass
+    os.close(fd)
+null = os.open("/dev/null", os.O_RDWR)
+os.dup2(null, 1)
+os.dup2(null, 2)
+time.sleep(2)
+'''
+
+
+def test_a_runs_daemon_ends_with_it_even_when_the_run_answers_from_its_exit_record(sb):
+    # (review 22) the run's own pid is kept while it is answered; its session is not
+    marker = f"execbox-run-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    sb.run_code(RUN_WITH_DAEMON.replace("MARKER", marker), timeout=20)
+    deadline = time.monotonic() + 5
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(marker)
