@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 from execbox.boxes import runtime as rt
@@ -35,7 +34,7 @@ def main() -> int:
     top = os.path.join(rt.runtimes_dir(), name)
     os.makedirs(top, mode=0o755, exist_ok=True)
     staging.make_traversable(rt.runtimes_dir())
-    work = tempfile.mkdtemp(prefix=".build-", dir=top)
+    work, held = runtime_build.new_build_dir(top)  # locked: a concurrent `runtime build` leaves it alone
     os.chmod(work, 0o755)
     started = time.monotonic()
     subprocess.run([rt.SYSTEM_PYTHON, "-m", "venv", "--without-pip", work], check=True)
@@ -55,6 +54,7 @@ def main() -> int:
     with open(os.path.join(work, rt.MANIFEST), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=1)
     version = runtime_build.publish(top, work)
+    os.close(held)
     print(json.dumps({"runtime": f"{name}@{version}", "path": os.path.join(top, version), "files": how,
                       "packages": len(packages), "seconds": round(time.monotonic() - started, 1)}))
     return 0

@@ -7,11 +7,12 @@ k-th rename, with nothing of the rollback run."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from execbox.agent import search, write_journal, writes
+from execbox.agent import fileops, search, write_journal, writes
 from execbox.providers.local import LocalProvider
 
 FILES = ("a.txt", "sub/b.txt", "c.txt")
@@ -105,3 +106,65 @@ def test_the_next_agent_recovers_the_workspace_and_glob_shows_no_temp_file(ws: P
     found = search.glob(str(ws), "**")
     assert "a.txt" in found["paths"], found
     assert not [m for m in found["paths"] if ".execbox" in m], found
+
+
+# -- what user code can put where the journal goes (review 22): the agent still starts, and
+# -- recovery touches nothing it should not -----------------------------------------------------
+def _journal_dir(ws: Path) -> Path:
+    d = ws / write_journal.JOURNAL
+    d.mkdir()
+    return d
+
+
+def _recover_in_time(ws: Path) -> int:
+    done = threading.Event()
+    handled: list[int] = []
+    threading.Thread(target=lambda: (handled.append(write_journal.recover(str(ws))), done.set()), daemon=True).start()
+    assert done.wait(20), "recovery blocked"
+    return handled[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "nested", "huge"])
+def test_a_fifo_or_a_deeply_nested_or_huge_journal_does_not_stop_the_start(ws: Path, kind: str):
+    journal = _journal_dir(ws) / "0123456789ab.json"
+    if kind == "fifo":
+        os.mkfifo(journal)
+    elif kind == "nested":
+        journal.write_text("[" * 200_000)
+    else:
+        journal.write_text('{"committed": true, "targets": [' + ",".join(['"x"'] * 60_000) + "]}")
+    assert _recover_in_time(ws) == 0  # none of them is worked through (the huge one: over the bound)
+    assert not journal.parent.exists() and {(ws / n).read_text() for n in FILES} == {"old"}
+
+
+def test_a_journal_dir_that_is_a_symlink_is_never_read_or_emptied(ws: Path, tmp_path: Path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "0123456789ab.json").write_text('{"committed": true, "targets": ["a.txt"]}')
+    (elsewhere / "keep.txt").write_text("keep")
+    (ws / write_journal.JOURNAL).symlink_to(elsewhere)
+    _recover_in_time(ws)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["0123456789ab.json", "keep.txt"]
+
+
+def test_a_journal_naming_the_workspace_root_touches_nothing_beside_it(ws: Path, tmp_path: Path):
+    beside = tmp_path / ".execbox-0123456789ab-0"
+    beside.write_text("not the workspace's")
+    (_journal_dir(ws) / "0123456789ab.json").write_text('{"committed": false, "targets": ["."]}')
+    _recover_in_time(ws)
+    assert beside.read_text() == "not the workspace's"
+
+
+def test_an_undone_write_removes_the_directories_it_made(ws: Path):
+    _die_at_rename(ws, 0, [("new1/new2/x.txt", b"new"), ("new1/y.txt", b"new")])
+    write_journal.recover(str(ws))
+    assert not (ws / "new1").exists() and _hidden(ws) == []
+
+
+def test_writes_go_on_where_no_journal_can_be_kept_and_its_name_is_reserved(ws: Path):
+    (ws / write_journal.JOURNAL).write_text("a file user code put there")
+    assert writes.write_many(str(ws), [{"path": "a.txt", "content": "new"}, {"path": "sub/z.txt", "content": "z"}])
+    assert (ws / "a.txt").read_text() == "new" and (ws / "sub/z.txt").read_text() == "z"
+    for reserved in (write_journal.JOURNAL, f"{write_journal.JOURNAL}/0123456789ab.json", "sub/.execbox-x"):
+        with pytest.raises(fileops.FileOpError, match="execbox's own"):
+            writes.write(str(ws), reserved, b"x")

@@ -344,12 +344,12 @@ class Children(Spares):
             js = table.pop(context_id, None) if only is None or only is table else None
             if js is not None:
                 js_contexts.close(js, self._keep_pids())
-                self.reset_contexts.add(context_id)
+                self.reset_contexts.add((id(table), context_id))
         ctx = self.contexts.pop(context_id, None) if only is None or only is self.contexts else None
         if ctx is not None:
             pump.kill_quietly(ctx.pid, keep=self._keep_pids())  # other contexts live on
             ctx.sock.close()
-            self.reset_contexts.add(context_id)
+            self.reset_contexts.add((id(self.contexts), context_id))
 
     def _start_in_context(self, context_id: str, spec: dict[str, Any], req: dict[str, Any], prefix: str,
                           write_fds: tuple[int, int, int]):
@@ -361,8 +361,8 @@ class Children(Spares):
         if ctx is None:
             ctx = self._spawn_context(context_id)
             note["context_new"] = True
-            if context_id in self.reset_contexts:
-                self.reset_contexts.discard(context_id)
+            if (id(self.contexts), context_id) in self.reset_contexts:
+                self.reset_contexts.discard((id(self.contexts), context_id))
                 note["context_restarted"] = True
                 note["context_note"] = js_contexts.RESTARTED
         ctx.executions += 1

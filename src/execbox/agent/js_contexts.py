@@ -92,6 +92,7 @@ def close(ctx: JsContext, keep: set[int]) -> None:
 
 
 DIED = {"exit_code": -9, "signal": 9, "died": True}
+WRITE_WAIT = 5.0
 
 
 def _reply(raw: bytes) -> dict[str, Any] | None:
@@ -213,8 +214,11 @@ def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext
            request: bytes | Callable[[JsContext, float], bytes], timeout: float, result_cap: int,
            ended: Callable[[JsContext], dict[str, Any]] | None = None):
     """A cell in ``table[context_id]``, made by ``make`` on first use (a JS or a bash context);
-    ``request`` (or what it returns) goes to the request pipe within the run's ``timeout``."""
-    deadline = time.monotonic() + timeout
+    ``request`` (or what it returns) goes to the request pipe within ``timeout`` (the run's)."""
+    # A context takes its next cell at once when idle; one that does not within WRITE_WAIT (a
+    # Node spinning in a timer, a stopped shell) is ended, so the agent, which serves nothing
+    # else while it waits, is held seconds at most, not the run's whole timeout.
+    deadline = time.monotonic() + min(timeout, WRITE_WAIT)
     note: dict[str, Any] = {"context_id": context_id}
     ctx = table.get(context_id)
     if ctx is not None and agent._context_ended(ctx.pid):  # after its last reply (a late exit)
@@ -224,8 +228,8 @@ def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext
         agent._check_context_room()
         ctx = table[context_id] = make()
         note["context_new"] = True
-        if context_id in agent.reset_contexts:
-            agent.reset_contexts.discard(context_id)
+        if (id(table), context_id) in agent.reset_contexts:
+            agent.reset_contexts.discard((id(table), context_id))
             note["context_restarted"] = True
             note["context_note"] = RESTARTED
     ctx.executions += 1

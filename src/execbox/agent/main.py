@@ -45,7 +45,7 @@ class Agent(Children):
         self.ws = os.path.realpath(workspace)
         self.artifacts = os.path.join(self.ws, "artifacts")
         os.makedirs(self.artifacts, exist_ok=True)
-        if os.path.isdir(os.path.join(self.ws, ".execbox-journal")):  # a write a killed agent left
+        if os.path.lexists(os.path.join(self.ws, ".execbox-journal")):  # a write a killed agent left
             from . import write_journal  # noqa: PLC0415 - only then: off the box's start-up path
 
             write_journal.recover(self.ws)
@@ -62,7 +62,7 @@ class Agent(Children):
         self.contexts: dict[str, contexts.Context] = {}
         self.js_contexts: dict[str, js_contexts.JsContext] = {}
         self.sh_contexts: dict[str, js_contexts.JsContext] = {}  # bash (bash_contexts.py)
-        self.reset_contexts: set[str] = set()
+        self.reset_contexts: set[tuple[int, str]] = set()  # (id of its language's table, context_id)
         self.frames = protocol.FrameBuffer()
         self.pending: list[dict[str, Any]] = []  # a frame or two: no deque (collections costs ~1 ms a start)
         self.subreaper = procs.become_subreaper()
@@ -275,7 +275,8 @@ class Agent(Children):
         cid = str(req.get("context_id"))
         existed = cid in self.contexts or cid in self.js_contexts or cid in self.sh_contexts
         self._drop_context(cid)
-        self.reset_contexts.discard(cid)
+        for table in (self.contexts, self.js_contexts, self.sh_contexts):
+            self.reset_contexts.discard((id(table), cid))
         return {"reset": existed}
 
 

@@ -140,10 +140,7 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
                                    details={"field": "base", "value": parent.ref})
     os.makedirs(top, mode=0o755, exist_ok=True)
     make_traversable(rt.runtimes_dir())
-    remove_abandoned_builds(top)
-    work = tempfile.mkdtemp(prefix=".build-", dir=top)
-    held = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fcntl.flock(held, fcntl.LOCK_EX)  # this build's: held until it ends (remove_abandoned_builds)
+    work, held = new_build_dir(top)
     temp_tag: str | None = None
     os.chmod(work, 0o755)
     try:
@@ -212,6 +209,16 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
     finally:
         os.close(held)
     return rt.resolve(f"{name}@{version}")
+
+
+def new_build_dir(top: str) -> tuple[str, int]:
+    """A fresh ``.build-*`` directory in ``top`` and the fd holding its lock (close it when the
+    build ends: until then no other build takes it for abandoned); abandoned ones go first."""
+    remove_abandoned_builds(top)
+    work = tempfile.mkdtemp(prefix=".build-", dir=top)
+    held = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    return work, held
 
 
 ABANDONED_AFTER = 60.0

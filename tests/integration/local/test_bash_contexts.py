@@ -111,7 +111,8 @@ def test_a_busy_javascript_context_cannot_block_the_agent(sb):
     # Node spins after answering; the next cell (200 kB, more than a pipe holds) is never read.
     assert sb.run_code("setTimeout(() => { for (;;) {} }, 200); 1", "javascript", context_id="spin").exit_code == 0
     time.sleep(0.6)
-    r = sb.run_code("// " + "x" * 200_000 + "\n1", "javascript", context_id="spin", timeout=3)
+    # not for the run's whole timeout either: the module's 180 s test timeout would end the test
+    r = sb.run_code("// " + "x" * 200_000 + "\n1", "javascript", context_id="spin", timeout=600)
     assert r.metadata.get("context_reset") is True
     _alive(sb)
 
@@ -134,6 +135,13 @@ def test_ending_a_bash_context_leaves_the_python_context_of_the_same_id(sb, endi
     r = sb.run_code(ending, "bash", context_id="mcp-like", timeout=1)
     assert r.metadata.get("context_reset") is True
     assert sb.run_code("print(kept)", context_id="mcp-like").stdout == "42\n"
+
+
+def test_a_restart_is_reported_by_the_language_whose_context_ended(sb):
+    assert sb.run_code("sleep 30", "bash", context_id="c", timeout=1).metadata.get("context_reset") is True
+    first_python = sb.run_code("x = 1", context_id="c")
+    assert first_python.metadata.get("context_new") is True and "context_restarted" not in first_python.metadata
+    assert sb.run_code("echo again", "bash", context_id="c").metadata.get("context_restarted") is True
 
 
 def test_a_prompt_or_prompt_command_a_cell_sets_reaches_no_output(sb):
