@@ -162,21 +162,6 @@ class LifecycleMixin:
         s.state, s.expires_at = "running", None
         self.registry.update(s.tenant_id, s.session_id, state="running", expires_at=None)
 
-    def destroy_unloaded(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
-        """Destroy a session this replica holds no box for (paused, lost, or a dead replica's)."""
-        rec = self.registry.get(tenant_id, session_id)
-        if rec is None:
-            raise SessionNotFoundError(f"no session {tenant_id}/{session_id}",
-                                       details={"tenant_id": tenant_id, "session_id": session_id})
-        if rec.owner not in (None, self.replica) and rec.lease_live() and rec.state != "lost":
-            raise self._owned_elsewhere(rec)
-        remover = getattr(self._current_or_none(), "remove_box", None)
-        if remover is not None and rec.box_handle.get("container_id"):
-            remover(rec.box_handle)
-        remove_workspace(self.record_workspace(rec))
-        self.registry.delete(tenant_id, session_id)
-        return {**rec.to_dict(), "state": "closed"}
-
     # -- idle reaping, expiry, heartbeat ----------------------------------------------------------
     def reap_idle(self: SessionManager) -> list[tuple[str, str]]:
         """Sessions unused for longer than idle_timeout: destroyed, or paused when
@@ -204,8 +189,11 @@ class LifecycleMixin:
                     if not s.closed and s.busy == 0:
                         self._pause_locked(s)
             else:
-                self._teardown(s)
-                self.registry.delete(s.tenant_id, s.session_id)
+                try:
+                    self._close(s)
+                except Exception:  # noqa: BLE001 - reap the others; its row stays closing for a later sweep
+                    log.exception("reaping idle session %s/%s failed", s.tenant_id, s.session_id)
+                    continue
             if self.metrics is not None:
                 self.metrics.sessions_reaped.inc()
         return [(s.tenant_id, s.session_id) for s in idle]
@@ -306,9 +294,13 @@ class LifecycleMixin:
         return done
 
     def expire(self: SessionManager) -> list[tuple[str, str]]:
-        """Delete paused (and lost) sessions whose retention ran out, box and workspace included."""
+        """Delete paused (and lost) sessions whose retention ran out, box and workspace included;
+        finish the destroys cut off (``closing`` rows a lease past their start whose destroyer
+        is gone: admin.py)."""
         done: list[tuple[str, str]] = []
-        for rec in self.registry.expired(time.time()):
+        expired = self.registry.expired(time.time())
+        done += self.finish_abandoned([rec for rec in expired if rec.state == "closing"])
+        for rec in expired:
             if rec.state not in ("paused", "lost"):
                 continue
             if rec.owner not in (None, self.replica) and rec.lease_live() and rec.state != "lost":
@@ -350,6 +342,10 @@ class LifecycleMixin:
             adopted = self.adopt_all()
             if adopted:
                 log.info("re-adopted %d sessions", len(adopted))
+            if self.registry.persistent:  # destroys a kill cut off (admin.py); here, not in adopt_all:
+                finished = self.finish_abandoned(self.registry.list())  # a fenced replica's heartbeat
+                if finished:  # thread re-adopts, and must not wait on a workspace removal
+                    log.info("finished %d session destroys that were cut off", len(finished))
             self.heartbeat()  # the leases run from now, not from before a long adoption
         except Exception:  # noqa: BLE001 - a registry hiccup must not stop the service starting
             log.exception("re-adopting sessions failed")

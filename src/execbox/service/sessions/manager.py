@@ -26,6 +26,7 @@ from ...errors import (
     ProviderUnavailableError,
     SessionDrainingError,
     SessionLostError,
+    SessionNotFoundError,
 )
 from ...providers.base import SandboxProvider
 from ..config import ServiceSettings
@@ -74,6 +75,8 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         self._draining = False
         self._dirty: dict[tuple[str, str], float] = {}  # last-used times the heartbeat flushes
         self._reap_failed: dict[tuple[str, str], float] = {}  # lifecycle.reap_orphaned
+        self._closing: set[tuple[str, str]] = set()  # destroys running in this process (admin.py)
+        self._finish_failed: dict[tuple[str, str], float] = {}  # admin.finish_closing: when to try again
         mono, wall = fence_now()  # until the first heartbeat: as if one had just renewed (fence.py)
         self._lease_until = (mono + settings.lease_ttl, wall + settings.lease_ttl)
 
@@ -141,11 +144,19 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
     def _from_record(self, rec: SessionRecord) -> Session:
         """Take over an existing row: ours after a restart, or a dead replica's."""
         ids = {"tenant_id": rec.tenant_id, "session_id": rec.session_id}
+        with self._lock:
+            destroying = (rec.tenant_id, rec.session_id) in self._closing
+        if destroying:  # a destroy here has not written its row yet, or is tearing it down
+            raise self._being_destroyed(rec)
+        if rec.state == "closing" and self.finish_closing(rec):  # its destroyer is gone: ended now
+            raise SessionNotFoundError(f"no session {rec.tenant_id}/{rec.session_id}: it was being destroyed "
+                                       "when its replica stopped, and that destroy is finished now",
+                                       details={**ids, "state": "closed"})
         if rec.state == "lost":
             raise SessionLostError(
                 f"session {rec.tenant_id}/{rec.session_id} is lost: its box and workspace are gone "
                 "(host or disk lost); delete it to reuse the name", details={**ids, "state": "lost"})
-        if rec.state in ("closing", "closed"):
+        if rec.state in ("closing", "closed"):  # its destroyer is alive (or a finish failed): it ends soon
             raise ProviderUnavailableError(f"session {rec.tenant_id}/{rec.session_id} is being destroyed; retry",
                                            details={**ids, "state": rec.state})
         if rec.owner not in (None, self.replica) and rec.lease_live():

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 
 from ...errors import InvalidConfigError
 
@@ -44,19 +45,25 @@ def mounted(path: str) -> bool:
     return False
 
 
-def remove_workspace(path: str) -> None:
-    """Delete a session workspace once its box's teardown has released it.
+def remove_workspace(path: str, proceed: Callable[[], bool] | None = None) -> bool:
+    """Delete a session workspace once its box's teardown has released it; True when deleted.
 
     Backends may finish tearing a box down in the background (the jail unmounts the workspace
     image after the kill); deleting under a live mount would only empty the mounted view.
+    ``proceed`` is asked once the mount is gone, right before deleting: False leaves the
+    workspace (a destroy that is no longer this replica's: another one finishes it).
     """
     deadline = time.monotonic() + MOUNT_WAIT_SECONDS
     while mounted(path) and time.monotonic() < deadline:
         time.sleep(0.02)
     if mounted(path):
         log.error("workspace %s is still mounted after %ss; leaving it", path, MOUNT_WAIT_SECONDS)
-        return
+        return False
+    if proceed is not None and not proceed():
+        log.warning("leaving workspace %s: its destroy is no longer this replica's", path)
+        return False
     shutil.rmtree(path, ignore_errors=True)
+    return True
 
 
 def make_workspace_dirs(root: str, tenant_id: str, path: str, base: str | None = None) -> None:
