@@ -220,7 +220,8 @@ class SessionOut(BaseModel):
     instance_id: str | None
     created_at: float
     last_used: float | None = None
-    expires_at: float | None = Field(default=None, description="When a paused or lost session is deleted")
+    expires_at: float | None = Field(default=None, description="When a paused or lost session is deleted; "
+                                     "for a closing one, when a destroy cut off is finished")
     lease_expires: float | None = None
     contexts_lost: bool = Field(default=False, description="In-memory contexts (Python globals) were lost by "
                                 "a restart or pause; files are intact")

@@ -22,15 +22,23 @@ from .test_serve_cli import EXECBOX, _wait_ready
 from .test_session_restart import _term
 
 
-def _replica(base: str, db: str, name: str) -> tuple[subprocess.Popen, str]:
+def _replica(base: str, db: str, name: str, log_to_file: bool = False,
+             **extra: str) -> tuple[subprocess.Popen, str]:
+    """One `execbox serve` replica on the shared database; ``extra``: more env (default: a quota of 3).
+    ``log_to_file``: its stderr to ``<base>/<name>.log`` (a pipe nobody reads would fill up)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, f"data-{name}"), "EXECBOX_DATABASE_URL": db,
            "EXECBOX_WORKSPACES_DIR": os.path.join(base, "ws"), "SANDBOX_TYPE": "jail",
            "EXECBOX_REPLICA_ID": name, "EXECBOX_REPLICA_URL": url, "EXECBOX_INTERNAL_SECRET": "s3cret-shared",
-           "EXECBOX_SESSION_LEASE": "2", "SANDBOX_TENANT_MAX_SESSIONS": "3"}
-    proc = subprocess.Popen([EXECBOX, "serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+           "EXECBOX_SESSION_LEASE": "2", **(extra or {"SANDBOX_TENANT_MAX_SESSIONS": "3"})}
+    if log_to_file:
+        with open(os.path.join(base, f"{name}.log"), "wb") as log:
+            proc = subprocess.Popen([EXECBOX, "serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                                    stderr=log)
+    else:
+        proc = subprocess.Popen([EXECBOX, "serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
     return proc, url
 
 

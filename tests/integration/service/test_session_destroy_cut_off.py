@@ -23,8 +23,9 @@ from execbox.boxes.jail_box import boxes_dir, reap_stale
 from execbox.service.store import open_store
 from tests.integration.store.conftest import new_pg_database, pg_server  # noqa: F401 - fixture
 
-from .conftest import free_port, registry_workspaces, traversable_tmpdir
-from .test_serve_cli import EXECBOX, _serve, _wait_ready
+from .conftest import registry_workspaces, traversable_tmpdir
+from .test_replicas import _replica as replica
+from .test_serve_cli import _serve, _wait_ready
 from .test_session_restart import _bwraps_under, _env, _term
 
 
@@ -245,16 +246,7 @@ def test_an_e2b_kill_cut_off_by_kill9_ends_the_sandbox(jail_provider) -> None:
 
 
 def _replica(base: str, db: str, name: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, f"data-{name}"), "EXECBOX_DATABASE_URL": db,
-           "EXECBOX_WORKSPACES_DIR": os.path.join(base, "ws"), "SANDBOX_TYPE": "jail",
-           "EXECBOX_REPLICA_ID": name, "EXECBOX_REPLICA_URL": url, "EXECBOX_INTERNAL_SECRET": "s3cret-shared",
-           "EXECBOX_SESSION_LEASE": "2", "SANDBOX_IDLE_TIMEOUT": "8"}  # a sweep every 2 s
-    with open(os.path.join(base, f"{name}.log"), "wb") as log:  # not a pipe nobody reads: it would fill
-        proc = subprocess.Popen([EXECBOX, "serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                                stderr=log)
-    return proc, url
+    return replica(base, db, name, log_to_file=True, SANDBOX_IDLE_TIMEOUT="8")  # a sweep every 2 s
 
 
 def test_a_dead_replicas_cut_off_destroy_is_finished_by_another_replicas_sweep(pg_server) -> None:  # noqa: F811
