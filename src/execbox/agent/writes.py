@@ -33,7 +33,7 @@ import stat
 from . import paths
 from .fileops import FileOpError, _os_error, _resolve, info, read_bytes
 from .lean import b64decode
-from .write_journal import PREFIX, Journal, unlink_quiet
+from .write_journal import JOURNAL, PREFIX, Journal, unlink_quiet
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -132,9 +132,9 @@ def _plan(ws: str, entries: list[tuple[str, bytes]], mode: str) -> list[_Item]:
         real = _resolve(ws, path)
         if real == root:
             raise FileOpError("cannot write to the workspace root itself", field="path", path=path)
-        if any(part.startswith(PREFIX) for part in os.path.relpath(real, root).split(os.sep)):
-            raise FileOpError(f"cannot write {path!r}: names starting with {PREFIX} are execbox's own "
-                              "(temp files, the write journal)", field="path", path=path)
+        if JOURNAL in os.path.relpath(real, root).split(os.sep):
+            raise FileOpError(f"cannot write {path!r}: {JOURNAL} is execbox's own (the write journal)",
+                              field="path", path=path)
         items.append(_Item(path, real, data))
     targets = {item.real: item for item in items}
     for item in items:
