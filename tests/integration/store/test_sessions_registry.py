@@ -100,3 +100,25 @@ def test_leases_claims_and_skip_locked_adoption(db_url, tmp_path) -> None:
         assert [r.session_id for r in reg.expired(time.time())] == ["s0"]
         reg.leave("r1")
         assert reg.replicas() == []
+
+
+def _delete_only_while_it_still_records(reg) -> None:
+    rec, _ = _create(reg, "t", "gone", "r1")
+    reg.update("t", "gone", state="closing")
+    assert not reg.delete("t", "gone", owner="r2", state="closing")  # another replica's destroy
+    assert not reg.delete("t", "gone", row_id="0" * 32, owner="r1")  # a new session of the name
+    assert not reg.delete("t", "gone", owner="r1", state="running")
+    assert reg.get("t", "gone") is not None
+    assert reg.delete("t", "gone", row_id=rec.id, owner="r1", state="closing") and reg.get("t", "gone") is None
+
+
+def test_a_late_destroyer_deletes_a_row_only_while_it_still_records_its_destroy(db_url, tmp_path) -> None:
+    """(review 21) one conditional statement: nothing between a re-read and the delete."""
+    with open_store(data_dir=tmp_path, url=db_url) as store:
+        _delete_only_while_it_still_records(store.sessions)
+
+
+def test_the_memory_registry_deletes_on_the_same_conditions() -> None:
+    from execbox.service.sessions.registry import MemoryRegistry
+
+    _delete_only_while_it_still_records(MemoryRegistry())

@@ -174,9 +174,8 @@ class AdminMixin:
     def _delete_closing(self: SessionManager, tenant_id: str, session_id: str, row_id: str | None = None) -> None:
         """Delete the row of a finished destroy, unless it no longer records this replica's destroy
         (another replica claimed it to finish it, or it finished it and the name is used again)."""
-        if self._still_destroying(tenant_id, session_id, row_id):
-            self.registry.delete(tenant_id, session_id)
-        else:
+        if self._fenced or not self.registry.delete(tenant_id, session_id, row_id=row_id, owner=self.replica,
+                                                    state="closing"):
             log.warning("session %s/%s: its row is no longer this destroy's; left as it is", tenant_id, session_id)
 
     def _being_destroyed(self: SessionManager, rec: SessionRecord) -> ProviderUnavailableError:

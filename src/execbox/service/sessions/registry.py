@@ -101,7 +101,12 @@ class SessionRegistry(Protocol):
         written) when ``owner`` no longer holds it."""
         ...
 
-    def delete(self, tenant_id: str, session_id: str) -> bool: ...
+    def delete(self, tenant_id: str, session_id: str, *, row_id: str | None = None, owner: str | None = None,
+               state: str | None = None) -> bool:
+        """Delete the row; with ``row_id``/``owner``/``state``, only while it still has them (one
+        conditional statement: a destroy another replica took over, or a new session of the name,
+        is never deleted by a late destroyer). Whether a row was deleted."""
+        ...
 
     def adoptable(self, owner: str, lease_ttl: float) -> list[SessionRecord]:
         """Claim every held row that is ``owner``'s or whose owner's lease expired; return them."""
@@ -191,9 +196,15 @@ class MemoryRegistry:
             self._rows[(tenant_id, session_id)] = replace(row, owner=to_owner, lease_expires=lease_expires)
             return True
 
-    def delete(self, tenant_id: str, session_id: str) -> bool:
+    def delete(self, tenant_id: str, session_id: str, *, row_id: str | None = None, owner: str | None = None,
+               state: str | None = None) -> bool:
         with self._lock:
-            return self._rows.pop((tenant_id, session_id), None) is not None
+            row = self._rows.get((tenant_id, session_id))
+            if row is None or (row_id is not None and row.id != row_id) or \
+                    (owner is not None and row.owner != owner) or (state is not None and row.state != state):
+                return False
+            del self._rows[(tenant_id, session_id)]
+            return True
 
     def adoptable(self, owner: str, lease_ttl: float) -> list[SessionRecord]:
         return []  # nothing outlives the process

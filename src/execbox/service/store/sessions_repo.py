@@ -227,11 +227,17 @@ class SqlSessionRegistry:
             s.flush()
             return _record(row)
 
-    def delete(self, tenant_id: str, session_id: str) -> bool:
+    def delete(self, tenant_id: str, session_id: str, *, row_id: str | None = None, owner: str | None = None,
+               state: str | None = None) -> bool:
+        where = [SessionRow.tenant_id == tenant_id, SessionRow.session_id == session_id]
+        if row_id is not None:
+            where.append(SessionRow.id == row_id)
+        if owner is not None:
+            where.append(SessionRow.owner == owner)
+        if state is not None:
+            where.append(SessionRow.state == state)
         with self._auto.connect() as s:
-            res = s.execute(delete(SessionRow).where(SessionRow.tenant_id == tenant_id,
-                                                     SessionRow.session_id == session_id))
-            return bool(res.rowcount)
+            return bool(s.execute(delete(SessionRow).where(*where)).rowcount)
 
     def adoptable(self, owner: str, lease_ttl: float) -> list[SessionRecord]:
         now = time.time()
