@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import bash_contexts, contexts, js_contexts, privsep, procs, protocol, pump
+from . import bash_contexts, contexts, fileops, js_contexts, privsep, procs, protocol, pump
 from .lean import dumps, signal
 from .spares import EARLY_SPARE_MAX_FORK, FIGURE_WORDS, Spares
 
@@ -195,13 +195,7 @@ class Children(Spares):
         write to that dir, but a FIFO it planted (which would block the agent's open) or a
         symlink (which would send the write elsewhere) is never this file."""
         path = os.path.join(self.tmp, f"run-{os.urandom(8).hex()}{suffix}")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        fileops.write_file(path, data)
         return path
 
     def _cleanup_run_files(self) -> None:

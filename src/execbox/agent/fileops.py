@@ -97,6 +97,25 @@ def open_regular(real: str, path: str) -> int:
 
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to the (blocking) ``fd``: os.write may take less."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_file(path: str, data: bytes, flag: int = os.O_EXCL, durable: bool = False) -> None:
+    """``data`` to ``path``, opened with ``flag`` (O_EXCL: a new file; O_TRUNC) and never
+    through a symlink, mode 0600; fsynced when ``durable``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_bytes(ws: str, path: str, max_bytes: int = MAX_READ_BYTES) -> bytes:
     real = _resolve(ws, path, must_exist=True)
     fd = open_regular(real, path)

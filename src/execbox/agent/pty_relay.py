@@ -16,6 +16,8 @@ import signal
 import struct
 import termios
 
+from .fileops import write_all
+
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
     from typing import Any
@@ -87,7 +89,7 @@ def relay_main(argv: list[str], env: dict[str, str], cwd: str, size: dict[str, A
                 if not data:
                     watched.remove(master)
                     break
-                _write_all(out_fd, data)
+                write_all(out_fd, data)
             elif fd == in_r:
                 if not data:
                     watched.remove(in_r)  # stdin closed: send EOF (^D) like a terminal would
@@ -112,9 +114,3 @@ def relay_main(argv: list[str], env: dict[str, str], cwd: str, size: dict[str, A
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

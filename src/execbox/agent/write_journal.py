@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .fileops import FileOpError, _resolve
+from .fileops import FileOpError, _resolve, write_file
 from .lean import dumps, loads
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
@@ -60,7 +60,7 @@ class Journal:
             self.path = None
             return
         try:  # written whole before anything is staged: a torn one is never read (nothing to undo)
-            self._write(self.path, os.O_EXCL, self._record(False))
+            write_file(self.path, self._record(False))
         except OSError:  # not a directory we can write (or a quota): the write goes on without
             unlink_quiet(self.path)
             self.path = None
@@ -68,25 +68,13 @@ class Journal:
     def _record(self, committed: bool) -> bytes:
         return dumps({"v": 1, "committed": committed, "targets": self.targets, "dirs": self.dirs}).encode()
 
-    @staticmethod
-    def _write(path: str, flag: int, data: bytes, durable: bool = False) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def mark_committed(self) -> None:
         """From here on, recovery rolls the write forward: the mark reaches the disk (the new
         record fsynced, renamed over the old, the directory fsynced) before the first rename."""
         if self.path is None:
             return
         new = self.path + ".new"
-        self._write(new, os.O_TRUNC, self._record(True), durable=True)
+        write_file(new, self._record(True), os.O_TRUNC, durable=True)
         os.replace(new, self.path)
         dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

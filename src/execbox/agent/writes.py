@@ -31,7 +31,7 @@ import os
 import stat
 
 from . import paths
-from .fileops import FileOpError, _os_error, _resolve, info, read_bytes
+from .fileops import FileOpError, _os_error, _resolve, info, read_bytes, write_all
 from .lean import b64decode
 from .write_journal import JOURNAL, PREFIX, Journal, unlink_quiet
 
@@ -190,9 +190,7 @@ def _stage(ws: str, item: _Item, made: list[str]) -> None:
                           path=item.path, violation="resolves outside the workspace (symlink escape)")
     item.tmp, fd = _create_beside(item.real, item.tmp)
     try:
-        view = memoryview(item.data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, item.data)
         os.fsync(fd)
     finally:
         os.close(fd)
