@@ -292,11 +292,10 @@ class Children(Spares):
 
     def _check_context_room(self) -> None:
         tables = (self.contexts, self.js_contexts, self.sh_contexts)
-        if sum(map(len, tables)) >= contexts.MAX_CONTEXTS:
-            self.on_wake()  # contexts whose process ended since their last run hold no room
+        if sum(map(len, tables)) >= contexts.MAX_CONTEXTS:  # ended ones hold no room
             for table in tables:
                 for cid, ctx in list(table.items()):
-                    if self.exited.pop(ctx.pid, None) is not None:
+                    if self._context_ended(ctx.pid):
                         self._drop_context(cid, table)
         if sum(map(len, tables)) >= contexts.MAX_CONTEXTS:
             raise RequestError(f"too many contexts (max {contexts.MAX_CONTEXTS}); reset one first",
