@@ -142,7 +142,7 @@ def ended(agent: Any) -> Any:
                 break
             if time.monotonic() >= stop:  # it closed its reply pipe and lives on: it goes
                 procs.kill_tree(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
-                return {"exit_code": -9, "signal": 9, "died": True}
+                return js_contexts.DIED
             time.sleep(0.005)
         code, sig = procs.decode_status(status)
         return {"exit_code": code, "signal": sig, "died": True}

@@ -375,7 +375,7 @@ class Children(Spares):
                 state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
                                  "peak_memory_kb": msg.get("peak_memory_kb")}
             except (EOFError, OSError, ValueError):
-                state["done"] = {"exit_code": -9, "signal": 9, "died": True}
+                state["done"] = js_contexts.DIED
 
         def done() -> dict[str, Any] | None:
             if "done" in state:

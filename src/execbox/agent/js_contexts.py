@@ -133,6 +133,7 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
     state: dict[str, Any] = {}
     limit = 2 * result_cap + pump.RESULT_SLACK
     ctx.reply_buf.clear()
+    died = ended or (lambda _ctx: DIED)
 
     def kill() -> None:
         pump.kill_quietly(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
@@ -140,7 +141,7 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
     try:
         write_all(ctx.req_w, request, deadline)
     except BrokenPipeError:  # it ended just now: the cell did not run
-        state["done"] = ended(ctx) if ended else DIED
+        state["done"] = died(ctx)
     except TimeoutError:  # it does not read its requests (a cell left it busy or stopped)
         kill()
         state["done"] = DIED
@@ -151,7 +152,7 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
         except OSError:
             chunk = b""
         if not chunk:
-            state["done"] = ended(ctx) if ended else {"exit_code": -9, "signal": 9, "died": True}
+            state["done"] = died(ctx)
             return
         if "done" in state:
             return  # a late write after the reply line (only user code writes to fd 4 then)
