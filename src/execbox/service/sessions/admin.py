@@ -131,9 +131,7 @@ class AdminMixin:
         workspace left (still mounted, or the destroy is no longer this replica's: fenced, or
         another replica claimed the row to finish it) leaves the row to whoever finishes it."""
         key = (s.tenant_id, s.session_id)
-        with self._lock:
-            self._closing.add(key)
-        try:
+        with self._destroying(key):
             try:
                 self._mark_closing(s.tenant_id, s.session_id)
                 marked = True
@@ -148,9 +146,20 @@ class AdminMixin:
                 self._delete_closing(s.tenant_id, s.session_id)
             else:
                 log.warning("session %s/%s: its workspace is left, and its row `closing` for a later sweep", *key)
+
+    @contextmanager
+    def _destroying(self: SessionManager, key: tuple[str, str]) -> Iterator[bool]:
+        """A destroy of ``key`` runs in this process for the block (``_closing``: requests and
+        finishers leave it alone); yields False, marking nothing, when one already runs."""
+        with self._lock:
+            taken = key not in self._closing
+            self._closing.add(key)
+        try:
+            yield taken
         finally:
-            with self._lock:
-                self._closing.discard(key)
+            if taken:
+                with self._lock:
+                    self._closing.discard(key)
 
     def _mark_closing(self: SessionManager, tenant_id: str, session_id: str) -> None:
         """The row says a destroy by this replica is under way (one UPDATE). ``expires_at`` is
@@ -196,21 +205,15 @@ class AdminMixin:
             return {**record_out(rec), "state": "closed"}
         if rec.owner not in (None, self.replica) and rec.lease_live() and rec.state != "lost":
             raise self._owned_elsewhere(rec)
-        key = (tenant_id, session_id)
-        with self._lock:
-            if key in self._closing:
+        with self._destroying((tenant_id, session_id)) as taken:
+            if not taken:
                 raise self._being_destroyed(rec)
-            self._closing.add(key)
-        try:
             self._mark_closing(tenant_id, session_id)
             if self._remove_remnants(rec):
                 self._delete_closing(tenant_id, session_id, rec.id)
             else:
                 log.warning("session %s/%s: its workspace is left, and its row `closing` for a later sweep",
                             tenant_id, session_id)
-        finally:
-            with self._lock:
-                self._closing.discard(key)
         return {**record_out(rec), "state": "closed"}
 
     def _remove_remnants(self: SessionManager, rec: SessionRecord) -> bool:
@@ -252,10 +255,10 @@ class AdminMixin:
         key = (rec.tenant_id, rec.session_id)
         if rec.state != "closing":
             return False
-        with self._lock:
-            if key in self._closing:  # a destroy of it runs in this process
-                return False
-            self._closing.add(key)
+        with self._destroying(key) as taken:
+            return taken and self._finish(rec, key)  # not taken: a destroy of it runs in this process
+
+    def _finish(self: SessionManager, rec: SessionRecord, key: tuple[str, str]) -> bool:
         try:
             if not self._destroyer_gone(rec):
                 return False
@@ -273,9 +276,6 @@ class AdminMixin:
             log.exception("finishing the destroy of session %s/%s failed", rec.tenant_id, rec.session_id)
             self._finish_failed[key] = time.time() + FINISH_RETRY
             return False
-        finally:
-            with self._lock:
-                self._closing.discard(key)
 
     def finish_abandoned(self: SessionManager, records: list[SessionRecord]) -> list[tuple[str, str]]:
         """``finish_closing`` for each ``closing`` row of ``records`` (at start, and from the
