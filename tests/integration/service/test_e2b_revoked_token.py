@@ -4,6 +4,7 @@ a sandbox of a still-valid token of the same tenant goes on."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -39,6 +40,14 @@ def test_revoked_creator_token_ends_its_sandbox(svc) -> None:  # noqa: ANN001
     r = _execute(svc.url, headers)
     assert r.status_code == 200 and "still running" in r.text
 
+    # The sweeper would kill the sandbox within a second of the revocation, and a killed sandbox
+    # answers 502 "not found"; it waits here until the URL's own refusal has been seen.
+    registry = svc.app.state.services.e2b
+    sweep_revoked = registry._kill_of_revoked_tokens
+    held = threading.Event()
+    held.set()
+    registry._kill_of_revoked_tokens = lambda: None if held.is_set() else sweep_revoked()
+
     assert svc.root.delete(f"/api/admin/tokens/{doomed_rec.id}").status_code in (200, 204)
     time.sleep(0.3)  # past the (shortened) validity cache
 
@@ -51,7 +60,7 @@ def test_revoked_creator_token_ends_its_sandbox(svc) -> None:  # noqa: ANN001
                    headers={**headers, "E2b-Sandbox-Port": "49983", "Content-Type": "application/json"})
     assert r.status_code == 401
 
-    registry = svc.app.state.services.e2b
+    held.clear()
     sessions = svc.app.state.services.sessions
     deadline = time.monotonic() + 15
     while (registry.get(sid) is not None or sessions.get("tenant-a", f"e2b-{sid}") is not None) \
