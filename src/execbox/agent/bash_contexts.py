@@ -11,7 +11,9 @@ fd 3 the names of that cell's two files, NUL-terminated (its code; its ``env`` a
 name/value pairs, or an empty name for none: nothing the caller sends is ever parsed as shell
 syntax, and no pipe write is larger than a few hundred bytes), fd 4 the reply line
 ``{"exit_code":N}``, fds 5 and 6 the context's stderr and stdout for life (the shell's own
-fds 1 and 2 are /dev/null). A cell's code is sourced from a file with fds 3-6 closed, stdout
+fds 1 and 2 are /dev/null). A cell's code is read from its file and run by ``eval`` (so its
+errors read as typed into a terminal, not with the file's temp path; ``return`` outside a
+function is an error there, as in a terminal or a bash kernel) with fds 3-6 closed, stdout
 and stderr on the context's pipes and stdin on /dev/null, so the processes it starts see none
 of the others. The shell itself keeps saved copies of them while the cell runs, so a cell can
 write its own context's reply early: that only confuses its own results (a reply that is not
@@ -77,12 +79,12 @@ __execbox_answer() {
   builtin printf '{"exit_code":%d}\n' "$__execbox_rc" >&4
 }
 """
-# One cell: the first line reads the cell's data and sources its file with the cell's stdout
+# One cell: the first line reads the cell's data and evals its file's code with the cell's stdout
 # and stderr (fds 6 and 5); if an error ends that line early, the second still answers (with
 # the status the error left). The shell's own stdout and stderr are /dev/null, so what it
 # prints between cells (its prompt, a PROMPT_COMMAND a cell set, `set -x` traces of the two
 # helpers) reaches no cell's output.
-CELL = (b'__execbox_pre; builtin source "$__execbox_file" </dev/null >&6 2>&5 3<&- 4>&- 5>&- 6>&-\n'
+CELL = (b'__execbox_pre; builtin eval -- "$(<"$__execbox_file")" </dev/null >&6 2>&5 3<&- 4>&- 5>&- 6>&-\n'
         b'__execbox_answer "$?"\n')
 EXIT_WAIT = 1.0  # seconds to wait for a shell whose reply pipe closed to be reapable
 MAX_ENV_STRING = 128 * 1024 - 1  # execve's limit on one NAME=value string (MAX_ARG_STRLEN)

@@ -303,5 +303,16 @@ def exec_node(node: str, code_path: str, args_path: str, env: dict[str, str], he
     os.execve(node, argv, env)
 
 
+BASH_ARG_MAX = 128 * 1024 - 1  # execve's limit on one argument (MAX_ARG_STRLEN)
+
+
 def exec_bash(bash: str, script_path: str, env: dict[str, str]) -> None:
+    """The script runs as ``bash -c CODE bash``, the code itself the argument (never a string
+    built around it), so its errors read ``bash: line 3: ...`` as from a terminal or a bash
+    kernel, not with the run file's temp path. Code too long for one argument, or holding a NUL,
+    runs from its file."""
+    with open(script_path, "rb") as f:
+        code = f.read(BASH_ARG_MAX + 1)
+    if len(code) <= BASH_ARG_MAX and b"\0" not in code:
+        os.execve(bash, [bash, "--noprofile", "--norc", "-c", code, "bash"], env)
     os.execve(bash, [bash, "--noprofile", "--norc", script_path], env)
