@@ -7,13 +7,12 @@ syntax error) ends that cell, not the shell. ``exit`` ends the shell, and ``set 
 failing command does too; the context is then dropped like a timed-out one.
 
 Its pipes (js_contexts.JsContext, plus one): fd 0 takes two fixed command lines per cell,
-fd 3 the names of that cell's two files, NUL-terminated (its code; its ``env`` as NUL-terminated
-name/value pairs, or an empty name for none: nothing the caller sends is ever parsed as shell
+fd 3 the names of that cell's three files, NUL-terminated (EVAL_CELL; its code; its ``env`` as
+NUL-terminated name/value pairs, or an empty name for none: nothing the caller sends is ever parsed as shell
 syntax, and no pipe write is larger than a few hundred bytes), fd 4 the reply line
 ``{"exit_code":N}``, fds 5 and 6 the context's stderr and stdout for life (the shell's own
-fds 1 and 2 are /dev/null). A cell's code is read from its file and run by ``eval`` (so its
-errors read as typed into a terminal, not with the file's temp path; ``return`` outside a
-function is an error there, as in a terminal or a bash kernel) with fds 3-6 closed, stdout
+fds 1 and 2 are /dev/null). A cell's code is run by ``eval`` in a sourced file (EVAL_CELL) with
+fds 3-6 closed, stdout
 and stderr on the context's pipes and stdin on /dev/null, so the processes it starts see none
 of the others. The shell itself keeps saved copies of them while the cell runs, so a cell can
 write its own context's reply early: that only confuses its own results (a reply that is not
@@ -43,11 +42,12 @@ set +o history +m +H
 __execbox_pre() {
   local - IFS=
   set +u +e
-  if [[ ${__execbox_file@a}${__execbox_envs@a}${__execbox_names@a}${__execbox_new@a} == *r* ||
+  if [[ ${__execbox_run@a}${__execbox_file@a}${__execbox_envs@a}${__execbox_names@a}${__execbox_new@a} == *r* ||
         ${__execbox_old@a}${__execbox_had@a} == *r* ]]; then
     builtin printf 'execbox: a cell made the shell'"'"'s own __execbox_ variables readonly; this shell ends\n' >&5
     builtin exit 70
   fi
+  builtin read -r -d '' __execbox_run <&3 || builtin exit 0
   builtin read -r -d '' __execbox_file <&3 || builtin exit 0
   builtin read -r -d '' __execbox_envs <&3 || builtin exit 0
   __execbox_names=() __execbox_new=() __execbox_old=() __execbox_had=()
@@ -79,13 +79,17 @@ __execbox_answer() {
   builtin printf '{"exit_code":%d}\n' "$__execbox_rc" >&4
 }
 """
-# One cell: the first line reads the cell's data and evals its file's code with the cell's stdout
+# One cell: the first line reads the cell's data and runs its code (EVAL_CELL) with the cell's stdout
 # and stderr (fds 6 and 5); if an error ends that line early, the second still answers (with
 # the status the error left). The shell's own stdout and stderr are /dev/null, so what it
 # prints between cells (its prompt, a PROMPT_COMMAND a cell set, `set -x` traces of the two
 # helpers) reaches no cell's output.
-CELL = (b'__execbox_pre; builtin eval -- "$(<"$__execbox_file")" </dev/null >&6 2>&5 3<&- 4>&- 5>&- 6>&-\n'
+CELL = (b'__execbox_pre; builtin source "$__execbox_run" </dev/null >&6 2>&5 3<&- 4>&- 5>&- 6>&-\n'
         b'__execbox_answer "$?"\n')
+# What the cell line sources: the cell's code, run by eval. Sourced, so the shell is not
+# interactive while the cell runs (an `exit` prints no "exit", `return` ends the cell); by eval,
+# so an error names `eval`, not the file's temp path (`bash: eval: line 3: syntax error ...`).
+EVAL_CELL = b'builtin eval -- "$(<"$__execbox_file")"\n'
 EXIT_WAIT = 1.0  # seconds to wait for a shell whose reply pipe closed to be reapable
 MAX_ENV_STRING = 128 * 1024 - 1  # execve's limit on one NAME=value string (MAX_ARG_STRLEN)
 
@@ -172,7 +176,8 @@ def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[
     if spec["env"]:
         env_path = agent.run_file(".env", b"".join(
             k.encode() + b"\0" + v.encode() + b"\0" for k, v in spec["env"].items()))
-    data = code_path.encode() + b"\0" + env_path.encode() + b"\0"
+    run_path = agent.run_file(".sh", EVAL_CELL)
+    data = run_path.encode() + b"\0" + code_path.encode() + b"\0" + env_path.encode() + b"\0"
 
     def make() -> BashContext:
         return spawn(agent, context_id, spec["cwd"], start_env)

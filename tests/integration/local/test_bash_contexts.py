@@ -51,13 +51,16 @@ def test_bash_errors_read_as_from_a_terminal_not_with_the_agents_temp_files(sb):
     shot, cell = sb.run_code(code, "bash"), _sh(sb, code)
     assert shot.stderr.startswith("bash: line 1: no_such_cmd_x: command not found\n"), shot.stderr
     assert "bash: -c: line 3: syntax error near unexpected token `then'" in shot.stderr
-    assert cell.stderr == "bash: no_such_cmd_x: command not found\nbash: syntax error near unexpected token `then'\n"
+    assert cell.stderr == ("bash: no_such_cmd_x: command not found\nbash: eval: line 3: syntax error near unexpected "
+                           "token `then'\nbash: eval: line 3: `if then'\n")
     for r in (shot, cell):
         assert (r.stdout, r.exit_code) == ("ok\n", 2) and "execbox" not in r.stderr and ".sh" not in r.stderr
     big = "x=1\n" * 40_000 + "echo big $x\nno_such_cmd_y\n"  # 160 kB: past execve's limit on one argument
     for r in (sb.run_code(big, "bash"), _sh(sb, big)):
         assert (r.stdout, r.exit_code) == ("big 1\n", 127) and "no_such_cmd_y" in r.stderr, r.stderr[-300:]
     assert sb.run_code("echo $0", "bash").stdout == "bash\n"
+    r = _sh(sb, "echo a; return 4; echo b")  # a cell is sourced: return ends it
+    assert (r.stdout, r.stderr, r.exit_code) == ("a\n", "", 4)
 
 
 def test_exit_ends_a_bash_context_with_its_code_and_the_next_cell_starts_fresh(sb):
