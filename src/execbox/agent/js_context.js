@@ -11,31 +11,7 @@ const net = require("net");
 const vm = require("vm");
 const util = require("util");
 const readline = require("readline");
-
-function encode(value) {
-  try {
-    const text = JSON.stringify(value, (k, v) => {
-      if (typeof v === "bigint") throw new TypeError("BigInt value is not JSON-serializable");
-      if (typeof v === "number" && !Number.isFinite(v)) throw new TypeError(`${v} is not JSON-serializable`);
-      return v;
-    });
-    if (text === undefined) throw new TypeError(`${typeof value} is not JSON-serializable`);
-    return { present: true, json: text, type: Array.isArray(value) ? "array" : typeof value };
-  } catch (e) {
-    return { error: e.message };
-  }
-}
-
-// A cell's error as Node shows it, without the frames below the cell: the vm calls that ran it
-// and this file's (or a wrapper's, see service/e2b_compat/cells.py) are not the user's code.
-const MACHINERY = /^\s+at (?:new Script|createScript|Script\.runInThisContext|Object\.runInThisContext) \(node:vm[:)]/;
-
-function cellStack(e) {
-  if (!e || typeof e.stack !== "string") return `${e}`;
-  const lines = e.stack.split("\n");
-  const cut = lines.findIndex((line) => MACHINERY.test(line));
-  return (cut > 0 ? lines.slice(0, cut) : lines).join("\n");
-}
+const { encode, userStack } = require("./js_common.js");
 
 function reply(msg) {
   try { fs.writeSync(4, JSON.stringify(msg) + "\n"); } catch (e) { process.exit(0); }
@@ -66,7 +42,7 @@ async function handle(req) {
       if (result.error) result = { present: true, json: JSON.stringify(util.inspect(value)), type: "inspect" };
     }
   } catch (e) {
-    process.stderr.write(`${cellStack(e)}\n`);
+    process.stderr.write(`${userStack(e, __filename)}\n`);
     exitCode = 1;
   }
   reply({ exit_code: exitCode, result, peak_memory_kb: Math.round(process.resourceUsage().maxRSS) });

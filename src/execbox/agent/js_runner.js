@@ -4,24 +4,17 @@
 "use strict";
 const fs = require("fs");
 const vm = require("vm");
+const { encode, userStack } = require("./js_common.js");
 
 function send(msg) {
   try { fs.writeSync(3, JSON.stringify(msg)); } catch (e) { /* host went away */ }
 }
 
-function encode(value) {
+function encodeReturned(value) {
   if (value === undefined) return { present: true, json: "null", type: "undefined" };
-  try {
-    const text = JSON.stringify(value, (k, v) => {
-      if (typeof v === "bigint") throw new TypeError("BigInt value is not JSON-serializable");
-      if (typeof v === "number" && !Number.isFinite(v)) throw new TypeError(`${v} is not JSON-serializable`);
-      return v;
-    });
-    if (text === undefined) throw new TypeError(`${typeof value} is not JSON-serializable`);
-    return { present: true, json: text, type: Array.isArray(value) ? "array" : typeof value };
-  } catch (e) {
-    return { error: `main() returned a value that is not JSON-serializable: ${e.message}` };
-  }
+  const encoded = encode(value);
+  if (encoded.error) encoded.error = `main() returned a value that is not JSON-serializable: ${encoded.error}`;
+  return encoded;
 }
 
 async function run() {
@@ -39,7 +32,7 @@ async function run() {
   if (typeof main === "function") {
     let value = hasArgs ? main(args) : main();
     if (value && typeof value.then === "function") value = await value;
-    const encoded = encode(value);
+    const encoded = encodeReturned(value);
     if (encoded.error) {
       process.stderr.write(`execbox: ${encoded.error}\n`);
       process.exitCode = 1;
@@ -53,7 +46,7 @@ async function run() {
 }
 
 run().catch((e) => {
-  process.stderr.write((e && e.stack) ? `${e.stack}\n` : `${e}\n`);
+  process.stderr.write(`${userStack(e, __filename)}\n`);
   if (e instanceof RangeError && /memory/i.test(String(e.message))) send({ oom: true });
   process.exitCode = 1;
 });

@@ -92,6 +92,21 @@ def test_javascript_main_with_and_without_arguments(sb, node_available):
     assert r.exit_code == 1 and "Error: bad" in r.stderr
 
 
+def test_javascript_errors_show_the_users_frames_not_the_runners(sb, node_available):
+    """As Python's traceback starts at <code>: the vm calls and the runner's own frames below the
+    user's code are noise an agent reads (and named the agent's path)."""
+    if not node_available:
+        pytest.skip("node is not installed")
+    r = sb.run_code("console.log(1);\nnull.x", "js")
+    assert r.stderr.rstrip().endswith("TypeError: Cannot read properties of null (reading 'x')\n    at <code>:2:6")
+    r = sb.run_code("function inner() { return null.y }\nasync function main() { await 1; return inner() }", "js")
+    assert r.stderr.rstrip().splitlines()[-2:] == ["    at inner (<code>:1:32)", "    at main (<code>:2:41)"], r.stderr
+    r = sb.run_code("let x = (;", "js")
+    assert "SyntaxError: Unexpected token ';'" in r.stderr and " at " not in r.stderr, r.stderr
+    for out in (r, sb.run_code("null.x", "js", context_id="stack")):
+        assert "js_runner" not in out.stderr and "js_context" not in out.stderr and "node:vm" not in out.stderr
+
+
 def test_bash_with_and_without_arguments(sb):
     r = sb.run_code("echo out; echo err >&2; exit 3", "bash")
     assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 3)
