@@ -367,6 +367,8 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         inst.executions += 1
         oom = bool(value.get("oom")) or inst.box.oom_events() > oom_before
         result = self._to_result(inst, value, time.monotonic() - started, oom)
+        # the run's own timeout, not the provider's default: a 1 s run that timed out said 30
+        result.metadata["limits"]["timeout"] = int(seconds) if seconds == int(seconds) else seconds
         if run_id is not None:
             result.metadata["egress_run_id"] = run_id
         ref = self.runtime_ref(inst)

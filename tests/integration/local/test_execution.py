@@ -107,6 +107,12 @@ def test_javascript_errors_show_the_users_frames_not_the_runners(sb, node_availa
         assert "js_runner" not in out.stderr and "js_context" not in out.stderr and "node:vm" not in out.stderr
 
 
+def test_metadata_limits_name_the_runs_own_timeout(sb):
+    r = sb.run_code("import time; time.sleep(5)", timeout=1)
+    assert r.timed_out and r.metadata["limits"]["timeout"] == 1 and r.metadata["error_code"] == "SB005"
+    assert sb.run_code("pass", timeout=2.5).metadata["limits"]["timeout"] == 2.5
+
+
 def test_bash_with_and_without_arguments(sb):
     r = sb.run_code("echo out; echo err >&2; exit 3", "bash")
     assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 3)
