@@ -17,6 +17,7 @@ CASES: dict[str, str] = {
     "python_main_arguments": "main(**arguments) is called; its JSON value travels in `result`, not stdout",
     "python_non_json_result": "a non-JSON return value is a clear error (exit 1, message on stderr)",
     "python_dunder_main_script": "a script with `if __name__ == '__main__':` runs as a script; main is not called",
+    "python_main_called_once": "a program that calls its own main() runs it once (not again implicitly)",
     "python_plain_script": "a plain script runs; no result",
     "javascript_main_arguments": "main(arguments) in Node; its JSON value travels in `result`",
     "bash_script": "bash code runs with stdout, stderr and the exit code kept apart",
@@ -61,6 +62,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     "self_managed": {},  # api: execbox, against a real `execbox serve` (jail, sci runtime)
     "self_managed-run": {
         "python_dunder_main_script": RAGFLOW_MAIN,
+        "python_main_called_once": RAGFLOW_MAIN,
         "bash_script": RAGFLOW_LANGS,
         "exit_codes": RAGFLOW_LANGS,
         "fork_bomb": RAGFLOW_LANGS,

@@ -82,6 +82,12 @@ def python_dunder_main_script(b: Box) -> None:
     assert r.result is None
 
 
+def python_main_called_once(b: Box) -> None:
+    r = _ok(b.run("import asyncio\n\nasync def main():\n    print('main called')\n    return 1\n\n"
+                  "asyncio.run(main())\n"))
+    assert (r.stdout, r.result) == ("main called\n", None)
+
+
 def python_plain_script(b: Box) -> None:
     r = _ok(b.run("x = 6 * 7\nprint(x)\n"))
     assert r.stdout == "42\n" and r.stderr == "" and r.result is None

@@ -31,8 +31,9 @@ def _wrappers() -> tuple[Any, Any, Any, Any, Any]:
     import base64
     import json
 
-    def dumps(obj: Any, ensure_ascii: bool = True, allow_nan: bool = True) -> str:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
+    def dumps(obj: Any, ensure_ascii: bool = True, allow_nan: bool = True, default: Any = None) -> str:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan,
+                          default=default)
 
     def b64decode(data: str | bytes) -> bytes:
         return base64.b64decode(data, validate=True)
@@ -56,13 +57,13 @@ try:
     _json.make_encoder  # noqa: B018 - its absence sends us to the wrappers
     binascii.a2b_base64(b"", strict_mode=True)  # 3.11+: what base64's validate=True checks
 
-    def dumps(obj: Any, ensure_ascii: bool = True, allow_nan: bool = True) -> str:
+    def dumps(obj: Any, ensure_ascii: bool = True, allow_nan: bool = True, default: Any = None) -> str:
         """``json.dumps(obj, separators=(",", ":"), ...)``."""
         if isinstance(obj, str):
             return (_json.encode_basestring_ascii if ensure_ascii else _json.encode_basestring)(obj)
         # A fresh encoder each time, as json.dumps makes: one that fails keeps its circular-check
         # markers (and the objects in them) for good.
-        encode = _json.make_encoder({}, _not_serializable, _json.encode_basestring_ascii if ensure_ascii
+        encode = _json.make_encoder({}, default or _not_serializable, _json.encode_basestring_ascii if ensure_ascii
                                     else _json.encode_basestring, None, ":", ",", False, False, allow_nan)
         return "".join(encode(obj, 0))
 

@@ -31,7 +31,11 @@ RESULT_TAIL = 4096
 INLINE_ARTIFACT_CAP = 16 * 1024 * 1024
 MAX_ARTIFACTS = 200
 DRAIN_GRACE = 0.2
-OOM_MARKERS = ("JavaScript heap out of memory", "MemoryError", "Cannot allocate memory", "std::bad_alloc")
+OOM_MARKERS = ("JavaScript heap out of memory", "Cannot allocate memory", "std::bad_alloc",
+               "_ArrayMemoryError: Unable to allocate")
+# A failed allocation is a bare ``MemoryError``; ``raise MemoryError("cache budget exceeded")``
+# is the program's own error, not the box running out of memory.
+BARE_MEMORY_ERROR = "MemoryError"
 
 
 class Stream:
@@ -339,8 +343,10 @@ def cap_result(result: dict[str, Any] | None, cap: int, overflow: bool = False,
 
 
 def looks_oom(stderr: str, exit_info: dict[str, Any]) -> bool:
+    if exit_info.get("exit_code", 0) == 0:
+        return False
     tail = stderr[-4096:]
-    return any(m in tail for m in OOM_MARKERS) and exit_info.get("exit_code", 0) != 0
+    return any(m in tail for m in OOM_MARKERS) or BARE_MEMORY_ERROR in tail.splitlines()
 
 
 def kill_quietly(pid: int, keep: set[int] | None = None) -> None:

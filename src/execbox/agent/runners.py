@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 HERE = os.path.dirname(os.path.abspath(__file__))
 JS_RUNNER = os.path.join(HERE, "js_runner.js")
 CODE_FILENAME = "<code>"
+AGENT_ARGV = sys.argv
 
 
 def write_result(fd: int, message: dict[str, Any]) -> None:
@@ -31,10 +32,19 @@ def write_result(fd: int, message: dict[str, Any]) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _as_list_or_scalar(o: Any) -> Any:
+    """numpy scalars and arrays, pandas Series, ``array.array``: what their ``tolist()`` gives
+    (``df.x.sum()`` is a numpy int64, the commonest value an analysis returns)."""
+    tolist = getattr(o, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
+
+
 def encode_value(value: Any) -> dict[str, Any]:
     """JSON-encode ``main()``'s return value, or explain why it cannot be."""
     try:
-        text = dumps(value, allow_nan=False)
+        text = dumps(value, allow_nan=False, default=_as_list_or_scalar)
     except (TypeError, ValueError) as e:
         return {"error": f"main() returned a value that is not JSON-serializable ({type(value).__name__}): {e}"}
     return {"present": True, "json": text, "type": type(value).__name__}
@@ -106,6 +116,12 @@ def _walk(node: _ast.AST):  # noqa: ANN202 - ast.walk without importing ast
                 todo.extend(x for x in v if isinstance(x, _ast.AST))
 
 
+def uses_main(tree: _ast.Module) -> bool:
+    """True if the code reads the name ``main`` (calls it, passes it to ``asyncio.run`` or a
+    thread): it runs ``main`` itself, and an implicit call would run it a second time."""
+    return any(isinstance(n, _ast.Name) and n.id == "main" and isinstance(n.ctx, _ast.Load) for n in _walk(tree))
+
+
 def has_main_guard(tree: _ast.Module) -> bool:
     """True if the module has a top-level ``if __name__ == "__main__":`` block."""
     for node in tree.body:
@@ -162,16 +178,28 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
         traceback.print_exception(type(e), e, None, file=sys.stderr)
         return 1
     guard = has_main_guard(tree)
-    # A script with a __main__ guard runs as a script; with arguments, main() is ours to call.
-    call_main = not guard or arguments is not None
     globs["__name__"] = "__execbox__" if (guard and arguments is not None) else "__main__"
     globs.setdefault("__builtins__", builtins)
+    if sys.argv is AGENT_ARGV:  # the agent's command line is not the program's (argparse reads it)
+        sys.argv, sys.orig_argv = [CODE_FILENAME], [sys.executable, CODE_FILENAME]
     exit_code = 0
+    before = globs.get("main")
     try:
         exec(compiled, globs)  # noqa: S102 - running the user's program is the point
         main = globs.get("main")
-        if call_main and callable(main):
+        # With arguments, main() is ours to call. Without, a main this run bound is called unless
+        # the program runs as a script (a __main__ guard) or calls main itself; a context's
+        # main from an earlier cell is not called again by every later cell.
+        if arguments is not None:
+            call_main = callable(main)
+        else:
+            call_main = not guard and callable(main) and main is not before and not uses_main(tree)
+        if call_main:
             value = main(**arguments) if arguments else main()
+            if type(value).__name__ == "coroutine":  # async def main(): run it as asyncio.run would
+                import asyncio
+
+                value = asyncio.run(value)
             encoded = encode_value(value)
             if "error" in encoded:
                 print(f"execbox: {encoded['error']}", file=sys.stderr)
@@ -185,18 +213,40 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
         exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
-    except MemoryError:
-        write_result(result_fd, {"oom": True})
-        print("MemoryError: out of memory", file=sys.stderr)
-        exit_code = 1
     except BaseException as e:  # noqa: BLE001 - the user's exception is reported, not raised
+        if isinstance(e, MemoryError) and (not e.args or type(e).__name__ == "_ArrayMemoryError"):
+            write_result(result_fd, {"oom": True})  # an allocation failed (numpy's says so with a message)
+        report_exception(e)
+        exit_code = 1
+    save_figures(artifacts_dir, figure_prefix)
+    return exit_code
+
+
+def report_exception(e: BaseException) -> None:
+    """The traceback from the user's code down, as ``python3`` prints it; just the exception's
+    name and message if there is no memory left to format it."""
+    try:
         import traceback
 
         tb = e.__traceback__.tb_next if e.__traceback__ else None
         traceback.print_exception(type(e), e, tb, file=sys.stderr)
-        exit_code = 1
-    save_figures(artifacts_dir, figure_prefix)
-    return exit_code
+    except MemoryError:
+        print(f"{type(e).__name__}: {e or 'out of memory'}", file=sys.stderr)
+
+
+def finish_python() -> None:
+    """What ``python3`` does at exit before the child's ``os._exit``: wait for the program's
+    non-daemon threads (and thread pools), then run its ``atexit`` functions. Without this, work
+    a thread had not finished was lost and the run still said exit 0."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException as e:  # noqa: BLE001 - reported, as python3 reports it
+            report_exception(e)
+    import atexit
+
+    atexit._run_exitfuncs()
 
 
 def warm_up() -> None:

@@ -200,7 +200,11 @@ class Spares:
         if lang == "python":
             os.environ.update(spec["env"])
             runners.setup_stdio(bool(job["stream"]))
+            import atexit
+
+            atexit._clear()  # the agent's and preloaded libraries' exit functions are not the run's
             rc = runners.run_python(spec["code"], spec["arguments"], {}, res_w, self.artifacts, job["prefix"])
+            runners.finish_python()
             runners.flush_stdio()
             code = rc & 0xFF if rc >= 0 else 1
             pump.write_exit_record(res_w, code)
