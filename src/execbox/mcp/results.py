@@ -36,7 +36,7 @@ def error_result(e: SandboxError, extra: dict[str, Any] | None = None) -> types.
 def _hint(code: str) -> str:
     return {
         "SB005": "The run exceeded its timeout and was killed; shorten the work or pass a larger timeout.",
-        "SB006": "The run ran out of memory and was killed; process less data at once.",
+        "SB006": "The run ran out of memory (an allocation failed or it was killed); process less data at once.",
         "SB008": "Too many concurrent requests for this tenant; retry shortly.",
     }.get(code, "")
 
@@ -64,6 +64,8 @@ def execution_result(result: ExecutionResult, session_id: str | None,
         hint = _hint(code)
         if hint:
             lines.append(hint)
+    if result.metadata.get("context_note"):  # its state is gone: the model must not assume it
+        lines.append(f"note: {result.metadata['context_note']}")
     for note in notes or []:
         lines.append(f"note: {note}")
     if session_id is not None:

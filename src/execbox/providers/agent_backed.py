@@ -131,6 +131,10 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
                                  f"(runtime={runtime!r}); they work on the jail provider",
                                  details={"provider": self.name, "field": "runtime", "value": runtime})
 
+    template_in_limits = False
+    """``applied_limits()['runtime']`` names the runtime template (the jail's), which a run reports
+    as its instance's; Docker's names the OCI runtime (runc, runsc)."""
+
     def applied_limits(self) -> dict[str, Any]:
         return {"timeout": self.config.get("timeout"), "max_output_bytes": self.output_cap}
 
@@ -367,13 +371,19 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         inst.executions += 1
         oom = bool(value.get("oom")) or inst.box.oom_events() > oom_before
         result = self._to_result(inst, value, time.monotonic() - started, oom)
-        # the run's own timeout, not the provider's default: a 1 s run that timed out said 30
-        result.metadata["limits"]["timeout"] = int(seconds) if seconds == int(seconds) else seconds
+        # this run's limits, not the provider's defaults: a 1 s run that timed out said 30, and a
+        # session on runtime "sci" or a narrowed policy showed the provider's "system" and mode
+        limits = result.metadata["limits"]
+        limits["timeout"] = int(seconds) if seconds == int(seconds) else seconds
+        if "network" in limits and isinstance(result.metadata.get("network"), dict):
+            limits["network"] = result.metadata["network"].get("network", limits["network"])
         if run_id is not None:
             result.metadata["egress_run_id"] = run_id
         ref = self.runtime_ref(inst)
         if ref:
             result.metadata["runtime"] = ref
+            if self.template_in_limits:
+                limits["runtime"] = ref
         return result
 
     @staticmethod

@@ -223,6 +223,8 @@ class JailProvider(AgentBackedProvider):
     def warnings(self) -> list[str]:
         return list(self._warnings)
 
+    template_in_limits = True
+
     def applied_limits(self) -> dict[str, Any]:
         s = self._settings
         base = super().applied_limits()

@@ -241,6 +241,8 @@ def test_live_narrowing_and_no_widening(allow_jail, abox, fakenet):
     allow_jail.set_network_policy(abox, "none")
     r = py(allow_jail, abox, f"https://{www}/", "/workspace/ca.pem")
     assert not r["ok"], r
+    meta = allow_jail.execute_code(abox, "pass", "python", 30).metadata
+    assert meta["limits"]["network"] == meta["network"]["network"] == "none"  # the session's, not the provider's
 
 
 def test_open_still_denies_private_ranges(fakenet):

@@ -78,13 +78,14 @@ def test_numpy_values_main_returns_are_json_and_numpys_failed_allocation_keeps_i
     """review 24: ``df.x.sum()`` (a numpy int64) failed the whole run as not JSON-serializable, and
     every MemoryError became a bare 'out of memory' without numpy's message or the line."""
     require(_has_sci(), "jail runtime 'sci' (scripts/setup/test/20-jail-runtime.sh)")
-    p = make_provider(runtime="sci", max_memory="512m", disk_quota_mb=64)
+    p = make_provider(max_memory="512m", disk_quota_mb=64)  # the system runtime by default
     try:
-        iid = p.create_instance().instance_id
+        iid = p.create_instance(runtime="sci").instance_id
         code = ("import numpy as np, pandas as pd\ndef main():\n    df = pd.DataFrame({'x': [1, 2, 3]})\n"
                 "    return {'total': df.x.sum(), 'mean': df.x.mean(), 'arr': np.arange(3), 's': df.x * 2}")
         r = run(p, iid, code, timeout=60)
         assert (r.result, r.exit_code) == ({"total": 6, "mean": 2.0, "arr": [0, 1, 2], "s": [2, 4, 6]}, 0), r.stderr
+        assert r.metadata["limits"]["runtime"] == r.metadata["runtime"] and r.metadata["runtime"].startswith("sci@")
         r = run(p, iid, "import numpy as np\ndef grow():\n    return np.zeros((100000, 100000))\ngrow()", timeout=60)
         assert r.error_code == "SB006" and "line 3, in grow" in r.stderr and "Unable to allocate" in r.stderr, r.stderr
     finally:
