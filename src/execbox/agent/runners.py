@@ -354,15 +354,18 @@ def exec_node(node: str, code_path: str, args_path: str, env: dict[str, str], he
 
 
 BASH_ARG_MAX = 128 * 1024 - 1  # execve's limit on one argument (MAX_ARG_STRLEN)
+# Longer code: eval of the file's text (``$(<file)`` reads it without a fork), after ``set --``
+# on the same line clears the file's name from ``$1`` (so line numbers stay the program's).
+BASH_FROM_FILE = 'eval -- "set --;" "$(<"$1")"'
 
 
 def exec_bash(bash: str, script_path: str, env: dict[str, str]) -> None:
     """The script runs as ``bash -c CODE bash``, the code itself the argument (never a string
     built around it), so its errors read ``bash: line 3: ...`` as from a terminal or a bash
     kernel, not with the run file's temp path. Code too long for one argument, or holding a NUL,
-    runs from its file."""
+    is read from its file by a fixed ``-c`` script (BASH_FROM_FILE): errors then name ``eval``."""
     with open(script_path, "rb") as f:
         code = f.read(BASH_ARG_MAX + 1)
     if len(code) <= BASH_ARG_MAX and b"\0" not in code:
         os.execve(bash, [bash, "--noprofile", "--norc", "-c", code, "bash"], env)
-    os.execve(bash, [bash, "--noprofile", "--norc", script_path], env)
+    os.execve(bash, [bash, "--noprofile", "--norc", "-c", BASH_FROM_FILE, "bash", script_path], env)

@@ -55,9 +55,12 @@ def test_bash_errors_read_as_from_a_terminal_not_with_the_agents_temp_files(sb):
                            "token `then'\nbash: eval: line 3: `if then'\n")
     for r in (shot, cell):
         assert (r.stdout, r.exit_code) == ("ok\n", 2) and "execbox" not in r.stderr and ".sh" not in r.stderr
-    big = "x=1\n" * 40_000 + "echo big $x\nno_such_cmd_y\n"  # 160 kB: past execve's limit on one argument
-    for r in (sb.run_code(big, "bash"), _sh(sb, big)):
-        assert (r.stdout, r.exit_code) == ("big 1\n", 127) and "no_such_cmd_y" in r.stderr, r.stderr[-300:]
+    big = "x=1\n" * 40_000 + "echo big $x $# ${0##*/}\nno_such_cmd_y\n"  # 160 kB: past execve's limit on one argument
+    shot, cell = sb.run_code(big, "bash"), _sh(sb, big)
+    assert shot.stderr == "bash: line 40002: no_such_cmd_y: command not found\n"  # the program's own line
+    for r in (shot, cell):
+        assert (r.stdout, r.exit_code) == ("big 1 0 bash\n", 127) and "no_such_cmd_y" in r.stderr, r.stderr[-300:]
+        assert "execbox" not in r.stderr and ".sh" not in r.stderr, r.stderr
     assert sb.run_code("echo $0", "bash").stdout == "bash\n"
     r = _sh(sb, "echo a; return 4; echo b")  # a cell is sourced: return ends it
     assert (r.stdout, r.stderr, r.exit_code) == ("a\n", "", 4)
