@@ -47,6 +47,7 @@ _avail_lock = threading.Lock()
 _avail: tuple[bool, str] | None = None
 _avail_at = 0.0
 AVAIL_RECHECK = 30.0
+POOL_JOIN = 60.0  # seconds shutdown waits for a pool box start in flight (a start takes well under 1 s)
 
 
 class JailProvider(AgentBackedProvider):
@@ -216,7 +217,12 @@ class JailProvider(AgentBackedProvider):
         return start_jail_box(self._jail_settings(runtime_name), workspace)
 
     def shutdown(self) -> None:
+        pool = self._pool
         super().shutdown()
+        # A pool box still starting ends in destroy() once its start returns: wait for that, or a
+        # box process outlived the provider (a service that exited left it behind).
+        if pool is not None and not pool.join(timeout=POOL_JOIN):
+            log.error("jail: a pool box start was still running %ss after shutdown", POOL_JOIN)
         if not drain():
             log.error("jail: some boxes were still being torn down at shutdown")
 
