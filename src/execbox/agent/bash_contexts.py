@@ -90,7 +90,6 @@ CELL = (b'__execbox_pre; builtin source "$__execbox_run" </dev/null >&6 2>&5 3<&
 # interactive while the cell runs (an `exit` prints no "exit", `return` ends the cell); by eval,
 # so an error names `eval`, not the file's temp path (`bash: eval: line 3: syntax error ...`).
 EVAL_CELL = b'builtin eval -- "$(<"$__execbox_file")"\n'
-EXIT_WAIT = 1.0  # seconds to wait for a shell whose reply pipe closed to be reapable
 MAX_ENV_STRING = 128 * 1024 - 1  # execve's limit on one NAME=value string (MAX_ARG_STRLEN)
 
 
@@ -131,31 +130,6 @@ def spawn(agent: Any, context_id: str, cwd: str, start_env: dict[str, str]) -> B
     return ctx
 
 
-def ended(agent: Any) -> Any:
-    """How a context whose reply pipe closed ended: its real exit status (``exit 3`` is 3)."""
-
-    def status_of(ctx: js_contexts.JsContext) -> dict[str, Any]:
-        stop = time.monotonic() + EXIT_WAIT
-        while True:
-            if ctx.pid in agent.exited:
-                status, _ = agent.exited.pop(ctx.pid)
-                break
-            try:
-                got, status = os.waitpid(ctx.pid, os.WNOHANG)
-            except ChildProcessError:
-                got, status = 0, 0
-            if got:
-                break
-            if time.monotonic() >= stop:  # it closed its reply pipe and lives on: it goes
-                procs.kill_tree(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
-                return js_contexts.DIED
-            time.sleep(0.005)
-        code, sig = procs.decode_status(status)
-        return {"exit_code": code, "signal": sig, "died": True}
-
-    return status_of
-
-
 def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[str, Any],
                    result_cap: int):
     """Start a cell in the bash context (spawned on first use, in ``spec['cwd']``)."""
@@ -190,4 +164,4 @@ def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[
         return data
 
     return js_contexts.run_in(agent, agent.sh_contexts, make, context_id, request_for, spec["timeout"],
-                              result_cap, ended(agent))
+                              result_cap)

@@ -137,9 +137,8 @@ class Children(Spares):
         if context_id is not None and (out["timed_out"] or out["cancelled"] or out["exit"].get("died")):
             self._drop_context(str(context_id), self._context_table(spec["language"]))
             ctx_note["context_reset"] = True
-            ctx_note["context_note"] = (f"context {context_id!r} was killed "
-                                        f"({'timeout' if out['timed_out'] else 'ended'}); "
-                                        "its state is lost and the next run starts fresh")
+            ctx_note["context_note"] = (f"context {context_id!r} {_how_ended(out)}; its state is lost and the "
+                                        "next run starts fresh")
         where = out if js_state is None else js_state
         overflow = bool(where.get("result_overflow"))
         result, oom_marker = (None, False) if overflow else pump.parse_result(where.get("result_raw", b""))
@@ -374,8 +373,8 @@ class Children(Spares):
                 msg = protocol.read_frame(fd)
                 state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
                                  "peak_memory_kb": msg.get("peak_memory_kb")}
-            except (EOFError, OSError, ValueError):
-                state["done"] = js_contexts.DIED
+            except (EOFError, OSError, ValueError):  # it ended (os._exit(4) is 4, not a kill)
+                state["done"] = js_contexts.exit_status(self, ctx)
 
         def done() -> dict[str, Any] | None:
             if "done" in state:
@@ -390,3 +389,12 @@ class Children(Spares):
             pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
 
         return pump.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note
+
+
+def _how_ended(out: dict[str, Any]) -> str:
+    """What ended a context, for its note: a kill by execbox, a signal, or its own exit."""
+    if out["timed_out"] or out["cancelled"]:
+        return f"was killed ({'timeout' if out['timed_out'] else 'cancelled'})"
+    if out["exit"].get("signal"):
+        return f"was killed by signal {out['exit']['signal']}"
+    return f"ended (exit code {out['exit'].get('exit_code')})"

@@ -1,6 +1,10 @@
 // What execbox's two JavaScript entry points share (js_runner.js for one-shot runs,
-// js_context.js for contexts): a value as JSON, and an error's stack without execbox's frames.
+// js_context.js for contexts): a value as JSON, an error as the user should read it (without
+// execbox's frames), and the `require`/`module` the user's code gets.
 "use strict";
+const Module = require("module");
+const path = require("path");
+const util = require("util");
 
 function encode(value) {
   try {
@@ -16,16 +20,137 @@ function encode(value) {
   }
 }
 
+// What main() returned, as the result (undefined is a present null, as Python's None).
+function encodeReturned(value) {
+  if (value === undefined) return { present: true, json: "null", type: "undefined" };
+  const encoded = encode(value);
+  if (encoded.error) encoded.error = `main() returned a value that is not JSON-serializable: ${encoded.error}`;
+  return encoded;
+}
+
 // The frames below the user's code are not theirs: the vm calls that ran it, and the runner's
 // or context's own (or a wrapper's, see service/e2b_compat/cells.py), with Node's loader under
 // them. As Python's runner shows a traceback from `<code>` down, this shows the stack down to there.
 const MACHINERY = /^\s+at (?:new Script|createScript|Script\.runInThisContext|Object\.runInThisContext) \(node:vm[:)]/;
+// The source line vm's displayErrors puts above a stack when the throw was in Node's own code
+// (`require('nope')`: "node:internal/modules/cjs/loader:1210\n  throw err;\n  ^\n\n").
+const INTERNAL_ARROW = /^node:internal\/[^\n]*:\d+\n[^\n]*\n[ \t]*\^+[ \t]*\n+/;
+const FRAME = /^\s+at /;
+const NODE_FRAME = /^\s+at (?:.* \()?node:[^)]*\)?$/;
+const AGENT_DIR = __dirname + path.sep;
 
-function userStack(e, ownFile) {
-  if (!e || typeof e.stack !== "string") return `${e}`;
-  const lines = e.stack.split("\n");
-  const cut = lines.findIndex((line) => MACHINERY.test(line) || (/^\s+at /.test(line) && line.includes(ownFile)));
-  return (cut > 0 ? lines.slice(0, cut) : lines).join("\n");
+// A `Require stack:` list (in a module-not-found message) that names only execbox's own files
+// says nothing about the user's code: it goes.
+function dropAgentRequireStack(lines) {
+  const at = lines.indexOf("Require stack:");
+  if (at < 0) return lines;
+  let end = at + 1;
+  while (end < lines.length && lines[end].startsWith("- ")) end++;
+  const listed = lines.slice(at + 1, end);
+  if (listed.length === 0 || !listed.every((line) => line.slice(2).startsWith(AGENT_DIR))) return lines;
+  return [...lines.slice(0, at), ...lines.slice(end)];
 }
 
-module.exports = { encode, userStack };
+// An error (or any thrown value) as the user should read it: an Error's stack down to the
+// user's code, a thrown object as util.inspect shows it (`throw {code: 42}` is `{ code: 42 }`,
+// as `node -e` prints it), anything else as its string.
+function userStack(e, ownFile) {
+  if (!e || typeof e.stack !== "string") {
+    return (e !== null && (typeof e === "object" || typeof e === "function")) ? util.inspect(e) : String(e);
+  }
+  let lines = dropAgentRequireStack(e.stack.replace(INTERNAL_ARROW, "").split("\n"));
+  const cut = lines.findIndex((line) => MACHINERY.test(line) || (FRAME.test(line) && line.includes(ownFile)));
+  if (cut > 0) lines = lines.slice(0, cut);
+  // Node's own frames under the user's last one (the timer or microtask queue that called it).
+  let end = lines.length;
+  while (end > 0 && NODE_FRAME.test(lines[end - 1])) end--;
+  if (end > 0 && FRAME.test(lines[end - 1])) lines = lines.slice(0, end);
+  return lines.join("\n");
+}
+
+// The `require` and `module` the user's code gets: those of a file `name` in the directory the
+// code runs in, as `node name` there would have, not the agent's own (whose module.paths,
+// require.main and `Require stack:` name execbox's files and miss a node_modules in the
+// workspace). `require` is read through a getter that resolves from the current directory
+// (process.cwd()), so a context's cell (which runs in its request's cwd, or chdirs there as
+// E2B's wrapper does) finds the node_modules and relative files of where it runs. NODE_PATH
+// lookups stay: Node adds them to every module's search (Module.globalPaths).
+function exposeUserModule(name) {
+  const dir = process.cwd();
+  const main = new Module(path.join(dir, name), null);
+  main.filename = main.id;
+  main.paths = Module._nodeModulePaths(dir);
+  main.loaded = true;
+  const made = new Map();
+  let last = dir;
+  function requireHere() {
+    let cwd = last;
+    try { cwd = last = process.cwd(); } catch (e) { /* the directory was removed: the last one */ }
+    let req = made.get(cwd);
+    if (req === undefined) {
+      req = Module.createRequire(path.join(cwd, name));
+      req.main = main;  // `require.main === module` holds, as for a script node runs
+      made.set(cwd, req);
+    }
+    return req;
+  }
+  Object.defineProperty(globalThis, "require", {
+    configurable: true,
+    enumerable: false,
+    get: requireHere,
+    set(value) {  // `require = ...` in user code replaces it, as any other global
+      Object.defineProperty(globalThis, "require", { value, writable: true, configurable: true, enumerable: true });
+    },
+  });
+  globalThis.module = main;
+  globalThis.exports = main.exports;
+  process.mainModule = main;
+  return main;
+}
+
+// The code without its comments and string/template literals (each literal becomes ""), so a
+// word inside them ("in main") is not taken for code. Regex literals are left as they are.
+function codeOnly(code) {
+  let out = "";
+  let i = 0;
+  while (i < code.length) {
+    const c = code[i];
+    const next = code[i + 1];
+    if (c === "/" && next === "/") {
+      const end = code.indexOf("\n", i);
+      i = end < 0 ? code.length : end;
+    } else if (c === "/" && next === "*") {
+      const end = code.indexOf("*/", i + 2);
+      i = end < 0 ? code.length : end + 2;
+      out += " ";
+    } else if (c === "'" || c === '"' || c === "`") {
+      let j = i + 1;
+      while (j < code.length && code[j] !== c) j += code[j] === "\\" ? 2 : 1;
+      i = j + 1;
+      out += '""';
+    } else {
+      out += c;
+      i++;
+    }
+  }
+  return out;
+}
+
+// Whether the code uses the name `main` other than to define it: a call, `await main()`,
+// `main().then(...)`, `setTimeout(main)`. Property names (`require.main`, `{ main: 1 }`) and
+// the definition itself (`function main`, `const main =`) do not count.
+function usesMain(code) {
+  const text = codeOnly(code);
+  const word = /(?<![\w$.])main(?![\w$])/g;
+  let m;
+  while ((m = word.exec(text)) !== null) {
+    const before = text.slice(Math.max(0, m.index - 40), m.index);
+    const after = text.slice(m.index + 4);
+    if (/(?:function\s*\*?|\b(?:const|let|var|class))\s*$/.test(before)) continue;
+    if (/^\s*:(?!:)/.test(after) && /[{,]\s*$/.test(before)) continue;
+    return true;
+  }
+  return false;
+}
+
+module.exports = { encode, encodeReturned, userStack, exposeUserModule, usesMain };

@@ -1,32 +1,50 @@
 // execbox JavaScript context: one long-lived Node process per context_id whose globals persist
 // between cells (like the Python contexts). Requests arrive as JSON lines on fd 3
-// ({code, cwd}); each cell runs as a script in this process's global scope (top-level
+// ({code, cwd, arguments}); each cell runs as a script in this process's global scope (top-level
 // `var`, `let`, `const`, functions stay defined), its completion value is awaited when it is a
-// Promise (JSON when it fits, else Node's inspect() text), and the reply goes to fd 4 as one JSON line {exit_code, result}. stdout/stderr are
-// the context's own pipes; Node writes pipes synchronously on Linux, so a cell's output is in
-// them before its reply is written.
+// Promise (JSON when it fits, else Node's inspect() text), and the reply goes to fd 4 as one JSON
+// line {exit_code, result, peak_memory_kb}. With arguments, main(arguments) is called after the
+// cell (a main() an earlier cell defined counts) and what it returns is the result, as in a
+// one-shot run. stdout/stderr are the context's own pipes; Node writes pipes synchronously on
+// Linux, so a cell's output is in them before its reply is written.
 "use strict";
 const fs = require("fs");
 const net = require("net");
 const vm = require("vm");
 const util = require("util");
 const readline = require("readline");
-const { encode, userStack } = require("./js_common.js");
+const { encode, encodeReturned, userStack, exposeUserModule } = require("./js_common.js");
 
 function reply(msg) {
   try { fs.writeSync(4, JSON.stringify(msg) + "\n"); } catch (e) { process.exit(0); }
 }
 
-globalThis.require = require;
-globalThis.module = module;
-globalThis.exports = module.exports;
+// A cell sees Node's REPL argv and a require/module of its own (js_common.exposeUserModule),
+// never the context's paths.
+process.argv = [process.argv[0]];
+exposeUserModule("<cell>");
 globalThis.__filename = "<cell>";
 process.on("uncaughtException", (e) => {  // a late callback's error must not end the context
-  process.stderr.write((e && e.stack) ? `${e.stack}\n` : `${e}\n`);
+  process.stderr.write(`${userStack(e, __filename)}\n`);
 });
-process.on("unhandledRejection", (e) => {
-  process.stderr.write((e && e.stack) ? `${e.stack}\n` : `${e}\n`);
+process.on("unhandledRejection", (reason) => {
+  if (!(reason instanceof Error)) process.stderr.write("execbox: a promise was rejected and nothing handled it: ");
+  process.stderr.write(`${userStack(reason, __filename)}\n`);
 });
+
+// A cell's own peak memory, not the process's lifetime one: the high-water mark (VmHWM) is
+// reset before the cell ("5" to clear_refs) and read after it; maxRSS where /proc cannot be used.
+function resetPeak() {
+  try { fs.writeFileSync("/proc/self/clear_refs", "5"); } catch (e) { /* not on this kernel */ }
+}
+
+function peakKb() {
+  try {
+    const m = /^VmHWM:\s*(\d+)\s*kB/m.exec(fs.readFileSync("/proc/self/status", "utf8"));
+    if (m) return Number(m[1]);
+  } catch (e) { /* no /proc */ }
+  return Math.round(process.resourceUsage().maxRSS);
+}
 
 async function handle(req) {
   let exitCode = 0;
@@ -34,9 +52,25 @@ async function handle(req) {
   try {
     try { process.chdir(req.cwd); } catch (e) { /* keep the last directory */ }
     globalThis.__dirname = process.cwd();
+    resetPeak();
     let value = vm.runInThisContext(req.code, { filename: "<cell>" });
     if (value && typeof value.then === "function") value = await value;
-    if (value !== undefined) {
+    if (req.arguments != null) {  // as a one-shot run: main(arguments) is the result
+      const main = vm.runInThisContext("typeof main === 'function' ? main : undefined");
+      if (typeof main !== "function") {
+        process.stderr.write("execbox: arguments were given but the code defines no main() function\n");
+        exitCode = 1;
+      } else {
+        value = main(req.arguments);
+        if (value && typeof value.then === "function") value = await value;
+        result = encodeReturned(value);
+        if (result.error) {
+          process.stderr.write(`execbox: ${result.error}\n`);
+          result = undefined;
+          exitCode = 1;
+        }
+      }
+    } else if (value !== undefined) {
       result = encode(value);
       // a value JSON cannot hold (a function, a Map, a cyclic object) is shown as Node shows it
       if (result.error) result = { present: true, json: JSON.stringify(util.inspect(value)), type: "inspect" };
@@ -45,7 +79,7 @@ async function handle(req) {
     process.stderr.write(`${userStack(e, __filename)}\n`);
     exitCode = 1;
   }
-  reply({ exit_code: exitCode, result, peak_memory_kb: Math.round(process.resourceUsage().maxRSS) });
+  reply({ exit_code: exitCode, result, peak_memory_kb: peakKb() });
 }
 
 let queue = Promise.resolve();

@@ -93,6 +93,30 @@ def close(ctx: JsContext, keep: set[int]) -> None:
 
 DIED = {"exit_code": -9, "signal": 9, "died": True}
 WRITE_WAIT = 5.0
+EXIT_WAIT = 1.0  # seconds to wait for a context whose reply pipe closed to be reapable
+
+
+def exit_status(agent: Any, ctx: Any) -> dict[str, Any]:
+    """How a context whose reply pipe (or socket) closed ended: its real exit status
+    (``exit 3``, ``process.exit(3)``, ``os._exit(3)`` is 3; a signal is that signal). One that
+    closed the pipe and lives on is killed: DIED."""
+    stop = time.monotonic() + EXIT_WAIT
+    while True:
+        if ctx.pid in agent.exited:
+            status, _ = agent.exited.pop(ctx.pid)
+            break
+        try:
+            got, status = os.waitpid(ctx.pid, os.WNOHANG)
+        except ChildProcessError:
+            got, status = 0, 0
+        if got:
+            break
+        if time.monotonic() >= stop:
+            procs.kill_tree(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
+            return DIED
+        time.sleep(0.005)
+    code, sig = procs.decode_status(status)
+    return {"exit_code": code, "signal": sig, "died": True}
 
 
 def _reply(raw: bytes) -> dict[str, Any] | None:
@@ -122,10 +146,9 @@ def _exit_code_of(head: bytes) -> int:
         return 1
 
 
-def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_cap: int = pump.DEFAULT_OUTPUT_CAP,
-          ended: Callable[[JsContext], dict[str, Any]] | None = None):
+def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_cap: int = pump.DEFAULT_OUTPUT_CAP):
     """Send one cell (``request``, written whole to the context's request pipe by ``deadline``);
-    the Watch is done when the reply line (or EOF: the context died, ``ended`` says how) arrives.
+    the Watch is done when the reply line (or EOF: the context died, exit_status says how) arrives.
 
     A reply line longer than the result pipe's bound (pump.pump) is not kept: its result is over
     the cap, so only its exit code is read and ``result_overflow`` is set. A reply that is not
@@ -133,7 +156,6 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
     state: dict[str, Any] = {}
     limit = 2 * result_cap + pump.RESULT_SLACK
     ctx.reply_buf.clear()
-    died = ended or (lambda _ctx: DIED)
 
     def kill() -> None:
         pump.kill_quietly(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
@@ -141,7 +163,7 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
     try:
         write_all(ctx.req_w, request, deadline)
     except BrokenPipeError:  # it ended just now: the cell did not run
-        state["done"] = died(ctx)
+        state["done"] = exit_status(agent, ctx)
     except TimeoutError:  # it does not read its requests (a cell left it busy or stopped)
         kill()
         state["done"] = DIED
@@ -152,7 +174,7 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
         except OSError:
             chunk = b""
         if not chunk:
-            state["done"] = died(ctx)
+            state["done"] = exit_status(agent, ctx)
             return
         if "done" in state:
             return  # a late write after the reply line (only user code writes to fd 4 then)
@@ -205,15 +227,20 @@ def write_all(fd: int, data: bytes, deadline: float) -> None:
 
 def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[str, Any],
                    result_cap: int = pump.DEFAULT_OUTPUT_CAP):
-    """Start a cell in the context (spawned on first use); (watch, kill, note, state)."""
-    request = (dumps({"code": spec["code"], "cwd": spec["cwd"]}) + "\n").encode()
+    """Start a cell in the context (spawned on first use); (watch, kill, note, state). With
+    ``arguments`` the context calls ``main(arguments)`` after the cell, as a one-shot run does.
+    A context whose process ended during the cell (``process.exit(3)``) reports its real exit
+    status (exit_status), not DIED."""
+    msg: dict[str, Any] = {"code": spec["code"], "cwd": spec["cwd"]}
+    if spec.get("arguments") is not None:
+        msg["arguments"] = spec["arguments"]
+    request = (dumps(msg) + "\n").encode()
     return run_in(agent, agent.js_contexts, lambda: spawn(agent, context_id), context_id, request,
                   spec["timeout"], result_cap)
 
 
 def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext], context_id: str,
-           request: bytes | Callable[[JsContext, float], bytes], timeout: float, result_cap: int,
-           ended: Callable[[JsContext], dict[str, Any]] | None = None):
+           request: bytes | Callable[[JsContext, float], bytes], timeout: float, result_cap: int):
     """A cell in ``table[context_id]``, made by ``make`` on first use (a JS or a bash context);
     ``request`` (or what it returns) goes to the request pipe within ``timeout`` (the run's)."""
     # A context takes its next cell at once when idle; one that does not within WRITE_WAIT (a
@@ -239,7 +266,7 @@ def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext
         data, stuck = (request(ctx, deadline) if callable(request) else request), False
     except TimeoutError:  # a bash context's command pipe stayed full
         data, stuck = b"", True
-    watch, kill, state = start(agent, ctx, data, deadline, result_cap, ended)
+    watch, kill, state = start(agent, ctx, data, deadline, result_cap)
     if stuck and "done" not in state:
         kill()
         state["done"] = DIED

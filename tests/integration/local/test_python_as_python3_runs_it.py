@@ -84,3 +84,14 @@ def test_values_with_tolist_are_returned_as_json(sb):
     assert (r.result, r.exit_code) == ({"a": [1, 2], "n": [0.5]}, 0), r.stderr
     r = sb.run_code("def main():\n    return object()")
     assert r.exit_code == 1 and "not JSON-serializable (object)" in r.stderr
+
+
+def test_a_context_that_exits_reports_its_own_exit_code_not_a_kill(sb):
+    """review 24: os._exit(4) in a context read as exit -9, signal 9 (an OOM kill, to an agent)."""
+    sb.run_code("x = 1", context_id="exits")
+    r = sb.run_code("import os\nprint('bye', flush=True)\nos._exit(4)", context_id="exits")
+    assert (r.stdout, r.exit_code, r.metadata.get("signal")) == ("bye\n", 4, None), r
+    assert "ended (exit code 4)" in r.metadata["context_note"] and r.error_code is None
+    r = sb.run_code("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", context_id="exits")
+    assert (r.exit_code, r.metadata.get("signal")) == (-15, 15) and "killed by signal 15" in r.metadata["context_note"]
+    assert sb.run_code("print(x)", context_id="exits").exit_code == 1  # a fresh context: x is gone
