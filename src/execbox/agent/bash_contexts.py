@@ -29,6 +29,7 @@ import os
 import time
 
 from . import js_contexts, procs
+from .lean import dumps
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ CELL = (b'__execbox_pre; builtin source "$__execbox_run" </dev/null >&6 2>&5 3<&
 # interactive while the cell runs (an `exit` prints no "exit", `return` ends the cell); by eval,
 # so an error names `eval`, not the file's temp path (`bash: eval: line 3: syntax error ...`).
 EVAL_CELL = b'builtin eval -- "$(<"$__execbox_file")"\n'
+ARGUMENTS_ENV = "EXECBOX_ARGUMENTS_FILE"  # the path of the run's arguments as JSON, for the cell
 MAX_ENV_STRING = 128 * 1024 - 1  # execve's limit on one NAME=value string (MAX_ARG_STRLEN)
 
 
@@ -146,10 +148,13 @@ def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[
             raise RequestError(f"start_env {name[:64]!r}: the name is reserved or the entry is longer than "
                                f"{MAX_ENV_STRING} bytes", field="start_env")
     code_path = agent.run_file(".sh", spec["code"].encode())
+    env = dict(spec["env"])
+    if spec.get("arguments") is not None:  # as a one-shot bash run gets them
+        env[ARGUMENTS_ENV] = agent.run_file(".json", dumps(spec["arguments"]).encode())
     env_path = ""
-    if spec["env"]:
+    if env:
         env_path = agent.run_file(".env", b"".join(
-            k.encode() + b"\0" + v.encode() + b"\0" for k, v in spec["env"].items()))
+            k.encode() + b"\0" + v.encode() + b"\0" for k, v in env.items()))
     run_path = agent.run_file(".sh", EVAL_CELL)
     data = run_path.encode() + b"\0" + code_path.encode() + b"\0" + env_path.encode() + b"\0"
 

@@ -50,6 +50,7 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
         os.close(out_w)
         os.close(err_w)
         runners.setup_stdio(bool(request.get("stream")))
+        _reset_hwm()
         try:
             os.chdir(request.get("cwd") or workspace)
         except OSError:
@@ -67,6 +68,16 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
         except OSError:
             break
     os._exit(0)
+
+
+def _reset_hwm() -> None:
+    """A cell's peak is its own, not the context's lifetime one (a 300 MB cell's figure was
+    repeated by every later cell): "5" to clear_refs resets VmHWM to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # not on this kernel: the lifetime peak, as before
+        pass
 
 
 def _hwm_kb() -> int | None:

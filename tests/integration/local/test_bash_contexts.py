@@ -263,3 +263,11 @@ def test_a_runs_daemon_ends_with_it_even_when_the_run_answers_from_its_exit_reco
     while _running(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(marker)
+
+
+def test_bash_arguments_reach_a_context_cell_as_a_one_shot_gets_them(sb):
+    """review 24: a bash context dropped `arguments` without a word."""
+    for r in (sb.run_code('cat "$EXECBOX_ARGUMENTS_FILE"', "bash", arguments={"n": 21}),
+              _sh(sb, 'cat "$EXECBOX_ARGUMENTS_FILE"', arguments={"n": 21})):
+        assert (r.stdout, r.exit_code) == ('{"n":21}', 0), r
+    assert _sh(sb, 'echo "${EXECBOX_ARGUMENTS_FILE-unset}"').stdout == "unset\n"  # for that cell only

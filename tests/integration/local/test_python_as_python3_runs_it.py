@@ -95,3 +95,19 @@ def test_a_context_that_exits_reports_its_own_exit_code_not_a_kill(sb):
     r = sb.run_code("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", context_id="exits")
     assert (r.exit_code, r.metadata.get("signal")) == (-15, 15) and "killed by signal 15" in r.metadata["context_note"]
     assert sb.run_code("print(x)", context_id="exits").exit_code == 1  # a fresh context: x is gone
+
+
+def test_a_context_cells_peak_memory_is_its_own():
+    """review 24: a context's lifetime peak was repeated on every later cell."""
+    from execbox.providers.local import LocalProvider
+
+    p = LocalProvider()
+    p.initialize({"max_memory": "1g"})
+    try:
+        with Sandbox.create(p) as s:
+            big = s.run_code("x = bytearray(300 * 1024**2)\nx[::4096] = b'1' * len(x[::4096])\ndel x", context_id="m")
+            small = s.run_code("print(1)", context_id="m")
+    finally:
+        p.shutdown()
+    assert big.metadata["peak_memory_kb"] > 300 * 1024
+    assert small.metadata["peak_memory_kb"] < 150 * 1024, (big.metadata["peak_memory_kb"], small.metadata)
