@@ -57,3 +57,16 @@ def wait_process_exit(p, iid, pid, timeout=20.0) -> tuple[bytes, bytes, dict]:
             return out, err, v
         time.sleep(0.01)
     raise AssertionError(f"process {pid} did not end: {out[-2000:]!r} {err[-2000:]!r}")
+
+
+def pids_naming(path: str) -> list[int]:
+    """Pids of processes whose command line names ``path`` (a jail box by its box dir)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if path.encode() in f.read():
+                    out.append(int(pid))
+        except OSError:
+            pass
+    return out

@@ -4,27 +4,16 @@ shutdown had closed the pool, and nothing waited for its destroy()."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 
+from tests.conftest import pids_naming
+
 from .conftest import make_provider, wait_for
 
 pytestmark = pytest.mark.jail
-
-
-def _procs_naming(path: str) -> list[int]:
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if path.encode() in f.read():
-                    out.append(int(pid))
-        except OSError:
-            pass
-    return out
 
 
 def test_shutdown_waits_for_a_pool_box_still_starting() -> None:
@@ -46,6 +35,6 @@ def test_shutdown_waits_for_a_pool_box_still_starting() -> None:
     assert taken is not None
     taken.destroy()
     assert started.wait(60)
-    assert _procs_naming(box_dirs[0])  # the refill's box is running
+    assert pids_naming(box_dirs[0])  # the refill's box is running
     p.shutdown()
-    assert _procs_naming(box_dirs[0]) == []
+    assert pids_naming(box_dirs[0]) == []

@@ -9,18 +9,15 @@ import pytest
 from execbox import Sandbox, execute_code
 from execbox.errors import InvalidConfigError
 
+from .conftest import local_box
+
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def sb():
-    from execbox.providers.local import LocalProvider
-
-    p = LocalProvider()
-    p.initialize({"max_memory": "512m"})
-    with Sandbox.create(p) as s:
+    with local_box("512m") as s:
         yield s
-    p.shutdown()
 
 
 # -- languages, arguments, results --------------------------------------------------------------

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from execbox import Sandbox
+from .conftest import local_box
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -17,13 +17,8 @@ AGENT_FILES = ("js_runner", "js_context", "js_common", "execbox/agent")
 
 @pytest.fixture(scope="module")
 def sb():
-    from execbox.providers.local import LocalProvider
-
-    p = LocalProvider()
-    p.initialize({"max_memory": "1g"})
-    with Sandbox.create(p) as s:
+    with local_box("1g") as s:
         yield s
-    p.shutdown()
 
 
 @pytest.fixture(autouse=True)

@@ -5,20 +5,15 @@ OOM; numpy-style values ``main()`` returns are JSON. The same agent runs in ever
 
 import pytest
 
-from execbox import Sandbox
+from .conftest import local_box
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def sb():
-    from execbox.providers.local import LocalProvider
-
-    p = LocalProvider()
-    p.initialize({"max_memory": "512m"})
-    with Sandbox.create(p) as s:
+    with local_box("512m") as s:
         yield s
-    p.shutdown()
 
 
 @pytest.mark.parametrize("code", [
@@ -99,15 +94,8 @@ def test_a_context_that_exits_reports_its_own_exit_code_not_a_kill(sb):
 
 def test_a_context_cells_peak_memory_is_its_own():
     """review 24: a context's lifetime peak was repeated on every later cell."""
-    from execbox.providers.local import LocalProvider
-
-    p = LocalProvider()
-    p.initialize({"max_memory": "1g"})
-    try:
-        with Sandbox.create(p) as s:
-            big = s.run_code("x = bytearray(300 * 1024**2)\nx[::4096] = b'1' * len(x[::4096])\ndel x", context_id="m")
-            small = s.run_code("print(1)", context_id="m")
-    finally:
-        p.shutdown()
+    with local_box("1g") as s:
+        big = s.run_code("x = bytearray(300 * 1024**2)\nx[::4096] = b'1' * len(x[::4096])\ndel x", context_id="m")
+        small = s.run_code("print(1)", context_id="m")
     assert big.metadata["peak_memory_kb"] > 300 * 1024
     assert small.metadata["peak_memory_kb"] < 150 * 1024, (big.metadata["peak_memory_kb"], small.metadata)

@@ -17,6 +17,7 @@ from sqlalchemy import text
 from execbox.boxes.jail_box import boxes_dir
 from execbox.sdk.wire import iter_events
 from execbox.service.store import open_store
+from tests.conftest import pids_naming
 
 from .conftest import registry_workspaces, traversable_tmpdir
 from .test_serve_cli import _serve, _wait_ready
@@ -52,17 +53,7 @@ def _kill_now(proc: subprocess.Popen) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _bwraps_under(path: str) -> list[int]:
-    """Pids of processes whose command line names ``path`` (a jail box of that workspace root)."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if path.encode() in f.read():
-                    out.append(int(pid))
-        except OSError:
-            pass
-    return out
+_bwraps_under = pids_naming  # the boxes under a box dir prefix
 
 
 def _pool(c: httpx.Client, state: str) -> float:
