@@ -20,6 +20,7 @@ CASES: dict[str, str] = {
     "python_main_called_once": "a program that calls its own main() runs it once (not again implicitly)",
     "python_plain_script": "a plain script runs; no result",
     "javascript_main_arguments": "main(arguments) in Node; its JSON value travels in `result`",
+    "javascript_es_module": "code with `import` or top-level `await` runs as an ES module; an exported main is called",
     "bash_script": "bash code runs with stdout, stderr and the exit code kept apart",
     "exit_codes": "sys.exit(3), process.exit(5), bash `exit 7` surface as those exit codes",
     "unicode_output": "UTF-8 output (accents, CJK, emoji) arrives unchanged",

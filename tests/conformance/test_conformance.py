@@ -100,6 +100,14 @@ def javascript_main_arguments(b: Box) -> None:
     assert r.stdout == "js\n"
 
 
+def javascript_es_module(b: Box) -> None:
+    r = _ok(b.run("import os from 'node:os';\nconst n = await Promise.resolve(20);\n"
+                  "export function main(args) {\n  console.log('esm');\n"
+                  "  return {sum: n + args.k, cpus: typeof os.cpus};\n}\n",
+                  "javascript", arguments={"k": 22}))
+    assert (r.result, r.stdout) == ({"sum": 42, "cpus": "function"}, "esm\n")
+
+
 def bash_script(b: Box) -> None:
     r = b.run("echo out; echo err >&2; exit 4", "bash")
     assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 4)

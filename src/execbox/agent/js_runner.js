@@ -6,14 +6,20 @@
 "use strict";
 const fs = require("fs");
 const vm = require("vm");
-const { encodeReturned, userStack, exposeUserModule, usesMain } = require("./js_common.js");
+const { encodeReturned, userStack, exposeUserModule, usesMain, NODE_FRAME } = require("./js_common.js");
 
 function send(msg) {
   try { fs.writeSync(3, JSON.stringify(msg)); } catch (e) { /* host went away */ }
 }
 
 function fail(e) {
-  process.stderr.write(`${userStack(e, __filename)}\n`);
+  let text = userStack(e, __filename);
+  if (moduleCode !== null) {  // the module's frames name execbox:code; Node's loader frames are not the user's
+    text = text.split(ENTRY).join("<code>").split("\n")
+      .filter((line) => !NODE_FRAME.test(line) && !(/^\s+at /.test(line) && line.includes(__dirname))).join("\n");
+    if (e instanceof SyntaxError && !text.startsWith("<code>:")) text = moduleSyntaxError(moduleCode) + text;
+  }
+  process.stderr.write(`${text}\n`);
   if (e instanceof RangeError && /memory/i.test(String(e.message))) send({ oom: true });
   process.exitCode = 1;
 }
@@ -31,6 +37,44 @@ process.on("unhandledRejection", (reason) => {
   process.exit(1);
 });
 
+// `console.log(await x)` fails as a script with "missing ) after argument list", not with the
+// top-level-await message: code that parses once inside an async function uses top-level await.
+function awaitsAtTopLevel(code) {
+  if (!code.includes("await")) return false;
+  try {
+    new vm.Script(`(async () => {\n${code}\n})`);
+    return true;
+  } catch (e) {
+    return false;
+  }
+}
+
+// What V8 says when a script uses syntax only a module may: the code is then run as one.
+const MODULE_ONLY = /Cannot use import statement outside a module|await is only valid in async functions and the top level bodies of modules|Unexpected token 'export'|Cannot use 'import\.meta' outside a module/;
+const ENTRY = "execbox:code";  // js_esm_hooks.mjs serves the code under this URL
+
+// The code as an ES module: its imports resolve from the working directory (and NODE_PATH) via
+// js_esm_hooks.mjs. A syntax error in it has no location in its stack (Node 18/20 keep that
+// apart), so Node's syntax check, run on the code, says where.
+async function runModule(code) {
+  const Module = require("module");
+  const { pathToFileURL } = require("url");
+  moduleCode = code;
+  Module.register(pathToFileURL(require("path").join(__dirname, "js_esm_hooks.mjs")).href,
+    { data: { code, cwd: process.cwd() } });
+  return import(ENTRY);
+}
+
+let moduleCode = null;
+
+function moduleSyntaxError(code) {
+  const { spawnSync } = require("child_process");
+  const check = spawnSync(process.execPath, ["--input-type=module", "--check"], { input: code, encoding: "utf8" });
+  const text = String(check.stderr || "");
+  const at = text.search(/^SyntaxError: /m);
+  return at > 0 && text.startsWith("[stdin]:") ? text.slice(0, at).replace(/^\[stdin\]/, "<code>") : "";
+}
+
 async function run() {
   const code = fs.readFileSync(process.argv[2], "utf8");
   const argsFile = process.argv[3];
@@ -40,8 +84,21 @@ async function run() {
   exposeUserModule("<code>");
   globalThis.__filename = "<code>";
   globalThis.__dirname = process.cwd();
-  vm.runInThisContext(code, { filename: "<code>" });
-  const main = vm.runInThisContext("typeof main === 'function' ? main : undefined");
+  let script;
+  try {
+    script = new vm.Script(code, { filename: "<code>" });
+  } catch (e) {
+    if (!(MODULE_ONLY.test(e && e.message) || awaitsAtTopLevel(code))) throw e;
+    script = null;
+  }
+  let main;
+  if (script) {
+    script.runInThisContext();
+    main = vm.runInThisContext("typeof main === 'function' ? main : undefined");
+  } else {  // `import`, `export`, top-level await: an ES module, as `node` runs such a file
+    const ns = await runModule(code);
+    main = typeof ns.main === "function" ? ns.main : undefined;
+  }
   // With arguments, main is ours to call; without, unless the program calls it itself
   // (`main();`, `main().catch(...)`, `setTimeout(main)`): it would run twice.
   if (typeof main === "function" && (hasArgs || !usesMain(code))) {
@@ -55,7 +112,8 @@ async function run() {
       send({ result: encoded });
     }
   } else if (hasArgs) {
-    process.stderr.write("execbox: arguments were given but the code defines no main() function\n");
+    process.stderr.write(script ? "execbox: arguments were given but the code defines no main() function\n"
+      : "execbox: arguments were given but the module exports no main() function (export function main)\n");
     process.exitCode = 1;
   }
 }

@@ -38,7 +38,7 @@ NO_PROXY = "localhost,127.0.0.1,::1"  # the box's own loopback (a server it runs
 WARM, CLAIMED = "warm", "claimed"
 AGENT_PORT = 7070
 AGENT_CONTAINER = "agent"
-AGENT_FILES = (".py", ".js")
+AGENT_FILES = (".py", ".js", ".mjs")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
 
 

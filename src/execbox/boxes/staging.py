@@ -28,7 +28,7 @@ def staged_agent() -> str:
     the one it started with. Boxes mount ``<dir>`` at /opt/execbox, never the source tree.
     """
     src = agent_source_dir()
-    files = sorted(f for f in os.listdir(src) if f.endswith((".py", ".js")))
+    files = sorted(f for f in os.listdir(src) if f.endswith((".py", ".js", ".mjs")))
     h = hashlib.sha256(STAGE_FORMAT)
     for fn in files:
         h.update(fn.encode())

@@ -60,7 +60,7 @@ class Transport(Protocol):
 def bundle() -> tuple[str, bytes]:
     """(version hash, zipapp bytes) of the agent package: its modules plus a ``__main__``."""
     buf = io.BytesIO()
-    files = sorted(p for p in AGENT_DIR.iterdir() if p.suffix in (".py", ".js") and p.is_file())
+    files = sorted(p for p in AGENT_DIR.iterdir() if p.suffix in (".py", ".js", ".mjs") and p.is_file())
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for p in files:
             info = zipfile.ZipInfo(f"execbox_agent/{p.name}", date_time=(2020, 1, 1, 0, 0, 0))

@@ -221,3 +221,29 @@ def test_main_the_program_only_defines_is_called_whatever_its_strings_say(sb, no
     r = sb.run_code("// main() is called for us\nfunction main() { console.log('in main()'); return {main: 1}; }",
                     "javascript")
     assert (r.stdout, r.result) == ("in main()\n", {"main": 1}), r
+
+
+def test_an_es_module_imports_from_its_directory_the_workspace_packages_and_node_path(sb, workspace):
+    """`import` and top-level await were SyntaxErrors (Node runs such a file as an ES module)."""
+    sb.run_code("open('helper.mjs', 'w').write('export const z = 3;')")
+    code = ("import fs from 'node:fs';\nimport foo from 'foo';\nimport bar from 'bar';\n"
+            "import { z } from './helper.mjs';\n"
+            "const x = await Promise.resolve(5);\n"
+            "console.log(typeof fs.readFileSync, foo, bar, z, x, import.meta.url, process.argv.length);")
+    request = {"language": "javascript", "code": code, "env": {"NODE_PATH": f"{workspace}/lib"}}
+    r = sb.provider._exec(sb.instance_id, request, 30, None, False)
+    assert (r.stdout, r.stderr, r.exit_code) == ("function foo! bar! 3 5 execbox:code 2\n", "", 0), r
+    r = sb.run_code("console.log(await Promise.resolve('tla'))", "javascript")
+    assert (r.stdout, r.exit_code) == ("tla\n", 0), r.stderr
+
+
+def test_an_es_modules_errors_read_as_the_users(sb, workspace):
+    r = sb.run_code("import fs from 'fs';\nconst a = 1;\nnull.y;", "javascript")
+    assert r.stderr == "TypeError: Cannot read properties of null (reading 'y')\n    at <code>:3:6\n", r.stderr
+    r = sb.run_code("import fs from 'fs';\nlet = ;", "javascript")
+    assert r.stderr.startswith("<code>:2\nlet = ;\n"), r.stderr
+    assert "SyntaxError: Unexpected strict mode reserved word" in r.stderr
+    r = sb.run_code("import x from 'nope_pkg';", "javascript")
+    assert "Cannot find package 'nope_pkg'" in r.stderr and not any(a in r.stderr for a in AGENT_FILES), r.stderr
+    r = sb.run_code("const x = await 1;\nfunction main(a) { return a; }", "javascript", arguments={"n": 1})
+    assert r.exit_code == 1 and "module exports no main() function" in r.stderr

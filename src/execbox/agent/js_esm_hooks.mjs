@@ -1,0 +1,38 @@
+// Module hooks for a one-shot run whose code is an ES module (js_runner.js: `import`, `export`,
+// top-level `await`). The code is served from memory as the module `execbox:code` (no file, so
+// no agent path in import.meta.url or a stack); what it imports resolves as if it were a file
+// `<code>` in the run's working directory: `./lib.mjs` from there, packages from its
+// node_modules, and, as for require(), from NODE_PATH (runtime templates, in-session installs),
+// which Node's own ESM resolution ignores.
+import { createRequire } from "node:module";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+const ENTRY = "execbox:code";
+let state;
+
+export async function initialize(data) {
+  const where = path.join(data.cwd, "<code>");
+  state = { code: data.code, base: pathToFileURL(where).href, require: createRequire(where) };
+}
+
+export async function resolve(specifier, context, next) {
+  if (specifier === ENTRY) return { url: ENTRY, shortCircuit: true };
+  const parentURL = context.parentURL === ENTRY ? state.base : context.parentURL;
+  try {
+    return await next(specifier, { ...context, parentURL });
+  } catch (e) {
+    const bare = /^[^./]/.test(specifier) && !specifier.includes(":");
+    if (e && e.code === "ERR_MODULE_NOT_FOUND" && bare) {
+      try {
+        return { url: pathToFileURL(state.require.resolve(specifier)).href, shortCircuit: true };
+      } catch { /* not on NODE_PATH either: Node's own error says what was looked for */ }
+    }
+    throw e;
+  }
+}
+
+export async function load(url, context, next) {
+  if (url === ENTRY) return { format: "module", source: state.code, shortCircuit: true };
+  return next(url, context);
+}
