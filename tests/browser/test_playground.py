@@ -7,11 +7,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-PYTHON = """import time
+PYTHON = """import os, time
 import matplotlib.pyplot as plt
 
 print("first line", flush=True)
-time.sleep(1.5)
+waited = time.monotonic()
+while not os.path.exists("go") and time.monotonic() - waited < 60:  # the test writes it
+    time.sleep(0.05)
+os.remove("go")
 print("second line")
 
 def main(n):
@@ -32,8 +35,10 @@ def set_code(page: Any, code: str) -> None:
     page.fill("#pg-code", code)
 
 
-def test_python_output_streams_and_matplotlib_figure_renders(signed_in: Any, jail_active: None,
+def test_python_output_streams_and_matplotlib_figure_renders(signed_in: Any, server: Any, jail_active: None,
                                                             screenshot: Any) -> None:
+    """The program prints its second line only once the test has written the file ``go`` (a file
+    write runs beside the run), so the state in between is seen however slow the machine is."""
     page = signed_in
     page.get_by_role("link", name="Playground").click()
     page.select_option("#pg-language", "python")
@@ -45,10 +50,14 @@ def test_python_output_streams_and_matplotlib_figure_renders(signed_in: Any, jai
 
     output = page.locator("#pg-output")
     output.get_by_text("first line").wait_for(timeout=60_000)
-    # streamed: the first line is on screen while the run still sleeps before the second
+    # streamed: the first line is on screen while the run still waits before the second
     assert page.locator("#pg-status").inner_text() == "Running…"
     assert "second line" not in output.inner_text()
     assert page.get_by_role("button", name="Stop").is_enabled()
+    with server.api() as api:
+        r = api.post("/v1/sandbox/write", json={"tenant_id": "acme", "session_id": "play-1", "path": "go",
+                                                "content": ""})
+    assert r.status_code == 200, r.text
 
     page.locator('#pg-status[data-state="done"]').wait_for(timeout=60_000)
     assert "second line" in output.inner_text()

@@ -95,19 +95,23 @@ def test_a_file_write_during_a_run_waits_only_for_an_agent_that_cannot_serve_it(
         client: AgentClient, tmp_path: Path, agent_serves_files_beside_runs: bool) -> None:
     if not agent_serves_files_beside_runs:
         client.beside_run = frozenset()  # as for an agent that did not offer it (older, or re-attached)
-    release = tmp_path / "release"
-    code = f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\nprint('ran')"
+    started, release = tmp_path / "started", tmp_path / "release"
+    code = (f"import os, time\nopen({str(started)!r}, 'w').close()\n"
+            f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\nprint('ran')")
     run: dict = {}
     runner = threading.Thread(target=lambda: run.update(client.call(
         "exec", {"language": "python", "code": code, "timeout": 60}, timeout=90)), daemon=True)
     runner.start()
-    time.sleep(0.3)  # the run is under way
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert started.exists(), "the run did not start"  # under way: the write is sent after it
     wrote = threading.Event()
     writer = threading.Thread(target=lambda: (client.call("files.write", {"path": "w.txt", "content": "x"},
                                                           timeout=90), wrote.set()), daemon=True)
     writer.start()
-    # served beside the run: at once (10 s is for a loaded machine); held: still waiting after 1.5 s
-    assert wrote.wait(10 if agent_serves_files_beside_runs else 1.5) is agent_serves_files_beside_runs
+    # served beside the run: at once (30 s is for a loaded machine); held: still waiting after 1.5 s
+    assert wrote.wait(30 if agent_serves_files_beside_runs else 1.5) is agent_serves_files_beside_runs
     assert runner.is_alive()
     release.touch()
     runner.join(30)

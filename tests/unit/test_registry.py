@@ -1,5 +1,3 @@
-import time
-
 import pytest
 
 from execbox import get_sandbox
@@ -95,9 +93,10 @@ def test_a_failed_jail_probe_is_looked_at_again(monkeypatch):
     answers = iter([(False, "host_uid: all 1 box uids are in use"), (True, "ok")])
     monkeypatch.setattr(jail.JailProvider, "_probe", classmethod(lambda cls: next(answers)))
     monkeypatch.setattr(jail, "_avail", None)
-    monkeypatch.setattr(jail, "AVAIL_RECHECK", 0.05)
+    monkeypatch.setattr(jail, "_avail_at", 0.0)  # restored after the test, as _avail is
     assert jail.JailProvider.availability() == (False, "host_uid: all 1 box uids are in use")
     assert jail.JailProvider.availability()[0] is False  # within the re-check time: cached
-    time.sleep(0.1)
+    # the failure was found longer ago than the re-check time
+    monkeypatch.setattr(jail, "_avail_at", jail._avail_at - jail.AVAIL_RECHECK - 1)
     assert jail.JailProvider.availability() == (True, "ok")
     assert jail.JailProvider.availability() == (True, "ok")  # a success stays cached (no third probe)

@@ -13,16 +13,28 @@ pytestmark = pytest.mark.docker
 
 
 def test_background_process_runs_as_the_sandbox_user_beside_an_exec(provider, instance):
-    slow = threading.Thread(target=provider.execute_code, args=(instance, "import time; time.sleep(2)", "python", 20))
+    """The exec runs until the test releases it (a file it writes), so the background process
+    starts and ends beside it however slow the machine is."""
+    hold = ("import os, time\nopen('exec-started', 'w').close()\nt = time.monotonic()\n"
+            "while not os.path.exists('exec-release') and time.monotonic() - t < 60:\n    time.sleep(0.05)\n"
+            "print('released')")
+    result = {}
+    slow = threading.Thread(target=lambda: result.setdefault(
+        "r", provider.execute_code(instance, hold, "python", 120)), daemon=True)
     slow.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while not provider.glob(instance, "exec-started") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert provider.glob(instance, "exec-started"), "the exec did not start"
     pid = provider.start_process(instance, "read x; echo $x $(id -u) $(id -g)", stdin=True)
     provider.process_input(instance, pid, b"hello\n")
     out, _, v = wait_process_exit(provider, instance, pid)
-    assert slow.is_alive(), "the background process waited for the exec"
+    assert slow.is_alive(), "the exec ended before it was released"
     uid = provider._instances[instance].box.host.uid
     assert out == f"hello {uid} {uid}\n".encode() and v["exit_code"] == 0
-    slow.join(30)
+    provider.write_file(instance, "exec-release", "")
+    slow.join(60)
+    assert result["r"].stdout == "released\n"
 
 
 def test_javascript_context_keeps_globals(provider, instance):

@@ -328,12 +328,22 @@ def test_pause_and_resume_keep_files_and_stop_the_timeout(e2b_env: Server) -> No
 
 
 def test_a_paused_sandbox_outlives_its_timeout(e2b_env: Server) -> None:
-    sb = e2b.Sandbox.create(timeout=2)
+    """Its deadline passes while it is paused, and the sweeper (every second) leaves it alone.
+
+    The deadline is made short only once the box runs and holds the file, so a slow box start on
+    a loaded machine does not eat into it: only the pause itself has to land within it."""
+    sb = e2b.Sandbox.create(timeout=60)
     try:
         sb.files.write("kept.txt", "x")
+        sb.set_timeout(5)
         assert sb.pause() is True
-        time.sleep(3.5)  # past the deadline while paused: the sweeper leaves it alone
-        again = e2b.Sandbox.connect(sb.sandbox_id, timeout=60)
+        info = sb.get_info()
+        assert info.state == e2b.SandboxState.PAUSED
+        past = info.end_at + datetime.timedelta(seconds=3)  # three sweeps after the deadline
+        while datetime.datetime.now(past.tzinfo) < past:
+            time.sleep(0.1)
+        again = e2b.Sandbox.connect(sb.sandbox_id, timeout=60)  # the sweeper left it alone
+        assert again.get_info().state == e2b.SandboxState.RUNNING
         assert again.files.read("kept.txt") == "x"
     finally:
         sb.kill()

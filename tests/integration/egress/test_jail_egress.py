@@ -284,7 +284,10 @@ def test_a_session_narrowed_during_a_run_stays_narrowed_after_it(allow_jail, abo
 
 def test_narrowing_cuts_an_open_gateway_connection_it_no_longer_allows(fakenet):
     """A connection opened before a narrowing that drops its destination ends with the narrowing;
-    one the narrowed policy still allows goes on."""
+    one the narrowed policy still allows goes on.
+
+    The code answers one request on each connection (so the gateway relays both), says so with
+    a ``connected`` file and waits for the test's ``narrowed`` file before using them again."""
     import threading
 
     from execbox.egress import audit
@@ -293,26 +296,42 @@ def test_narrowing_cuts_an_open_gateway_connection_it_no_longer_allows(fakenet):
     p = jail_with("allowlist", [www, api])
     try:
         iid = p.create_instance(session_id="narrow-open").instance_id
-
-        def narrow() -> None:
-            time.sleep(1.5)
-            p.set_network_policy(iid, "allowlist", [api])
-
-        t = threading.Thread(target=narrow)
-        t.start()
-        r = p.execute_code(iid, f"""
-import socket, time
+        code = f"""
+import os, socket, time
+def ask(s, h, version):
+    s.sendall(f"GET /bytes/5 HTTP/{{version}}\\r\\nHost: {{h}}\\r\\n\\r\\n".encode())
+    got = b""
+    while not (b"\\r\\n\\r\\n" in got and len(got.partition(b"\\r\\n\\r\\n")[2]) >= 5):
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    return got.decode().split("\\r\\n")[0]
 held = {{h: socket.create_connection((h, 80), timeout=5) for h in ("{www}", "{api}")}}
-time.sleep(3)  # the narrowing happens meanwhile
+for h, s in held.items():
+    assert ask(s, h, "1.1").startswith("HTTP/1.1 200"), h  # relayed both ways: open at the gateway
+open("connected", "w").close()
+t = time.monotonic()
+while not os.path.exists("narrowed") and time.monotonic() - t < 60:
+    time.sleep(0.05)
 for h, s in held.items():
     try:
-        s.sendall(f"GET /bytes/5 HTTP/1.0\\r\\nHost: {{h}}\\r\\n\\r\\n".encode()); s.settimeout(5)
-        got = s.recv(200).decode().split("\\r\\n")[0]
-        print(h, got or "EOF")
+        print(h, ask(s, h, "1.0") or "EOF")
     except OSError as e:
         print(h, type(e).__name__)
-""", "python", 30)
-        t.join()
+"""
+        result = {}
+        t = threading.Thread(target=lambda: result.setdefault("r", p.execute_code(iid, code, "python", 120)),
+                             daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not p.glob(iid, "connected") and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p.glob(iid, "connected"), result
+        p.set_network_policy(iid, "allowlist", [api])
+        p.write_file(iid, "narrowed", "")
+        t.join(60)
+        r = result["r"]
         out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
         assert out[api].startswith("HTTP/1.1 200") or out[api].startswith("HTTP/1.0 200"), r  # untouched
         assert out[www] in ("EOF", "ConnectionResetError", "BrokenPipeError"), r  # cut by the narrowing
@@ -377,8 +396,11 @@ except Exception as e:
 """, "python", 60)
         assert "third refused" in r.stdout and "403" in r.stdout, r
         assert "downloaded 8388608" not in r.stdout, r
-        recs = audited(lambda x: x.decision == "limited", session_id="caps")
-        assert any("too many concurrent connections" in x.reason for x in recs)
-        assert any(x.decision == "limited" for x in recs)
+        # each cap's own row, waited for on its own (one wait for "any limited row" once returned
+        # before the refused connection's row was written)
+        recs = audited(lambda x: "too many concurrent connections" in x.reason, timeout=15, session_id="caps")
+        assert any(x.decision == "denied" and "too many concurrent connections" in x.reason for x in recs)
+        recs = audited(lambda x: x.decision == "limited", timeout=15, session_id="caps")
+        assert any(x.decision == "limited" and "byte cap" in x.reason for x in recs)
     finally:
         p.shutdown()

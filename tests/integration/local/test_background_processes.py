@@ -37,23 +37,32 @@ def test_output_exit_code_env_and_cwd(box) -> None:
 
 
 def test_runs_while_exec_holds_the_agent(box) -> None:
-    """A 4 s exec runs; meanwhile a background process starts, streams, takes stdin and is listed."""
+    """An exec runs until the test releases it; meanwhile a background process starts, streams,
+    takes stdin and is listed."""
     p, iid = box
     result = {}
+    hold = ("import os, time\nopen('exec-started', 'w').close()\nt = time.monotonic()\n"
+            "while not os.path.exists('exec-release') and time.monotonic() - t < 60:\n    time.sleep(0.05)\n"
+            "print('slow done')")
     runner = threading.Thread(target=lambda: result.setdefault(
-        "r", p.execute_code(iid, "import time; time.sleep(4); print('slow done')", "python", timeout=30)))
+        "r", p.execute_code(iid, hold, "python", timeout=120)), daemon=True)
     runner.start()
-    time.sleep(0.5)  # the exec is running now
+    deadline = time.monotonic() + 30
+    while not p.glob(iid, "exec-started") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert p.glob(iid, "exec-started"), "the exec did not start"
     pid = p.start_process(iid, "read line; echo got:$line; cat", stdin=True)
     assert pid in [q["pid"] for q in p.list_processes(iid)]
     p.process_input(iid, pid, b"hello\n")
     p.process_input(iid, pid, b"more bytes\n")
     p.close_process_input(iid, pid)  # EOF ends `cat`
     out, _, v = wait_process_exit(p, iid, pid)
-    assert runner.is_alive(), "the background process waited for the exec"
+    assert runner.is_alive(), "the exec ended before it was released"
     assert out == b"got:hello\nmore bytes\n" and v["exit_code"] == 0
-    runner.join(30)
+    p.write_file(iid, "exec-release", "")
+    runner.join(60)
     assert result["r"].stdout == "slow done\n"
+    p.run_command(iid, "rm -f exec-started exec-release")
 
 
 def test_signal_kills_the_whole_job_and_exec_does_not_reap_it(box) -> None:
@@ -110,13 +119,23 @@ def test_javascript_contexts_keep_globals_and_restart_after_timeout(box) -> None
 def test_pty_process_has_a_terminal_and_takes_resizes(box) -> None:
     p, iid = box
     pid = p.start_process(iid, "stty size; read line; stty size; echo got:$line; exit 4", pty=(100, 30))
-    time.sleep(0.2)
+    out = err = b""
+    deadline = time.monotonic() + 30
+    while b"\n" not in out and time.monotonic() < deadline:  # the first `stty size` has run
+        v = p.poll_process(iid, pid, len(out), len(err))
+        out, err = out + v["stdout"], err + v["stderr"]
+        time.sleep(0.01)
+    assert out.startswith(b"30 100\r\n"), out  # the size it started with
     p.resize_process(iid, pid, 120, 40)
     p.process_input(iid, pid, b"typed\n")
-    out, err, v = wait_process_exit(p, iid, pid)
+    deadline = time.monotonic() + 30
+    while not v["exited"] and time.monotonic() < deadline:
+        v = p.poll_process(iid, pid, len(out), len(err))
+        out, err = out + v["stdout"], err + v["stderr"]
+        time.sleep(0.01)
+    assert v["exited"], out
     assert err == b"" and v["exit_code"] == 4  # a terminal has one output stream
     assert out.replace(b"\r\n", b"\n").endswith(b"40 120\ngot:typed\n"), out
-    assert out.startswith(b"30 100\r\n")
     with pytest.raises(SandboxError) as e:  # no terminal, nothing to resize
         p.resize_process(iid, p.start_process(iid, "sleep 5"), 80, 24)
     assert e.value.http_status == 409

@@ -5,18 +5,32 @@ the agent's search time limit (30 s), so the kill lands inside it."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 
 import httpx
+from sqlalchemy import select
 
 from execbox.service.logs import code_hash
 from execbox.service.store import open_store
+from execbox.service.store.models import AuditInflight
 
 from .conftest import traversable_tmpdir
 from .test_serve_cli import _serve, _wait_ready
 from .test_session_restart import _env, _kill_now, _term, _token
+
+
+def _filed(data: str) -> bool:
+    """Whether the store holds what the kill must find: the grep filed as started (audit_inflight)
+    and the write's audit row."""
+    with open_store(data_dir=data, migrate=False) as store:
+        with store.engine.connect() as conn:
+            started = [json.loads(r.record) for r in conn.execute(select(AuditInflight))]
+        rows = store.audit.list(tenant_id="t1")
+    return (any(r.get("operation") == "grep" and r.get("session_id") == "g" for r in started)
+            and any(r["operation"] == "write_file" and r["session_id"] == "g" for r in rows))
 
 
 def test_a_file_operation_cut_off_by_sigkill_is_audited_as_interrupted(jail_provider) -> None:
@@ -36,8 +50,11 @@ def test_a_file_operation_cut_off_by_sigkill_is_audited_as_interrupted(jail_prov
                 pass
 
         threading.Thread(target=grep, daemon=True).start()
-        time.sleep(2.0)  # the grep is running in the box; the audit writer's batch (50 ms) is out
-        proc.kill()  # no drain, no final audit rows
+        deadline = time.monotonic() + 30  # the audit writer's batches go out every 50 ms
+        while not _filed(data) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _filed(data), "the grep was not filed as started, or the write's row did not come"
+        proc.kill()  # inside the grep (it runs up to 30 s); no drain, no final audit rows
     finally:
         _kill_now(proc)
     proc, url = _serve(env)

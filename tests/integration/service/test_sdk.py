@@ -60,12 +60,16 @@ def test_files_run_code_and_foreground_commands(sb: Any) -> None:
 
 
 def test_background_command_streams_and_waits(sb: Any) -> None:
-    h = sb.commands.run("echo hi; sleep 0.5; echo bye >&2; exit 3", background=True)
+    """The command runs on until the test writes ``release`` (at most a minute), so it is still
+    running while the test looks, however slow the machine is."""
+    wait_for_release = "i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
+    h = sb.commands.run(f"echo hi; {wait_for_release}; echo bye >&2; exit 3", background=True)
     assert isinstance(h, CommandHandle)
     _until(lambda: h.stdout == "hi\n")
     assert h.running and h.exit_code is None
     with pytest.raises(ExecutionTimeoutError):
         h.wait(timeout=0.01)
+    sb.files.write("release", "")
     res = h.wait()
     assert (res.exit_code, res.stdout, res.stderr) == (3, "hi\n", "bye\n")
     assert (h.exit_code, h.stdout, h.stderr, h.running) == (3, "hi\n", "bye\n", False)
