@@ -8,6 +8,7 @@ and Python contexts and takes a spare for each run.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from . import procs, protocol, pump, runners
@@ -200,9 +201,9 @@ class Spares:
         if lang == "python":
             os.environ.update(spec["env"])
             runners.setup_stdio(bool(job["stream"]))
-            import atexit
-
-            atexit._clear()  # the agent's and preloaded libraries' exit functions are not the run's
+            inherited = sys.modules.get("atexit")  # imported before the fork (a preloaded library)
+            if inherited is not None:
+                inherited._clear()  # their exit functions are not the run's
             rc = runners.run_python(spec["code"], spec["arguments"], {}, res_w, self.artifacts, job["prefix"])
             runners.finish_python()
             runners.flush_stdio()
