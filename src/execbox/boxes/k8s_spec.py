@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..agent import SHIPPED_SUFFIXES
 from .box import AGENT_BOOT, agent_source_dir
 from .images import AGENT_ROOT, ENV, PYTHON, SANDBOX_UID, WORKSPACE
 
@@ -38,7 +39,7 @@ NO_PROXY = "localhost,127.0.0.1,::1"  # the box's own loopback (a server it runs
 WARM, CLAIMED = "warm", "claimed"
 AGENT_PORT = 7070
 AGENT_CONTAINER = "agent"
-AGENT_FILES = (".py", ".js", ".mjs")
+AGENT_FILES = SHIPPED_SUFFIXES
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
 
 

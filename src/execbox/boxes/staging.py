@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 
+from ..agent import SHIPPED_SUFFIXES
 from . import staged_leases
 from .box import agent_source_dir
 from .runtime import AGENT_PACKAGE, STAGE_FORMAT, SYSTEM_PYTHON, jail_dir
@@ -28,7 +29,7 @@ def staged_agent() -> str:
     the one it started with. Boxes mount ``<dir>`` at /opt/execbox, never the source tree.
     """
     src = agent_source_dir()
-    files = sorted(f for f in os.listdir(src) if f.endswith((".py", ".js", ".mjs")))
+    files = sorted(f for f in os.listdir(src) if f.endswith(SHIPPED_SUFFIXES))
     h = hashlib.sha256(STAGE_FORMAT)
     for fn in files:
         h.update(fn.encode())

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..agent import SHIPPED_SUFFIXES
 from ..boxes.agent_client import agent_error, reply_frame_limit
 from ..errors import ProviderUnavailableError, SandboxError
 from ..models import ExecutionResult
@@ -60,7 +61,7 @@ class Transport(Protocol):
 def bundle() -> tuple[str, bytes]:
     """(version hash, zipapp bytes) of the agent package: its modules plus a ``__main__``."""
     buf = io.BytesIO()
-    files = sorted(p for p in AGENT_DIR.iterdir() if p.suffix in (".py", ".js", ".mjs") and p.is_file())
+    files = sorted(p for p in AGENT_DIR.iterdir() if p.suffix in SHIPPED_SUFFIXES and p.is_file())
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for p in files:
             info = zipfile.ZipInfo(f"execbox_agent/{p.name}", date_time=(2020, 1, 1, 0, 0, 0))

@@ -71,8 +71,8 @@ def test_bundle_is_the_agent_package_and_versioned_by_its_hash():
     with zipfile.ZipFile(__import__("io").BytesIO(data)) as z:
         names = set(z.namelist())
     agent_dir = Path(remote_agent.AGENT_DIR)
-    expected = {f"execbox_agent/{p.name}" for p in agent_dir.iterdir() if p.suffix in (".py", ".js")}
-    assert names == expected | {"__main__.py"}
+    expected = {f"execbox_agent/{p.name}" for p in agent_dir.iterdir() if p.suffix in (".py", ".js", ".mjs")}
+    assert names == expected | {"__main__.py"} and "execbox_agent/js_esm_hooks.mjs" in names
     assert bundle() == (digest, data)  # built once, identical every time (fixed zip timestamps)
 
 
