@@ -155,6 +155,9 @@ class Children(Spares):
         if self.figures_preloaded and not self.draws_figures and spec["language"] == "python":
             self.draws_figures = any(a["name"].startswith(prefix + "-") for a in artifacts) or any(
                 word in spec["code"] for word in FIGURE_WORDS)
+        waits = pump.exit_waits(where.get("result_raw", b"")) if out["timed_out"] else None
+        if waits:
+            ctx_note["exit_waits_for"] = waits
         return {
             "stdout": streams[0].text(), "stderr": stderr,
             "exit_code": out["exit"].get("exit_code", -9), "signal": out["exit"].get("signal"),

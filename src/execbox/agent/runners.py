@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 JS_RUNNER = os.path.join(HERE, "js_runner.js")
 CODE_FILENAME = "<code>"
 AGENT_ARGV = sys.argv
+EXIT_WAITS = "exit_waits_for"  # the result-fd record naming the threads a finished program waits for
 
 
 def write_result(fd: int, message: dict[str, Any]) -> None:
@@ -234,12 +235,18 @@ def report_exception(e: BaseException) -> None:
         print(f"{type(e).__name__}: {e or 'out of memory'}", file=sys.stderr)
 
 
-def finish_python() -> None:
+def finish_python(result_fd: int) -> None:
     """What ``python3`` does at exit before the child's ``os._exit``: wait for the program's
     non-daemon threads (and thread pools), then run its ``atexit`` functions. Without this, work
-    a thread had not finished was lost and the run still said exit 0."""
+    a thread had not finished was lost and the run still said exit 0. The threads it waits for
+    are named on the result fd first: a run that times out here says what it was waiting for."""
     threading = sys.modules.get("threading")
     if threading is not None:
+        me = threading.current_thread()
+        waiting = [t.name for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+        if waiting:
+            write_result(result_fd, {EXIT_WAITS: waiting[:10]})
+            flush_stdio()  # what the finished code printed is out, even if the wait then times out
         try:
             threading._shutdown()
         except BaseException as e:  # noqa: BLE001 - reported, as python3 reports it

@@ -205,7 +205,7 @@ class Spares:
             if inherited is not None:
                 inherited._clear()  # their exit functions are not the run's
             rc = runners.run_python(spec["code"], spec["arguments"], {}, res_w, self.artifacts, job["prefix"])
-            runners.finish_python()
+            runners.finish_python(res_w)
             runners.flush_stdio()
             code = rc & 0xFF if rc >= 0 else 1
             pump.write_exit_record(res_w, code)

@@ -36,6 +36,12 @@ def result_from_reply(v: dict[str, Any], metadata: dict[str, Any], *, oom: bool,
     if v.get("timed_out"):
         metadata["error_code"] = "SB005"
         metadata["error_message"] = "execution timed out; the process tree was killed"
+        waits = v.get("exit_waits_for")
+        if isinstance(waits, list) and waits:  # its code had finished: python3 would hang the same way
+            names = ", ".join(str(n) for n in waits)
+            metadata["error_message"] += (f" (the program's code had finished; it was waiting for its non-daemon "
+                                          f"threads to end, as python3 does: {names}. Make them daemon threads or "
+                                          "stop them before the program ends)")
     elif oom or v.get("oom"):
         metadata["error_code"] = "SB006"
         metadata["error_message"] = "execution ran out of memory"

@@ -99,3 +99,16 @@ def test_a_context_cells_peak_memory_is_its_own():
         small = s.run_code("print(1)", context_id="m")
     assert big.metadata["peak_memory_kb"] > 300 * 1024
     assert small.metadata["peak_memory_kb"] < 150 * 1024, (big.metadata["peak_memory_kb"], small.metadata)
+
+
+def test_a_timeout_while_waiting_for_threads_says_so(sb):
+    """Waiting for non-daemon threads is python3's exit; a run that times out there says what it
+    was waiting for, not only that it timed out."""
+    code = ("import threading, time\n"
+            "threading.Thread(target=lambda: time.sleep(60), name='server').start()\nprint('started')")
+    r = sb.run_code(code, timeout=2)
+    assert r.timed_out and r.stdout == "started\n" and r.error_code == "SB005"
+    message = r.metadata["error_message"]
+    assert "waiting for its non-daemon threads" in message and "server" in message, message
+    r = sb.run_code("import time\ntime.sleep(60)", timeout=1)  # its own code ran out of time
+    assert r.timed_out and r.metadata["error_message"] == "execution timed out; the process tree was killed"
