@@ -9,11 +9,13 @@ before the service starts again on the same data."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -63,6 +65,18 @@ def _kill9(proc: subprocess.Popen) -> None:
             pass
 
 
+@contextlib.contextmanager
+def _served(env: dict[str, str], stop: Callable[[subprocess.Popen], object] = _term) -> Iterator[str]:
+    """A running `execbox serve` (its URL), stopped by ``stop`` (SIGTERM and the box check, or
+    ``_kill9``) whatever the body did."""
+    proc, url = _serve(env)
+    try:
+        _wait_ready(proc, url)
+        yield url
+    finally:
+        stop(proc)
+
+
 def _client(url: str, token: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
@@ -77,24 +91,18 @@ def db(request) -> str | None:
 def test_a_destroy_cut_off_by_kill9_is_finished_when_the_service_starts_again(jail_provider, db) -> None:
     base = traversable_tmpdir("execbox-cutdestroy-")
     env, admin, tok = _setup(base, db)
-    proc, url = _serve(env)
-    try:
-        _wait_ready(proc, url)
+    with _served(env, _kill9) as url:
         c = _client(url, tok)
         for sid in ("d1", "keep"):
             r = c.post("/v1/sandbox/write", json={"session_id": sid, "path": "f.txt", "content": sid})
             assert r.status_code == 200, r.text
-    finally:
-        _kill9(proc)
     ws = _workspaces(base, db)
     assert os.path.isdir(os.path.join(ws, "t1", "d1"))
     # what `kill -9` during DELETE /sessions/t1/d1 leaves: the row `closing`, the workspace on disk
     # (expires_at as an older version left it: none, so only the start can find it)
     _sql(base, db, "UPDATE sessions SET state = 'closing' WHERE tenant_id = 't1' AND session_id = 'd1'")
 
-    proc, url = _serve(env)
-    try:
-        _wait_ready(proc, url)
+    with _served(env) as url:
         # finished before the first request: the row and the files the admin asked to delete are gone
         assert _sql(base, db, "SELECT session_id, state FROM sessions ORDER BY session_id") == [("keep", "running")]
         assert not os.path.exists(os.path.join(ws, "t1", "d1"))
@@ -108,8 +116,6 @@ def test_a_destroy_cut_off_by_kill9_is_finished_when_the_service_starts_again(ja
         assert r.status_code == 200 and r.json()["stdout"] == "False\n", r.text  # a fresh session
         r = c.post("/v1/sandbox/read", json={"session_id": "keep", "path": "f.txt"})
         assert r.status_code == 200 and r.json()["content"] == "keep", r.text  # the other one untouched
-    finally:
-        _term(proc)
 
 
 def _dead_replicas_closing_row(base: str, db: str | None, ws: str, session_id: str, owner: str) -> str:
@@ -134,9 +140,7 @@ def test_requests_for_a_cut_off_destroy_finish_it_or_wait_for_its_live_destroyer
     base = traversable_tmpdir("execbox-cutdestroy-")
     env, admin, tok = _setup(base, None)
     env["EXECBOX_SESSION_LEASE"] = "2"
-    proc, url = _serve(env)
-    try:
-        _wait_ready(proc, url)
+    with _served(env) as url:
         c, a = _client(url, tok), _client(url, admin)
         assert c.post("/v1/sandbox/write", json={"session_id": "first", "path": "x", "content": "1"}).status_code == 200
         ws = registry_workspaces(os.path.join(base, "ws"), os.path.join(base, "data"))
@@ -171,8 +175,6 @@ def test_requests_for_a_cut_off_destroy_finish_it_or_wait_for_its_live_destroyer
         r = c.post("/v1/sandbox/execute", json={"session_id": "busy", "code": "print(1)"})
         assert r.status_code == 404, r.text
         assert not os.path.exists(busy)
-    finally:
-        _term(proc)
 
 
 def test_admin_delete_of_a_lost_session_answers_like_a_loaded_one(jail_provider) -> None:
@@ -180,19 +182,13 @@ def test_admin_delete_of_a_lost_session_answers_like_a_loaded_one(jail_provider)
     restart; its DELETE answered 500 SB000 (ResponseValidationError) although it destroyed it."""
     base = traversable_tmpdir("execbox-deletelost-")
     env, admin, tok = _setup(base, None)
-    proc, url = _serve(env)
-    try:
-        _wait_ready(proc, url)
+    with _served(env) as url:
         c = _client(url, tok)
         for sid in ("gone", "live"):
             assert c.post("/v1/sandbox/write", json={"session_id": sid, "path": "f", "content": "x"}).status_code == 200
-    finally:
-        _term(proc)
     ws = registry_workspaces(os.path.join(base, "ws"), os.path.join(base, "data"))
     shutil.rmtree(os.path.join(ws, "t1", "gone"))  # its disk is lost while the service is down
-    proc, url = _serve(env)
-    try:
-        _wait_ready(proc, url)
+    with _served(env) as url:
         c, a = _client(url, tok), _client(url, admin)
         assert c.post("/v1/sandbox/execute", json={"session_id": "gone", "code": "1"}).status_code == 410
         assert c.post("/v1/sandbox/execute", json={"session_id": "live", "code": "1"}).status_code == 200
@@ -205,8 +201,6 @@ def test_admin_delete_of_a_lost_session_answers_like_a_loaded_one(jail_provider)
         assert (destroyed["tenant_id"], destroyed["session_id"], destroyed["state"]) == ("t1", "gone", "closed")
         assert destroyed["instance_id"] and destroyed["provider"] == "jail" and destroyed["owner"] == "r-restart"
         assert a.delete("/v1/sandbox/sessions/t1/gone").status_code == 404
-    finally:
-        _term(proc)
 
 
 def test_an_e2b_kill_cut_off_by_kill9_ends_the_sandbox(jail_provider) -> None:
@@ -214,9 +208,7 @@ def test_an_e2b_kill_cut_off_by_kill9_ends_the_sandbox(jail_provider) -> None:
     the sandbox is gone (404, not listed), not `running` until its deadline with envd answering 503."""
     base = traversable_tmpdir("execbox-e2bcut-")
     env, _admin, tok = _setup(base, None)
-    proc, url = _serve(env)
-    try:
-        _wait_ready(proc, url)
+    with _served(env, _kill9) as url:
         r = httpx.post(f"{url}/sandboxes", headers={"X-API-Key": tok}, json={"templateID": "base", "timeout": 3600},
                        timeout=120)
         assert r.status_code == 201, r.text
@@ -226,14 +218,10 @@ def test_an_e2b_kill_cut_off_by_kill9_ends_the_sandbox(jail_provider) -> None:
         r = httpx.post(f"{url}/files", params={"path": "/home/user/f.txt"}, content=b"hello", timeout=60,
                        headers={**envd, "Content-Type": "application/octet-stream"})
         assert r.status_code == 200, r.text
-    finally:
-        _kill9(proc)
     sid = sbx["sandboxID"]
     _sql(base, None, "UPDATE sessions SET state = 'closing' WHERE session_id = :s", s=f"e2b-{sid}")
 
-    proc, url = _serve(env)
-    try:
-        _wait_ready(proc, url)
+    with _served(env) as url:
         assert _sql(base, None, "SELECT session_id FROM sessions") == []
         r = httpx.get(f"{url}/sandboxes/{sid}", headers={"X-API-Key": tok}, timeout=30)
         assert r.status_code == 404, r.text
@@ -241,8 +229,6 @@ def test_an_e2b_kill_cut_off_by_kill9_ends_the_sandbox(jail_provider) -> None:
         r = httpx.get(f"{url}/files", params={"path": "/home/user/f.txt"}, headers=envd, timeout=30)
         assert r.status_code != 503 and b"hello" not in r.content, r.text
         assert _sql(base, None, "SELECT sandbox_id FROM e2b_sandboxes") == []
-    finally:
-        _term(proc)
 
 
 def _replica(base: str, db: str, name: str) -> tuple[subprocess.Popen, str]:
