@@ -141,7 +141,7 @@ class Children(Spares):
                                         "next run starts fresh")
         where = out if js_state is None else js_state
         overflow = bool(where.get("result_overflow"))
-        result, oom_marker = (None, False) if overflow else pump.parse_result(where.get("result_raw", b""))
+        result, oom_marker, waits = (None, False, None) if overflow else pump.parse_result(where.get("result_raw", b""))
         result, result_note = pump.cap_result(result, cap, overflow, int(where.get("result_bytes") or 0))
         artifacts, skipped = pump.collect_artifacts(self.artifacts, before, "artifacts",
                                                     bool(req.get("inline_artifacts")))
@@ -155,8 +155,7 @@ class Children(Spares):
         if self.figures_preloaded and not self.draws_figures and spec["language"] == "python":
             self.draws_figures = any(a["name"].startswith(prefix + "-") for a in artifacts) or any(
                 word in spec["code"] for word in FIGURE_WORDS)
-        waits = pump.exit_waits(where.get("result_raw", b"")) if out["timed_out"] else None
-        if waits:
+        if waits and out["timed_out"]:  # what a program that timed out after its code finished waited for
             ctx_note["exit_waits_for"] = waits
         return {
             "stdout": streams[0].text(), "stderr": stderr,

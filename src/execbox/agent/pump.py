@@ -299,24 +299,12 @@ def exit_record(raw: bytes) -> dict[str, Any] | None:
     return {"exit_code": code, "signal": None, "peak_memory_kb": maxrss}
 
 
-def exit_waits(raw: bytes) -> list[str] | None:
-    """The threads a Python program that had finished was still waiting for (runners.finish_python),
-    from the result stream of a run that timed out; None when it was not waiting."""
-    at = raw.rfind(b'{"exit_waits_for":')
-    if at < 0:
-        return None
-    try:
-        obj, _ = raw_decode(raw[at:].decode("utf-8", errors="replace"))
-        names = obj["exit_waits_for"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return [str(n)[:100] for n in names][:10] if isinstance(names, list) else None
-
-
-def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool]:
-    """(result dict or None, oom flag) from what the runner wrote to the result fd."""
+def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool, list[str] | None]:
+    """(result dict or None, oom flag, the threads a finished Python program was waiting for or
+    None) from the records the runner wrote to the result fd."""
     result = None
     oom = False
+    waits = None
     if raw:
         text = raw.decode("utf-8", errors="replace")
         idx = 0
@@ -331,7 +319,10 @@ def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool]:
                     result = obj["result"]
                 if obj.get("oom"):
                     oom = True
-    return result, oom
+                names = obj.get("exit_waits_for")  # runners.EXIT_WAITS
+                if isinstance(names, list):
+                    waits = [str(n)[:100] for n in names][:10]
+    return result, oom, waits
 
 
 def cap_result(result: dict[str, Any] | None, cap: int, overflow: bool = False,
