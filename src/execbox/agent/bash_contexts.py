@@ -8,13 +8,13 @@ failing command does too; the context is then dropped like a timed-out one.
 
 Its pipes (js_contexts.JsContext, plus one): fd 0 takes two fixed command lines per cell,
 fd 3 the names of that cell's three files, NUL-terminated (EVAL_CELL; its code; its ``env`` as
-NUL-terminated name/value pairs, or an empty name for none: nothing the caller sends is ever parsed as shell
-syntax, and no pipe write is larger than a few hundred bytes), fd 4 the reply line
-``{"exit_code":N}``, fds 5 and 6 the context's stderr and stdout for life (the shell's own
+NUL-terminated name/value pairs, or an empty name for none: nothing the caller sends is ever
+parsed as shell syntax, and no pipe write is larger than a few hundred bytes), fd 4 the reply
+line ``{"exit_code":N}``, fds 5 and 6 the context's stderr and stdout for life (the shell's own
 fds 1 and 2 are /dev/null). A cell's code is run by ``eval`` in a sourced file (EVAL_CELL) with
-fds 3-6 closed, stdout
-and stderr on the context's pipes and stdin on /dev/null, so the processes it starts see none
-of the others. The shell itself keeps saved copies of them while the cell runs, so a cell can
+fds 3-6 closed, stdout and stderr on the context's pipes and stdin on /dev/null, so the
+processes it starts see none of the others. The shell itself keeps saved copies of them while
+the cell runs, so a cell can
 write its own context's reply early: that only confuses its own results (a reply that is not
 well-formed ends the context); it gains nothing a background job in the context lacks.
 ``env`` is set for the cell and put back after it unless the cell changed it (E2B's
@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import js_contexts, procs
+from . import js_contexts, procs, runners
 from .lean import dumps
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
@@ -91,7 +91,6 @@ CELL = (b'__execbox_pre; builtin source "$__execbox_run" </dev/null >&6 2>&5 3<&
 # interactive while the cell runs (an `exit` prints no "exit", `return` ends the cell); by eval,
 # so an error names `eval`, not the file's temp path (`bash: eval: line 3: syntax error ...`).
 EVAL_CELL = b'builtin eval -- "$(<"$__execbox_file")"\n'
-ARGUMENTS_ENV = "EXECBOX_ARGUMENTS_FILE"  # the path of the run's arguments as JSON, for the cell
 MAX_ENV_STRING = 128 * 1024 - 1  # execve's limit on one NAME=value string (MAX_ARG_STRLEN)
 
 
@@ -150,7 +149,7 @@ def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[
     code_path = agent.run_file(".sh", spec["code"].encode())
     env = dict(spec["env"])
     if spec.get("arguments") is not None:  # as a one-shot bash run gets them
-        env[ARGUMENTS_ENV] = agent.run_file(".json", dumps(spec["arguments"]).encode())
+        env[runners.ARGUMENTS_ENV] = agent.run_file(".json", dumps(spec["arguments"]).encode())
     env_path = ""
     if env:
         env_path = agent.run_file(".env", b"".join(

@@ -24,6 +24,7 @@ JS_RUNNER = os.path.join(HERE, "js_runner.js")
 CODE_FILENAME = "<code>"
 AGENT_ARGV = sys.argv
 EXIT_WAITS = "exit_waits_for"  # the result-fd record naming the threads a finished program waits for
+ARGUMENTS_ENV = "EXECBOX_ARGUMENTS_FILE"  # names the run's arguments as JSON, for bash (one-shot and cell)
 
 
 def write_result(fd: int, message: dict[str, Any]) -> None:

@@ -195,7 +195,7 @@ class Spares:
         env = dict(os.environ)
         env.update(spec["env"])
         if job["args_path"]:
-            env["EXECBOX_ARGUMENTS_FILE"] = job["args_path"]  # bash_contexts.ARGUMENTS_ENV
+            env[runners.ARGUMENTS_ENV] = job["args_path"]
         limits = job["limits"]
         procs.apply_rlimits(limits, allow_address_space=lang != "javascript")
         if lang == "python":
