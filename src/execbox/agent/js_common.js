@@ -153,4 +153,4 @@ function usesMain(code) {
   return false;
 }
 
-module.exports = { encode, encodeReturned, userStack, exposeUserModule, usesMain, NODE_FRAME };
+module.exports = { encode, encodeReturned, userStack, exposeUserModule, usesMain, FRAME, NODE_FRAME };

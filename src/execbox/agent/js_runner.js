@@ -1,12 +1,13 @@
-// execbox JavaScript runner: runs the user's code as a script, then calls main(args) when
-// arguments were given, or main() when the code defines main and does not call it itself. The return value (awaited if a Promise) goes to
-// fd 3 as JSON, never to stdout. argv: <code file> <arguments file or "">. Once they are read,
+// execbox JavaScript runner: runs the user's code as a script (or, with `import`, `export` or
+// top-level `await`, as an ES module), then calls main(args) when arguments were given, or main()
+// when the code defines main and does not call it itself. The return value (awaited if a
+// Promise) goes to fd 3 as JSON, never to stdout. argv: <code file> <arguments file or "">. Once they are read,
 // the user's code sees process.argv as [node, "<code>"] and a require/module of its own
 // (js_common.exposeUserModule), never the runner's paths.
 "use strict";
 const fs = require("fs");
 const vm = require("vm");
-const { encodeReturned, userStack, exposeUserModule, usesMain, NODE_FRAME } = require("./js_common.js");
+const { encodeReturned, userStack, exposeUserModule, usesMain, FRAME, NODE_FRAME } = require("./js_common.js");
 
 function send(msg) {
   try { fs.writeSync(3, JSON.stringify(msg)); } catch (e) { /* host went away */ }
@@ -16,7 +17,7 @@ function fail(e) {
   let text = userStack(e, __filename);
   if (moduleCode !== null) {  // the module's frames name execbox:code; Node's loader frames are not the user's
     text = text.split(ENTRY).join("<code>").split("\n")
-      .filter((line) => !NODE_FRAME.test(line) && !(/^\s+at /.test(line) && line.includes(__dirname))).join("\n");
+      .filter((line) => !NODE_FRAME.test(line) && !(FRAME.test(line) && line.includes(__dirname))).join("\n");
     if (e instanceof SyntaxError && !text.startsWith("<code>:")) text = moduleSyntaxError(moduleCode) + text;
   }
   process.stderr.write(`${text}\n`);
