@@ -39,6 +39,8 @@ CASES: dict[str, str] = {
     "path_traversal_refused": "'..', absolute paths and symlinks leaving the workspace are SB002",
     "python_contexts": "globals persist per context_id; other contexts do not see them",
     "bash_contexts": "shell variables and the working directory persist per context_id; an error ends the cell only",
+    "javascript_contexts": ("globals persist per context_id; a cell may `await` and `import` at top level and "
+                            "declare a name again"),
 }
 
 NEEDS_MATPLOTLIB = "the provider's default runtime has no matplotlib"
@@ -71,6 +73,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "path_traversal_refused": REMOTE_EXECUTOR,
         "python_contexts": REMOTE_EXECUTOR,
         "bash_contexts": RAGFLOW_LANGS,
+        "javascript_contexts": REMOTE_EXECUTOR,
         "timeout_sigterm_ignored": REMOTE_EXECUTOR + " (the check reads a file)",
         "background_ends_with_run": REMOTE_EXECUTOR + " (the check reads a file)",
         "daemon_ends_with_timeout": REMOTE_EXECUTOR + " (the check reads a file)",
@@ -82,11 +85,13 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "fork_bomb": FAKE_CLOUD,
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "bash_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "javascript_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
     "e2b-execbox": {
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "bash_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "javascript_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
     },
     "aliyun": {
         "bash_script": NO_BASH,
@@ -97,6 +102,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "fork_bomb": FAKE_CLOUD,
         "python_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
         "bash_contexts": NO_BASH,
+        "javascript_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
         "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
 }

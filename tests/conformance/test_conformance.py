@@ -291,6 +291,18 @@ def bash_contexts(b: Box) -> None:
     assert other.stdout == "none\n"
 
 
+def javascript_contexts(b: Box) -> None:
+    iid = b.new("javascript")
+    _ok(b.p.execute_code(iid, "const total = await Promise.resolve(40)", "javascript", 20, None, context_id="a"))
+    r = _ok(b.p.execute_code(iid, "import {sep} from 'node:path';\nconst total2 = total + 2;\nconsole.log(sep, total2)",
+                             "javascript", 20, None, context_id="a"))
+    assert r.stdout == "/ 42\n"
+    r = _ok(b.p.execute_code(iid, "const total = 1; total", "javascript", 20, None, context_id="a"))
+    assert r.result == 1
+    other = b.p.execute_code(iid, "total", "javascript", 20, None, context_id="b")
+    assert other.exit_code != 0 and "total is not defined" in other.stderr
+
+
 CORPUS: dict[str, Callable[[Box], None]] = {name: globals()[name] for name in CASES}
 
 

@@ -59,13 +59,14 @@ function userStack(e, ownFile) {
     return (e !== null && (typeof e === "object" || typeof e === "function")) ? util.inspect(e) : String(e);
   }
   let lines = dropAgentRequireStack(e.stack.replace(INTERNAL_ARROW, "").split("\n"));
-  const cut = lines.findIndex((line) => MACHINERY.test(line) || (FRAME.test(line) && line.includes(ownFile)));
+  const cut = lines.findIndex((line) => MACHINERY.test(line)
+    || (FRAME.test(line) && (line.includes(ownFile) || line.includes(AGENT_DIR))));
   if (cut > 0) lines = lines.slice(0, cut);
-  // Node's own frames under the user's last one (the timer or microtask queue that called it).
+  // Node's own frames under the user's last one (the timer or microtask queue that called it),
+  // or all of them where none is the user's (an import's loader).
   let end = lines.length;
   while (end > 0 && NODE_FRAME.test(lines[end - 1])) end--;
-  if (end > 0 && FRAME.test(lines[end - 1])) lines = lines.slice(0, end);
-  return lines.join("\n");
+  return lines.slice(0, end).join("\n");
 }
 
 // The `require` and `module` the user's code gets: those of a file `name` in the directory the
@@ -108,30 +109,35 @@ function exposeUserModule(name) {
   return main;
 }
 
-// The code without its comments and string/template literals (each literal becomes ""), so a
-// word inside them ("in main") is not taken for code. Regex literals are left as they are.
-function codeOnly(code) {
+// The code with its comments and string/template literals blanked (each character a space, line
+// breaks kept, a literal's quotes kept), so a word inside them ("in main") is not taken for code
+// and what is found is where it is in the code. Regex literals are left as they are.
+function blankCode(code) {
+  const blanked = (from, to) => code.slice(from, to).replace(/[^\n]/g, " ");
   let out = "";
   let i = 0;
   while (i < code.length) {
     const c = code[i];
     const next = code[i + 1];
+    let end;
     if (c === "/" && next === "/") {
-      const end = code.indexOf("\n", i);
-      i = end < 0 ? code.length : end;
+      end = code.indexOf("\n", i);
+      if (end < 0) end = code.length;
+      out += blanked(i, end);
     } else if (c === "/" && next === "*") {
-      const end = code.indexOf("*/", i + 2);
-      i = end < 0 ? code.length : end + 2;
-      out += " ";
+      end = code.indexOf("*/", i + 2);
+      end = end < 0 ? code.length : end + 2;
+      out += blanked(i, end);
     } else if (c === "'" || c === '"' || c === "`") {
       let j = i + 1;
       while (j < code.length && code[j] !== c) j += code[j] === "\\" ? 2 : 1;
-      i = j + 1;
-      out += '""';
+      end = Math.min(j + 1, code.length);  // an unterminated literal runs to the end
+      out += c + blanked(i + 1, Math.min(j, code.length)) + (j < code.length ? c : "");
     } else {
       out += c;
-      i++;
+      end = i + 1;
     }
+    i = end;
   }
   return out;
 }
@@ -140,7 +146,7 @@ function codeOnly(code) {
 // `main().then(...)`, `setTimeout(main)`. Property names (`require.main`, `{ main: 1 }`) and
 // the definition itself (`function main`, `const main =`) do not count.
 function usesMain(code) {
-  const text = codeOnly(code);
+  const text = blankCode(code);
   const word = /(?<![\w$.])main(?![\w$])/g;
   let m;
   while ((m = word.exec(text)) !== null) {
@@ -153,4 +159,4 @@ function usesMain(code) {
   return false;
 }
 
-module.exports = { encode, encodeReturned, userStack, exposeUserModule, usesMain, FRAME, NODE_FRAME };
+module.exports = { encode, encodeReturned, userStack, exposeUserModule, usesMain, blankCode, FRAME, NODE_FRAME };

@@ -1,8 +1,9 @@
 // execbox JavaScript context: one long-lived Node process per context_id whose globals persist
 // between cells (like the Python contexts). Requests arrive as JSON lines on fd 3
-// ({code, cwd, arguments}); each cell runs as a script in this process's global scope (top-level
-// `var`, `let`, `const`, functions stay defined), its completion value is awaited when it is a
-// Promise (JSON when it fits, else Node's inspect() text), and the reply goes to fd 4 as one JSON
+// ({code, cwd, arguments}); each cell runs in this process's global scope as js_cells.js says
+// (top-level `await`, `import`, declarations that stay defined and may be declared again), its
+// completion value is awaited when it is a Promise (JSON when it fits, else Node's inspect()
+// text), and the reply goes to fd 4 as one JSON
 // line {exit_code, result, peak_memory_kb}. With arguments, main(arguments) is called after the
 // cell (a main() an earlier cell defined counts) and what it returns is the result, as in a
 // one-shot run. stdout/stderr are the context's own pipes; Node writes pipes synchronously on
@@ -14,6 +15,7 @@ const vm = require("vm");
 const util = require("util");
 const readline = require("readline");
 const { encode, encodeReturned, userStack, exposeUserModule } = require("./js_common.js");
+const { runCell } = require("./js_cells.js");
 
 function reply(msg) {
   try { fs.writeSync(4, JSON.stringify(msg) + "\n"); } catch (e) { process.exit(0); }
@@ -53,7 +55,7 @@ async function handle(req) {
     try { process.chdir(req.cwd); } catch (e) { /* keep the last directory */ }
     globalThis.__dirname = process.cwd();
     resetPeak();
-    let value = vm.runInThisContext(req.code, { filename: "<cell>" });
+    let value = await runCell(req.code);
     if (value && typeof value.then === "function") value = await value;
     if (req.arguments != null) {  // as a one-shot run: main(arguments) is the result
       const main = vm.runInThisContext("typeof main === 'function' ? main : undefined");

@@ -3,29 +3,45 @@
 // no agent path in import.meta.url or a stack); what it imports resolves as if it were a file
 // `<code>` in the run's working directory: `./lib.mjs` from there, packages from its
 // node_modules, and, as for require(), from NODE_PATH (runtime templates, in-session installs),
-// which Node's own ESM resolution ignores.
+// which Node's own ESM resolution ignores. A context cell's imports (js_cells.js) resolve the same
+// way from the cell's working directory.
 import { createRequire } from "node:module";
 import path from "node:path";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 const ENTRY = "execbox:code";
+// A context cell's import (js_cells.js): `execbox:import?specifier=...&base=<cell's file URL>`.
+const CELL_IMPORT = "execbox:import?";
 let state;
 
 export async function initialize(data) {
-  const where = path.join(data.cwd, "<code>");
-  state = { code: data.code, base: pathToFileURL(where).href, require: createRequire(where) };
+  if (data && data.code !== undefined) {
+    const where = path.join(data.cwd, "<code>");
+    state = { code: data.code, base: pathToFileURL(where).href, require: createRequire(where) };
+  }
 }
 
 export async function resolve(specifier, context, next) {
   if (specifier === ENTRY) return { url: ENTRY, shortCircuit: true };
+  if (specifier.startsWith(CELL_IMPORT)) {
+    const query = new URLSearchParams(specifier.slice(CELL_IMPORT.length));
+    const base = query.get("base");
+    return resolveFrom(query.get("specifier"), base, createRequire(fileURLToPath(base)), context, next);
+  }
   const parentURL = context.parentURL === ENTRY ? state.base : context.parentURL;
+  // what a cell's import imports in turn: NODE_PATH as seen from the importing file
+  const require = state ? state.require : parentURL && parentURL.startsWith("file:") ? createRequire(fileURLToPath(parentURL)) : null;
+  return resolveFrom(specifier, parentURL, require, context, next);
+}
+
+async function resolveFrom(specifier, parentURL, require, context, next) {
   try {
     return await next(specifier, { ...context, parentURL });
   } catch (e) {
     const bare = /^[^./]/.test(specifier) && !specifier.includes(":");
-    if (e && e.code === "ERR_MODULE_NOT_FOUND" && bare) {
+    if (e && e.code === "ERR_MODULE_NOT_FOUND" && bare && require) {
       try {
-        return { url: pathToFileURL(state.require.resolve(specifier)).href, shortCircuit: true };
+        return { url: pathToFileURL(require.resolve(specifier)).href, shortCircuit: true };
       } catch { /* not on NODE_PATH either: Node's own error says what was looked for */ }
     }
     throw e;

@@ -139,6 +139,16 @@ def test_javascript_stack_is_the_cells_own(sbx) -> None:
     assert "<cell>:2" in error.traceback and "runInThisContext" not in error.traceback, error.traceback
 
 
+def test_javascript_cells_await_and_import_with_and_without_envs(sbx) -> None:
+    """A cell wrapped for its envs runs through the agent's cell runner as a bare one does."""
+    code = "import {sep} from 'node:path';\nconst got = await Promise.resolve(process.env.W || 'none');\n[sep, got]"
+    assert sbx.run_code(code, language="javascript", envs={"W": "1"}).text == '["/", "1"]'
+    assert sbx.run_code(code, language="javascript").text == '["/", "none"]'
+    assert sbx.run_code("got", language="javascript").text == "none"
+    error = sbx.run_code("await 1;\nthrow new RangeError('late')", language="javascript", envs={"W": "1"}).error
+    assert (error.name, error.value) == ("RangeError", "late") and "<cell>:2" in error.traceback, error.traceback
+
+
 # -- 5: envs -----------------------------------------------------------------------------------
 def test_run_envs_reach_bash_python_and_javascript(sbx) -> None:
     r = sbx.run_code("echo $X $SBX_ENV", language="bash", envs={"X": "1"})

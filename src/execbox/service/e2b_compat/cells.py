@@ -28,8 +28,9 @@ provider's AST policy (``enable_ast_analysis``) has nothing to object to in it; 
 checks the user's own code against that policy instead (interpreter.py), as the provider would.
 
 A JavaScript cell with envs or a ``cwd`` is wrapped likewise (``js_cell``): the wrapper sets
-them, runs the source as its own script (``<cell>``, the user's line numbers) in the context's
-global scope, and puts the run's envs back once the value (awaited if a Promise) is settled.
+them, runs the source as a cell of its own (``<cell>``, the user's line numbers, top-level
+``await`` and ``import``, through the agent's cell runner) in the context's global scope, and
+puts the run's envs back once the value (awaited if a Promise) is settled.
 """
 
 from __future__ import annotations
@@ -205,7 +206,8 @@ _JS_WRAPPER = """(function (src, startEnv, env, cwd) {
   let value;
   try {
     if (cwd) { process.chdir(cwd); globalThis.__dirname = process.cwd(); }
-    value = require("vm").runInThisContext(src, { filename: "<cell>" });
+    const run = globalThis[Symbol.for("execbox.cell.run")];  // the agent's (js_cells.js): await, import
+    value = run ? run(src) : require("vm").runInThisContext(src, { filename: "<cell>" });
   } catch (e) { restore(); throw e; }
   if (value && typeof value.then === "function") return Promise.resolve(value).finally(restore);
   restore();

@@ -1,0 +1,149 @@
+"""A JavaScript context's cell as a notebook user writes it (js_cells.js): top-level `await`,
+`import` (static and dynamic, resolved from the cell's working directory), a declaration made again
+in a later cell, errors and syntax errors located in the cell, and the fallback to plain scripts
+on a Node without the inspector."""
+
+import fcntl
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from execbox.agent import js_contexts
+
+from .conftest import local_box
+
+pytestmark = pytest.mark.timeout(120)
+
+AGENT_DIR = str(Path(js_contexts.__file__).parent)
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with local_box("1g") as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _needs_node(node_available):
+    if not node_available:
+        pytest.skip("node is not installed")
+
+
+@pytest.fixture(scope="module")
+def workspace(sb):
+    """The workspace, holding lib.mjs (an ES module) and node_modules/esmonly, a package that
+    can only be imported (its exports map has an `import` condition and nothing else)."""
+    r = sb.run_code(
+        "import os\n"
+        "os.makedirs('node_modules/esmonly', exist_ok=True)\n"
+        "open('lib.mjs', 'w').write('export const v = 7; export default \"d\";\\n')\n"
+        "open('node_modules/esmonly/package.json', 'w').write("
+        "'{\"name\": \"esmonly\", \"type\": \"module\", \"exports\": {\"import\": \"./i.js\"}}')\n"
+        "open('node_modules/esmonly/i.js', 'w').write('export const hi = \"esm\";\\n')\n"
+        "print(os.getcwd())")
+    assert r.exit_code == 0, r
+    return r.stdout.strip()
+
+
+def cell(sb, code, context, **kw):
+    return sb.run_code(code, "javascript", context_id=context, **kw)
+
+
+def value(r):
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    return r.result
+
+
+def test_top_level_await_keeps_its_declarations_for_later_cells(sb):
+    r = cell(sb, "const r = await Promise.resolve(41);\nr + 1", "tla")
+    assert value(r) == 42
+    assert value(cell(sb, "r", "tla")) == 41
+    r = cell(sb, "await new Promise((ok) => setTimeout(ok, 20)); console.log('waited'); r * 2", "tla")
+    assert value(r) == 82 and r.stdout == "waited\n"
+
+
+def test_a_later_cell_may_declare_a_name_again(sb):
+    assert value(cell(sb, "const x = 1; let y = 2; class K {}; x + y", "redeclare")) == 3
+    assert value(cell(sb, "const x = 10; let y = 20; class K { static v = 5 }; x + y + K.v", "redeclare")) == 35
+
+
+def test_static_and_dynamic_imports_resolve_from_the_cells_directory(sb, workspace):
+    r = cell(sb, "import fs, {readFileSync as rf} from 'node:fs'\n"
+                 "import d, * as ns from './lib.mjs'\n"
+                 "import {hi} from 'esmonly';\n"
+                 "[typeof rf, typeof fs.readFileSync, d, ns.v, hi]", "imports")
+    assert value(r) == ["function", "function", "d", 7, "esm"]
+    # what a cell imported stays defined, and import() works as an expression
+    assert value(cell(sb, "[hi, (await import('./lib.mjs')).v]", "imports")) == ["esm", 7]
+    # from a directory the cell moved to: ./lib.mjs is that directory's, not the workspace's
+    sub = cell(sb, "require('fs').mkdirSync('sub', {recursive: true});"
+                   "require('fs').writeFileSync('sub/lib.mjs', 'export const v = 8;'); 1", "imports")
+    assert sub.exit_code == 0, sub.stderr
+    assert value(cell(sb, "process.chdir('sub'); (await import('./lib.mjs')).v", "imports")) == 8
+
+
+def test_import_written_inside_strings_and_comments_is_left_as_it_is(sb):
+    code = ("const s = [\"import x from 'y'\", `a;\nimport y from 'z'`, 'import(\"q\")'];"
+            " // import z from 'w'\n/* import('q') */ s")
+    assert value(cell(sb, code, "strings")) == ["import x from 'y'", "a;\nimport y from 'z'", 'import("q")']
+
+
+def test_errors_of_awaiting_and_importing_cells_are_the_users(sb, workspace):
+    r = cell(sb, "await 1;\nnull.x", "errors")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("TypeError: Cannot read properties of null") and "<cell>:2:6" in r.stderr, r.stderr
+    r = cell(sb, "import x from 'nope'", "errors")
+    assert r.exit_code == 1 and "Cannot find package 'nope'" in r.stderr, r.stderr
+    assert "node:internal" not in r.stderr and AGENT_DIR not in r.stderr, r.stderr
+    r = cell(sb, "let ok = 1;\nconst = ;", "errors")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("<cell>:2\nconst = ;\n      ^\n\nSyntaxError: "), r.stderr
+    assert AGENT_DIR not in r.stderr and "node:inspector" not in r.stderr, r.stderr
+    r = cell(sb, "function f() { throw new Error('boom') }\nf()", "errors")
+    assert r.stderr.strip() == "Error: boom\n    at f (<cell>:1:22)\n    at <cell>:2:1", r.stderr
+    # the context lives on
+    assert value(cell(sb, "'alive'", "errors")) == "alive"
+
+
+def test_arguments_call_a_main_that_awaited(sb):
+    r = cell(sb, "const base = await Promise.resolve(2);\nasync function main(a) { return a.n * base }",
+             "args", arguments={"n": 21})
+    assert value(r) == 42
+
+
+def test_a_node_without_the_inspector_runs_cells_as_scripts(tmp_path):
+    """The fallback: cells still run, as plain scripts (no top-level await)."""
+    block = tmp_path / "no_inspector.js"
+    block.write_text(
+        "const Module = require('module'); const load = Module._load;\n"
+        "Module._load = function (request, ...rest) {\n"
+        "  if (request === 'inspector' || request === 'node:inspector') throw new Error('no inspector');\n"
+        "  return load.call(this, request, ...rest);\n};\n")
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+
+    def fds():  # the pipes as fds 3 and 4 (kept open by pass_fds), whichever numbers they had
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (req_r, rep_w)]
+        os.dup2(high[0], 3)
+        os.dup2(high[1], 4)
+
+    proc = subprocess.Popen(["node", "-r", str(block), os.path.join(AGENT_DIR, "js_context.js")],
+                            preexec_fn=fds, pass_fds=(3, 4), cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    os.close(req_r)
+    os.close(rep_w)
+    replies = os.fdopen(rep_r)
+    try:
+        for code in ("var n = 6; n * 7", "await 1"):
+            os.write(req_w, (json.dumps({"code": code, "cwd": str(tmp_path)}) + "\n").encode())
+            if code == "var n = 6; n * 7":
+                assert json.loads(json.loads(replies.readline())["result"]["json"]) == 42
+            else:
+                assert json.loads(replies.readline())["exit_code"] == 1
+    finally:
+        os.close(req_w)
+        proc.wait(10)
+    assert "await is only valid" in proc.stderr.read().decode()
