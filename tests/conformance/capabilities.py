@@ -37,7 +37,8 @@ CASES: dict[str, str] = {
     "plots": "an open matplotlib figure becomes a PNG artifact",
     "file_operations": "write, read (paged), list, glob and grep on the workspace",
     "path_traversal_refused": "'..', absolute paths and symlinks leaving the workspace are SB002",
-    "python_contexts": "globals persist per context_id; other contexts do not see them",
+    "python_contexts": ("globals persist per context_id (a cell may `await` at top level); other contexts do not "
+                        "see them"),
     "bash_contexts": "shell variables and the working directory persist per context_id; an error ends the cell only",
     "javascript_contexts": ("globals persist per context_id; a cell may `await` and `import` at top level and "
                             "declare a name again"),

@@ -272,7 +272,7 @@ def path_traversal_refused(b: Box) -> None:
 
 def python_contexts(b: Box) -> None:
     iid = b.new()
-    _ok(b.p.execute_code(iid, "total = 40", "python", 20, None, context_id="a"))
+    _ok(b.p.execute_code(iid, "import asyncio\ntotal = await asyncio.sleep(0, 40)", "python", 20, None, context_id="a"))
     r = _ok(b.p.execute_code(iid, "total += 2\nprint(total)", "python", 20, None, context_id="a"))
     assert r.stdout == "42\n"
     other = b.p.execute_code(iid, "print(total)", "python", 20, None, context_id="b")

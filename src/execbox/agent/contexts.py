@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 MAX_CONTEXTS = 16
+CELL_RUNNER = "_execbox_cell"  # the name service/e2b_compat/cells.py's driver finds runners.exec_cell under
 
 
 class Context:
@@ -35,6 +36,8 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
     """Body of a context child: serve executions until the socket closes."""
     import socket  # noqa: PLC0415 - already loaded by the agent that forked this child
     globs: dict[str, Any] = {"__name__": "__main__"}
+    import sys  # noqa: PLC0415 - loaded
+    sys.modules[CELL_RUNNER] = runners  # how a wrapper's cell (E2B's driver) awaits at top level
     devnull = os.open(os.devnull, os.O_RDWR)
     while True:
         try:
@@ -57,7 +60,7 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
             os.chdir(workspace)
         code = runners.run_python(
             request["code"], request.get("arguments"), globs, res_w, artifacts_dir,
-            request.get("figure_prefix", "figure"),
+            request.get("figure_prefix", "figure"), cell=True,
         )
         runners.flush_stdio()
         os.dup2(devnull, 1)

@@ -166,14 +166,37 @@ def extend_path() -> None:
             sys.path_importer_cache.pop(entry, None)  # a miss cached before it existed
 
 
+CO_COROUTINE = 0x0080  # inspect.CO_COROUTINE: code compiled with a top-level await in it
+_cell_loop: Any = None
+
+
+def exec_cell(compiled: Any, globs: dict[str, Any]) -> Any:
+    """Run a context cell's code object (compiled with ``PyCF_ALLOW_TOP_LEVEL_AWAIT``); what
+    ``eval`` gives. Code that awaits at top level is a coroutine: it runs to its end on the
+    context's one event loop, which every later cell shares, as IPython does (a client a cell made
+    is used by the next). E2B's cell driver runs its cells through this too."""
+    value = eval(compiled, globs)  # noqa: S307 - running the user's program is the point
+    if compiled.co_flags & CO_COROUTINE:
+        import asyncio
+
+        global _cell_loop
+        if _cell_loop is None or _cell_loop.is_closed():
+            _cell_loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(_cell_loop)  # asyncio.run() in an earlier cell unset it
+        value = _cell_loop.run_until_complete(value)
+    return value
+
+
 def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any], result_fd: int,
-               artifacts_dir: str | None, figure_prefix: str) -> int:
-    """Run ``code`` in ``globs``; call ``main`` per the contract. Returns the exit code."""
+               artifacts_dir: str | None, figure_prefix: str, cell: bool = False) -> int:
+    """Run ``code`` in ``globs``; call ``main`` per the contract. Returns the exit code. A context's
+    ``cell`` may ``await`` at top level (a one-shot runs as ``python3`` runs a file: it may not)."""
     extend_path()
     show_source(code)
+    flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if cell else 0
     try:
         tree = compile(code, CODE_FILENAME, "exec", _ast.PyCF_ONLY_AST)
-        compiled = compile(tree, CODE_FILENAME, "exec")
+        compiled = compile(tree, CODE_FILENAME, "exec", flags)
     except (SyntaxError, ValueError) as e:
         import traceback  # lazily: ~2.4 ms of every box start when imported up front
 
@@ -187,7 +210,10 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
     exit_code = 0
     before = globs.get("main")
     try:
-        exec(compiled, globs)  # noqa: S102 - running the user's program is the point
+        if cell:
+            exec_cell(compiled, globs)
+        else:
+            exec(compiled, globs)  # noqa: S102 - running the user's program is the point
         main = globs.get("main")
         # With arguments, main() is ours to call. Without, a main this run bound is called unless
         # the program runs as a script (a __main__ guard) or calls main itself; a context's
@@ -231,7 +257,10 @@ def report_exception(e: BaseException) -> None:
         import traceback
 
         tb = e.__traceback__.tb_next if e.__traceback__ else None
-        traceback.print_exception(type(e), e, tb, file=sys.stderr)
+        first = tb
+        while first is not None and first.tb_frame.f_code.co_filename != CODE_FILENAME:
+            first = first.tb_next  # an awaiting cell's: the event loop's frames above the code's
+        traceback.print_exception(type(e), e, first or tb, file=sys.stderr)
     except MemoryError:
         print(f"{type(e).__name__}: {e or 'out of memory'}", file=sys.stderr)
 

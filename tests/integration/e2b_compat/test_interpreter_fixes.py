@@ -139,6 +139,15 @@ def test_javascript_stack_is_the_cells_own(sbx) -> None:
     assert "<cell>:2" in error.traceback and "runInThisContext" not in error.traceback, error.traceback
 
 
+def test_python_cells_await_at_top_level(sbx) -> None:
+    """As in IPython: the last expression may be awaited, and the cell's loop is the context's."""
+    assert sbx.run_code("import asyncio\nawait asyncio.sleep(0, 'v')").text == "'v'"
+    assert sbx.run_code("q = await asyncio.sleep(0, 3)\nq + 1", envs={"W": "1"}).text == "4"
+    error = sbx.run_code("await asyncio.sleep(0)\nraise ValueError('late')").error
+    assert (error.name, error.value) == ("ValueError", "late"), error
+    assert 'File "<code>", line 2' in error.traceback and "asyncio" not in error.traceback, error.traceback
+
+
 def test_javascript_cells_await_and_import_with_and_without_envs(sbx) -> None:
     """A cell wrapped for its envs runs through the agent's cell runner as a bare one does."""
     code = "import {sep} from 'node:path';\nconst got = await Promise.resolve(process.env.W || 'none');\n[sep, got]"

@@ -93,12 +93,16 @@ def _run(src, start_env, env, cwd, show, key, g):
         try:
             if cwd:
                 os.chdir(cwd)
+            # the agent's cell runner (its contexts): top-level await, on the context's event loop
+            cell = sys.modules.get("_execbox_cell")
+            flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if cell else 0
+            run = cell.exec_cell if cell else eval
             tree = compile(src, _FILE, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
             last = tree.body.pop() if show else None
-            exec(compile(tree, _FILE, "exec", dont_inherit=True), g)
+            run(compile(tree, _FILE, "exec", flags, dont_inherit=True), g)
             out = None
             if last is not None:
-                value = eval(compile(_ast.Expression(body=last.value), _FILE, "eval", dont_inherit=True), g)
+                value = run(compile(_ast.Expression(body=last.value), _FILE, "eval", flags, dont_inherit=True), g)
                 out = None if value is None else _display(value)
         except MemoryError:
             raise
