@@ -45,7 +45,7 @@ function post(method, params) {
 let hooked = false;
 
 // import() for a cell: what it names is resolved from the cell's working directory.
-function importHere(specifier) {
+function importHere(specifier, options) {
   const spec = String(specifier);
   if (Module.isBuiltin(spec)) return import(spec);
   const base = pathToFileURL(path.join(process.cwd(), "<cell>")).href;
@@ -53,8 +53,8 @@ function importHere(specifier) {
     Module.register(pathToFileURL(path.join(__dirname, "js_esm_hooks.mjs")).href, { data: {} });
     hooked = true;
   }
-  if (hooked) return import(CELL_IMPORT + new URLSearchParams({ specifier: spec, base }));
-  return import(/^\.{0,2}\//.test(spec) ? new URL(spec, base).href : spec);
+  if (hooked) return import(CELL_IMPORT + new URLSearchParams({ specifier: spec, base }), options);
+  return import(/^\.{0,2}\//.test(spec) ? new URL(spec, base).href : spec, options);
 }
 Object.defineProperty(globalThis, IMPORTER, { value: importHere, configurable: true, enumerable: false });
 
@@ -64,7 +64,7 @@ function pattern(names) {
     .map((n) => n.replace(/^([\w$]+)\s+as\s+([\w$]+)$/, "$1: $2")).join(", ");
 }
 
-const DECLARATION = /import\s*(?:([\w$]+)\s*(?:,\s*)?)?(?:\*\s*as\s+([\w$]+)\s*|\{([^}]*)\}\s*)?(?:from\s*)?(["'])[^"'\n]*\4(?:\s*(?:with|assert)\s*\{[^}]*\})?[ \t]*;?/y;
+const DECLARATION = /import\s*(?:([\w$]+)\s*(?:,\s*)?)?(?:\*\s*as\s+([\w$]+)\s*|\{([^}]*)\}\s*)?(?:from\s*)?(["'])[^"'\n]*\4(\s*(?:with|assert)\s*\{[^}]*\})?[ \t]*;?/y;
 
 // The cell with its module syntax as calls of the importer; each line where it was.
 function rewriteImports(code) {
@@ -85,10 +85,14 @@ function rewriteImports(code) {
     DECLARATION.lastIndex = at;
     const d = DECLARATION.exec(blank);
     if (!d) continue;
-    const [whole, dflt, ns, named, quote] = d;
+    const [whole, dflt, ns, named, quote, attributes] = d;
     const q = whole.indexOf(quote);
-    const from = code.slice(at + q, at + whole.indexOf(quote, q + 1) + 1);  // the literal, as written
-    const call = `await ${IMPORTER}(${from})`;
+    const end = whole.indexOf(quote, q + 1) + 1;
+    const from = code.slice(at + q, at + end);  // the literal, as written
+    // `with {type: "json"}` (or the older `assert`) goes along as import()'s options
+    const written = attributes ? code.slice(at + end, at + end + attributes.length) : "";
+    const options = attributes ? `, { with: ${written.trim().replace(/^(?:with|assert)\s*/, "")} }` : "";
+    const call = `await ${IMPORTER}(${from}${options})`;
     const parts = [];
     if (dflt) parts.push(`default: ${dflt}`);
     if (named !== undefined && pattern(named)) parts.push(pattern(named));

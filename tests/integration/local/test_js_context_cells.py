@@ -78,6 +78,12 @@ def test_static_and_dynamic_imports_resolve_from_the_cells_directory(sb, workspa
     assert value(r) == ["function", "function", "d", 7, "esm"]
     # what a cell imported stays defined, and import() works as an expression
     assert value(cell(sb, "[hi, (await import('./lib.mjs')).v]", "imports")) == ["esm", 7]
+    # import attributes go along: a JSON module
+    sb.files.write("data.json", '{"k": [1, 2]}')
+    r = cell(sb, "import data from './data.json' with { type: 'json' };\n"
+                 "const again = await import('./data.json', {with: {type: 'json'}});\n[data.k, again.default.k[1]]",
+             "imports")
+    assert value(r) == [[1, 2], 2]
     # from a directory the cell moved to: ./lib.mjs is that directory's, not the workspace's
     sub = cell(sb, "require('fs').mkdirSync('sub', {recursive: true});"
                    "require('fs').writeFileSync('sub/lib.mjs', 'export const v = 8;'); 1", "imports")
