@@ -109,9 +109,34 @@ function exposeUserModule(name) {
   return main;
 }
 
-// The code with its comments and string/template literals blanked (each character a space, line
-// breaks kept, a literal's quotes kept), so a word inside them ("in main") is not taken for code
-// and what is found is where it is in the code. Regex literals are left as they are.
+// Whether a `/` at this point of the code (what precedes it, blanked) starts a regex literal, not
+// a division: after an operator, an opening bracket, or a keyword such as `return`.
+function regexStarts(before) {
+  const prev = before.trimEnd();
+  if (prev === "" || /[(,=:[!&|?{};~+\-*%<>^]$/.test(prev)) return true;
+  return /(?:^|[^\w$.])(?:return|typeof|case|do|else|in|of|new|delete|void|throw|instanceof|yield|await)$/.test(prev);
+}
+
+// Where the regex literal starting at `i` ends (after its flags).
+function regexEnd(code, i) {
+  let j = i + 1;
+  let inClass = false;
+  while (j < code.length && code[j] !== "\n") {
+    const c = code[j];
+    if (c === "\\") j++;
+    else if (c === "[") inClass = true;
+    else if (c === "]") inClass = false;
+    else if (c === "/" && !inClass) break;
+    j++;
+  }
+  j++;
+  while (j < code.length && /[a-z]/i.test(code[j])) j++;
+  return Math.min(j, code.length);
+}
+
+// The code with its comments and string, template and regex literals blanked (each character a
+// space, line breaks kept, a literal's delimiters kept), so a word inside them ("in main") is not
+// taken for code and what is found is where it is in the code.
 function blankCode(code) {
   const blanked = (from, to) => code.slice(from, to).replace(/[^\n]/g, " ");
   let out = "";
@@ -128,6 +153,9 @@ function blankCode(code) {
       end = code.indexOf("*/", i + 2);
       end = end < 0 ? code.length : end + 2;
       out += blanked(i, end);
+    } else if (c === "/" && regexStarts(out)) {
+      end = regexEnd(code, i);
+      out += "/" + blanked(i + 1, end);
     } else if (c === "'" || c === '"' || c === "`") {
       let j = i + 1;
       while (j < code.length && code[j] !== c) j += code[j] === "\\" ? 2 : 1;
