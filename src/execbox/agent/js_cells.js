@@ -5,12 +5,19 @@
 // expects, with the cell's completion value and its declarations kept in the context's globals.
 //
 // Module syntax is rewritten before the cell runs, because no script (REPL mode included) may
-// hold it: `import d, {a as b} from "m"` becomes `const {default: d, a: b} = await
-// <importer>("m");` on the same line, and `import(...)` calls the importer, which resolves as a
-// file `<cell>` in the cell's working directory would (then NODE_PATH), through the hooks the
-// one-shot ES module path uses (js_esm_hooks.mjs). A Node without the inspector runs cells as
-// plain scripts, as before.
+// hold it: `import d, {a as b} from "m"` becomes `const {default: d, a: b} = <check>(await
+// <importer>("m"), ...)` on the same line (a name "m" does not export is a SyntaxError, as Node
+// says), and `import(...)` calls the importer (a name as long as `import`, so columns stay),
+// which resolves as a file `<cell>` in the cell's working directory would (then NODE_PATH),
+// through the hooks the one-shot ES module path uses (js_esm_hooks.mjs). A cell that is an
+// object literal (`{a: 1}`) is its value, as in Node's REPL. A Node without the inspector runs
+// cells as plain scripts, as before.
+//
+// The globals this file uses are taken when it loads: a cell may declare `const JSON`,
+// `let Promise` or `const process` of its own, which every later lookup by name would find.
 "use strict";
+const { JSON, Promise, Map, Symbol, Object, String, Error, SyntaxError, BigInt, Number, URL, URLSearchParams,
+  process } = globalThis;
 const vm = require("vm");
 const path = require("path");
 const Module = require("module");
@@ -26,21 +33,32 @@ try {
   session = null;  // a Node built without the inspector: cells run as scripts
 }
 
-let cells = 0;  // each evaluation's remote objects are a group of their own (a wrapper's cell nests)
-// Where a remote object's live value is handed back, under a number of its own (evaluations
-// nest and interleave); the handing function is strict, so `this` is not boxed.
-const TAKEN = new Map();
-Object.defineProperty(globalThis, Symbol.for("execbox.cell.taken"), { value: TAKEN, configurable: true });
-let takes = 0;
-const TAKE = `function (id) { "use strict"; globalThis[Symbol.for("execbox.cell.taken")].set(id, this); }`;
-const IMPORTER = "__execbox_import__";
-const CELL_IMPORT = "execbox:import?";  // js_esm_hooks.mjs resolves these from the given base
-
 function post(method, params) {
   return new Promise((resolve, reject) => {
     session.post(method, params, (err, res) => (err ? reject(err) : resolve(res)));
   });
 }
+
+let cells = 0;  // each evaluation's remote objects are a group of their own (a wrapper's cell nests)
+// A remote object's live value is handed back to `taker`, under a number of its own (evaluations
+// nest and interleave), by a function called on the taker's own remote object: it names no
+// global a cell could have shadowed.
+const TAKEN = new Map();
+let takes = 0;
+let takerId = null;
+if (session !== null) {
+  const key = Symbol("execbox.cell.taker");
+  globalThis[key] = (id, value) => TAKEN.set(id, value);
+  Object.defineProperty(globalThis, "__execbox_taker__", { value: key, configurable: true });
+  session.post("Runtime.evaluate", { expression: "globalThis[globalThis.__execbox_taker__]", objectGroup: "execbox" },
+    (err, res) => { if (!err && res.result) takerId = res.result.objectId; });  // answered at once
+  delete globalThis.__execbox_taker__;
+  delete globalThis[key];
+}
+const TAKE = "function (id, value) { this(id, value); }";
+
+const IMPORTER = "$imprt";  // as long as `import`: a rewritten import() keeps every column
+const CELL_IMPORT = "execbox:import?";  // js_esm_hooks.mjs resolves these from the given base
 
 let hooked = false;
 
@@ -56,15 +74,39 @@ function importHere(specifier, options) {
   if (hooked) return import(CELL_IMPORT + new URLSearchParams({ specifier: spec, base }), options);
   return import(/^\.{0,2}\//.test(spec) ? new URL(spec, base).href : spec, options);
 }
+
+// The module's namespace, once every name the declaration imports is in it.
+importHere.check = (ns, names, spec) => {
+  for (const name of names) {
+    if (!(name in ns)) throw new SyntaxError(`The requested module '${spec}' does not provide an export named '${name}'`);
+  }
+  return ns;
+};
 Object.defineProperty(globalThis, IMPORTER, { value: importHere, configurable: true, enumerable: false });
 
-// `{a as b, default as c}` as a destructuring pattern `{a: b, default: c}`.
-function pattern(names) {
-  return names.split(",").map((n) => n.trim()).filter(Boolean)
-    .map((n) => n.replace(/^([\w$]+)\s+as\s+([\w$]+)$/, "$1: $2")).join(", ");
+// `{a as b, default as c}` as the names imported and a destructuring pattern `{a: b, default: c}`.
+function bindings(named) {
+  const names = [];
+  const pattern = named.split(",").map((n) => n.trim()).filter(Boolean).map((n) => {
+    const m = /^([\w$]+)(?:\s+as\s+([\w$]+))?$/.exec(n);
+    if (!m) return n;
+    names.push(m[1]);
+    return m[2] ? `${m[1]}: ${m[2]}` : m[1];
+  });
+  return { names, pattern };
 }
 
 const DECLARATION = /import\s*(?:([\w$]+)\s*(?:,\s*)?)?(?:\*\s*as\s+([\w$]+)\s*|\{([^}]*)\}\s*)?(?:from\s*)?(["'])[^"'\n]*\4(\s*(?:with|assert)\s*\{[^}]*\})?[ \t]*;?/y;
+
+// Where the parenthesis opened at `at` (in blanked code) closes.
+function closing(blank, at) {
+  let depth = 0;
+  for (let j = at; j < blank.length; j++) {
+    if (blank[j] === "(") depth++;
+    else if (blank[j] === ")" && --depth === 0) return j;
+  }
+  return -1;
+}
 
 // The cell with its module syntax as calls of the importer; each line where it was.
 function rewriteImports(code) {
@@ -76,7 +118,10 @@ function rewriteImports(code) {
   let m;
   while ((m = word.exec(blank)) !== null) {
     const at = m.index;
-    if (/^\s*\(/.test(blank.slice(at + 6, at + 64))) {  // import(...)
+    const paren = /^\s*\(/.exec(blank.slice(at + 6, at + 64));
+    if (paren) {  // import(...), unless a method of that name is defined: `import(x) {`
+      const close = closing(blank, at + 6 + paren[0].length - 1);
+      if (close >= 0 && /^\s*\{/.test(blank.slice(close + 1, close + 64))) continue;
       out += code.slice(last, at) + IMPORTER;
       last = at + 6;
       continue;
@@ -89,17 +134,19 @@ function rewriteImports(code) {
     const q = whole.indexOf(quote);
     const end = whole.indexOf(quote, q + 1) + 1;
     const from = code.slice(at + q, at + end);  // the literal, as written
-    // `with {type: "json"}` (or the older `assert`) goes along as import()'s options
+    // `with {type: "json"}` (or the older `assert`) goes along as import()'s options, on one line
     const written = attributes ? code.slice(at + end, at + end + attributes.length) : "";
-    const options = attributes ? `, { with: ${written.trim().replace(/^(?:with|assert)\s*/, "")} }` : "";
-    const call = `await ${IMPORTER}(${from}${options})`;
-    const parts = [];
-    if (dflt) parts.push(`default: ${dflt}`);
-    if (named !== undefined && pattern(named)) parts.push(pattern(named));
+    const options = attributes ? `, { with: ${written.trim().replace(/^(?:with|assert)\s*/, "").replace(/\s+/g, " ")} }` : "";
+    const { names, pattern } = bindings(named || "");
+    if (dflt) {
+      names.unshift("default");
+      pattern.unshift(`default: ${dflt}`);
+    }
+    const checked = `${IMPORTER}.check(await ${IMPORTER}(${from}${options}), ${JSON.stringify(names)}, ${from})`;
     let text;
-    if (ns) text = `const ${ns} = ${call};` + (parts.length ? ` const {${parts.join(", ")}} = ${ns};` : "");
-    else if (parts.length) text = `const {${parts.join(", ")}} = ${call};`;
-    else text = `${call};`;
+    if (ns) text = `const ${ns} = ${checked};` + (pattern.length ? ` const {${pattern.join(", ")}} = ${ns};` : "");
+    else if (pattern.length) text = `const {${pattern.join(", ")}} = ${checked};`;
+    else text = `${checked};`;
     out += code.slice(last, at) + text + "\n".repeat((whole.match(/\n/g) || []).length);
     last = at + whole.length;
     word.lastIndex = last;
@@ -117,8 +164,8 @@ async function live(remote) {
   }
   const id = ++takes;
   try {
-    await post("Runtime.callFunctionOn", { objectId: remote.objectId, functionDeclaration: TAKE,
-      arguments: [{ value: id }], silent: true });
+    await post("Runtime.callFunctionOn", { objectId: takerId, functionDeclaration: TAKE,
+      arguments: [{ value: id }, { objectId: remote.objectId }], silent: true });
     return TAKEN.get(id);
   } finally {
     TAKEN.delete(id);
@@ -131,18 +178,36 @@ function locate(e, details, code) {
   if (!(e instanceof SyntaxError) || typeof e.stack !== "string" || e.stack.includes("<cell>:")) return;
   const line = code.split("\n")[details.lineNumber];
   if (line === undefined) return;
-  e.stack = `<cell>:${details.lineNumber + 1}\n${line}\n${" ".repeat(details.columnNumber)}^\n\n${e}`;
+  const column = Math.min(details.columnNumber, line.length);
+  e.stack = `<cell>:${details.lineNumber + 1}\n${line}\n${" ".repeat(column)}^\n\n${e}`;
+}
+
+async function evaluate(source, group) {
+  return post("Runtime.evaluate", {
+    expression: `${source}\n//# sourceURL=<cell>`, replMode: true, awaitPromise: true, objectGroup: group,
+  });
+}
+
+// A syntax error found before the cell ran (none of its frames is the cell's).
+function unparsed(res) {
+  const e = res.exceptionDetails && res.exceptionDetails.exception;
+  return Boolean(e && e.className === "SyntaxError" && !/<cell>:\d+:\d+/.test(String(e.description)));
 }
 
 // Run one cell; its completion value (a top-level await settled first), or the thrown value.
 async function runCell(code) {
-  if (session === null) return vm.runInThisContext(code, { filename: "<cell>" });
+  if (session === null || takerId === null) return vm.runInThisContext(code, { filename: "<cell>" });
   const group = `execbox-cell-${++cells}`;
   try {
-    const res = await post("Runtime.evaluate", {
-      expression: `${rewriteImports(code)}\n//# sourceURL=<cell>`,
-      replMode: true, awaitPromise: true, objectGroup: group,
-    });
+    const source = rewriteImports(code);
+    let res;
+    // `{a: 1}` alone is an object, not a block, as Node's REPL reads it; if it does not parse so,
+    // it is read as it stands
+    if (/^\s*\{/.test(code) && !/;\s*$/.test(code)) {
+      res = await evaluate(`(${source}\n)`, group);
+      if (unparsed(res)) res = null;
+    }
+    if (!res) res = await evaluate(source, group);
     if (res.exceptionDetails) {
       const d = res.exceptionDetails;
       const e = d.exception ? await live(d.exception) : new Error(d.text);

@@ -2,6 +2,9 @@
 // js_context.js for contexts): a value as JSON, an error as the user should read it (without
 // execbox's frames), and the `require`/`module` the user's code gets.
 "use strict";
+// the globals used, taken before a cell can shadow them (`const JSON = ...`; js_cells.js)
+const GLOBAL = globalThis;
+const { JSON, Object, String, Error, TypeError, Number, BigInt, Array, Map, Math, process } = GLOBAL;
 const Module = require("module");
 const path = require("path");
 const util = require("util");
@@ -95,26 +98,32 @@ function exposeUserModule(name) {
     }
     return req;
   }
-  Object.defineProperty(globalThis, "require", {
+  Object.defineProperty(GLOBAL, "require", {
     configurable: true,
     enumerable: false,
     get: requireHere,
     set(value) {  // `require = ...` in user code replaces it, as any other global
-      Object.defineProperty(globalThis, "require", { value, writable: true, configurable: true, enumerable: true });
+      Object.defineProperty(GLOBAL, "require", { value, writable: true, configurable: true, enumerable: true });
     },
   });
-  globalThis.module = main;
-  globalThis.exports = main.exports;
+  GLOBAL.module = main;
+  GLOBAL.exports = main.exports;
   process.mainModule = main;
   return main;
 }
 
-// Whether a `/` at this point of the code (what precedes it, blanked) starts a regex literal, not
-// a division: after an operator, an opening bracket, or a keyword such as `return`.
+const AFTER_KEYWORD = /(?:^|[^\w$.])(?:return|typeof|case|do|else|in|of|new|delete|void|throw|instanceof|yield|await)$/;
+
+// Whether a `/` here starts a regex literal, not a division: after an operator, an opening
+// bracket or a keyword such as `return`, but not after `i++`, a name, a number or a closing
+// bracket. `before`: the last characters of the blanked code before it, spaces collapsed.
 function regexStarts(before) {
   const prev = before.trimEnd();
-  if (prev === "" || /[(,=:[!&|?{};~+\-*%<>^]$/.test(prev)) return true;
-  return /(?:^|[^\w$.])(?:return|typeof|case|do|else|in|of|new|delete|void|throw|instanceof|yield|await)$/.test(prev);
+  if (prev === "") return true;
+  const c = prev[prev.length - 1];
+  if ((c === "+" || c === "-") && prev[prev.length - 2] === c) return false;  // i++ / 2
+  if ("(,=:[!&|?{};~+-*%<>^".includes(c)) return true;
+  return AFTER_KEYWORD.test(prev);
 }
 
 // Where the regex literal starting at `i` ends (after its flags).
@@ -136,10 +145,19 @@ function regexEnd(code, i) {
 
 // The code with its comments and string, template and regex literals blanked (each character a
 // space, line breaks kept, a literal's delimiters kept), so a word inside them ("in main") is not
-// taken for code and what is found is where it is in the code.
+// taken for code and what is found is where it is in the code. A template's `${...}` parts are
+// code, read as such (a string or a template may be nested in them).
+const PLAIN = /[/'"`{}]/g;
+
 function blankCode(code) {
   const blanked = (from, to) => code.slice(from, to).replace(/[^\n]/g, " ");
-  let out = "";
+  const depths = [];  // for each open `${`, how many of its own braces are open
+  const parts = [];
+  let tail = "";  // the last characters emitted, spaces collapsed: what regexStarts reads
+  const emit = (text) => {
+    parts.push(text);
+    tail = (tail + (text.length > 32 ? text.slice(-32) : text)).replace(/\s+/g, " ").slice(-16);
+  };
   let i = 0;
   while (i < code.length) {
     const c = code[i];
@@ -148,26 +166,49 @@ function blankCode(code) {
     if (c === "/" && next === "/") {
       end = code.indexOf("\n", i);
       if (end < 0) end = code.length;
-      out += blanked(i, end);
+      emit(blanked(i, end));
     } else if (c === "/" && next === "*") {
       end = code.indexOf("*/", i + 2);
       end = end < 0 ? code.length : end + 2;
-      out += blanked(i, end);
-    } else if (c === "/" && regexStarts(out)) {
+      emit(blanked(i, end));
+    } else if (c === "/" && regexStarts(tail)) {
       end = regexEnd(code, i);
-      out += "/" + blanked(i + 1, end);
-    } else if (c === "'" || c === '"' || c === "`") {
+      emit("/" + blanked(i + 1, end));
+    } else if (c === "'" || c === '"') {
       let j = i + 1;
-      while (j < code.length && code[j] !== c) j += code[j] === "\\" ? 2 : 1;
-      end = Math.min(j + 1, code.length);  // an unterminated literal runs to the end
-      out += c + blanked(i + 1, Math.min(j, code.length)) + (j < code.length ? c : "");
-    } else {
-      out += c;
+      while (j < code.length && code[j] !== c && code[j] !== "\n") j += code[j] === "\\" ? 2 : 1;
+      end = Math.min(j + 1, code.length);  // an unterminated literal runs to the line's end
+      emit(c + blanked(i + 1, Math.min(j, code.length)) + (j < code.length ? code[j] : ""));
+    } else if (c === "`" || (c === "}" && depths.length > 0 && depths[depths.length - 1] === 0)) {
+      // a template's text, from its backtick (or the `}` that ends a `${`) to its end or next `${`
+      if (c === "}") depths.pop();
+      let j = i + 1;
+      while (j < code.length && code[j] !== "`" && !(code[j] === "$" && code[j + 1] === "{")) {
+        j += code[j] === "\\" ? 2 : 1;
+      }
+      emit(c + blanked(i + 1, Math.min(j, code.length)));
+      if (j >= code.length) {
+        end = code.length;
+      } else if (code[j] === "`") {
+        emit("`");
+        end = j + 1;
+      } else {
+        emit("${");
+        depths.push(0);
+        end = j + 2;
+      }
+    } else if (c === "{" || c === "}") {
+      if (depths.length > 0) depths[depths.length - 1] += c === "{" ? 1 : -1;
+      emit(c);
       end = i + 1;
+    } else {  // a run of plain code, up to the next character that may start or end something
+      PLAIN.lastIndex = i + 1;
+      end = PLAIN.test(code) ? PLAIN.lastIndex - 1 : code.length;
+      emit(code.slice(i, end));
     }
     i = end;
   }
-  return out;
+  return parts.join("");
 }
 
 // Whether the code uses the name `main` other than to define it: a call, `await main()`,

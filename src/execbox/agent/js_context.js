@@ -9,6 +9,9 @@
 // one-shot run. stdout/stderr are the context's own pipes; Node writes pipes synchronously on
 // Linux, so a cell's output is in them before its reply is written.
 "use strict";
+// the globals used, taken before a cell can shadow them (`const JSON = ...`; js_cells.js)
+const GLOBAL = globalThis;
+const { JSON, Promise, Map, Set, Math, Number, Error, process } = GLOBAL;
 const fs = require("fs");
 const net = require("net");
 const vm = require("vm");
@@ -25,7 +28,7 @@ function reply(msg) {
 // never the context's paths.
 process.argv = [process.argv[0]];
 exposeUserModule("<cell>");
-globalThis.__filename = "<cell>";
+GLOBAL.__filename = "<cell>";
 process.on("uncaughtException", (e) => {  // a late callback's error must not end the context
   process.stderr.write(`${userStack(e, __filename)}\n`);
 });
@@ -53,7 +56,7 @@ async function handle(req) {
   let result;
   try {
     try { process.chdir(req.cwd); } catch (e) { /* keep the last directory */ }
-    globalThis.__dirname = process.cwd();
+    GLOBAL.__dirname = process.cwd();
     resetPeak();
     let value = await runCell(req.code);
     if (value && typeof value.then === "function") value = await value;
@@ -73,8 +76,9 @@ async function handle(req) {
         }
       }
     } else if (value !== undefined) {
-      result = encode(value);
-      // a value JSON cannot hold (a function, a Map, a cyclic object) is shown as Node shows it
+      // a value JSON cannot hold (a function, a cyclic object) or would empty (a Map, a Set: `{}`)
+      // is shown as Node shows it
+      result = value instanceof Map || value instanceof Set ? { error: "a Map or Set" } : encode(value);
       if (result.error) result = { present: true, json: JSON.stringify(util.inspect(value)), type: "inspect" };
     }
   } catch (e) {

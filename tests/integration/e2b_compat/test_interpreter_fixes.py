@@ -156,6 +156,9 @@ def test_javascript_cells_await_and_import_with_and_without_envs(sbx) -> None:
     assert sbx.run_code("got", language="javascript").text == "none"
     error = sbx.run_code("await 1;\nthrow new RangeError('late')", language="javascript", envs={"W": "1"}).error
     assert (error.name, error.value) == ("RangeError", "late") and "<cell>:2" in error.traceback, error.traceback
+    # Node's error code is not part of the name or the value
+    error = sbx.run_code("require('fs').readFileSync(undefined)", language="javascript").error
+    assert error.name == "TypeError" and error.value.startswith('The "path" argument must be'), error
 
 
 # -- 5: envs -----------------------------------------------------------------------------------

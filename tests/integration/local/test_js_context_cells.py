@@ -153,3 +153,41 @@ def test_a_node_without_the_inspector_runs_cells_as_scripts(tmp_path):
         os.close(req_w)
         proc.wait(10)
     assert "await is only valid" in proc.stderr.read().decode()
+
+
+def test_the_rewrite_leaves_what_is_not_an_import_and_keeps_positions(sb, workspace):
+    # a method named import is defined and called, not rewritten
+    assert value(cell(sb, "class A { import(x) { return x * 2 } }\nnew A().import(21)", "rewrite")) == 42
+    # a template's ${...} is code (an import() there is one), a nested template's text is not
+    code = "const fence = `${'`'.repeat(3)}js`;\n[fence, `a ${`import(\"m\")`} b`, (await import('./lib.mjs')).v]"
+    assert value(cell(sb, code, "rewrite")) == ["```js", 'a import("m") b', 7]
+    # `i++ / 2` is a division: the import() after it is still found
+    assert value(cell(sb, "let i = 1;\ni++ / 2 + (await import('./lib.mjs')).v", "rewrite")) == 7.5
+    # a rewritten import() keeps the columns of its line, attributes over lines keep the line numbers
+    line = "const v = (await import('./lib.mjs')).v; null.x"
+    r = cell(sb, line, "rewrite")
+    assert f"<cell>:1:{line.index('.x') + 2}\n" in r.stderr + "\n", r.stderr
+    sb.files.write("data.json", '{"k": [1, 2]}')
+    r = cell(sb, "import data from './data.json' with {\n  type: 'json'\n};\nnull.x", "rewrite")
+    assert "    at <cell>:4:6" in r.stderr, r.stderr
+
+
+def test_a_name_the_module_does_not_export_is_an_error(sb, workspace):
+    r = cell(sb, "import {v, nothere} from './lib.mjs'", "exports")
+    assert r.exit_code == 1
+    assert "does not provide an export named 'nothere'" in r.stderr, r.stderr
+
+
+def test_a_cell_that_is_an_object_literal_is_its_value(sb):
+    assert value(cell(sb, "{a: 1, b: [2]}", "literal")) == {"a": 1, "b": [2]}
+    assert value(cell(sb, "{ var inBlock = 3 }\ninBlock", "literal")) == 3  # a block stays a block
+    r = cell(sb, "new Map([[1, 2]])", "literal")
+    assert (r.exit_code, r.result) == (0, "Map(1) { 1 => 2 }"), (r.result, r.stderr)
+
+
+def test_a_cell_shadowing_globals_does_not_break_the_context(sb):
+    code = "const JSON = 5; const process = {env: {}}; let Promise = 1; const Map = 0; const globalThis = 3;\nJSON"
+    assert value(cell(sb, code, "shadow")) == 5
+    r = cell(sb, "await null;\nsetTimeout(() => {}, 0);\nthrow new Error('still reported')", "shadow")
+    assert r.exit_code == 1 and r.stderr.startswith("Error: still reported"), r.stderr
+    assert value(cell(sb, "[typeof JSON, typeof Promise]", "shadow")) == ["number", "number"]

@@ -229,7 +229,9 @@ def js_cell(code: str, env: dict[str, str] | None = None, cwd: str | None = None
                           json.dumps(cwd or None))
 
 
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Iteration)?)(?::\s?(.*))?$")
+# `ValueError: msg`, and Node's `TypeError [ERR_INVALID_ARG_TYPE]: msg` (the code is not the name)
+_EXC_LINE = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Iteration)?)(?: \[[A-Z0-9_]+\])?(?::\s?(.*))?$")
 
 
 def error_from_stderr(stderr: str, language: str) -> dict[str, str]:
