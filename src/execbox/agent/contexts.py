@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from . import protocol, runners
+from . import protocol, py_cells, runners
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 MAX_CONTEXTS = 16
-CELL_RUNNER = "_execbox_cell"  # the name service/e2b_compat/cells.py's driver finds runners.exec_cell under
 
 
 class Context:
@@ -36,8 +35,7 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
     """Body of a context child: serve executions until the socket closes."""
     import socket  # noqa: PLC0415 - already loaded by the agent that forked this child
     globs: dict[str, Any] = {"__name__": "__main__"}
-    import sys  # noqa: PLC0415 - loaded
-    sys.modules[CELL_RUNNER] = runners  # how a wrapper's cell (E2B's driver) awaits at top level
+    py_cells.install()  # how a wrapper's cell (E2B's driver) awaits at top level
     devnull = os.open(os.devnull, os.O_RDWR)
     while True:
         try:

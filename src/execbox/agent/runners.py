@@ -13,6 +13,7 @@ import io
 import os
 import sys
 
+from . import py_cells
 from .lean import dumps
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
@@ -52,30 +53,32 @@ def encode_value(value: Any) -> dict[str, Any]:
     return {"present": True, "json": text, "type": type(value).__name__}
 
 
-def show_source(code: str) -> None:
-    """Let tracebacks through ``<code>`` show its lines, as they would for a file.
+def show_source(code: str, filename: str = CODE_FILENAME) -> None:
+    """Let tracebacks through ``filename`` (``<code>``, a context's ``<cell 3>``) show its lines,
+    as they would for a file. A context keeps every cell's: a function an earlier cell defined
+    shows its own lines.
 
     linecache has no source for a ``<...>`` name unless it is seeded. Importing it just to seed
     it (tokenize, re, enum: ~6 ms) would cost every run forked from an agent that started lean
     (lean.py); so until something imports it (any traceback does), the seed waits for that import.
     """
-    entry = (len(code), None, code.splitlines(True), CODE_FILENAME)
+    entry = (len(code), None, code.splitlines(True), filename)
     linecache = sys.modules.get("linecache")
     if linecache is not None:
-        linecache.cache[CODE_FILENAME] = entry
+        linecache.cache[filename] = entry
         return
     for finder in sys.meta_path:
-        if isinstance(finder, _SeedOnImport):  # a context's earlier run: its code is replaced
-            finder.entry = entry
+        if isinstance(finder, _SeedOnImport):  # a context's earlier run: this cell's code joins it
+            finder.entries[filename] = entry
             return
-    sys.meta_path.insert(0, _SeedOnImport(entry))
+    sys.meta_path.insert(0, _SeedOnImport({filename: entry}))
 
 
 class _SeedOnImport:
     """Meta-path finder that hands linecache, when first imported, a loader that seeds it."""
 
-    def __init__(self, entry: tuple[Any, ...]) -> None:
-        self.entry = entry
+    def __init__(self, entries: dict[str, tuple[Any, ...]]) -> None:
+        self.entries = entries
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "linecache":
@@ -85,14 +88,14 @@ class _SeedOnImport:
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find else None
             if spec is not None and spec.loader is not None:
-                spec.loader = _SeedingLoader(spec.loader, self.entry)
+                spec.loader = _SeedingLoader(spec.loader, self.entries)
                 return spec
         return None
 
 
 class _SeedingLoader:
-    def __init__(self, loader: Any, entry: tuple[Any, ...]) -> None:
-        self.loader, self.entry = loader, entry
+    def __init__(self, loader: Any, entries: dict[str, tuple[Any, ...]]) -> None:
+        self.loader, self.entries = loader, entries
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package...: the real loader's
         return getattr(self.loader, name)
@@ -102,7 +105,7 @@ class _SeedingLoader:
 
     def exec_module(self, module: Any) -> None:
         self.loader.exec_module(module)
-        module.cache[CODE_FILENAME] = self.entry
+        module.cache.update(self.entries)
 
 
 def _walk(node: _ast.AST):  # noqa: ANN202 - ast.walk without importing ast
@@ -166,37 +169,20 @@ def extend_path() -> None:
             sys.path_importer_cache.pop(entry, None)  # a miss cached before it existed
 
 
-CO_COROUTINE = 0x0080  # inspect.CO_COROUTINE: code compiled with a top-level await in it
-_cell_loop: Any = None
-
-
-def exec_cell(compiled: Any, globs: dict[str, Any]) -> Any:
-    """Run a context cell's code object (compiled with ``PyCF_ALLOW_TOP_LEVEL_AWAIT``); what
-    ``eval`` gives. Code that awaits at top level is a coroutine: it runs to its end on the
-    context's one event loop, which every later cell shares, as IPython does (a client a cell made
-    is used by the next). E2B's cell driver runs its cells through this too."""
-    value = eval(compiled, globs)  # noqa: S307 - running the user's program is the point
-    if compiled.co_flags & CO_COROUTINE:
-        import asyncio
-
-        global _cell_loop
-        if _cell_loop is None or _cell_loop.is_closed():
-            _cell_loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(_cell_loop)  # asyncio.run() in an earlier cell unset it
-        value = _cell_loop.run_until_complete(value)
-    return value
-
-
 def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any], result_fd: int,
                artifacts_dir: str | None, figure_prefix: str, cell: bool = False) -> int:
     """Run ``code`` in ``globs``; call ``main`` per the contract. Returns the exit code. A context's
     ``cell`` may ``await`` at top level (a one-shot runs as ``python3`` runs a file: it may not)."""
     extend_path()
-    show_source(code)
-    flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if cell else 0
+    if sys.path[:1] != [""]:  # modules beside the code import, as for `python3 -c` and IPython
+        sys.path.insert(0, "")
+    filename = py_cells.next_filename() if cell else CODE_FILENAME
+    show_source(code, filename)
+    flags = py_cells.FLAGS if cell else 0
     try:
-        tree = compile(code, CODE_FILENAME, "exec", _ast.PyCF_ONLY_AST)
-        compiled = compile(tree, CODE_FILENAME, "exec", flags)
+        tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)
+        body, shows = py_cells.keep_last(code, tree) if cell and arguments is None else (tree, False)
+        compiled = compile(body, filename, "exec", flags)
     except (SyntaxError, ValueError) as e:
         import traceback  # lazily: ~2.4 ms of every box start when imported up front
 
@@ -211,23 +197,29 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
     before = globs.get("main")
     try:
         if cell:
-            exec_cell(compiled, globs)
+            py_cells.exec_cell(compiled, globs)
+            value = globs.pop(py_cells.OUT, None)
         else:
             exec(compiled, globs)  # noqa: S102 - running the user's program is the point
         main = globs.get("main")
         # With arguments, main() is ours to call. Without, a main this run bound is called unless
         # the program runs as a script (a __main__ guard) or calls main itself; a context's
-        # main from an earlier cell is not called again by every later cell.
+        # main from an earlier cell is not called again by every later cell, nor one that needs
+        # arguments.
         if arguments is not None:
             call_main = callable(main)
         else:
             call_main = not guard and callable(main) and main is not before and not uses_main(tree)
+            call_main = call_main and not (cell and py_cells.needs_arguments(main))
         if call_main:
             value = main(**arguments) if arguments else main()
             if type(value).__name__ == "coroutine":  # async def main(): run it as asyncio.run would
-                import asyncio
+                if cell:  # on the context's loop, as the cell's own awaits
+                    value = py_cells.run_coroutine(value)
+                else:
+                    import asyncio
 
-                value = asyncio.run(value)
+                    value = asyncio.run(value)
             encoded = encode_value(value)
             if "error" in encoded:
                 print(f"execbox: {encoded['error']}", file=sys.stderr)
@@ -237,6 +229,8 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
         elif arguments:
             print("execbox: arguments were given but the code defines no main() function", file=sys.stderr)
             exit_code = 1
+        elif shows and value is not None:  # a cell's last expression, as IPython's Out[]
+            write_result(result_fd, {"result": py_cells.shown(value, encode_value, dumps)})
     except SystemExit as e:
         exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
@@ -250,6 +244,11 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
     return exit_code
 
 
+def is_code_file(name: str) -> bool:
+    """The file name of the user's code: a one-shot's ``<code>``, a context's ``<cell N>``."""
+    return name == CODE_FILENAME or name.startswith("<cell ")
+
+
 def report_exception(e: BaseException) -> None:
     """The traceback from the user's code down, as ``python3`` prints it; just the exception's
     name and message if there is no memory left to format it."""
@@ -258,7 +257,7 @@ def report_exception(e: BaseException) -> None:
 
         tb = e.__traceback__.tb_next if e.__traceback__ else None
         first = tb
-        while first is not None and first.tb_frame.f_code.co_filename != CODE_FILENAME:
+        while first is not None and not is_code_file(first.tb_frame.f_code.co_filename):
             first = first.tb_next  # an awaiting cell's: the event loop's frames above the code's
         traceback.print_exception(type(e), e, first or tb, file=sys.stderr)
     except MemoryError:

@@ -27,6 +27,14 @@ def test_availability_and_diagnose_are_honest(jail):
     assert all(isinstance(c["detail"], str) and c["detail"] for c in checks.values())
 
 
+def test_a_context_traceback_shows_an_earlier_cells_lines(jail, box):
+    """The jail's agent starts lean (no linecache until a traceback needs it): every cell's source
+    waits for that import, not only the last one's."""
+    assert run(jail, box, "def g():\n    return 1 / 0", context_id="tb").exit_code == 0
+    r = run(jail, box, "a = 1\ng()", context_id="tb")
+    assert '  File "<cell 1>", line 2, in g\n    return 1 / 0\n' in r.stderr, r.stderr
+
+
 def test_python_javascript_bash_run_in_the_box(jail, box, node_available):
     r = run(jail, box, "def main(a, b):\n    return {'sum': a + b}\n", arguments={"a": 2, "b": 3})
     assert r.exit_code == 0 and r.result == {"sum": 5}

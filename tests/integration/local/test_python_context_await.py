@@ -42,7 +42,7 @@ def test_later_cells_share_the_event_loop(sb):
 def test_an_awaiting_cells_traceback_is_the_codes_own(sb):
     r = sb.run_code("import asyncio\nawait asyncio.sleep(0)\n1 / 0", context_id="err")
     assert r.exit_code == 1
-    assert r.stderr.startswith('Traceback (most recent call last):\n  File "<code>", line 3'), r.stderr
+    assert r.stderr.startswith('Traceback (most recent call last):\n  File "<cell 1>", line 3'), r.stderr
     assert "asyncio" not in r.stderr and "runners" not in r.stderr, r.stderr
     assert r.stderr.rstrip().endswith("ZeroDivisionError: division by zero"), r.stderr
     assert ok(sb.run_code("print('alive')", context_id="err")) == "alive\n"
