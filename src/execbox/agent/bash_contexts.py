@@ -94,7 +94,8 @@ CELL = (b'__execbox_pre; builtin source "$__execbox_run" </dev/null >&6 2>&5 3<&
 # interactive while the cell runs (an `exit` prints no "exit", `return` ends the cell); by eval,
 # so an error names `eval`, not the file's temp path (`bash: eval: line 3: syntax error ...`).
 # `$?` is the last cell's status when the code starts, as at an interactive prompt.
-EVAL_CELL = b'__execbox_code=$(<"$__execbox_file"); __execbox_was "$__execbox_status"; builtin eval -- "$__execbox_code"\n'
+EVAL_CELL = (b'__execbox_code=$(<"$__execbox_file"); __execbox_was "$__execbox_status"; '
+             b'builtin eval -- "$__execbox_code"\n')
 MAX_ENV_STRING = 128 * 1024 - 1  # execve's limit on one NAME=value string (MAX_ARG_STRLEN)
 
 
