@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 LANGS = ("python", "javascript", "bash")
+INTERRUPT_GRACE = 2.0  # seconds a Python cell past its time has to end on its interrupt
 ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "python3": "python",
            "py": "python", "sh": "bash", "shell": "bash"}
 
@@ -134,7 +135,10 @@ class Children(Spares):
                     pass
             self._cleanup_run_files()
         elapsed = time.monotonic() - start
-        if context_id is not None and (out["timed_out"] or out["cancelled"] or out["exit"].get("died")):
+        if ctx_note.pop("context_interrupted", False) and not out["exit"].get("died"):
+            why = "timeout" if out["timed_out"] else "cancelled"
+            ctx_note["context_note"] = f"context {context_id!r} was interrupted ({why}); its state is kept"
+        elif context_id is not None and (out["timed_out"] or out["cancelled"] or out["exit"].get("died")):
             self._drop_context(str(context_id), self._context_table(spec["language"]))
             ctx_note["context_reset"] = True
             ctx_note["context_note"] = (f"context {context_id!r} {_how_ended(out)}; its state is lost and the "
@@ -375,6 +379,8 @@ class Children(Spares):
                 msg = protocol.read_frame(fd)
                 state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
                                  "peak_memory_kb": msg.get("peak_memory_kb")}
+                if "interrupted" in state:  # the cell answered its interrupt: the context lives on
+                    note["context_interrupted"] = True
             except (EOFError, OSError, ValueError):  # it ended (os._exit(4) is 4, not a kill)
                 state["done"] = js_contexts.exit_status(self, ctx)
 
@@ -385,10 +391,19 @@ class Children(Spares):
                 status, _ = self.exited.pop(ctx.pid)
                 code, sig = procs.decode_status(status)
                 return {"exit_code": code, "signal": sig, "died": True}
+            if "interrupted" in state and time.monotonic() - state["interrupted"] >= INTERRUPT_GRACE:
+                state.pop("interrupted")  # the cell did not end on its interrupt: it is killed
+                pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
             return None
 
         def kill() -> None:
-            pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
+            # A notebook's interrupt first (contexts.context_main): KeyboardInterrupt in the cell,
+            # its globals kept; done() kills it if it has not answered within INTERRUPT_GRACE.
+            state["interrupted"] = time.monotonic()
+            try:
+                os.kill(ctx.pid, signal.SIGINT)
+            except OSError:
+                pass
 
         return pump.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note
 

@@ -2,8 +2,9 @@
 
 For each execution the agent passes fresh stdout/stderr/result pipe ends over a unix socket
 (SCM_RIGHTS), then the request as a frame; the context runs it in its globals and answers with
-a frame holding the exit code. A context that times out is killed; the next execution with the
-same id starts from empty globals and says so.
+a frame holding the exit code. A cell past its time (or cancelled) is interrupted first: a
+KeyboardInterrupt in its code, the globals kept, as a notebook's interrupt. One that does not
+end then is killed; the next execution with the same id starts from empty globals and says so.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 
 from . import protocol, py_cells, runners
+from .lean import signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 
@@ -36,6 +38,10 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
     import socket  # noqa: PLC0415 - already loaded by the agent that forked this child
     globs: dict[str, Any] = {"__name__": "__main__"}
     py_cells.install()  # how a wrapper's cell (E2B's driver) awaits at top level
+    # The agent's interrupt of a cell past its time (children._start_in_context), as a notebook's:
+    # during a cell, KeyboardInterrupt in its code (Python's own handler: no frame of ours in the
+    # traceback), the context's state kept; between cells, nothing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     devnull = os.open(os.devnull, os.O_RDWR)
     while True:
         try:
@@ -56,10 +62,16 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
             os.chdir(request.get("cwd") or workspace)
         except OSError:
             os.chdir(workspace)
-        code = runners.run_python(
-            request["code"], request.get("arguments"), globs, res_w, artifacts_dir,
-            request.get("figure_prefix", "figure"), cell=True,
-        )
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            code = runners.run_python(
+                request["code"], request.get("arguments"), globs, res_w, artifacts_dir,
+                request.get("figure_prefix", "figure"), cell=True,
+            )
+        except KeyboardInterrupt:  # came after the cell's own code had ended
+            code = 1
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         runners.flush_stdio()
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)

@@ -235,11 +235,23 @@ def test_context_keeps_state(sb):
     assert r.stdout == "False\n"  # one-shot runs do not see the context
 
 
-def test_context_recovers_from_timeout(sb):
+def test_a_context_cell_past_its_time_is_interrupted_and_the_state_kept(sb):
+    """As a notebook's interrupt: KeyboardInterrupt in the cell, the context's globals kept."""
     sb.run_code("state = 'kept'", context_id="slow")
     r = sb.run_code("import time\nwhile True: time.sleep(0.05)", context_id="slow", timeout=1)
-    assert r.timed_out and r.metadata.get("context_reset") is True
-    r = sb.run_code("print(globals().get('state', 'gone'))", context_id="slow")
+    assert r.timed_out and r.exit_code == 1 and "context_reset" not in r.metadata, r.metadata
+    assert r.stderr.rstrip().endswith("KeyboardInterrupt"), r.stderr
+    assert r.metadata["context_note"] == "context 'slow' was interrupted (timeout); its state is kept"
+    r = sb.run_code("print(state)", context_id="slow")
+    assert r.stdout == "kept\n" and not r.metadata.get("context_restarted"), r.metadata
+
+
+def test_a_context_cell_that_ignores_its_interrupt_is_killed(sb):
+    sb.run_code("state = 'kept'", context_id="stubborn")
+    code = "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass"
+    r = sb.run_code(code, context_id="stubborn", timeout=1)
+    assert r.timed_out and r.metadata.get("context_reset") is True, r.metadata
+    r = sb.run_code("print(globals().get('state', 'gone'))", context_id="stubborn")
     assert r.stdout == "gone\n"
     assert r.metadata.get("context_restarted") is True
     assert "restarted" in r.metadata.get("context_note", "")
