@@ -4,6 +4,7 @@ context cwd and the output cap (review 17), with the official SDK against a real
 from __future__ import annotations
 
 import builtins
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -126,9 +127,10 @@ def test_sys_exit_is_a_system_exit_error_and_the_context_lives_on(sbx) -> None:
 def test_traceback_shows_the_users_own_lines(sbx, code: str, line: int, source: str) -> None:
     error = sbx.run_code(code).error
     assert error is not None
-    assert f'File "<code>", line {line}' in error.traceback and source in error.traceback, error.traceback
+    assert re.search(rf'File "Cell In\[\d+\]", line {line}', error.traceback) and source in error.traceback, \
+        error.traceback
     frames = [ln.strip() for ln in error.traceback.splitlines() if ln.strip().startswith("File ")]
-    assert frames and all(f.startswith('File "<code>"') for f in frames), error.traceback  # no driver frame
+    assert frames and all(f.startswith('File "Cell In[') for f in frames), error.traceback  # no driver frame
     assert "__e2b" not in error.traceback and "in main" not in error.traceback, error.traceback
 
 
@@ -145,7 +147,17 @@ def test_python_cells_await_at_top_level(sbx) -> None:
     assert sbx.run_code("q = await asyncio.sleep(0, 3)\nq + 1", envs={"W": "1"}).text == "4"
     error = sbx.run_code("await asyncio.sleep(0)\nraise ValueError('late')").error
     assert (error.name, error.value) == ("ValueError", "late"), error
-    assert 'File "<code>", line 2' in error.traceback and "asyncio" not in error.traceback, error.traceback
+    assert re.search(r'File "Cell In\[\d+\]", line 2', error.traceback) and "asyncio" not in error.traceback, \
+        error.traceback
+    # one coroutine: code before the last expression may need the running loop, the last may await
+    r = sbx.run_code("fut = asyncio.get_running_loop().create_future()\nfut.set_result(5)\nawait fut")
+    assert r.text == "5", (r.text, r.error)
+
+
+def test_an_earlier_cells_function_shows_its_own_lines(sbx) -> None:
+    sbx.run_code("def boom():\n    x = 1\n    return 1 / 0")
+    error = sbx.run_code("a = 1\nb = 2\nc = 3\nboom()").error
+    assert "    return 1 / 0\n" in error.traceback and "c = 3" not in error.traceback, error.traceback
 
 
 def test_javascript_cells_await_and_import_with_and_without_envs(sbx) -> None:

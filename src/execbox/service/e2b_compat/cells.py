@@ -3,7 +3,7 @@
 A Python cell is sent as a small launcher program: it hands the cell's source (a string
 literal) to a driver (``_DRIVER``, run in a namespace of its own) that behaves as IPython does:
 
-- it compiles the source itself as ``<code>`` (and seeds linecache with it), so tracebacks show
+- it compiles the source itself as ``Cell In[N]`` (and seeds linecache with it), so tracebacks show
   the user's own lines and line numbers, never the driver's; frames before the cell's are cut;
 - when the last statement (by the ast) is an expression, that expression is evaluated on its
   own and its value is the cell's result (``x += 1; x`` shows ``x``), unless a ``;`` ends the
@@ -49,7 +49,8 @@ _DRIVER = r'''
 import sys, os, _ast
 
 _MISSING = object()
-_FILE = "<code>"
+_PREFIX = "Cell In["  # a cell's file name, IPython's: "Cell In[3]" (each its own: an earlier
+_cells = 0           # cell's function shows its own lines in a later cell's traceback)
 _LAUNCHER_NAMES = ("__e2b_b", "__e2b_sys", "__e2b_m")
 _started = False
 
@@ -74,15 +75,17 @@ def _display(value):
 def _report(e):
     import traceback
     tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != _FILE:
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(_PREFIX):
         tb = tb.tb_next  # the driver's own frames: the cell's come first, as in IPython
     sys.stderr.write("".join(traceback.format_exception(type(e), e, tb)))
 
 
 def _run(src, start_env, env, cwd, show, key, g):
-    global _started
+    global _started, _cells
     import linecache
-    linecache.cache[_FILE] = (len(src), None, src.splitlines(True), _FILE)
+    _cells += 1
+    name = _PREFIX + str(_cells) + "]"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     if not _started:  # this context's first cell: the sandbox's envs, as a kernel starts with them
         _started = True
         os.environ.update(start_env)
@@ -93,17 +96,22 @@ def _run(src, start_env, env, cwd, show, key, g):
         try:
             if cwd:
                 os.chdir(cwd)
-            # the agent's cell runner (its contexts): top-level await, on the context's event loop
-            cell = sys.modules.get("_execbox_cell")
-            flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if cell else 0
-            run = cell.exec_cell if cell else eval
-            tree = compile(src, _FILE, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
-            last = tree.body.pop() if show else None
-            run(compile(tree, _FILE, "exec", flags, dont_inherit=True), g)
+            tree = compile(src, name, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
             out = None
-            if last is not None:
-                value = run(compile(_ast.Expression(body=last.value), _FILE, "eval", flags, dont_inherit=True), g)
-                out = None if value is None else _display(value)
+            # the agent's cell runner (agent/py_cells.py): top-level await on the context's event
+            # loop, the last expression kept within the one code object (it may await too)
+            cell = sys.modules.get("_execbox_cell")
+            if cell is not None:
+                body, kept = cell.keep_last(src, tree) if show else (tree, False)
+                cell.exec_cell(compile(body, name, "exec", cell.FLAGS, dont_inherit=True), g)
+                value = g.pop(cell.OUT, None) if kept else None
+            else:
+                last = tree.body.pop() if show else None
+                exec(compile(tree, name, "exec", dont_inherit=True), g)
+                value = None
+                if last is not None:
+                    value = eval(compile(_ast.Expression(body=last.value), name, "eval", dont_inherit=True), g)
+            out = None if value is None else _display(value)
         except MemoryError:
             raise
         except SystemExit as e:
