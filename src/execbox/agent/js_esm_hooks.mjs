@@ -34,12 +34,24 @@ export async function resolve(specifier, context, next) {
   return resolveFrom(specifier, parentURL, require, context, next);
 }
 
+// NODE_PATH's node_modules directories (runtime templates, in-session installs): a package there
+// resolves as an import resolves it (its exports map's "import" condition, an ES-module-only
+// package), from a file inside the directory; require.resolve, the last resort, knows only the
+// "require" condition.
+const NODE_PATH = (process.env.NODE_PATH || "").split(path.delimiter).filter(Boolean);
+
 async function resolveFrom(specifier, parentURL, require, context, next) {
   try {
     return await next(specifier, { ...context, parentURL });
   } catch (e) {
     const bare = /^[^./]/.test(specifier) && !specifier.includes(":");
-    if (e && e.code === "ERR_MODULE_NOT_FOUND" && bare && require) {
+    if (!(e && e.code === "ERR_MODULE_NOT_FOUND" && bare)) throw e;
+    for (const dir of NODE_PATH) {
+      try {
+        return await next(specifier, { ...context, parentURL: pathToFileURL(path.join(dir, "<importer>")).href });
+      } catch { /* not in this one */ }
+    }
+    if (require) {
       try {
         return { url: pathToFileURL(require.resolve(specifier)).href, shortCircuit: true };
       } catch { /* not on NODE_PATH either: Node's own error says what was looked for */ }
