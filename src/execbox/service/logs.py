@@ -73,6 +73,8 @@ def memory_mb(metadata: dict[str, Any]) -> float | None:
 
 
 BATCH_LINGER = 0.05  # seconds the writer waits for more records before a transaction
+RETENTION_ENV = "EXECBOX_AUDIT_DAYS"  # how long audit rows are kept (store/retention.py)
+DEFAULT_RETENTION_DAYS = 90.0
 BATCH_MAX = 500
 
 
@@ -83,7 +85,11 @@ class AuditWriter:
     """
 
     def __init__(self, store: Any) -> None:
+        from .store.retention import Pruner
+
         self._store = store
+        # the table would grow by every operation for as long as the service runs
+        self._pruner = Pruner(RETENTION_ENV, DEFAULT_RETENTION_DAYS, store.audit.prune, log, "audit")
         self._q: queue.Queue[dict[str, Any] | threading.Event | None] = queue.Queue(maxsize=10000)
         self._thread = threading.Thread(target=self._run, name="execbox-audit", daemon=True)
         self._thread.start()
@@ -118,6 +124,7 @@ class AuditWriter:
                     break
             if batch:
                 self._write(batch)
+                self._pruner.now_and_then()
             for mark in marks:
                 mark.set()
             if stop:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -21,20 +20,12 @@ from ...egress.audit import AuditRecord
 from ...egress.policy import EgressPolicy, parse_policy
 from ...errors import InvalidConfigError
 from .models import Base
+from .retention import Pruner
 
 log = logging.getLogger("execbox.egress")
 CAPS_SETTING = "egress.tenant_caps"
 RETENTION_ENV = "EXECBOX_EGRESS_AUDIT_DAYS"
 DEFAULT_RETENTION_DAYS = 30.0
-PRUNE_EVERY = 3600.0  # seconds between prunes of the audit table
-
-
-def retention_days() -> float:
-    """How long audit rows are kept (``EXECBOX_EGRESS_AUDIT_DAYS``, default 30; 0 keeps them all)."""
-    try:
-        return max(0.0, float(os.environ.get(RETENTION_ENV, "") or DEFAULT_RETENTION_DAYS))
-    except ValueError:
-        return DEFAULT_RETENTION_DAYS
 
 
 class EgressAuditEntry(Base):
@@ -106,7 +97,7 @@ class EgressAuditWriter:
         self.repo = repo
         self._q: queue.Queue[AuditRecord | threading.Event | None] = queue.Queue(maxsize=20000)
         self.dropped = 0
-        self._pruned_at = 0.0  # the first batch prunes: a service that restarts often still prunes
+        self._pruner = Pruner(RETENTION_ENV, DEFAULT_RETENTION_DAYS, repo.prune, log, "egress audit")
         self._thread = threading.Thread(target=self._run, name="execbox-egress-audit", daemon=True)
         self._thread.start()
 
@@ -155,24 +146,11 @@ class EgressAuditWriter:
             except Exception:  # noqa: BLE001 - the data path never waits on the store
                 self.dropped += len(batch)  # lost for good; execbox_egress_audit_dropped_total says so
                 log.exception("egress audit: %d records not written", len(batch))
-            self._prune_now_and_then()
+            self._pruner.now_and_then()
             for m in marks:
                 m.set()
             if stop:
                 return
-
-
-    def _prune_now_and_then(self) -> None:
-        days = retention_days()
-        if not days or (self._pruned_at and time.monotonic() - self._pruned_at < PRUNE_EVERY):
-            return
-        self._pruned_at = time.monotonic()
-        try:
-            n = self.repo.prune(time.time() - days * 86400)
-            if n:
-                log.info("egress audit: %d rows older than %g days removed", n, days)
-        except Exception:  # noqa: BLE001 - retention must not stop the writer
-            log.exception("egress audit: pruning failed")
 
 
 class TenantCaps:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -278,6 +278,11 @@ class AuditRepo:
         fields.setdefault("operation", "execute")
         with self._sessions.begin() as s:
             s.execute(insert(AuditEntry).values(**fields))
+
+    def prune(self, older_than: float) -> int:
+        """Delete rows written before ``older_than`` (epoch seconds); returns how many."""
+        with self._sessions.begin() as s:
+            return s.execute(delete(AuditEntry).where(AuditEntry.created_at < older_than)).rowcount or 0
 
     def list(self, limit: int = 100, tenant_id: str | None = None, *, before_id: int | None = None,
              since: float | None = None, until: float | None = None,

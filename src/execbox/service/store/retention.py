@@ -1,0 +1,45 @@
+"""How long an append-only audit table keeps its rows, and the pruning its writer does now and then.
+
+Both audit trails grow with every operation: the run audit (``audit``, ``EXECBOX_AUDIT_DAYS``,
+default 90) and the egress audit (``egress_audit``, ``EXECBOX_EGRESS_AUDIT_DAYS``, default 30).
+``0`` keeps every row. Each writer prunes from its own thread, at its first batch (a service that
+restarts often still prunes) and then at most once an hour.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+PRUNE_EVERY = 3600.0  # seconds between prunes of one table
+
+
+def retention_days(env: str, default: float) -> float:
+    """Days of rows the table named by ``env`` keeps (``0``: all of them)."""
+    try:
+        return max(0.0, float(os.environ.get(env, "") or default))
+    except ValueError:
+        return default
+
+
+class Pruner:
+    """Deletes a table's rows older than its retention, at most once per ``PRUNE_EVERY``."""
+
+    def __init__(self, env: str, default: float, prune: Callable[[float], int], log: logging.Logger,
+                 what: str) -> None:
+        self.env, self.default, self.prune, self.log, self.what = env, default, prune, log, what
+        self._at = 0.0
+
+    def now_and_then(self) -> None:
+        days = retention_days(self.env, self.default)
+        if not days or (self._at and time.monotonic() - self._at < PRUNE_EVERY):
+            return
+        self._at = time.monotonic()
+        try:
+            n = self.prune(time.time() - days * 86400)
+            if n:
+                self.log.info("%s: %d rows older than %g days removed", self.what, n, days)
+        except Exception:  # noqa: BLE001 - retention must not stop the writer
+            self.log.exception("%s: pruning failed", self.what)
