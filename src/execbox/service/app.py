@@ -25,6 +25,7 @@ from ..web import mount as mount_console
 from ..web import tokens_api
 from .config import ServiceSettings
 from .container import Services
+from .disconnect import CancelOnDisconnect
 from .e2b_compat import install as install_e2b
 from .egress_service import install as install_egress
 from .errors import BodyLimit, install_error_handlers
@@ -155,6 +156,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     install_error_handlers(app)
     install_egress(app, svc)  # issue 14: egress audit, tenant caps, routes
     app.add_middleware(ForwardToOwner, replica=sessions.replica)  # inside BodyLimit: bodies are bounded
+    app.add_middleware(CancelOnDisconnect)  # a plain execute/bash run whose client left is cancelled
 
     app.include_router(health.router)  # first: its /healthz wins over the executor's
     app.include_router(sandbox.router, prefix="/v1/sandbox", tags=["sandbox"],

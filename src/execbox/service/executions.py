@@ -102,7 +102,7 @@ class RunService:
                     if handle is not None:
                         handle.started(provider, instance_id)
                         if handle.cancelled.is_set():
-                            raise _Cancelled
+                            raise ClientGone
                     spec.inflight = self.oplog.begin(
                         tenant_id=spec.tenant_id, session_id=spec.session_id, provider=provider_name,
                         operation=spec.operation, instance_id=instance_id, language=spec.language,
@@ -116,7 +116,7 @@ class RunService:
                 if not _forwarded(e):
                     self._record(spec, provider_name, instance_id, started, "error", None, None, e.code)
                 raise
-            except _Cancelled:
+            except ClientGone:
                 self._record(spec, provider_name, instance_id, started, "cancelled", None, None, None)
                 raise
         if spec.notices:
@@ -204,7 +204,7 @@ class RunService:
 
             try:
                 result = self.run(spec, on_output, handle)
-            except _Cancelled:
+            except ClientGone:
                 return
             for art in result.artifacts:
                 emit("artifact", artifact_event(art.to_dict(include_content=spec.session_id is None),
@@ -222,8 +222,8 @@ def _no_call(*_: Any) -> ExecutionResult:  # a file operation's spec carries no 
     raise AssertionError("file operations do not run code")
 
 
-class _Cancelled(Exception):
-    """The client went away before the run reached its box."""
+class ClientGone(Exception):
+    """The client went away before the run reached its box (it was not started)."""
 
 
 def result_body(result: ExecutionResult, spec: RunSpec) -> dict[str, Any]:

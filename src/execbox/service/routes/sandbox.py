@@ -12,16 +12,16 @@ import hashlib
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from ...agent.paths import PathViolation, check_syntax
 from ...errors import ERRORS_BY_CODE, InvalidConfigError, PathError, PayloadTooLargeError, SandboxError
 from ...models import Language
 from ...providers.base import OutputCallback, SandboxProvider
-from .. import egress_hook
+from .. import disconnect, egress_hook
 from ..auth import ForbiddenError, Principal, require_admin, require_token
 from ..container import services
-from ..executions import RunService, RunSpec, result_body
+from ..executions import ClientGone, RunService, RunSpec, result_body
 from ..schemas import (
     ERROR_RESPONSES,
     BashRequest,
@@ -46,7 +46,7 @@ from ..schemas import (
     WriteRequest,
 )
 from ..sessions import NAME_PATTERN, SessionManager
-from ..streaming import stream_run, wants_stream
+from ..streaming import RunHandle, stream_run, wants_stream
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -185,7 +185,16 @@ def _respond(request: Request, spec: RunSpec, stream: bool) -> Any:
         if spec.session_id is not None:  # another replica's session: forwarded before the 200 goes out
             runs.sessions.check_owner(spec.tenant_id, spec.session_id)
         return stream_run(runs.stream(spec, _artifact_url(request)))
-    result = runs.run(spec)
+    handle = RunHandle()
+    gone = disconnect.of(request.scope)  # a client that leaves cancels its run (disconnect.py)
+    if gone is not None:
+        gone.on_gone(handle.cancel)
+    try:
+        result = runs.run(spec, None, handle)
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
+    finally:
+        handle.done.set()
     body = result_body(result, spec)
     if result.error_code:  # SB005 / SB006: the SB status, with the partial result kept in details
         cls = ERRORS_BY_CODE.get(result.error_code, SandboxError)
