@@ -10,10 +10,10 @@ request's body is read, for the server's ``http.disconnect``; the route hangs it
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 
-import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 STATE_KEY = "execbox_disconnect"
@@ -59,25 +59,24 @@ class CancelOnDisconnect:
             return
         gone = Disconnect()
         scope.setdefault("state", {})[STATE_KEY] = gone
-        body_read = anyio.Event()
+        listener: asyncio.Task[None] | None = None
 
-        async def receive_and_note() -> Message:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                gone.fire()
-            elif not message.get("more_body"):
-                body_read.set()
-            return message
-
-        async def listen() -> None:
-            await body_read.wait()
+        async def listen() -> None:  # after the body: only a disconnect can come
             while (await receive())["type"] != "http.disconnect":
                 pass
             gone.fire()
 
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(listen)
-            try:
-                await self.app(scope, receive_and_note, send)
-            finally:
-                tasks.cancel_scope.cancel()
+        async def receive_and_note() -> Message:
+            nonlocal listener
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.fire()
+            elif not message.get("more_body") and listener is None:
+                listener = asyncio.get_running_loop().create_task(listen())
+            return message
+
+        try:
+            await self.app(scope, receive_and_note, send)
+        finally:
+            if listener is not None:
+                listener.cancel()
