@@ -367,10 +367,12 @@ class Children(Spares):
         note["context_executions"] = ctx.executions
         import socket  # noqa: PLC0415 - loaded once the first context started
 
+        # a one-shot run in a spare context (Docker's warm start) is a file python3 runs, not a cell
+        cell = not req.get("script")
         socket.send_fds(ctx.sock, [b"x"], list(write_fds))
         protocol.write_frame(ctx.sock.fileno(), {
             "code": spec["code"], "arguments": spec["arguments"], "cwd": spec["cwd"],
-            "stream": bool(req.get("stream")), "figure_prefix": prefix,
+            "stream": bool(req.get("stream")), "figure_prefix": prefix, "cell": cell,
         })
         state: dict[str, Any] = {}
 
@@ -399,6 +401,9 @@ class Children(Spares):
         def kill() -> None:
             # A notebook's interrupt first (contexts.context_main): KeyboardInterrupt in the cell,
             # its globals kept; done() kills it if it has not answered within INTERRUPT_GRACE.
+            if not cell:  # a one-shot's spare: killed at once, as any one-shot run
+                pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
+                return
             state["interrupted"] = time.monotonic()
             try:
                 os.kill(ctx.pid, signal.SIGINT)

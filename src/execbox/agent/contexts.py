@@ -66,7 +66,7 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
         try:
             code = runners.run_python(
                 request["code"], request.get("arguments"), globs, res_w, artifacts_dir,
-                request.get("figure_prefix", "figure"), cell=True,
+                request.get("figure_prefix", "figure"), cell=request.get("cell", True),
             )
         except KeyboardInterrupt:  # came after the cell's own code had ended
             code = 1

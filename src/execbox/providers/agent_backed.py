@@ -323,12 +323,16 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
     def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
                      arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
                      on_output: OutputCallback | None = None, inline_artifacts: bool = False) -> ExecutionResult:
+        return self._exec(instance_id, self._exec_params(code, language, arguments, context_id),
+                          timeout, on_output, inline_artifacts)
+
+    def _exec_params(self, code: str, language: str, arguments: dict[str, Any] | None,
+                     context_id: str | None) -> dict[str, Any]:
+        """An ``exec`` request's code part, once the code passed its checks."""
         lang = Language.parse(language)
         check_code_and_arguments(code, arguments)
         self.check_code_policy(code, lang)
-        return self._exec(instance_id, {
-            "language": lang.value, "code": code, "arguments": arguments, "context_id": context_id,
-        }, timeout, on_output, inline_artifacts)
+        return {"language": lang.value, "code": code, "arguments": arguments, "context_id": context_id}
 
     def run_command(self, instance_id: str, command: str, timeout: int = 30, *, cwd: str | None = None,
                     env: dict[str, str] | None = None, on_output: OutputCallback | None = None,

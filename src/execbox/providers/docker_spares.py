@@ -81,10 +81,11 @@ class DockerSparesMixin(AgentBackedProvider):
         warm = None
         if stateless_python and box is not None and box.warm_context:
             warm, box.warm_context = box.warm_context, None
+        params = self._exec_params(code, language, arguments, warm or context_id)
+        if warm is not None:  # a one-shot run in a spare context: a file python3 runs, not a notebook cell
+            params["script"] = True
         try:
-            result = super().execute_code(instance_id, code, language, timeout, arguments,
-                                          context_id=warm or context_id, on_output=on_output,
-                                          inline_artifacts=inline_artifacts)
+            result = self._exec(instance_id, params, timeout, on_output, inline_artifacts)
         finally:
             if warm is not None and box is not None and inst is not None and inst.session_id is not None:
                 self._release_spare_later(box, warm)
