@@ -3,33 +3,14 @@
 in a later cell, errors and syntax errors located in the cell, and the fallback to plain scripts
 on a Node without the inspector."""
 
-import fcntl
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from execbox.agent import js_contexts
+from .conftest import AGENT_DIR, js_context
 
-from .conftest import local_box
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("needs_node")]
 
-pytestmark = pytest.mark.timeout(120)
-
-AGENT_DIR = str(Path(js_contexts.__file__).parent)
-
-
-@pytest.fixture(scope="module")
-def sb():
-    with local_box("1g") as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def _needs_node(node_available):
-    if not node_available:
-        pytest.skip("node is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +84,11 @@ def test_errors_of_awaiting_and_importing_cells_are_the_users(sb, workspace):
     assert r.stderr.startswith("TypeError: Cannot read properties of null") and "<cell>:2:6" in r.stderr, r.stderr
     r = cell(sb, "import x from 'nope'", "errors")
     assert r.exit_code == 1 and "Cannot find package 'nope'" in r.stderr, r.stderr
-    assert "node:internal" not in r.stderr and AGENT_DIR not in r.stderr, r.stderr
+    assert "node:internal" not in r.stderr and str(AGENT_DIR) not in r.stderr, r.stderr
     r = cell(sb, "let ok = 1;\nconst = ;", "errors")
     assert r.exit_code == 1
     assert r.stderr.startswith("<cell>:2\nconst = ;\n      ^\n\nSyntaxError: "), r.stderr
-    assert AGENT_DIR not in r.stderr and "node:inspector" not in r.stderr, r.stderr
+    assert str(AGENT_DIR) not in r.stderr and "node:inspector" not in r.stderr, r.stderr
     r = cell(sb, "function f() { throw new Error('boom') }\nf()", "errors")
     assert r.stderr.strip() == "Error: boom\n    at f (<cell>:1:22)\n    at <cell>:2:1", r.stderr
     # the context lives on
@@ -128,31 +109,10 @@ def test_a_node_without_the_inspector_runs_cells_as_scripts(tmp_path):
         "Module._load = function (request, ...rest) {\n"
         "  if (request === 'inspector' || request === 'node:inspector') throw new Error('no inspector');\n"
         "  return load.call(this, request, ...rest);\n};\n")
-    req_r, req_w = os.pipe()
-    rep_r, rep_w = os.pipe()
-
-    def fds():  # the pipes as fds 3 and 4 (kept open by pass_fds), whichever numbers they had
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (req_r, rep_w)]
-        os.dup2(high[0], 3)
-        os.dup2(high[1], 4)
-
-    proc = subprocess.Popen(["node", "-r", str(block), os.path.join(AGENT_DIR, "js_context.js")],
-                            preexec_fn=fds, pass_fds=(3, 4), cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    os.close(req_r)
-    os.close(rep_w)
-    replies = os.fdopen(rep_r)
-    try:
-        for code in ("var n = 6; n * 7", "await 1"):
-            os.write(req_w, (json.dumps({"code": code, "cwd": str(tmp_path)}) + "\n").encode())
-            if code == "var n = 6; n * 7":
-                assert json.loads(json.loads(replies.readline())["result"]["json"]) == 42
-            else:
-                assert json.loads(replies.readline())["exit_code"] == 1
-    finally:
-        os.close(req_w)
-        proc.wait(10)
-    assert "await is only valid" in proc.stderr.read().decode()
+    with js_context(tmp_path, node_args=("-r", str(block))) as cell:
+        assert json.loads(cell("var n = 6; n * 7")["result"]["json"]) == 42
+        assert cell("await 1")["exit_code"] == 1
+    assert "await is only valid" in cell.stderr()
 
 
 def test_the_rewrite_leaves_what_is_not_an_import_and_keeps_positions(sb, workspace):

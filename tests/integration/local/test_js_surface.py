@@ -8,23 +8,9 @@ import time
 
 import pytest
 
-from .conftest import local_box
-
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("needs_node")]
 
 AGENT_FILES = ("js_runner", "js_context", "js_common", "execbox/agent")
-
-
-@pytest.fixture(scope="module")
-def sb():
-    with local_box("1g") as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def _needs_node(node_available):
-    if not node_available:
-        pytest.skip("node is not installed")
 
 
 @pytest.fixture(scope="module")

@@ -1,19 +1,13 @@
-"""A Python context's cell as IPython runs one (agent/py_cells.py): each cell its own file name, so a
-traceback through an earlier cell's function shows that cell's lines; a last bare expression as the
-result; a `main` that needs arguments only defined; an async `main` on the context's loop. And, for
+"""A Python context's cell as IPython runs one (agent/py_cells.py): it may `await` at top level, on
+the context's one event loop, which later cells share; each cell has its own file name, so a
+traceback through an earlier cell's function shows that cell's lines; a last bare expression is the
+result; a `main` that needs arguments is only defined; an async `main` runs on the context's loop.
+A one-shot run is a file `python3` runs, where top-level `await` stays a SyntaxError. And, for
 one-shot runs and cells alike, a module written beside the code imports, as for `python3 -c`."""
 
 import pytest
 
-from .conftest import local_box
-
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def sb():
-    with local_box("1g") as s:
-        yield s
 
 
 def ok(r):
@@ -69,3 +63,43 @@ def test_a_module_beside_the_code_imports(sb):
     assert r.stdout == "42\n"
     ok(sb.run_code("open('beside2.py', 'w').write('W = 7\\n')", context_id="mod"))
     assert ok(sb.run_code("import beside2\nbeside2.W", context_id="mod")).result == 7
+
+
+def test_a_cell_awaits_and_keeps_its_names(sb):
+    ok(sb.run_code("import asyncio\nawait asyncio.sleep(0)\nx = await asyncio.sleep(0, 5)", context_id="a"))
+    assert ok(sb.run_code("print(x)", context_id="a")).stdout == "5\n"
+
+
+def test_later_cells_share_the_event_loop(sb):
+    # a future belongs to the loop that made it: awaiting it on another loop fails
+    ok(sb.run_code("import asyncio\nq = asyncio.Queue()\nfut = asyncio.get_running_loop().create_future()\n"
+                   "await q.put('kept')", context_id="loop"))
+    r = sb.run_code("asyncio.get_running_loop().call_soon(fut.set_result, await q.get())\nprint(await fut)",
+                    context_id="loop")
+    assert ok(r).stdout == "kept\n"
+    # asyncio.run() in a cell (its own loop, then none set) does not end the context's
+    assert ok(sb.run_code("async def g():\n    return 7\nprint(asyncio.run(g()))", context_id="loop")).stdout == "7\n"
+    assert ok(sb.run_code("await q.put(1)\nprint(await q.get())\nawait q.put(2)", context_id="loop")).stdout == "1\n"
+    # and it is the current loop again for a cell's synchronous code
+    r = sb.run_code("print(asyncio.get_event_loop().run_until_complete(q.get()))", context_id="loop")
+    assert ok(r).stdout == "2\n"
+
+
+def test_an_awaiting_cells_traceback_is_the_codes_own(sb):
+    r = sb.run_code("import asyncio\nawait asyncio.sleep(0)\n1 / 0", context_id="err")
+    assert r.exit_code == 1
+    assert r.stderr.startswith('Traceback (most recent call last):\n  File "<cell 1>", line 3'), r.stderr
+    assert "asyncio" not in r.stderr and "runners" not in r.stderr, r.stderr
+    assert r.stderr.rstrip().endswith("ZeroDivisionError: division by zero"), r.stderr
+    assert ok(sb.run_code("print('alive')", context_id="err")).stdout == "alive\n"
+
+
+def test_arguments_call_main_after_an_awaiting_cell(sb):
+    r = sb.run_code("import asyncio\nbase = await asyncio.sleep(0, 2)\ndef main(n):\n    return n * base",
+                    context_id="args", arguments={"n": 21})
+    assert r.exit_code == 0 and r.result == 42, (r.result, r.stderr)
+
+
+def test_a_one_shot_run_is_a_file_where_await_is_a_syntax_error(sb):
+    r = sb.run_code("import asyncio\nawait asyncio.sleep(0)")
+    assert r.exit_code == 1 and "SyntaxError: 'await' outside function" in r.stderr, r.stderr
