@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 LANGS = ("python", "javascript", "bash")
 INTERRUPT_GRACE = 2.0  # seconds a Python cell past its time has to end on its interrupt
+INTERRUPT_AGAIN = 0.5  # seconds between interrupts within that grace (one may come before the cell)
 ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "python3": "python",
            "py": "python", "sh": "bash", "shell": "bash"}
 
@@ -33,14 +34,18 @@ class Children(Spares):
     """Mixin for :class:`execbox.agent.main.Agent`: the state it uses is set up in ``Agent.__init__``."""
 
     # -- children ---------------------------------------------------------------------------
-    def child_prepare(self) -> None:
-        """First thing in every forked child: forget the protocol and the agent's signals."""
+    def child_prepare(self, ignore_sigint: bool = False) -> None:
+        """First thing in every forked child: forget the protocol and the agent's signals. A
+        context ignores SIGINT until a cell runs (its interrupt, contexts.context_main)."""
         privsep.drop_user_code()  # the sandbox uid, no capabilities, before anything else runs
         procs.set_dumpable(True)  # an ordinary process again (its own /proc entries readable)
         procs.prefer_oom_kill()  # after set_dumpable: /proc/self is then the sandbox user's to write
         signal.set_wakeup_fd(-1)
+        if ignore_sigint:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
+            if not (ignore_sigint and sig == signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
         for fd in (self.proto_in, self.proto_out, self.wake_r, self.wake_w):
             try:
                 os.close(fd)
@@ -314,7 +319,7 @@ class Children(Spares):
         pid = os.fork()
         if pid == 0:
             try:
-                self.child_prepare()
+                self.child_prepare(ignore_sigint=True)  # an interrupt before any cell is nothing
                 procs.close_fds_except((child.fileno(),))
                 procs.apply_rlimits(self.limits)
                 contexts.context_main(child, self.ws, self.artifacts)
@@ -393,10 +398,22 @@ class Children(Spares):
                 status, _ = self.exited.pop(ctx.pid)
                 code, sig = procs.decode_status(status)
                 return {"exit_code": code, "signal": sig, "died": True}
-            if "interrupted" in state and time.monotonic() - state["interrupted"] >= INTERRUPT_GRACE:
-                state.pop("interrupted")  # the cell did not end on its interrupt: it is killed
-                pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
+            if "interrupted" in state:
+                waited = time.monotonic() - state["interrupted"]
+                if waited >= INTERRUPT_GRACE:
+                    state.pop("interrupted")  # the cell did not end on its interrupt: it is killed
+                    pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
+                elif waited >= state["resent"] + INTERRUPT_AGAIN:
+                    # sent before the cell started (the context ignores SIGINT between cells)
+                    state["resent"] = waited
+                    interrupt()
             return None
+
+        def interrupt() -> None:
+            try:
+                os.kill(ctx.pid, signal.SIGINT)
+            except OSError:
+                pass
 
         def kill() -> None:
             # A notebook's interrupt first (contexts.context_main): KeyboardInterrupt in the cell,
@@ -404,11 +421,8 @@ class Children(Spares):
             if not cell:  # a one-shot's spare: killed at once, as any one-shot run
                 pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
                 return
-            state["interrupted"] = time.monotonic()
-            try:
-                os.kill(ctx.pid, signal.SIGINT)
-            except OSError:
-                pass
+            state["interrupted"], state["resent"] = time.monotonic(), 0.0
+            interrupt()
 
         return pump.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note
 

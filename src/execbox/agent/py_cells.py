@@ -40,7 +40,8 @@ def keep_last(code: str, tree: _ast.Module) -> tuple[_ast.Module, bool]:
     last = tree.body[-1] if tree.body else None
     if not isinstance(last, _ast.Expr) or last.end_lineno is None:
         return tree, False
-    rest = code.splitlines()[last.end_lineno - 1][last.end_col_offset or 0:]
+    line = code.splitlines()[last.end_lineno - 1].encode()  # the offset counts UTF-8 bytes
+    rest = line[last.end_col_offset or 0:].decode(errors="replace")
     if rest.lstrip().startswith(";"):
         return tree, False
     target = _ast.Name(id=OUT, ctx=_ast.Store())
@@ -70,7 +71,19 @@ def run_coroutine(coro: Any) -> Any:
     if _loop is None or _loop.is_closed():
         _loop = asyncio.new_event_loop()
     asyncio.set_event_loop(_loop)
-    return _loop.run_until_complete(coro)
+    task = _loop.create_task(coro)
+    try:
+        return _loop.run_until_complete(task)
+    except BaseException:
+        # interrupted (its timeout, a cancel) in the loop, not in the cell's code: the cell's task
+        # is cancelled and unwound now, as asyncio.Runner does, or it would go on in later cells
+        if not task.done():
+            task.cancel()
+            try:
+                _loop.run_until_complete(task)
+            except BaseException:  # noqa: BLE001 - the cell's own end; the interrupt is what is reported
+                pass
+        raise
 
 
 def needs_arguments(main: Any) -> bool:

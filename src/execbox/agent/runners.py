@@ -259,7 +259,8 @@ def report_exception(e: BaseException) -> None:
         first = tb
         while first is not None and not is_code_file(first.tb_frame.f_code.co_filename):
             first = first.tb_next  # an awaiting cell's: the event loop's frames above the code's
-        traceback.print_exception(type(e), e, first or tb, file=sys.stderr)
+        # no frame of the code: interrupted in the agent's own (an awaiting cell's event loop)
+        traceback.print_exception(type(e), e, first, file=sys.stderr)
     except MemoryError:
         print(f"{type(e).__name__}: {e or 'out of memory'}", file=sys.stderr)
 

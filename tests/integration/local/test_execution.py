@@ -246,6 +246,18 @@ def test_a_context_cell_past_its_time_is_interrupted_and_the_state_kept(sb):
     assert r.stdout == "kept\n" and not r.metadata.get("context_restarted"), r.metadata
 
 
+def test_an_interrupt_sent_before_the_cell_started_is_sent_again(sb):
+    """A timeout that passes before the context has started the cell (it ignores SIGINT between
+    cells): the interrupt is repeated within its grace, so the cell is interrupted, not killed."""
+    sb.run_code("state = 'kept'", context_id="early")
+    # a long cell: its request is still being read when the timeout passes
+    code = "# " + "x" * 900_000 + "\nimport time\nfor _ in range(40):\n    time.sleep(0.1)"
+    for _ in range(3):
+        r = sb.run_code(code, context_id="early", timeout=0.0001)
+        assert r.timed_out and "context_reset" not in r.metadata, r.metadata
+    assert sb.run_code("print(state)", context_id="early").stdout == "kept\n"
+
+
 def test_a_context_cell_that_ignores_its_interrupt_is_killed(sb):
     sb.run_code("state = 'kept'", context_id="stubborn")
     code = "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass"

@@ -36,9 +36,10 @@ def test_the_last_expression_is_the_result(sb):
     r = ok(sb.run_code("class P:\n    def __repr__(self):\n        return 'P<1>'\nP()", context_id="out"))
     assert r.result == "P<1>"
     # a ; keeps it from showing; None, a statement or a print show nothing
-    for code in ("len(rows);", "None", "y = 5", "print('printed')"):
+    for code in ("len(rows);", "len('ééé');", "None", "y = 5", "print('printed')"):
         r = ok(sb.run_code(code, context_id="out"))
         assert r.result is None, (code, r.result)
+    assert ok(sb.run_code("len('ééé')  # ;;", context_id="out")).result == 3  # a ; in a comment hides nothing
 
 
 def test_a_main_that_needs_arguments_is_only_defined(sb):
@@ -103,3 +104,13 @@ def test_arguments_call_main_after_an_awaiting_cell(sb):
 def test_a_one_shot_run_is_a_file_where_await_is_a_syntax_error(sb):
     r = sb.run_code("import asyncio\nawait asyncio.sleep(0)")
     assert r.exit_code == 1 and "SyntaxError: 'await' outside function" in r.stderr, r.stderr
+
+
+def test_an_interrupted_awaiting_cell_does_not_go_on_in_later_cells(sb):
+    r = sb.run_code("import asyncio\nticks = 0\nwhile True:\n    await asyncio.sleep(0.1)\n    ticks += 1",
+                    context_id="ticks", timeout=1)
+    assert r.timed_out and "its state is kept" in r.metadata["context_note"], r.metadata
+    assert "py_cells" not in r.stderr and r.stderr.rstrip().endswith("KeyboardInterrupt"), r.stderr
+    r = sb.run_code("before = ticks\nawait asyncio.sleep(0.5)\nprint(before == ticks, len(asyncio.all_tasks()))",
+                    context_id="ticks")
+    assert ok(r).stdout == "True 1\n"  # its task was cancelled: nothing but this cell's own runs
