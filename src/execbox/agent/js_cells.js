@@ -217,6 +217,9 @@ async function runCell(code) {
     return await live(res.result);
   } finally {
     session.post("Runtime.releaseObjectGroup", { objectGroup: group });
+    // the session's console messages hold what the cell logged (up to 1000 messages, their
+    // arguments alive): let them go, or every logged array stays in the context's heap
+    session.post("Runtime.discardConsoleEntries");
   }
 }
 

@@ -28,6 +28,12 @@ function reply(msg) {
 // never the context's paths.
 process.argv = [process.argv[0]];
 exposeUserModule("<cell>");
+// The global console also reports each call to the inspector, whose session (js_cells.js) would
+// keep up to 1000 messages with their arguments alive (every array a cell logged); a console of
+// the same streams does not.
+const cellConsole = new console.Console({ stdout: process.stdout, stderr: process.stderr });
+cellConsole.Console = console.Console;
+GLOBAL.console = cellConsole;
 GLOBAL.__filename = "<cell>";
 process.on("uncaughtException", (e) => {  // a late callback's error must not end the context
   process.stderr.write(`${userStack(e, __filename)}\n`);

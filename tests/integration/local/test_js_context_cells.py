@@ -151,3 +151,14 @@ def test_a_cell_shadowing_globals_does_not_break_the_context(sb):
     r = cell(sb, "await null;\nsetTimeout(() => {}, 0);\nthrow new Error('still reported')", "shadow")
     assert r.exit_code == 1 and r.stderr.startswith("Error: still reported"), r.stderr
     assert value(cell(sb, "[typeof JSON, typeof Promise]", "shadow")) == ["number", "number"]
+
+
+def test_what_a_cell_logs_is_not_kept_alive(sb):
+    """The inspector session would keep every logged value (up to 1000 messages); the console a cell
+    gets does not report to it. 40 arrays of 8 MB, each garbage once logged: 320 MB if kept."""
+    r = cell(sb, "for (let i = 0; i < 40; i++) console.log(new Array(1e6).fill(i).length);\n"
+                 "typeof console.Console", "console")
+    assert value(r) == "function"
+    r = cell(sb, "for (let i = 0; i < 40; i++) console.log(new Array(1e6).fill(i));\n1", "console")
+    assert value(r) == 1 and r.stdout.count("999900 more items") == 40
+    assert r.metadata["peak_memory_kb"] < 250 * 1024, r.metadata["peak_memory_kb"]
