@@ -40,13 +40,11 @@ if TYPE_CHECKING:
 # times out and the next starts a fresh shell. One that makes their variables readonly ends it.
 SETUP = rb"""unset HISTFILE MAILCHECK MAILPATH MAIL PROMPT_COMMAND
 set +o history +m +H
-__execbox_status=0
-__execbox_was() { return "$1"; }
 __execbox_pre() {
   local - IFS=
   set +u +e
   if [[ ${__execbox_run@a}${__execbox_file@a}${__execbox_envs@a}${__execbox_names@a}${__execbox_new@a} == *r* ||
-        ${__execbox_old@a}${__execbox_had@a}${__execbox_status@a}${__execbox_code@a} == *r* ]]; then
+        ${__execbox_old@a}${__execbox_had@a} == *r* ]]; then
     builtin printf 'execbox: a cell made the shell'"'"'s own __execbox_ variables readonly; this shell ends\n' >&5
     builtin exit 70
   fi
@@ -79,7 +77,6 @@ __execbox_answer() {
     fi
     __execbox_i=$((__execbox_i + 1))
   done
-  __execbox_status=$__execbox_rc
   builtin printf '{"exit_code":%d}\n' "$__execbox_rc" >&4
 }
 """
@@ -93,9 +90,7 @@ CELL = (b'__execbox_pre; builtin source "$__execbox_run" </dev/null >&6 2>&5 3<&
 # What the cell line sources: the cell's code, run by eval. Sourced, so the shell is not
 # interactive while the cell runs (an `exit` prints no "exit", `return` ends the cell); by eval,
 # so an error names `eval`, not the file's temp path (`bash: eval: line 3: syntax error ...`).
-# `$?` is the last cell's status when the code starts, as at an interactive prompt.
-EVAL_CELL = (b'__execbox_code=$(<"$__execbox_file"); __execbox_was "$__execbox_status"; '
-             b'builtin eval -- "$__execbox_code"\n')
+EVAL_CELL = b'builtin eval -- "$(<"$__execbox_file")"\n'
 MAX_ENV_STRING = 128 * 1024 - 1  # execve's limit on one NAME=value string (MAX_ARG_STRLEN)
 
 

@@ -272,11 +272,3 @@ def test_bash_arguments_reach_a_context_cell_as_a_one_shot_gets_them(sb):
         assert (r.stdout, r.exit_code) == ('{"n":21}', 0), r
     assert _sh(sb, 'echo "${EXECBOX_ARGUMENTS_FILE-unset}"').stdout == "unset\n"  # for that cell only
 
-
-def test_dollar_question_is_the_last_cells_status(sb):
-    """As at an interactive prompt: `$?` at the start of a cell is the previous cell's status."""
-    assert _sh(sb, "false").exit_code == 1
-    assert _sh(sb, "echo $?").stdout == "1\n"
-    assert _sh(sb, "echo $?").stdout == "0\n"
-    assert _sh(sb, "(exit 7)").exit_code == 7
-    assert _sh(sb, "echo $? $?").stdout == "7 7\n"
