@@ -27,6 +27,7 @@ import httpx
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import disconnect
 from .config import internal_secret, replica_base_url
 from .errors import error_response
 from .streaming import sse
@@ -151,10 +152,11 @@ class ForwardToOwner:
                 await send(m)
             return
         await self._forward(target, method, path, scope.get("query_string", b""), headers, body, receive, send,
-                            held)
+                            held, disconnect.of(scope))
 
     async def _forward(self, target: str, method: str, path: str, query: bytes, headers: dict[str, str],
-                       body: bytes, receive: Receive, send: Send, held: list[Message]) -> None:
+                       body: bytes, receive: Receive, send: Send, held: list[Message],
+                       gone: disconnect.Disconnect | None = None) -> None:
         if not self.secret or not replica_base_url(target):
             for m in held:  # no shared secret: the owner's name and URL are in the error already
                 await send(m)
@@ -172,8 +174,10 @@ class ForwardToOwner:
             return
         async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=5.0)) as client:
             try:
-                resp = await client.send(client.build_request(method, url, content=body, headers=out),
-                                         stream=True)
+                resp = await _unless_gone(client.send(client.build_request(method, url, content=body, headers=out),
+                                                      stream=True), gone)
+                if resp is None:  # the caller left: the owner's connection is closed, its run cancelled
+                    return
             except httpx.ConnectError as e:  # nothing reached the owner: the held SB009 is the truth
                 log.warning("forwarding %s %s to %s failed: %s", method, path, target, e)
                 for m in held:
@@ -198,6 +202,28 @@ class ForwardToOwner:
                 await send({"type": "http.response.body", "body": content, "more_body": False})
             finally:
                 await resp.aclose()
+
+
+async def _unless_gone(request: Awaitable[httpx.Response], gone: disconnect.Disconnect | None) -> httpx.Response | None:
+    """The owner's answer, or None when the caller disconnects first (a plain run's answer comes
+    only when the run ends): the request to the owner is then dropped, which closes its
+    connection, and the owner's own disconnect.py cancels the run."""
+    if gone is None:
+        return await request
+    loop = asyncio.get_running_loop()
+    left: asyncio.Future[None] = loop.create_future()
+    gone.on_gone(lambda: loop.call_soon_threadsafe(lambda: left.done() or left.set_result(None)))
+    answer = asyncio.ensure_future(request)
+    await asyncio.wait({answer, left}, return_when=asyncio.FIRST_COMPLETED)
+    if answer.done():
+        left.cancel()
+        return answer.result()
+    answer.cancel()
+    try:
+        await answer
+    except BaseException:  # noqa: BLE001 - the dropped request's own end
+        pass
+    return None
 
 
 async def _relay(resp: httpx.Response, receive: Receive, send: Send) -> None:
