@@ -1,5 +1,6 @@
-"""The run audit keeps its rows for EXECBOX_AUDIT_DAYS (default 90; 0 keeps them all): its writer
-prunes older ones, or the table would grow by every operation for as long as the service runs."""
+"""The run audit keeps its rows for EXECBOX_AUDIT_DAYS (default 365; 0 keeps them all): its writer
+prunes older ones, or the table would grow by every operation for as long as the service runs. It
+deletes in batches, each its own transaction (store/retention.py)."""
 
 import time
 
@@ -30,9 +31,9 @@ def _write_one(store) -> None:
 
 
 @pytest.mark.parametrize("days, kept", [
-    (None, ["day-1", "day-89", "now"]),  # the default, 90 days
+    (None, ["day-1", "day-200", "now"]),  # the default, 365 days
     ("30", ["day-1", "now"]),
-    ("0", ["day-1", "day-200", "day-89", "now"]),  # 0 keeps every row
+    ("0", ["day-1", "day-200", "day-400", "now"]),  # 0 keeps every row
 ])
 def test_rows_older_than_the_retention_are_pruned(store, monkeypatch, days, kept):
     if days is None:
@@ -40,7 +41,19 @@ def test_rows_older_than_the_retention_are_pruned(store, monkeypatch, days, kept
     else:
         monkeypatch.setenv("EXECBOX_AUDIT_DAYS", days)
     now = time.time()
-    for age in (1, 89, 200):
+    for age in (1, 200, 400):
         store.audit.record(tenant_id="t", operation="execute", session_id=f"day-{age}", created_at=now - age * 86400)
     _write_one(store)
     assert _rows(store) == kept
+
+
+def test_many_old_rows_go_in_batches(store, monkeypatch):
+    from execbox.service.store import retention
+
+    monkeypatch.setattr(retention, "PRUNE_BATCH", 7)
+    now = time.time()
+    for i in range(30):
+        store.audit.record(tenant_id="t", operation="execute", session_id=f"old-{i:02}", created_at=now - 500 * 86400)
+    store.audit.record(tenant_id="t", operation="execute", session_id="recent", created_at=now - 86400)
+    assert store.audit.prune(now - 365 * 86400) == 30
+    assert _rows(store) == ["recent"]

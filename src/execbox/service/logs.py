@@ -74,7 +74,7 @@ def memory_mb(metadata: dict[str, Any]) -> float | None:
 
 BATCH_LINGER = 0.05  # seconds the writer waits for more records before a transaction
 RETENTION_ENV = "EXECBOX_AUDIT_DAYS"  # how long audit rows are kept (store/retention.py)
-DEFAULT_RETENTION_DAYS = 90.0
+DEFAULT_RETENTION_DAYS = 365.0
 BATCH_MAX = 500
 
 

@@ -80,3 +80,22 @@ def test_since_and_until_bound_the_time(admin) -> None:  # noqa: ANN001
 def test_bad_parameters_are_400(admin, params) -> None:  # noqa: ANN001
     r = admin.get(API, params=params)
     assert r.status_code == 400 and r.json()["error"]["code"] == "SB002"
+
+
+def test_old_rows_are_pruned_in_batches_on_both_databases(db_url, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """store/retention.py's batched delete (a subquery with ORDER BY and LIMIT) on SQLite and PostgreSQL."""
+    import time
+
+    from execbox.service.store import retention
+
+    monkeypatch.setattr(retention, "PRUNE_BATCH", 4)
+    store = open_store(tmp_path, url=db_url)
+    try:
+        now = time.time()
+        for i in range(10):
+            store.audit.record(tenant_id="t", operation="execute", session_id=f"old-{i}", created_at=now - 400 * 86400)
+        store.audit.record(tenant_id="t", operation="execute", session_id="recent", created_at=now)
+        assert store.audit.prune(now - 365 * 86400) == 10
+        assert [r["session_id"] for r in store.audit.list(limit=100)] == ["recent"]
+    finally:
+        store.close()

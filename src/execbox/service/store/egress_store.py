@@ -13,14 +13,14 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Float, Integer, String, delete, insert, select
+from sqlalchemy import BigInteger, Boolean, Float, Integer, String, insert, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ...egress.audit import AuditRecord
 from ...egress.policy import EgressPolicy, parse_policy
 from ...errors import InvalidConfigError
 from .models import Base
-from .retention import Pruner
+from .retention import Pruner, delete_older
 
 log = logging.getLogger("execbox.egress")
 CAPS_SETTING = "egress.tenant_caps"
@@ -74,8 +74,7 @@ class EgressAuditRepo:
 
     def prune(self, older_than: float) -> int:
         """Delete rows written before ``older_than`` (epoch seconds); returns how many."""
-        with self._sessions.begin() as s:
-            return s.execute(delete(EgressAuditEntry).where(EgressAuditEntry.ts < older_than)).rowcount or 0
+        return delete_older(self._sessions, EgressAuditEntry, EgressAuditEntry.ts, older_than)
 
     def list(self, *, limit: int = 100, tenant_id: str | None = None, session_id: str | None = None,
              decision: str | None = None) -> list[dict[str, Any]]:

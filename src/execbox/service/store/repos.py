@@ -10,12 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ...errors import InvalidConfigError
 from .models import AuditEntry, SystemSetting, Token
+from .retention import delete_older
 
 TOKEN_PREFIX = "ebx_"
 ROLES = ("tenant", "admin")
@@ -281,8 +282,7 @@ class AuditRepo:
 
     def prune(self, older_than: float) -> int:
         """Delete rows written before ``older_than`` (epoch seconds); returns how many."""
-        with self._sessions.begin() as s:
-            return s.execute(delete(AuditEntry).where(AuditEntry.created_at < older_than)).rowcount or 0
+        return delete_older(self._sessions, AuditEntry, AuditEntry.created_at, older_than)
 
     def list(self, limit: int = 100, tenant_id: str | None = None, *, before_id: int | None = None,
              since: float | None = None, until: float | None = None,

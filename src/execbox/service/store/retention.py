@@ -1,9 +1,11 @@
 """How long an append-only audit table keeps its rows, and the pruning its writer does now and then.
 
 Both audit trails grow with every operation: the run audit (``audit``, ``EXECBOX_AUDIT_DAYS``,
-default 90) and the egress audit (``egress_audit``, ``EXECBOX_EGRESS_AUDIT_DAYS``, default 30).
+default 365) and the egress audit (``egress_audit``, ``EXECBOX_EGRESS_AUDIT_DAYS``, default 30).
 ``0`` keeps every row. Each writer prunes from its own thread, at its first batch (a service that
-restarts often still prunes) and then at most once an hour.
+restarts often still prunes) and then at most once an hour, in batches of ``PRUNE_BATCH`` rows,
+each its own transaction: a table with millions of old rows (the first prune after an upgrade)
+never holds the database's write lock for long.
 """
 
 from __future__ import annotations
@@ -12,8 +14,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session, sessionmaker
 
 PRUNE_EVERY = 3600.0  # seconds between prunes of one table
+PRUNE_BATCH = 5000  # rows per delete: each its own short transaction, so other writers go between
 
 
 def retention_days(env: str, default: float) -> float:
@@ -43,3 +50,16 @@ class Pruner:
                 self.log.info("%s: %d rows older than %g days removed", self.what, n, days)
         except Exception:  # noqa: BLE001 - retention must not stop the writer
             self.log.exception("%s: pruning failed", self.what)
+
+
+def delete_older(sessions: sessionmaker[Session], model: Any, column: Any, older_than: float) -> int:
+    """Delete ``model``'s rows whose ``column`` is before ``older_than``, oldest first, in batches;
+    how many."""
+    total = 0
+    while True:
+        batch = select(model.id).where(column < older_than).order_by(model.id).limit(PRUNE_BATCH)
+        with sessions.begin() as s:
+            n = s.execute(delete(model).where(model.id.in_(batch.scalar_subquery()))).rowcount or 0
+        total += n
+        if n < PRUNE_BATCH:
+            return total
