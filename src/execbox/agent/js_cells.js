@@ -112,16 +112,17 @@ function closing(blank, at) {
 function rewriteImports(code) {
   if (!code.includes("import")) return code;
   const blank = blankCode(code);
-  const word = /(?<![\w$.])import(?![\w$])/g;
+  const word = /(?<![\w$.#])import(?![\w$])/g;
   let out = "";
   let last = 0;
   let m;
   while ((m = word.exec(blank)) !== null) {
     const at = m.index;
     const paren = /^\s*\(/.exec(blank.slice(at + 6, at + 64));
-    if (paren) {  // import(...), unless a method of that name is defined: `import(x) {`
+    if (paren) {  // import(...), unless a method of that name is defined: `{ import(x) {`
       const close = closing(blank, at + 6 + paren[0].length - 1);
-      if (close >= 0 && /^\s*\{/.test(blank.slice(close + 1, close + 64))) continue;
+      const member = /(?:^|[{};,*]|\b(?:static|async|get|set))\s*$/.test(blank.slice(Math.max(0, at - 64), at));
+      if (member && close >= 0 && /^\s*\{/.test(blank.slice(close + 1, close + 64))) continue;
       out += code.slice(last, at) + IMPORTER;
       last = at + 6;
       continue;
@@ -201,9 +202,9 @@ async function runCell(code) {
   try {
     const source = rewriteImports(code);
     let res;
-    // `{a: 1}` alone is an object, not a block, as Node's REPL reads it; if it does not parse so,
-    // it is read as it stands
-    if (/^\s*\{/.test(code) && !/;\s*$/.test(code)) {
+    // `{a: 1}` alone (from `{` to `}`) is an object, not a block, as Node's REPL reads it; if it
+    // does not parse so, it is read as it stands
+    if (/^\s*\{/.test(code) && /\}\s*$/.test(code)) {
       res = await evaluate(`(${source}\n)`, group);
       if (unparsed(res)) res = null;
     }

@@ -116,8 +116,12 @@ def test_a_node_without_the_inspector_runs_cells_as_scripts(tmp_path):
 
 
 def test_the_rewrite_leaves_what_is_not_an_import_and_keeps_positions(sb, workspace):
-    # a method named import is defined and called, not rewritten
+    # a method named import (a private one too) is defined and called, not rewritten
     assert value(cell(sb, "class A { import(x) { return x * 2 } }\nnew A().import(21)", "rewrite")) == 42
+    code = "class C { #import(x) { return x * 2 } run() { return this.#import(21) } }\nnew C().run()"
+    assert value(cell(sb, code, "rewrite")) == 42
+    # an import() whose next line starts with a block is a call, not a method
+    assert value(cell(sb, "const p = await import('node:path')\n{ var sep = p.sep }\nsep", "rewrite")) == "/"
     # a template's ${...} is code (an import() there is one), a nested template's text is not
     code = "const fence = `${'`'.repeat(3)}js`;\n[fence, `a ${`import(\"m\")`} b`, (await import('./lib.mjs')).v]"
     assert value(cell(sb, code, "rewrite")) == ["```js", 'a import("m") b', 7]
@@ -141,6 +145,7 @@ def test_a_name_the_module_does_not_export_is_an_error(sb, workspace):
 def test_a_cell_that_is_an_object_literal_is_its_value(sb):
     assert value(cell(sb, "{a: 1, b: [2]}", "literal")) == {"a": 1, "b": [2]}
     assert value(cell(sb, "{ var inBlock = 3 }\ninBlock", "literal")) == 3  # a block stays a block
+    assert value(cell(sb, "{}\n[1, 2].length", "literal")) == 2  # it does not end with }: not an object
     r = cell(sb, "new Map([[1, 2]])", "literal")
     assert (r.exit_code, r.result) == (0, "Map(1) { 1 => 2 }"), (r.result, r.stderr)
 
