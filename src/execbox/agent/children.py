@@ -41,11 +41,9 @@ class Children(Spares):
         procs.set_dumpable(True)  # an ordinary process again (its own /proc entries readable)
         procs.prefer_oom_kill()  # after set_dumpable: /proc/self is then the sandbox user's to write
         signal.set_wakeup_fd(-1)
-        if ignore_sigint:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
         for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM):
-            if not (ignore_sigint and sig == signal.SIGINT):
-                signal.signal(sig, signal.SIG_DFL)
+            ignore = ignore_sigint and sig == signal.SIGINT  # never SIG_DFL on the way: that ends it
+            signal.signal(sig, signal.SIG_IGN if ignore else signal.SIG_DFL)
         for fd in (self.proto_in, self.proto_out, self.wake_r, self.wake_w):
             try:
                 os.close(fd)

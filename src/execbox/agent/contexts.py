@@ -40,8 +40,8 @@ def context_main(sock: socket.socket, workspace: str, artifacts_dir: str) -> Non
     py_cells.install()  # how a wrapper's cell (E2B's driver) awaits at top level
     # The agent's interrupt of a cell past its time (children._start_in_context), as a notebook's:
     # during a cell, KeyboardInterrupt in its code (Python's own handler: no frame of ours in the
-    # traceback), the context's state kept; between cells, nothing.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # traceback), the context's state kept; between cells nothing (ignored since the fork,
+    # children.child_prepare).
     devnull = os.open(os.devnull, os.O_RDWR)
     while True:
         try:

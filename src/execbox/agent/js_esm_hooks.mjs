@@ -26,12 +26,13 @@ export async function resolve(specifier, context, next) {
   if (specifier.startsWith(CELL_IMPORT)) {
     const query = new URLSearchParams(specifier.slice(CELL_IMPORT.length));
     const base = query.get("base");
-    return resolveFrom(query.get("specifier"), base, createRequire(fileURLToPath(base)), context, next);
+    return resolveFrom(query.get("specifier"), base, () => createRequire(fileURLToPath(base)), context, next);
   }
   const parentURL = context.parentURL === ENTRY ? state.base : context.parentURL;
   // what a cell's import imports in turn: NODE_PATH as seen from the importing file
-  const require = state ? state.require : parentURL && parentURL.startsWith("file:") ? createRequire(fileURLToPath(parentURL)) : null;
-  return resolveFrom(specifier, parentURL, require, context, next);
+  const requireFrom = () => (state ? state.require
+    : parentURL && parentURL.startsWith("file:") ? createRequire(fileURLToPath(parentURL)) : null);
+  return resolveFrom(specifier, parentURL, requireFrom, context, next);
 }
 
 // NODE_PATH's node_modules directories (runtime templates, in-session installs): a package there
@@ -40,7 +41,8 @@ export async function resolve(specifier, context, next) {
 // "require" condition.
 const NODE_PATH = (process.env.NODE_PATH || "").split(path.delimiter).filter(Boolean);
 
-async function resolveFrom(specifier, parentURL, require, context, next) {
+// `requireFrom`: the require() of the last resort, made only when it is needed.
+async function resolveFrom(specifier, parentURL, requireFrom, context, next) {
   try {
     return await next(specifier, { ...context, parentURL });
   } catch (e) {
@@ -51,6 +53,7 @@ async function resolveFrom(specifier, parentURL, require, context, next) {
         return await next(specifier, { ...context, parentURL: pathToFileURL(path.join(dir, "<importer>")).href });
       } catch { /* not in this one */ }
     }
+    const require = requireFrom();
     if (require) {
       try {
         return { url: pathToFileURL(require.resolve(specifier)).href, shortCircuit: true };

@@ -14,6 +14,8 @@ from __future__ import annotations
 import _ast
 import sys
 
+from .lean import dumps
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -96,10 +98,9 @@ def needs_arguments(main: Any) -> bool:
     return required > 0 or kwonly > 0
 
 
-def shown(value: Any, encode: Any, dumps: Any) -> dict[str, Any]:
-    """A last expression's value as a result: JSON when it fits, else its ``repr``, as IPython
-    shows it."""
-    encoded = encode(value)
+def shown(value: Any, encoded: dict[str, Any]) -> dict[str, Any]:
+    """A last expression's value as a result: ``encoded`` (its JSON, runners.encode_value) when it
+    fits, else its ``repr``, as IPython shows it."""
     if "error" in encoded:
         return {"present": True, "json": dumps(repr(value)), "type": "repr"}
     return encoded

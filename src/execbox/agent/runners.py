@@ -230,7 +230,7 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
             print("execbox: arguments were given but the code defines no main() function", file=sys.stderr)
             exit_code = 1
         elif shows and value is not None:  # a cell's last expression, as IPython's Out[]
-            write_result(result_fd, {"result": py_cells.shown(value, encode_value, dumps)})
+            write_result(result_fd, {"result": py_cells.shown(value, encode_value(value))})
     except SystemExit as e:
         exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
