@@ -29,8 +29,10 @@ def _run_cell(code: str, globs: dict) -> object:
     """What the agent does with a cell program: exec, then call main() unless a __main__ guard."""
     import ast
 
+    from execbox.agent import py_cells
     from execbox.agent.runners import has_main_guard
 
+    py_cells.install()  # as a context does: the driver runs its cells through the agent's runner
     program = python_cell(code)
     guarded = has_main_guard(ast.parse(program))
     globs.setdefault("__name__", "__main__")

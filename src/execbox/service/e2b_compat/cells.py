@@ -5,9 +5,10 @@ literal) to a driver (``_DRIVER``, run in a namespace of its own) that behaves a
 
 - it compiles the source itself as ``Cell In[N]`` (and seeds linecache with it), so tracebacks show
   the user's own lines and line numbers, never the driver's; frames before the cell's are cut;
-- when the last statement (by the ast) is an expression, that expression is evaluated on its
-  own and its value is the cell's result (``x += 1; x`` shows ``x``), unless a ``;`` ends the
-  cell (IPython's rule: ``x;`` shows nothing);
+- when the last statement (by the ast) is an expression, its value is the cell's result
+  (``x += 1; x`` shows ``x``), unless a ``;`` ends the cell (IPython's rule: ``x;`` shows
+  nothing); the agent's ``py_cells.keep_last`` keeps it, so a cell that awaits still runs as one
+  coroutine;
 - ``SystemExit`` (``sys.exit(3)``) is an error named ``SystemExit`` whose value is the exit code,
   with IPython's short notice as the traceback, and the context lives on;
 - the sandbox's envs (``Sandbox.create(envs=...)``) are set in ``os.environ`` by a context's first
@@ -97,20 +98,12 @@ def _run(src, start_env, env, cwd, show, key, g):
             if cwd:
                 os.chdir(cwd)
             tree = compile(src, name, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
-            out = None
-            # the agent's cell runner (agent/py_cells.py): top-level await on the context's event
-            # loop, the last expression kept within the one code object (it may await too)
-            cell = sys.modules.get("_execbox_cell")
-            if cell is not None:
-                body, kept = cell.keep_last(src, tree) if show else (tree, False)
-                cell.exec_cell(compile(body, name, "exec", cell.FLAGS, dont_inherit=True), g)
-                value = g.pop(cell.OUT, None) if kept else None
-            else:
-                last = tree.body.pop() if show else None
-                exec(compile(tree, name, "exec", dont_inherit=True), g)
-                value = None
-                if last is not None:
-                    value = eval(compile(_ast.Expression(body=last.value), name, "eval", dont_inherit=True), g)
+            # the agent's cell runner (agent/py_cells.py, in every context): top-level await on
+            # the context's event loop, the last expression kept within the one code object
+            cell = sys.modules["_execbox_cell"]
+            body, kept = cell.keep_last(src, tree) if show else (tree, False)
+            cell.exec_cell(compile(body, name, "exec", cell.FLAGS, dont_inherit=True), g)
+            value = g.pop(cell.OUT, None) if kept else None
             out = None if value is None else _display(value)
         except MemoryError:
             raise
@@ -218,8 +211,7 @@ _JS_WRAPPER = """(function (src, startEnv, env, cwd) {
   let value;
   try {
     if (cwd) { process.chdir(cwd); globalThis.__dirname = process.cwd(); }
-    const run = globalThis[Symbol.for("execbox.cell.run")];  // the agent's (js_cells.js): await, import
-    value = run ? run(src) : require("vm").runInThisContext(src, { filename: "<cell>" });
+    value = globalThis[Symbol.for("execbox.cell.run")](src);  // the agent's (js_cells.js): await, import
   } catch (e) { restore(); throw e; }
   if (value && typeof value.then === "function") return Promise.resolve(value).finally(restore);
   restore();
