@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 LANGS = ("python", "javascript", "bash")
-INTERRUPT_GRACE = 2.0  # seconds a Python cell past its time has to end on its interrupt
-INTERRUPT_AGAIN = 0.5  # seconds between interrupts within that grace (one may come before the cell)
 ALIASES = {"nodejs": "javascript", "node": "javascript", "js": "javascript", "python3": "python",
            "py": "python", "sh": "bash", "shell": "bash"}
 
@@ -378,13 +376,14 @@ class Children(Spares):
             "stream": bool(req.get("stream")), "figure_prefix": prefix, "cell": cell,
         })
         state: dict[str, Any] = {}
+        stop = pump.Interrupt(ctx.pid, lambda: self._keep_pids() - {ctx.pid})
 
         def on_extra(fd: int) -> None:
             try:
                 msg = protocol.read_frame(fd)
                 state["done"] = {"exit_code": msg.get("exit_code", 1), "signal": None,
                                  "peak_memory_kb": msg.get("peak_memory_kb")}
-                if "interrupted" in state:  # the cell answered its interrupt: the context lives on
+                if stop.pending:  # the cell answered its interrupt: the context lives on
                     note["context_interrupted"] = True
             except (EOFError, OSError, ValueError):  # it ended (os._exit(4) is 4, not a kill)
                 state["done"] = js_contexts.exit_status(self, ctx)
@@ -396,31 +395,16 @@ class Children(Spares):
                 status, _ = self.exited.pop(ctx.pid)
                 code, sig = procs.decode_status(status)
                 return {"exit_code": code, "signal": sig, "died": True}
-            if "interrupted" in state:
-                waited = time.monotonic() - state["interrupted"]
-                if waited >= INTERRUPT_GRACE:
-                    state.pop("interrupted")  # the cell did not end on its interrupt: it is killed
-                    pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
-                elif waited >= state["resent"] + INTERRUPT_AGAIN:
-                    # sent before the cell started (the context ignores SIGINT between cells)
-                    state["resent"] = waited
-                    interrupt()
+            stop.tick()
             return None
-
-        def interrupt() -> None:
-            try:
-                os.kill(ctx.pid, signal.SIGINT)
-            except OSError:
-                pass
 
         def kill() -> None:
             # A notebook's interrupt first (contexts.context_main): KeyboardInterrupt in the cell,
-            # its globals kept; done() kills it if it has not answered within INTERRUPT_GRACE.
+            # its globals kept; a context that has not answered within the grace is killed.
             if not cell:  # a one-shot's spare: killed at once, as any one-shot run
                 pump.kill_quietly(ctx.pid, keep=self._keep_pids() - {ctx.pid})
                 return
-            state["interrupted"], state["resent"] = time.monotonic(), 0.0
-            interrupt()
+            stop.start()
 
         return pump.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.sock.fileno()], on_extra=on_extra), kill, note
 

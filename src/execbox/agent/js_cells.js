@@ -16,6 +16,7 @@
 // The globals this file uses are taken when it loads: a cell may declare `const JSON`,
 // `let Promise` or `const process` of its own, which every later lookup by name would find.
 "use strict";
+const GLOBAL = globalThis;
 const { JSON, Promise, Map, Symbol, Object, String, Error, SyntaxError, BigInt, Number, URL, URLSearchParams,
   process } = globalThis;
 const vm = require("vm");
@@ -183,9 +184,29 @@ function locate(e, details, code) {
   e.stack = `<cell>:${details.lineNumber + 1}\n${line}\n${" ".repeat(column)}^\n\n${e}`;
 }
 
-async function evaluate(source, group) {
-  return post("Runtime.evaluate", {
+// `fn()` with SIGINT ending what it runs synchronously, as Node's REPL does (a vm script's
+// breakOnSigint watchdog): the agent's interrupt of a cell past its time, or cancelled, ends its
+// loop with ERR_SCRIPT_EXECUTION_INTERRUPTED and leaves the context's globals as they were. An
+// inspector evaluation runs its cell synchronously within session.post, so the watchdog covers a
+// cell up to its first `await` (an awaiting cell is interrupted by js_context.js).
+const UNDER_SIGINT = new vm.Script("this.__execbox_call__()", { filename: __filename });
+
+function underSigint(fn) {
+  Object.defineProperty(GLOBAL, "__execbox_call__", { value: fn, configurable: true });
+  try {
+    return UNDER_SIGINT.runInThisContext({ breakOnSigint: true });
+  } finally {
+    delete GLOBAL.__execbox_call__;
+  }
+}
+
+function evaluate(source, group) {
+  const params = {
     expression: `${source}\n//# sourceURL=<cell>`, replMode: true, awaitPromise: true, objectGroup: group,
+  };
+  // an interrupted evaluation never answers: the interrupt is what the cell ends with
+  return new Promise((resolve, reject) => {
+    underSigint(() => session.post("Runtime.evaluate", params, (err, res) => (err ? reject(err) : resolve(res))));
   });
 }
 
@@ -197,7 +218,7 @@ function unparsed(res) {
 
 // Run one cell; its completion value (a top-level await settled first), or the thrown value.
 async function runCell(code) {
-  if (session === null || takerId === null) return vm.runInThisContext(code, { filename: "<cell>" });
+  if (session === null || takerId === null) return vm.runInThisContext(code, { filename: "<cell>", breakOnSigint: true });
   const group = `execbox-cell-${++cells}`;
   try {
     const source = rewriteImports(code);
@@ -228,4 +249,4 @@ async function runCell(code) {
 // service/e2b_compat/cells.py) finds this runner here.
 Object.defineProperty(globalThis, Symbol.for("execbox.cell.run"), { value: runCell, configurable: true });
 
-module.exports = { runCell, rewriteImports };
+module.exports = { runCell, rewriteImports, underSigint };

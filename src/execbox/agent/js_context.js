@@ -18,7 +18,7 @@ const vm = require("vm");
 const util = require("util");
 const readline = require("readline");
 const { encode, encodeReturned, userStack, exposeUserModule } = require("./js_common.js");
-const { runCell } = require("./js_cells.js");
+const { runCell, underSigint } = require("./js_cells.js");
 
 function reply(msg) {
   try { fs.writeSync(4, JSON.stringify(msg) + "\n"); } catch (e) { process.exit(0); }
@@ -43,6 +43,27 @@ process.on("unhandledRejection", (reason) => {
   process.stderr.write(`${userStack(reason, __filename)}\n`);
 });
 
+// The agent's interrupt (SIGINT) of a cell past its time, or cancelled, as a notebook's: a cell
+// running synchronously is ended by js_cells.underSigint, one awaiting here; either way the cell
+// ends with Node's ERR_SCRIPT_EXECUTION_INTERRUPTED and the globals stay. Between cells it is
+// nothing (the agent repeats it until the cell answers). What an awaiting cell left pending
+// (a timer, a fetch) is not cancelled: a promise cannot be, as in Node's REPL.
+let interruptCell = null;
+process.on("SIGINT", () => { if (interruptCell !== null) interruptCell(); });
+
+function interrupted() {
+  const e = new Error("Script execution was interrupted by `SIGINT`");
+  e.code = "ERR_SCRIPT_EXECUTION_INTERRUPTED";
+  return e;
+}
+
+function interruptible(promise) {
+  return new Promise((resolve, reject) => {
+    interruptCell = () => reject(interrupted());
+    promise.then(resolve, reject);
+  }).finally(() => { interruptCell = null; });
+}
+
 // A cell's own peak memory, not the process's lifetime one: the high-water mark (VmHWM) is
 // reset before the cell ("5" to clear_refs) and read after it; maxRSS where /proc cannot be used.
 function resetPeak() {
@@ -64,16 +85,16 @@ async function handle(req) {
     try { process.chdir(req.cwd); } catch (e) { /* keep the last directory */ }
     GLOBAL.__dirname = process.cwd();
     resetPeak();
-    let value = await runCell(req.code);
-    if (value && typeof value.then === "function") value = await value;
+    let value = await interruptible(runCell(req.code));
+    if (value && typeof value.then === "function") value = await interruptible(value);
     if (req.arguments != null) {  // as a one-shot run: main(arguments) is the result
       const main = vm.runInThisContext("typeof main === 'function' ? main : undefined");
       if (typeof main !== "function") {
         process.stderr.write("execbox: arguments were given but the code defines no main() function\n");
         exitCode = 1;
       } else {
-        value = main(req.arguments);
-        if (value && typeof value.then === "function") value = await value;
+        value = underSigint(() => main(req.arguments));
+        if (value && typeof value.then === "function") value = await interruptible(value);
         result = encodeReturned(value);
         if (result.error) {
           process.stderr.write(`execbox: ${result.error}\n`);
@@ -88,7 +109,8 @@ async function handle(req) {
       if (result.error) result = { present: true, json: JSON.stringify(util.inspect(value)), type: "inspect" };
     }
   } catch (e) {
-    process.stderr.write(`${userStack(e, __filename)}\n`);
+    const stopped = e instanceof Error && e.code === "ERR_SCRIPT_EXECUTION_INTERRUPTED";
+    process.stderr.write(stopped ? `Error [${e.code}]: ${e.message}\n` : `${userStack(e, __filename)}\n`);
     exitCode = 1;
   }
   reply({ exit_code: exitCode, result, peak_memory_kb: peakKb() });

@@ -4,8 +4,9 @@ Node cannot receive pipe ends over a unix socket as the Python contexts do, so e
 owns its stdout/stderr pipes for life plus a request pipe (fd 3) and a reply pipe (fd 4). An
 execution writes one request line and pumps the context's pipes until the reply line arrives
 (``pump.Watch.persistent``: the pipes stay open, what is buffered is drained at the end).
-A context that times out, is cancelled or dies is dropped like a Python one; the next execution
-with its id starts from empty globals.
+A JavaScript cell past its time, or cancelled, is interrupted first as a Python one is, and its
+context lives on if the cell ends then; a context killed (one that did not end, a bash one) or
+that died is dropped, and the next execution with its id starts from empty globals.
 """
 
 from __future__ import annotations
@@ -146,9 +147,14 @@ def _exit_code_of(head: bytes) -> int:
         return 1
 
 
-def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_cap: int = pump.DEFAULT_OUTPUT_CAP):
+def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_cap: int = pump.DEFAULT_OUTPUT_CAP,
+          note: dict[str, Any] | None = None):
     """Send one cell (``request``, written whole to the context's request pipe by ``deadline``);
     the Watch is done when the reply line (or EOF: the context died, exit_status says how) arrives.
+
+    With ``note`` (a JavaScript context), the cell past its time or cancelled is interrupted first
+    (pump.Interrupt; js_context.js ends it, its globals kept) and ``context_interrupted`` is
+    noted when it answers; without it (bash) the context is killed at once.
 
     A reply line longer than the result pipe's bound (pump.pump) is not kept: its result is over
     the cap, so only its exit code is read and ``result_overflow`` is set. A reply that is not
@@ -157,8 +163,17 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
     limit = 2 * result_cap + pump.RESULT_SLACK
     ctx.reply_buf.clear()
 
+    def keep() -> set[int]:
+        return agent._keep_pids() - {ctx.pid}
+
+    stop = pump.Interrupt(ctx.pid, keep)
+
     def kill() -> None:
-        pump.kill_quietly(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
+        pump.kill_quietly(ctx.pid, keep=keep())
+
+    def interrupt() -> None:
+        if "done" not in state:
+            stop.start()
 
     try:
         write_all(ctx.req_w, request, deadline)
@@ -195,6 +210,8 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
             state["result_raw"] = dumps({"result": msg["result"]}).encode() if msg.get("result") else b""
             state["done"] = {"exit_code": msg["exit_code"], "signal": None,
                              "peak_memory_kb": msg.get("peak_memory_kb")}
+            if stop.pending and note is not None:  # the cell answered its interrupt: the context lives on
+                note["context_interrupted"] = True
         elif len(ctx.reply_buf) > limit:
             state["result_overflow"] = True
             del ctx.reply_buf[64:]  # keep the head: the exit code comes first
@@ -206,10 +223,11 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
             status, _ = agent.exited.pop(ctx.pid)
             code, sig = procs.decode_status(status)
             return {"exit_code": code, "signal": sig, "died": True}
+        stop.tick()
         return None
 
     watch = pump.Watch(pid=ctx.pid, is_done=done, extra_fds=[ctx.rep_r], on_extra=on_extra, persistent=True)
-    return watch, kill, state
+    return watch, (kill if note is None else interrupt), state
 
 
 def write_all(fd: int, data: bytes, deadline: float) -> None:
@@ -236,11 +254,12 @@ def run_in_context(agent: Any, context_id: str, spec: dict[str, Any], req: dict[
         msg["arguments"] = spec["arguments"]
     request = (dumps(msg) + "\n").encode()
     return run_in(agent, agent.js_contexts, lambda: spawn(agent, context_id), context_id, request,
-                  spec["timeout"], result_cap)
+                  spec["timeout"], result_cap, interruptible=True)
 
 
 def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext], context_id: str,
-           request: bytes | Callable[[JsContext, float], bytes], timeout: float, result_cap: int):
+           request: bytes | Callable[[JsContext, float], bytes], timeout: float, result_cap: int,
+           interruptible: bool = False):
     """A cell in ``table[context_id]``, made by ``make`` on first use (a JS or a bash context);
     ``request`` (or what it returns) goes to the request pipe within ``timeout`` (the run's)."""
     # A context takes its next cell at once when idle; one that does not within WRITE_WAIT (a
@@ -266,8 +285,8 @@ def run_in(agent: Any, table: dict[str, JsContext], make: Callable[[], JsContext
         data, stuck = (request(ctx, deadline) if callable(request) else request), False
     except TimeoutError:  # a bash context's command pipe stayed full
         data, stuck = b"", True
-    watch, kill, state = start(agent, ctx, data, deadline, result_cap)
+    watch, stop, state = start(agent, ctx, data, deadline, result_cap, note if interruptible else None)
     if stuck and "done" not in state:
-        kill()
+        pump.kill_quietly(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
         state["done"] = DIED
-    return watch, kill, note, state
+    return watch, stop, note, state

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_OUTPUT_CAP = 1024 * 1024
+INTERRUPT_GRACE = 2.0  # seconds a context's cell past its time has to end on its interrupt
+INTERRUPT_AGAIN = 0.5  # seconds between interrupts within that grace (one may come before the cell)
 # The result pipe holds {"result": {"json": <the value's JSON as a JSON string>, ...}}: at most twice
 # the value's JSON (each '"' and '\\' escaped once more) plus a little framing. Past this bound the
 # value is surely over the cap, and only RESULT_TAIL bytes are kept: where a Python child's exit
@@ -359,3 +361,43 @@ def kill_quietly(pid: int, keep: set[int] | None = None) -> None:
         procs.kill_tree(pid, keep=keep)
     except Exception:  # noqa: BLE001
         pass
+
+
+class Interrupt:
+    """A notebook's interrupt of a context's cell past its time, or cancelled: SIGINT now and
+    again every INTERRUPT_AGAIN (one may come before the cell runs: a context ignores it between
+    cells), and a kill of the context once INTERRUPT_GRACE passes without the cell's answer."""
+
+    __slots__ = ("pid", "keep", "since", "resent")
+
+    def __init__(self, pid: int, keep: Callable[[], set[int]]) -> None:
+        self.pid, self.keep = pid, keep
+        self.since: float | None = None
+        self.resent = 0.0
+
+    @property
+    def pending(self) -> bool:
+        """Sent, and the context not killed for ignoring it: an answer now means the cell ended."""
+        return self.since is not None
+
+    def start(self) -> None:
+        self.since, self.resent = time.monotonic(), 0.0
+        self._signal()
+
+    def tick(self) -> None:
+        """From the watch's is_done: the repeat, or the kill once the grace is over."""
+        if self.since is None:
+            return
+        waited = time.monotonic() - self.since
+        if waited >= INTERRUPT_GRACE:
+            self.since = None
+            kill_quietly(self.pid, keep=self.keep())
+        elif waited >= self.resent + INTERRUPT_AGAIN:
+            self.resent = waited
+            self._signal()
+
+    def _signal(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGINT)
+        except OSError:
+            pass

@@ -57,6 +57,16 @@ def test_sdk_timeout_stops_the_cell_and_frees_the_sandbox(sbx) -> None:
     assert time.monotonic() - started < 10
 
 
+def test_a_javascript_cell_the_sdk_gave_up_on_is_interrupted_and_its_context_kept(sbx) -> None:
+    """As a Python cell: the interrupt ends the JavaScript cell (the wrapper's nested evaluation
+    included), and the context's names stay."""
+    ctx = sbx.create_code_context(language="js")
+    assert sbx.run_code("const kept = 'yes'; 1", context=ctx, timeout=10).text == "1"
+    with pytest.raises(e2b.TimeoutException):
+        sbx.run_code("while (true) {}", context=ctx, timeout=1)
+    assert sbx.run_code("kept", context=ctx, timeout=10).text == "yes"
+
+
 @pytest.mark.parametrize("op", ["restart", "remove"])
 def test_restart_or_remove_stops_a_running_cell(sbx, op: str) -> None:
     ctx = sbx.create_code_context()

@@ -109,7 +109,10 @@ def test_javascript_contexts_keep_globals_and_restart_after_timeout(box) -> None
     assert (r.stderr, r.result, r.metadata.get("context_new")) == ("e\n", 42, None)
     assert p.execute_code(iid, "typeof a", "javascript", context_id="js2").result == "undefined"
     r = p.execute_code(iid, "while (true) {}", "javascript", timeout=1, context_id="js1")
-    assert r.timed_out and r.metadata.get("context_reset")
+    assert r.timed_out and "context_reset" not in r.metadata  # interrupted, as a notebook's cell
+    assert p.execute_code(iid, "typeof f", "javascript", context_id="js1").result == "function"
+    r = p.execute_code(iid, "await null; while (true) {}", "javascript", timeout=1, context_id="js1")
+    assert r.timed_out and r.metadata.get("context_reset")  # past its first await: killed
     r = p.execute_code(iid, "typeof f", "javascript", context_id="js1")
     assert r.result == "undefined" and r.metadata.get("context_restarted")
     assert p.reset_context(iid, "js2") is True

@@ -167,3 +167,44 @@ def test_what_a_cell_logs_is_not_kept_alive(sb):
     r = cell(sb, "for (let i = 0; i < 40; i++) console.log(new Array(1e6).fill(i));\n1", "console")
     assert value(r) == 1 and r.stdout.count("999900 more items") == 40
     assert r.metadata["peak_memory_kb"] < 250 * 1024, r.metadata["peak_memory_kb"]
+
+
+INTERRUPTED = "Error [ERR_SCRIPT_EXECUTION_INTERRUPTED]: Script execution was interrupted by `SIGINT`\n"
+
+
+@pytest.mark.parametrize("code, arguments", [
+    ("while (true) { n++ }", None),  # running: the inspector's evaluation, under the SIGINT watchdog
+    ("n++; await new Promise(() => {})", None),  # awaiting: js_context.js ends the wait
+    ("function main(a) { for (;;) { n++ } }", {"x": 1}),  # main(arguments), called after the cell
+])
+def test_a_cell_past_its_time_is_interrupted_and_the_context_kept(sb, code, arguments):
+    """As Node's REPL on Ctrl+C and a Python context's cell: the cell ends with Node's interrupt
+    error, its `let` and `var` names stay, and what it did before the interrupt is kept."""
+    assert value(cell(sb, "var kept = 'yes'; let n = 0; 1", "stop")) == 1
+    r = cell(sb, code, "stop", timeout=1, arguments=arguments)
+    assert (r.timed_out, r.exit_code, r.stderr) == (True, 1, INTERRUPTED), (r.metadata, r.stderr)
+    assert r.metadata["context_note"] == "context 'stop' was interrupted (timeout); its state is kept"
+    r = cell(sb, "[kept, n > 0]", "stop")
+    assert value(r) == ["yes", True] and "context_restarted" not in r.metadata, r.metadata
+
+
+def test_a_cancelled_cell_is_interrupted_and_the_context_kept(sb):
+    import threading
+
+    assert value(cell(sb, "var kept = 'yes'; 1", "cancel")) == 1
+    timer = threading.Timer(0.5, lambda: sb.provider.cancel(sb.instance_id))
+    timer.start()
+    r = cell(sb, "while (true) {}", "cancel", timeout=30)
+    assert r.metadata.get("cancelled") is True and r.stderr == INTERRUPTED, (r.metadata, r.stderr)
+    assert "interrupted (cancelled)" in r.metadata["context_note"]
+    assert value(cell(sb, "kept", "cancel")) == "yes"
+
+
+def test_a_cell_busy_after_its_first_await_is_killed(sb):
+    """Past its first `await` a cell runs from Node's microtask queue, where no watchdog is: one
+    that does not yield there cannot be interrupted, and the context is killed after the grace."""
+    cell(sb, "var kept = 'yes'", "busy")
+    r = cell(sb, "await null; for (;;) {}", "busy", timeout=1)
+    assert r.timed_out and r.metadata.get("context_reset") is True, r.metadata
+    r = cell(sb, "typeof kept", "busy")
+    assert value(r) == "undefined" and r.metadata.get("context_restarted") is True
