@@ -89,8 +89,9 @@ def python_main_called_once(b: Box) -> None:
 
 
 def python_plain_script(b: Box) -> None:
-    r = _ok(b.run("x = 6 * 7\nprint(x)\n"))
-    assert r.stdout == "42\n" and r.stderr == "" and r.result is None
+    for arguments in (None, {}):
+        r = _ok(b.run("x = 6 * 7\nprint(x)\n", arguments=arguments))
+        assert r.stdout == "42\n" and r.stderr == "" and r.result is None
 
 
 def javascript_main_arguments(b: Box) -> None:
@@ -98,6 +99,10 @@ def javascript_main_arguments(b: Box) -> None:
                   "javascript", arguments={"n": 21}))
     assert r.result == {"n": 42, "s": "ok"}
     assert r.stdout == "js\n"
+    # `{}` names no argument (RAGFlow's /run always sends it): a plain script is no error, as in Python
+    for code in ("console.log('plain');", "await null;\nconsole.log('plain');"):
+        r = _ok(b.run(code, "javascript", arguments={}))
+        assert (r.stdout, r.stderr, r.result) == ("plain\n", "", None), r.stderr
 
 
 def javascript_es_module(b: Box) -> None:

@@ -11,7 +11,7 @@
 "use strict";
 // the globals used, taken before a cell can shadow them (`const JSON = ...`; js_cells.js)
 const GLOBAL = globalThis;
-const { JSON, Promise, Map, Set, Math, Number, Error, process } = GLOBAL;
+const { JSON, Promise, Map, Set, Math, Number, Object, Error, process } = GLOBAL;
 const fs = require("fs");
 const net = require("net");
 const vm = require("vm");
@@ -90,8 +90,10 @@ async function handle(req) {
     if (req.arguments != null) {  // as a one-shot run: main(arguments) is the result
       const main = vm.runInThisContext("typeof main === 'function' ? main : undefined");
       if (typeof main !== "function") {
-        process.stderr.write("execbox: arguments were given but the code defines no main() function\n");
-        exitCode = 1;
+        if (Object.keys(req.arguments).length > 0) {  // `{}` is none, as for Python
+          process.stderr.write("execbox: arguments were given but the code defines no main() function\n");
+          exitCode = 1;
+        }
       } else {
         value = underSigint(() => main(req.arguments));
         if (value && typeof value.then === "function") value = await interruptible(value);

@@ -81,6 +81,8 @@ async function run() {
   const argsFile = process.argv[3];
   const hasArgs = Boolean(argsFile);
   const args = hasArgs ? JSON.parse(fs.readFileSync(argsFile, "utf8")) : undefined;
+  // `{}` names nothing: no main() is then no error, as for Python (RAGFlow's /run always sends it)
+  const named = hasArgs && args !== null && typeof args === "object" && Object.keys(args).length > 0;
   process.argv = [process.argv[0], "<code>"];
   exposeUserModule("<code>");
   globalThis.__filename = "<code>";
@@ -112,7 +114,7 @@ async function run() {
     } else {
       send({ result: encoded });
     }
-  } else if (hasArgs) {
+  } else if (named) {
     process.stderr.write(script ? "execbox: arguments were given but the code defines no main() function\n"
       : "execbox: arguments were given but the module exports no main() function (export function main)\n");
     process.exitCode = 1;

@@ -233,3 +233,17 @@ def test_an_es_modules_errors_read_as_the_users(sb, workspace):
     assert "Cannot find package 'nope_pkg'" in r.stderr and not any(a in r.stderr for a in AGENT_FILES), r.stderr
     r = sb.run_code("const x = await 1;\nfunction main(a) { return a; }", "javascript", arguments={"n": 1})
     assert r.exit_code == 1 and "module exports no main() function" in r.stderr
+
+
+@pytest.mark.parametrize("context", [None, "args"])
+def test_arguments_name_main_and_an_empty_object_names_nothing(sb, context):
+    """As in Python: arguments with something in them need a main(); `{}` (what RAGFlow's /run
+    always sends) does not, and a main() there is still called."""
+    missing = "execbox: arguments were given but the code defines no main() function\n"
+    r = sb.run_code("console.log('plain')", "javascript", arguments={"x": 1}, context_id=context)
+    assert (r.exit_code, r.stderr) == (1, missing), r.stderr
+    r = sb.run_code("console.log('plain')", "javascript", arguments={}, context_id=context)
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "plain\n", ""), r.stderr
+    r = sb.run_code("function main(a) { return Object.keys(a).length }", "javascript", arguments={},
+                    context_id=context)
+    assert (r.exit_code, r.result) == (0, 0), r.stderr
