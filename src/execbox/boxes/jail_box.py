@@ -130,10 +130,16 @@ class JailBox(ProcessBox):
             except OSError:
                 pass
         with _pending_lock:
-            fut = _reaper.submit(self._teardown)
-            _pending[self.name] = fut
-            if self.ws.persistent and self.ws.caller_dir:
-                _pending_ws[self.ws.caller_dir] = fut
+            try:
+                fut = _reaper.submit(self._teardown)
+            except RuntimeError:  # the interpreter is exiting (an atexit shutdown): here, then
+                fut = None
+            else:
+                _pending[self.name] = fut
+                if self.ws.persistent and self.ws.caller_dir:
+                    _pending_ws[self.ws.caller_dir] = fut
+        if fut is None:
+            self._teardown()
 
     def _teardown(self) -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 import threading
@@ -45,14 +46,31 @@ def get_sandbox(provider: str | None = None, config: Mapping[str, Any] | None = 
 
 
 def default_provider() -> SandboxProvider:
-    """Process-wide provider for one-shot calls, created on first use from the environment."""
+    """Process-wide provider for one-shot calls, created on first use from the environment and
+    shut down when the process exits (its warm pool's boxes with it)."""
     key = (sandbox_type() or "", os.environ.get("SANDBOX_TIMEOUT_SEC", ""))
     with _default_lock:
         prov = _default.get(key)
         if prov is None or not prov.initialized:
+            if not _default:
+                atexit.register(_shut_defaults)
             prov = get_sandbox()
             _default[key] = prov
         return prov
+
+
+def _shut_defaults() -> None:
+    """At exit: a pool's spare boxes are processes, mounts and cgroups of this process's; left
+    running, the next execbox process finds them dead and reaps them (``execbox run`` left two
+    on every call)."""
+    with _default_lock:
+        provs = list(_default.values())
+        _default.clear()
+    for prov in provs:
+        try:
+            prov.shutdown()
+        except Exception:  # noqa: BLE001, S110 - exiting: nothing else can be done with it
+            pass
 
 
 def _resolve_provider(provider: str | SandboxProvider | None, config: Mapping[str, Any] | None

@@ -57,3 +57,21 @@ def test_boxes_of_a_killed_owner_die_and_are_reaped():
     assert info["name"] in reap_stale()
     assert not os.path.exists(box_dir) and not quota.is_mounted(info["ws"]) and not quota.is_mounted(pts)
     assert not cgroups.BoxCgroup(cgroups.detect(), info["name"]).exists()
+
+
+@pytest.mark.parametrize("how", ["run", "exec"])
+def test_a_cli_one_shot_leaves_no_box_behind(how):
+    """`execbox run` and `execbox exec --json` use the process-wide provider, whose warm pool starts
+    spare boxes: they are shut down at exit (their directories, mounts and cgroups went on until
+    the next execbox process reaped them, two per call, with a warning each time)."""
+    cgroups_ready()
+    jail_ready()
+    env = {**os.environ, "SANDBOX_TYPE": "jail"}
+    code = "import time\ntime.sleep(2)\nprint('hi')"  # long enough for the pool to have its spares ready
+    argv, stdin = (["run", "-"], code) if how == "run" else (["exec", "--json"], json.dumps({"code": code}))
+    cli = subprocess.Popen([sys.executable, "-m", "execbox", *argv], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out, err = cli.communicate(stdin, timeout=120)
+    assert cli.returncode == 0 and "hi" in out, err
+    left = [n for n in os.listdir(boxes_dir()) if n.startswith(f"jail-{cli.pid}-")]
+    assert left == [] and "Traceback" not in err, (left, err)
