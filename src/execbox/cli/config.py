@@ -63,7 +63,7 @@ def show(
     if as_json:
         typer.echo(json.dumps(out, indent=2, default=str))
         return
-    typer.echo(f"active:   {out['active'] or '(zero-config: strongest available)'}")
+    typer.echo(f"active:   {out['active'] or '(zero-config: jail)'}")
     typer.echo(f"fallback: {', '.join(out['fallback']) or '(none)'}")
     for name in names:
         typer.echo(f"\n[{name}]")

@@ -26,7 +26,7 @@ def executor(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (RAGFlow's executor uses 9385).")] = 9385,
     provider: Annotated[str | None, typer.Option(
-        help="Provider to run code on (default: SANDBOX_TYPE, else the strongest available).")] = None,
+        help="Provider to run code on (default: SANDBOX_TYPE, else the jail).")] = None,
     config: Annotated[str | None, typer.Option(help="Provider config as a JSON object.")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="EXECBOX_EXECUTOR_TOKEN",

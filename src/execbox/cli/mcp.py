@@ -12,7 +12,7 @@ from ..errors import SandboxError
 def mcp(
     provider: str = typer.Option(None, "--provider", "-p",
                                  help="Provider (jail, docker, local, ...); default: SANDBOX_TYPE, else the "
-                                      "strongest isolation tier that works here."),
+                                      "jail (zero-config)."),
     tenant: str = typer.Option("local", "--tenant", help="Tenant the sessions belong to."),
     config: str = typer.Option(None, "--config", help="Provider config as JSON, e.g. '{\"runtime\": \"sci\"}'."),
     max_timeout: str = typer.Option("300s", "--max-timeout", help="Cap on any tool call's timeout."),

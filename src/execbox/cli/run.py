@@ -55,7 +55,7 @@ def run(
                                         help="python, javascript (nodejs, js) or bash; default from the extension."),
     args: str | None = typer.Option(None, "--args", help="JSON object passed to main() as arguments."),
     provider: str | None = typer.Option(None, "--provider", "-p",
-                                        help="Provider name; default SANDBOX_TYPE or the strongest available."),
+                                        help="Provider name; default SANDBOX_TYPE, else the jail."),
     timeout: str | None = typer.Option(None, "--timeout", "-t", help="Timeout: '30', '30s', '1m'."),
     show_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON instead of the output."),
 ) -> None:

@@ -23,7 +23,7 @@ _default_lock = threading.Lock()
 def get_sandbox(provider: str | None = None, config: Mapping[str, Any] | None = None,
                 env: Mapping[str, str] | None = None) -> SandboxProvider:
     """An initialized provider chosen by ``provider``, else SANDBOX_TYPE (alias SANDBOX_BACKEND),
-    else the strongest isolation tier that works on this host.
+    else the zero-config provider (the jail; SB009 naming why where it cannot run here).
 
     SANDBOX_TIMEOUT_SEC ("60", "60s", "1m") sets the default timeout; a bad value is SB002.
     """
