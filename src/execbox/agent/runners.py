@@ -372,14 +372,21 @@ def save_figures(artifacts_dir: str | None, prefix: str) -> None:
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is None or not artifacts_dir:
         return
-    try:
-        nums = plt.get_fignums()
-        for i, num in enumerate(nums, 1):
-            fig = plt.figure(num)
-            fig.savefig(os.path.join(artifacts_dir, f"{prefix}-{i}.png"), format="png")
-        plt.close("all")
-    except Exception as e:  # noqa: BLE001
-        print(f"execbox: could not save matplotlib figures: {e}", file=sys.stderr)
+    import warnings
+
+    # What saving warns about (a glyph missing from the font) is the code's figure's, but Python
+    # would name the agent's line that called savefig: shown as the warning alone.
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            nums = plt.get_fignums()
+            for i, num in enumerate(nums, 1):
+                fig = plt.figure(num)
+                fig.savefig(os.path.join(artifacts_dir, f"{prefix}-{i}.png"), format="png")
+            plt.close("all")
+        except Exception as e:  # noqa: BLE001
+            print(f"execbox: could not save matplotlib figures: {e}", file=sys.stderr)
+    for w in caught:
+        print(f"{w.category.__name__}: {w.message}", file=sys.stderr)
 
 
 def exec_node(node: str, code_path: str, args_path: str, env: dict[str, str], heap_mb: int | None) -> None:

@@ -219,6 +219,14 @@ def test_matplotlib_figure_artifact(sb):
     assert pngs[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_warning_from_saving_a_figure_names_no_agent_file(sb):
+    """A glyph the font lacks is warned about when the figure is saved, after the code ran: the
+    warning is shown, not the agent's file and line that saved it."""
+    pytest.importorskip("matplotlib")
+    r = sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.title('\\u6f22')")
+    assert r.exit_code == 0 and len(r.artifacts) == 1, r.stderr
+    assert r.stderr.startswith("UserWarning: Glyph 28450") and "runners.py" not in r.stderr, r.stderr
+
 def test_one_shot_artifacts_carry_bytes():
     r = execute_code("open('artifacts/out.txt', 'w').write('data')", provider="local")
     [a] = r.artifacts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from execbox.service.e2b_compat.cells import DISPLAY_KEY, display_result, error_from_stderr, python_cell
@@ -54,8 +56,17 @@ def test_cell_value_and_user_main_preserved() -> None:
 def test_cell_edge_cases() -> None:
     assert _run_cell("a = 1; a", {}) == {DISPLAY_KEY: {"text": "1"}}  # the last statement, as IPython
     assert _run_cell("a = 1; a;", {}) is None  # a trailing ";" hides it, as in IPython
-    assert python_cell("def broken(:") == "def broken(:"  # the agent reports the syntax error
     assert python_cell("print(1)\nx = 3").endswith('if __name__ == "__main__":\n    pass\n')
+
+
+def test_a_cell_that_does_not_parse_is_reported_in_its_cell_name(capsys) -> None:
+    """As a runtime error is: `Cell In[N]`, IPython's name (sent as written, the agent called it
+    `<cell N>`)."""
+    with pytest.raises(SystemExit):
+        _run_cell("x = 1\ndef broken(:", {})
+    err = capsys.readouterr().err
+    assert re.search(r'File "Cell In\[\d+\]", line 2\n    def broken\(:\n', err), err
+    assert err.rstrip().endswith("SyntaxError: invalid syntax") and "<cell" not in err, err
 
 
 def test_display_and_errors() -> None:

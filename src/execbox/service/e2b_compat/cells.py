@@ -182,13 +182,12 @@ def python_cell(code: str, env: dict[str, str] | None = None, cwd: str | None = 
 
     ``start_env`` is set in the context's first cell and stays (the sandbox's envs: E2B starts
     the kernel with them); ``env`` is set for this cell's duration only; ``cwd`` is the cell's
-    directory, relative to the run's (the workspace). Code that does not parse is sent as
-    written: the agent reports the syntax error with the user's line numbers."""
+    directory, relative to the run's (the workspace). Code that does not parse goes the same
+    way: the driver's compile reports the syntax error in ``Cell In[N]``, as a runtime error is."""
     try:
-        tree = ast.parse(code)
+        show = shows_value(code, ast.parse(code))
     except (SyntaxError, ValueError):
-        return code
-    show = shows_value(code, tree)
+        show = False
     args = ", ".join(repr(a) for a in (code, dict(start_env or {}), dict(env or {}), cwd or None, show, DISPLAY_KEY))
     program = _LAUNCHER.format(module=_DRIVER_MODULE, driver=_DRIVER, args=args)
     return program if show else program + _GUARD
