@@ -392,9 +392,7 @@ class Children(Spares):
             if "done" in state:
                 return state["done"]
             if ctx.pid in self.exited:
-                status, _ = self.exited.pop(ctx.pid)
-                code, sig = procs.decode_status(status)
-                return {"exit_code": code, "signal": sig, "died": True}
+                return procs.died(*self.exited.pop(ctx.pid))
             stop.tick()
             return None
 

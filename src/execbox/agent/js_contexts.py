@@ -104,20 +104,19 @@ def exit_status(agent: Any, ctx: Any) -> dict[str, Any]:
     stop = time.monotonic() + EXIT_WAIT
     while True:
         if ctx.pid in agent.exited:
-            status, _ = agent.exited.pop(ctx.pid)
+            status, ru = agent.exited.pop(ctx.pid)
             break
         try:
-            got, status = os.waitpid(ctx.pid, os.WNOHANG)
+            got, status, ru = os.wait4(ctx.pid, os.WNOHANG)
         except ChildProcessError:
-            got, status = 0, 0
+            got, status, ru = 0, 0, None
         if got:
             break
         if time.monotonic() >= stop:
             procs.kill_tree(ctx.pid, keep=agent._keep_pids() - {ctx.pid})
             return DIED
         time.sleep(0.005)
-    code, sig = procs.decode_status(status)
-    return {"exit_code": code, "signal": sig, "died": True}
+    return procs.died(status, ru)
 
 
 def _reply(raw: bytes) -> dict[str, Any] | None:
@@ -220,9 +219,7 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
         if "done" in state:
             return state["done"]
         if ctx.pid in agent.exited:
-            status, _ = agent.exited.pop(ctx.pid)
-            code, sig = procs.decode_status(status)
-            return {"exit_code": code, "signal": sig, "died": True}
+            return procs.died(*agent.exited.pop(ctx.pid))
         stop.tick()
         return None
 

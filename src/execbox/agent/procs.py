@@ -282,3 +282,12 @@ def decode_status(status: int) -> tuple[int, int | None]:
         sig = os.WTERMSIG(status)
         return -sig, sig
     return os.waitstatus_to_exitcode(status), None
+
+
+def died(status: int, ru: object = None) -> dict:
+    """A context's end as a run reports it: exit code, signal, and its peak memory (the process's
+    lifetime high-water mark, where its rusage came with the status: an OOM kill's is what the
+    run needed)."""
+    code, sig = decode_status(status)
+    peak = getattr(ru, "ru_maxrss", None)
+    return {"exit_code": code, "signal": sig, "died": True, "peak_memory_kb": peak}

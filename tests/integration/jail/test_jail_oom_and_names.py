@@ -37,3 +37,17 @@ def test_names_that_are_not_utf8_are_left_out_not_fatal(jail, box):
     assert sorted(jail.glob(box, "**/*")) == ["artifacts", "artifacts/ok.txt"]
     assert jail.grep(box, "needle") == []
     assert run(jail, box, "print(6 * 7)").stdout == "42\n"
+
+
+def test_a_context_that_dies_of_memory_reports_its_peak(jail, box):
+    """A JavaScript context out of heap aborts: the run still says how much memory it had reached
+    (the rusage that came with its exit status), where it helps most."""
+    import shutil
+
+    from tests.conftest import require
+
+    require(shutil.which("node") is not None, "node (JavaScript contexts)")
+    r = run(jail, box, "const a = []; while (true) a.push(new Array(1e6).fill(1))", language="javascript",
+            context_id="heap", timeout=60)
+    assert r.error_code == "SB006" and r.metadata.get("context_reset") is True, (r.metadata, r.stderr[-300:])
+    assert r.metadata["peak_memory_kb"] > 100 * 1024, r.metadata
