@@ -42,6 +42,8 @@ CASES: dict[str, str] = {
     "bash_contexts": "shell variables and the working directory persist per context_id; an error ends the cell only",
     "javascript_contexts": ("globals persist per context_id; a cell may `await` and `import` at top level and "
                             "declare a name again"),
+    "context_interrupt": ("a Python or JavaScript context cell past its timeout is interrupted (SB005) and its "
+                          "context keeps its state, as a notebook's interrupt"),
 }
 
 NEEDS_MATPLOTLIB = "the provider's default runtime has no matplotlib"
@@ -75,6 +77,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "python_contexts": REMOTE_EXECUTOR,
         "bash_contexts": RAGFLOW_LANGS,
         "javascript_contexts": REMOTE_EXECUTOR,
+        "context_interrupt": REMOTE_EXECUTOR,
         "timeout_sigterm_ignored": REMOTE_EXECUTOR + " (the check reads a file)",
         "background_ends_with_run": REMOTE_EXECUTOR + " (the check reads a file)",
         "daemon_ends_with_timeout": REMOTE_EXECUTOR + " (the check reads a file)",
@@ -87,12 +90,14 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "bash_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "javascript_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "context_interrupt": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
     "e2b-execbox": {
         "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "bash_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
         "javascript_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "context_interrupt": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
     },
     "aliyun": {
         "bash_script": NO_BASH,
@@ -104,6 +109,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "python_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
         "bash_contexts": NO_BASH,
         "javascript_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
+        "context_interrupt": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
         "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
     },
 }

@@ -308,6 +308,19 @@ def javascript_contexts(b: Box) -> None:
     assert other.exit_code != 0 and "total is not defined" in other.stderr
 
 
+def context_interrupt(b: Box) -> None:
+    for language, state, busy, probe in (
+        ("python", "kept = 'yes'", "while True:\n    pass", "print(kept)"),
+        ("javascript", "var kept = 'yes'", "while (true) {}", "console.log(kept)"),
+    ):
+        iid = b.new(language)
+        _ok(b.p.execute_code(iid, state, language, 20, None, context_id="i"))
+        r = b.p.execute_code(iid, busy, language, 1, None, context_id="i")
+        assert r.timed_out and r.error_code == "SB005" and "context_reset" not in r.metadata, (language, r.metadata)
+        assert "its state is kept" in r.metadata["context_note"], r.metadata
+        assert _ok(b.p.execute_code(iid, probe, language, 20, None, context_id="i")).stdout == "yes\n", language
+
+
 CORPUS: dict[str, Callable[[Box], None]] = {name: globals()[name] for name in CASES}
 
 
