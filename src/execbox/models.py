@@ -6,7 +6,7 @@ import base64
 import enum
 import hashlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -241,3 +241,74 @@ class GrepMatch:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class GrepResult(list[GrepMatch]):
+    """A grep's matches (a list, as before), and what the search says about them.
+
+    ``truncated``: more lines matched than ``max_results`` (narrow the pattern or ask for more);
+    ``binary_matches``: binary files (a NUL byte in their first 8 KiB) that match, their lines not
+    returned (GNU grep's "Binary file X matches"; they count toward ``max_results``); ``skipped``:
+    ``{path, reason}`` of files not searched, or only in part (``unreadable``, ``not_regular``,
+    ``long_line``: a line over 8 MiB searched in pieces); ``skipped_names``: names not valid UTF-8
+    left out of the walk."""
+
+    def __init__(self, matches: Iterable[GrepMatch] = (), *, truncated: bool = False,
+                 binary_matches: Iterable[str] = (), skipped: Iterable[dict[str, str]] = (),
+                 skipped_names: int = 0) -> None:
+        super().__init__(matches)
+        self.truncated = truncated
+        self.binary_matches = list(binary_matches)
+        self.skipped = [dict(s) for s in skipped]
+        self.skipped_names = skipped_names
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GrepResult:
+        """From a grep reply (the agent's or the HTTP API's): only ``matches`` is required."""
+        return cls([GrepMatch(**m) for m in d["matches"]], truncated=bool(d.get("truncated", False)),
+                   binary_matches=[str(p) for p in d.get("binary_matches") or []],
+                   skipped=[{"path": str(s["path"]), "reason": str(s["reason"])} for s in d.get("skipped") or []],
+                   skipped_names=int(d.get("skipped_names") or 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The HTTP API's grep reply."""
+        return {"matches": [m.to_dict() for m in self], "truncated": self.truncated,
+                "binary_matches": list(self.binary_matches), "skipped": [dict(s) for s in self.skipped],
+                "skipped_names": self.skipped_names}
+
+
+class GlobResult(list[str]):
+    """A glob's paths (a list, as before); ``truncated`` when more matched than ``max_results``,
+    ``skipped_names``: names not valid UTF-8 left out."""
+
+    def __init__(self, paths: Iterable[str] = (), *, truncated: bool = False, skipped_names: int = 0) -> None:
+        super().__init__(paths)
+        self.truncated = truncated
+        self.skipped_names = skipped_names
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GlobResult:
+        paths = d["paths"]
+        if not all(isinstance(p, str) for p in paths):
+            raise TypeError("a path is not a string")
+        return cls(paths, truncated=bool(d.get("truncated", False)), skipped_names=int(d.get("skipped_names") or 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"paths": list(self), "truncated": self.truncated, "skipped_names": self.skipped_names}
+
+
+class FileBytes(bytes):
+    """A file's bytes, or the range of them a read asked for (``offset``), with the file's whole
+    size (``total_size``): a file larger than one read (64 MiB) is fetched in pieces."""
+
+    offset: int
+    total_size: int
+
+    def __new__(cls, data: bytes = b"", offset: int = 0, total_size: int | None = None) -> FileBytes:
+        self = super().__new__(cls, data)
+        self.offset = offset
+        self.total_size = len(data) + offset if total_size is None else total_size
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FileBytes, (bytes(self), self.offset, self.total_size))

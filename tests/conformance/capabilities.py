@@ -36,6 +36,9 @@ CASES: dict[str, str] = {
     "artifacts": "files written under artifacts/ are reported with name, size, sha256 and bytes",
     "plots": "an open matplotlib figure becomes a PNG artifact",
     "file_operations": "write, read (paged), list, glob and grep on the workspace",
+    "file_search_and_size": ("grep searches a file of any size, names a binary file that matches and says "
+                             "`truncated` past max_results, as glob does; a file over 64 MiB is paged as text and "
+                             "read in byte ranges (whole: 413 with its limit and size)"),
     "path_traversal_refused": "'..', absolute paths and symlinks leaving the workspace are SB002",
     "python_contexts": ("globals persist per context_id (a cell may `await` at top level); other contexts do not "
                         "see them"),
@@ -73,6 +76,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "exit_codes": RAGFLOW_LANGS,
         "fork_bomb": RAGFLOW_LANGS,
         "file_operations": REMOTE_EXECUTOR,
+        "file_search_and_size": REMOTE_EXECUTOR,
         "path_traversal_refused": REMOTE_EXECUTOR,
         "python_contexts": REMOTE_EXECUTOR,
         "bash_contexts": RAGFLOW_LANGS,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from execbox.errors import OutOfMemoryError, PathError, SandboxError
+from execbox.errors import OutOfMemoryError, PathError, PayloadTooLargeError, SandboxError
 from execbox.models import ExecutionResult
 
 from .capabilities import CASES, declared
@@ -263,6 +263,42 @@ def file_operations(b: Box) -> None:
     assert [(m.path, m.line_number, m.line) for m in hits] == [("dir/a.txt", 3, "three")]
     r = _ok(b.p.execute_code(iid, "print(open('dir/a.txt').read().split())", "python", 20, None))
     assert r.stdout == "['one', 'two', 'three']\n"
+
+
+BIG_LINES = 9_000_000  # 76 MB of `seq` text: over the 64 MiB of one read (agent/fileops.MAX_READ_BYTES)
+WRITE_BIG = f"""
+import os
+with open('big.log', 'w') as f:
+    for start in range(1, {BIG_LINES} + 1, 100000):
+        f.write(''.join(f'{{i}}\\n' for i in range(start, min(start + 100000, {BIG_LINES} + 1))))
+os.makedirs('many')
+for i in range(5):
+    open(f'many/{{i}}.txt', 'w').write('x\\n')
+open('blob.bin', 'wb').write(b'\\0\\1 needle \\xff')
+print(os.path.getsize('big.log'))
+"""
+
+
+def file_search_and_size(b: Box) -> None:
+    iid = b.new()
+    size = int(_ok(b.p.execute_code(iid, WRITE_BIG, "python", 30, None)).stdout)
+    assert size > 64 * 1024 * 1024
+    hits = b.p.grep(iid, "^1234567$", "big.log", None, 10)
+    assert [(m.path, m.line_number, m.line) for m in hits] == [("big.log", 1234567, "1234567")]
+    assert hits.truncated is False and hits.binary_matches == [] and hits.skipped == []
+    capped = b.p.grep(iid, "^x$", "many", None, 3)
+    assert len(capped) == 3 and capped.truncated is True
+    assert b.p.grep(iid, "needle", ".", "*.bin", 10).binary_matches == ["blob.bin"]
+    paths = b.p.glob(iid, "many/*", 3)
+    assert paths == ["many/0.txt", "many/1.txt", "many/2.txt"] and paths.truncated is True
+    assert b.p.glob(iid, "many/*", 5).truncated is False
+    page = b.p.read_file(iid, "big.log", BIG_LINES - 2, 10)
+    assert page.content == f"{BIG_LINES - 1}\n{BIG_LINES}\n" and page.total_lines == BIG_LINES
+    piece = b.p.read_bytes(iid, "big.log", offset=18, length=6)
+    assert piece == b"10\n11\n" and piece.offset == 18 and piece.total_size == size
+    with pytest.raises(PayloadTooLargeError) as e:
+        b.p.read_bytes(iid, "big.log")
+    assert e.value.details["size"] == size and e.value.details["limit"] == 64 * 1024 * 1024
 
 
 def path_traversal_refused(b: Box) -> None:

@@ -24,6 +24,12 @@ TEXT_REPLY_MAX = 32 * 1024 * 1024
 an undecodable byte is 6 bytes there). The host refuses frames past ~96 MiB as a broken box
 (boxes/agent_client.py), so a page stops here and says ``truncated``."""
 MAX_WALK_ENTRIES = 200_000
+SNIFF_BYTES = 8192
+"""A file with a NUL byte in its first 8 KiB is binary (GNU grep and git decide so too)."""
+CHUNK = 1 << 20
+LINE_COUNT_MAX_BYTES = 1 << 30
+"""A text read counts the lines after its page through at most this many bytes (~0.7 s), so a
+page of a huge file never holds the agent long; past it ``total_lines`` is a lower bound."""
 
 
 class FileOpError(Exception):
@@ -117,35 +123,127 @@ def write_file(path: str, data: bytes, flag: int = os.O_EXCL, durable: bool = Fa
 
 
 def read_bytes(ws: str, path: str, max_bytes: int = MAX_READ_BYTES) -> bytes:
+    """A whole file of at most ``max_bytes`` (413 beyond)."""
+    return read_range(ws, path, max_bytes=max_bytes)[0]
+
+
+def read_range(ws: str, path: str, offset: int | None = None, length: int | None = None,
+               max_bytes: int = MAX_READ_BYTES, hint: str = "") -> tuple[bytes, int]:
+    """``(bytes, the file's size)``: ``length`` bytes from ``offset`` (fewer at the end of the
+    file), or without ``length`` all from ``offset`` on, which must fit ``max_bytes`` (413 beyond,
+    ``hint`` added to the message). Only the bytes asked for are read, whatever the file's size."""
+    for name, value in (("offset", offset), ("length", length)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise FileOpError(f"{name} must be a whole number of bytes >= 0", field=name)
+    if length is not None and length > max_bytes:
+        raise FileOpError(f"length {length} is over the {max_bytes} byte limit of one read", field="length",
+                          limit=max_bytes)
     real = _resolve(ws, path, must_exist=True)
     fd = open_regular(real, path)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size > max_bytes:
-            raise FileOpError(f"{path!r} is {size} bytes, over the {max_bytes} byte limit", status=413)
+        start = offset or 0
+        if start > size:
+            raise FileOpError(f"offset {start} is past the end of {path!r} ({size} bytes)", field="offset",
+                              path=path, size=size)
+        want = size - start if length is None else min(length, size - start)
+        if want > max_bytes:
+            where = f"{size} bytes" if not start else f"{size} bytes ({want} from offset {start})"
+            raise FileOpError(f"{path!r} is {where}, over the {max_bytes} byte limit of one read{hint}",
+                              status=413, path=path, size=size, limit=max_bytes)
         try:
-            return f.read()
+            if start:
+                f.seek(start)
+            return f.read(want), size
         except OSError as e:
             raise _os_error(e, path) from None
 
 
 def read_text(ws: str, path: str, offset: int = 0, limit: int = 2000) -> dict[str, Any]:
-    """Lines [offset, offset+limit) of a text file, with the total line count."""
+    """Lines [offset, offset+limit) of a text file, with the total line count. A line ends at
+    ``\n`` (``\r\n`` kept in the content), as for grep's line numbers and ``wc -l``.
+
+    Streamed, so a file of any size can be paged: the lines before ``offset`` are skipped by
+    counting newlines a chunk at a time, only the page is held, and the lines after it are
+    counted through at most ``LINE_COUNT_MAX_BYTES`` (past that ``total_lines`` is a lower
+    bound; the page says ``truncated``)."""
     if offset < 0 or limit <= 0:
         raise FileOpError("offset must be >= 0 and limit > 0", field="offset" if offset < 0 else "limit")
-    data = read_bytes(ws, path)
-    if b"\x00" in data[:8192]:
-        raise FileOpError(f"{path!r} looks binary; use read_binary", path=path, reason="binary")
-    lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
-    page, cut = _bounded(lines[offset : offset + limit])
+    real = _resolve(ws, path, must_exist=True)
+    fd = open_regular(real, path)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if b"\x00" in f.read(SNIFF_BYTES):
+                raise FileOpError(f"{path!r} looks binary (a NUL byte in its first 8 KiB); use read_binary",
+                                  path=path, reason="binary")
+            f.seek(0)
+            before, last = _skip_lines(f, offset)
+            raw, cut = _page(f, limit)
+            after, rest_last, more = _count_newlines(f, LINE_COUNT_MAX_BYTES)
+        except OSError as e:
+            raise _os_error(e, path) from None
+    last = rest_last or (raw[-1][-1:] if raw else last)
+    page, cut_escaped = _bounded([line.decode("utf-8", errors="replace") for line in raw])
+    newlines = before + sum(1 for line in raw if line.endswith(b"\n")) + after
     return {
         "path": _syntax(path, "path"),
         "content": "".join(page),
         "offset": offset,
         "limit": limit,
-        "total_lines": len(lines),
-        "truncated": cut or offset + limit < len(lines),
+        "total_lines": newlines + (1 if last not in (b"", b"\n") else 0),
+        "truncated": cut or cut_escaped or more,
     }
+
+
+def _skip_lines(f: Any, n: int) -> tuple[int, bytes]:
+    """Move ``f`` to the start of line ``n`` (0-based): the newlines passed (fewer than ``n`` when
+    the file ends first), and then the file's last byte."""
+    done = pos = 0
+    last = b""
+    while done < n:
+        chunk = f.read(CHUNK)
+        if not chunk:
+            return done, last
+        count = chunk.count(b"\n")
+        if done + count >= n:
+            i = -1
+            for _ in range(n - done):
+                i = chunk.index(b"\n", i + 1)
+            f.seek(pos + i + 1)
+            return n, b""
+        done += count
+        pos += len(chunk)
+        last = chunk[-1:]
+    return done, b""
+
+
+def _page(f: Any, limit: int) -> tuple[list[bytes], bool]:
+    """Up to ``limit`` lines from ``f``'s position, at most ``TEXT_REPLY_MAX`` bytes in all (they
+    only grow once escaped); whether a line was cut there."""
+    lines: list[bytes] = []
+    budget = TEXT_REPLY_MAX + 1
+    while len(lines) < limit and budget > 0:
+        line = f.readline(budget)
+        if not line:
+            break
+        lines.append(line)
+        budget -= len(line)
+    return lines, budget <= 0
+
+
+def _count_newlines(f: Any, max_bytes: int) -> tuple[int, bytes, bool]:
+    """Newlines from ``f``'s position through at most ``max_bytes``: (count, the last byte read,
+    whether any byte was there)."""
+    count = seen = 0
+    last = b""
+    while seen < max_bytes:
+        chunk = f.read(min(CHUNK, max_bytes - seen))
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        seen += len(chunk)
+        last = chunk[-1:]
+    return count, last, seen > 0
 
 
 def _bounded(lines: list[str]) -> tuple[list[str], bool]:

@@ -237,8 +237,14 @@ class Agent(Children):
         if op == "files.read":
             return fileops.read_text(ws, path, _int_arg(req, "offset", 0), _int_arg(req, "limit", 2000))
         if op == "files.read_bytes":
-            data = fileops.read_bytes(ws, path, _int_arg(req, "max_bytes", 0) or fileops.MAX_READ_BYTES)
-            return {"content_b64": b64encode(data).decode(), "size": len(data)}
+            offset, length = req.get("offset"), req.get("length")
+            data, size = fileops.read_range(
+                ws, path, None if offset is None else _int_arg(req, "offset", 0),
+                None if length is None else _int_arg(req, "length", 0),
+                _int_arg(req, "max_bytes", 0) or fileops.MAX_READ_BYTES,
+                hint="; read it in pieces (offset and length)")
+            return {"content_b64": b64encode(data).decode(), "size": len(data), "offset": offset or 0,
+                    "total_size": size}
         if op == "files.write":
             mode = req.get("mode", "overwrite")
             if not isinstance(mode, str):

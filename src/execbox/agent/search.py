@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import select
+import stat
 import time
 
 from . import fileops, paths, procs
@@ -20,11 +21,21 @@ from .lean import dumps, loads, signal
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
     import re
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from typing import Any
 
 SEARCH_TIMEOUT = 30.0
-MAX_GREP_FILE_BYTES = 8 * 1024 * 1024
+LINE_PIECE = 8 * 1024 * 1024
+"""grep holds at most this many bytes of one line: a longer line is searched in pieces of this
+size (a match across two pieces is missed) and its file is listed in ``skipped`` as ``long_line``."""
+MAX_LINE_CHARS = 2000
+"""A matching line is returned cut to this many characters."""
+MAX_SKIPPED = 100
+"""Entries a grep reply's ``skipped`` lists at most."""
+LINE_BOUND = r"\\[AZz]|\(\?(?:!|<!|>|\()|[*+?}]\+|\(\?[a-zA-Z-]*x"
+"""What a pattern may hold that lets a search across lines miss a match within one line: \\A,
+\\Z, negative lookarounds, atomic groups, conditionals, possessive quantifiers, verbose mode.
+Such a pattern is tried line by line (slower); any other is tried on a chunk of lines first."""
 
 
 def time_limit(requested: Any) -> float:
@@ -38,21 +49,24 @@ def time_limit(requested: Any) -> float:
 
 def glob(ws: str, pattern: str, max_results: int = 1000, timeout: float = SEARCH_TIMEOUT) -> dict[str, Any]:
     """The ``files.glob`` reply: workspace-relative ``paths`` that match (``**`` spans
-    directories), and ``skipped_names`` when names not valid UTF-8 were left out."""
+    directories), at most ``max_results`` of them (``truncated`` when more match), and
+    ``skipped_names`` when names not valid UTF-8 were left out."""
     pat = _syntax(pattern, "pattern") if pattern not in ("", ".") else "*"
     regex = _glob_regex(pat)
     root = os.path.realpath(ws)
 
     def search() -> dict[str, Any]:
         out = []
+        truncated = False
         skipped = paths.Skipped()
         for real in _walk(ws, root, skipped):
             rel = os.path.relpath(real, root)
             if regex.fullmatch(rel):
-                out.append(rel)
                 if len(out) >= max_results:
+                    truncated = True
                     break
-        return {"paths": out, **skipped.reply()}
+                out.append(rel)
+        return {"paths": out, "truncated": truncated, **skipped.reply()}
 
     return in_child(search, timeout, f"glob {pattern!r}")
 
@@ -98,54 +112,176 @@ def grep(
     ignore_case: bool = False,
     timeout: float = SEARCH_TIMEOUT,
 ) -> dict[str, Any]:
-    """Regex search over regular text files; binary, oversized and special files are skipped."""
+    """Regex search of each line of the regular files under ``path`` (or of the file it names),
+    whatever their size. A binary file (a NUL byte in its first 8 KiB) that matches is listed in
+    ``binary_matches`` (GNU grep's "Binary file X matches"), its lines not returned; files that
+    could not be searched, or only in part, are listed in ``skipped`` with the reason. A file
+    named by ``path`` that is not a regular file, or cannot be read, is an error."""
     if not isinstance(pattern, str) or not pattern:
         raise FileOpError("pattern must be a non-empty string", field="pattern")
     import re  # noqa: PLC0415 - lazily, as in _glob_regex
 
+    flags = re.IGNORECASE if ignore_case else 0
     try:
-        rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+        rx = re.compile(pattern, flags)
     except (re.error, OverflowError, RecursionError) as e:
         raise FileOpError(f"invalid regular expression: {e}", field="pattern") from None
+    # A chunk-wide search finds every line a line-by-line search finds (and maybe more, each then
+    # checked on its own line) unless the pattern can tell a line's end from a newline.
+    wide = None if re.search(LINE_BOUND, pattern) else re.compile(pattern, flags | re.MULTILINE)
     real = _resolve(ws, path, must_exist=True)
     name_rx = _glob_regex(_syntax(glob_pattern, "glob")) if glob_pattern else None
-    return in_child(lambda: _grep(ws, real, rx, name_rx, max_results), timeout, f"grep {pattern!r}")
+    return in_child(lambda: _grep(ws, real, rx, wide, name_rx, max_results), timeout, f"grep {pattern!r}")
 
 
-def _grep(ws: str, real: str, rx: re.Pattern[str], name_rx: re.Pattern[str] | None,
-          max_results: int) -> dict[str, Any]:
-    skipped = paths.Skipped()
-    files = [real] if os.path.isfile(real) else [p for p in _walk(ws, real, skipped) if os.path.isfile(p)]
-    matches: list[dict[str, Any]] = []
-    truncated = False
-    for f in files:
+class _Found:
+    """A grep's reply as it fills: ``max_results`` bounds matches and binary matches together."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.matches: list[dict[str, Any]] = []
+        self.binary: list[str] = []
+        self.skipped: list[dict[str, str]] = []
+        self.truncated = False
+
+    def room(self) -> bool:
+        if len(self.matches) + len(self.binary) < self.limit:
+            return True
+        self.truncated = True
+        return False
+
+    def skip(self, rel: str, reason: str) -> None:
+        if len(self.skipped) < MAX_SKIPPED:
+            self.skipped.append({"path": rel, "reason": reason})
+
+    def reply(self, names: paths.Skipped) -> dict[str, Any]:
+        out: dict[str, Any] = {"matches": self.matches, "truncated": self.truncated}
+        if self.binary:
+            out["binary_matches"] = self.binary
+        if self.skipped:
+            out["skipped"] = self.skipped
+        return {**out, **names.reply()}
+
+
+def _grep(ws: str, real: str, rx: re.Pattern[str], wide: re.Pattern[str] | None,
+          name_rx: re.Pattern[str] | None, max_results: int) -> dict[str, Any]:
+    names = paths.Skipped()
+    found = _Found(max_results)
+    if not os.path.isdir(real):  # the file named: not a regular one, or unreadable, is an error
+        rel = paths.relative(ws, real)
+        if not name_rx or name_rx.fullmatch(rel) or name_rx.fullmatch(os.path.basename(rel)):
+            with os.fdopen(fileops.open_regular(real, rel), "rb") as fh:
+                try:
+                    _search_file(fh, rel, rx, wide, found)
+                except OSError as e:
+                    raise fileops._os_error(e, rel) from None
+        return found.reply(names)
+    for f in _walk(ws, real, names):
         rel = paths.relative(ws, f)
-        if os.path.islink(f):
-            continue
+        try:
+            mode = os.lstat(f).st_mode
+        except OSError:
+            continue  # removed while walked
+        if stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+            continue  # directories are walked; symlinks are not followed
         if name_rx and not (name_rx.fullmatch(rel) or name_rx.fullmatch(os.path.basename(rel))):
+            continue
+        if not stat.S_ISREG(mode):
+            found.skip(rel, "not_regular")
             continue
         try:
             fd = fileops.open_regular(f, rel)  # swapped for a FIFO since the walk: skipped, not waited on
-        except FileOpError:
+        except FileOpError as e:
+            found.skip(rel, "not_regular" if "kind" in e.details else "unreadable")
             continue
         try:
             with os.fdopen(fd, "rb") as fh:
-                if os.fstat(fh.fileno()).st_size > MAX_GREP_FILE_BYTES:
-                    continue
-                data = fh.read()
+                _search_file(fh, rel, rx, wide, found)
         except OSError:
-            continue
-        if b"\x00" in data[:8192]:
-            continue
-        for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            if rx.search(line):
-                if len(matches) >= max_results:
-                    truncated = True
-                    break
-                matches.append({"path": rel, "line_number": n, "line": line[:2000]})
-        if truncated:
+            found.skip(rel, "unreadable")
+        if found.truncated:
             break
-    return {"matches": matches, "truncated": truncated, **skipped.reply()}
+    return found.reply(names)
+
+
+def _search_file(fh: Any, rel: str, rx: re.Pattern[str], wide: re.Pattern[str] | None, found: _Found) -> None:
+    binary = b"\x00" in fh.read(fileops.SNIFF_BYTES)
+    fh.seek(0)
+    lines = _Lines(fh)
+    for first, text in lines:
+        for n, line in _matching(text, first, rx, wide):
+            if not found.room():
+                return
+            if binary:
+                found.binary.append(rel)  # its lines are not text: one entry, as GNU grep's
+                return
+            found.matches.append({"path": rel, "line_number": n, "line": line[:MAX_LINE_CHARS]})
+    if lines.long:
+        found.skip(rel, "long_line")
+
+
+def _matching(text: str, first: int, rx: re.Pattern[str], wide: re.Pattern[str] | None) -> Iterator[tuple[int, str]]:
+    """(number, line) of each line of ``text`` (lines numbered from ``first``) that ``rx`` matches."""
+    if wide is None:
+        for i, line in enumerate(text.split("\n")):
+            if rx.search(line):
+                yield first + i, line
+        return
+    pos = counted = 0
+    n = first
+    while pos <= len(text):
+        m = wide.search(text, pos)
+        if m is None:
+            return
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.start())
+        end = len(text) if end < 0 else end
+        n += text.count("\n", counted, start)
+        counted = start
+        line = text[start:end]
+        if rx.search(line):
+            yield n, line
+        pos = end + 1
+
+
+class _Lines:
+    """A file's text a chunk of whole lines at a time: ``(number of its first line, text)``, lines
+    split by ``\n`` (a ``\r`` before it dropped), undecodable bytes as U+FFFD. A line longer
+    than ``LINE_PIECE`` bytes comes in pieces with the same number (``long`` is then set)."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+        self.long = False
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        n = 1
+        rest = b""
+        while True:
+            chunk = self.fh.read(fileops.CHUNK)
+            if not chunk:
+                break
+            data = rest + chunk if rest else chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                rest = data
+                while len(rest) >= LINE_PIECE:
+                    self.long = True
+                    yield n, _text(rest[:LINE_PIECE])
+                    rest = rest[LINE_PIECE:]
+                continue
+            text = _text(data[:cut])
+            if text.endswith("\r"):  # the \r of the \r\n the cut fell on
+                text = text[:-1]
+            rest = data[cut + 1:]
+            yield n, text
+            n += text.count("\n") + 1
+        if rest:
+            yield n, _text(rest)
+
+
+def _text(data: bytes) -> str:
+    text = data.decode("utf-8", errors="replace")
+    return text.replace("\r\n", "\n") if "\r" in text else text
 
 
 def in_child(fn: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -1,7 +1,9 @@
 """Workspace file operations of agent-backed providers: each one is a single request to the agent.
 
-The agent (agent/fileops.py) validates every path and does the I/O; this side only encodes
-arguments and maps results to models.
+The agent (agent/fileops.py, agent/search.py) validates every path and does the I/O; this side
+only encodes arguments and maps results to models, keeping everything the agent reports (a
+grep's ``truncated``, ``binary_matches`` and ``skipped``, a glob's ``truncated``, a read's
+``total_size``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import base64
 from typing import Any
 
 from ..errors import InvalidConfigError
-from ..models import FileInfo, GrepMatch, TextPage
+from ..models import FileBytes, FileInfo, GlobResult, GrepResult, TextPage
 
 
 class AgentFilesMixin:
@@ -23,9 +25,17 @@ class AgentFilesMixin:
         v = self._call(self._get(instance_id), "files.read", {"path": path, "offset": offset, "limit": limit})
         return TextPage(**v)
 
-    def read_bytes(self, instance_id: str, path: str) -> bytes:
-        v = self._call(self._get(instance_id), "files.read_bytes", {"path": path})
-        return base64.b64decode(v["content_b64"])
+    def read_bytes(self, instance_id: str, path: str, offset: int | None = None,
+                   length: int | None = None) -> FileBytes:
+        params: dict[str, Any] = {"path": path}
+        if offset is not None:
+            params["offset"] = offset
+        if length is not None:
+            params["length"] = length
+        v = self._call(self._get(instance_id), "files.read_bytes", params)
+        data = base64.b64decode(v["content_b64"])
+        start = int(v.get("offset") or 0)
+        return FileBytes(data, start, int(v.get("total_size", start + len(data))))
 
     def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
         v = self._call(self._get(instance_id), "files.write", {"path": path, "mode": mode, **_content(content)})
@@ -52,14 +62,15 @@ class AgentFilesMixin:
         return self._call(self._get(instance_id), "files.move",
                           {"source": source, "destination": destination})["path"]
 
-    def glob(self, instance_id: str, pattern: str) -> list[str]:
-        return self._call(self._get(instance_id), "files.glob", {"pattern": pattern})["paths"]
+    def glob(self, instance_id: str, pattern: str, max_results: int = 1000) -> GlobResult:
+        return GlobResult.from_dict(self._call(self._get(instance_id), "files.glob",
+                                               {"pattern": pattern, "max_results": max_results}))
 
     def grep(self, instance_id: str, pattern: str, path: str = ".", glob: str | None = None,
-             max_results: int = 100) -> list[GrepMatch]:
-        v = self._call(self._get(instance_id), "files.grep",
-                       {"pattern": pattern, "path": path, "glob": glob, "max_results": max_results})
-        return [GrepMatch(**m) for m in v["matches"]]
+             max_results: int = 100) -> GrepResult:
+        return GrepResult.from_dict(self._call(self._get(instance_id), "files.grep",
+                                               {"pattern": pattern, "path": path, "glob": glob,
+                                                "max_results": max_results}))
 
 
 

@@ -130,7 +130,9 @@ class SandboxProvider(ABC):
     def read_file(self, instance_id: str, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
         raise self._unsupported("read_file")
 
-    def read_bytes(self, instance_id: str, path: str) -> bytes:
+    def read_bytes(self, instance_id: str, path: str, offset: int | None = None, length: int | None = None) -> bytes:
+        """A file's bytes (at most 64 MiB), or ``length`` bytes from ``offset``; a ``FileBytes``
+        that knows the file's ``total_size`` where the provider can tell it."""
         raise self._unsupported("read_bytes")
 
     def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
@@ -143,11 +145,14 @@ class SandboxProvider(ABC):
     def list_files(self, instance_id: str, path: str = ".", recursive: bool = False) -> list[FileInfo]:
         raise self._unsupported("list_files")
 
-    def glob(self, instance_id: str, pattern: str) -> list[str]:
+    def glob(self, instance_id: str, pattern: str, max_results: int = 1000) -> list[str]:
+        """Matching paths; a ``GlobResult`` (``truncated``) where the provider can tell."""
         raise self._unsupported("glob")
 
     def grep(self, instance_id: str, pattern: str, path: str = ".", glob: str | None = None,
              max_results: int = 100) -> list[GrepMatch]:
+        """Matching lines; a ``GrepResult`` (``truncated``, ``binary_matches``, ``skipped``) where
+        the provider can tell."""
         raise self._unsupported("grep")
 
     def cancel(self, instance_id: str) -> bool:

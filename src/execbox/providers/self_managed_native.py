@@ -86,8 +86,8 @@ class ExecboxApiMixin:
     def read_file(self, instance_id: str, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
         return self._session(instance_id, "read_file").files.read(path, offset, limit)
 
-    def read_bytes(self, instance_id: str, path: str) -> bytes:
-        return self._session(instance_id, "read_bytes").files.read_bytes(path)
+    def read_bytes(self, instance_id: str, path: str, offset: int | None = None, length: int | None = None) -> bytes:
+        return self._session(instance_id, "read_bytes").files.read_bytes(path, offset=offset, length=length)
 
     def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
         return self._session(instance_id, "write_file").files.write(path, content, mode)
@@ -98,8 +98,8 @@ class ExecboxApiMixin:
     def list_files(self, instance_id: str, path: str = ".", recursive: bool = False) -> list[FileInfo]:
         return self._session(instance_id, "list_files").files.list(path, recursive)
 
-    def glob(self, instance_id: str, pattern: str) -> list[str]:
-        return self._session(instance_id, "glob").files.glob(pattern)
+    def glob(self, instance_id: str, pattern: str, max_results: int = 1000) -> list[str]:
+        return self._session(instance_id, "glob").files.glob(pattern, max_results)
 
     def grep(self, instance_id: str, pattern: str, path: str = ".", glob: str | None = None,
              max_results: int = 100) -> list[GrepMatch]:

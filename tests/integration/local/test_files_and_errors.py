@@ -11,6 +11,7 @@ from execbox.errors import (
     FileNotFoundInSandbox,
     InstanceCreationError,
     InvalidConfigError,
+    NotTextError,
     ProviderNotInitializedError,
     ProviderUnavailableError,
     RateLimitError,
@@ -47,6 +48,21 @@ def test_paged_read_of_long_file(sb):
     page = sb.files.read("long.txt", offset=10, limit=5)
     assert page.content.splitlines() == [f"line {i}" for i in range(10, 15)]
     assert page.truncated and page.total_lines == 100
+
+
+def test_sdk_results_carry_truncation_ranges_and_a_binary_read_names_read_bytes(sb):
+    """Review 29 (2, 3, 11): what the agent reports reaches the in-process SDK too."""
+    sb.files.write_many({f"d/{i}.txt": "hit\n" for i in range(4)} | {"blob.bin": b"\x00hit"})
+    hits = sb.files.grep("hit", "d", max_results=2)
+    assert len(hits) == 2 and hits.truncated is True
+    assert sb.files.grep("hit", glob="*.bin").binary_matches == ["blob.bin"]
+    paths = sb.files.glob("d/*", max_results=3)
+    assert paths == ["d/0.txt", "d/1.txt", "d/2.txt"] and paths.truncated is True
+    piece = sb.files.read_bytes("d/0.txt", offset=1, length=2)
+    assert piece == b"it" and piece.offset == 1 and piece.total_size == 4
+    with pytest.raises(NotTextError) as e:
+        sb.files.read("blob.bin")
+    assert "files.read_bytes('blob.bin')" in e.value.message and isinstance(e.value, InvalidConfigError)
 
 
 def test_append_and_create_modes(sb):

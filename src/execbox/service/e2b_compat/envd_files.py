@@ -1,13 +1,15 @@
 """envd's HTTP file routes: GET /files (download bytes), POST /files (multipart or octet-stream).
 
 Both go through the session's provider (read_bytes / write_file / write_files), as the gateway's
-/read_binary and /copy do; size limits are the service's max_file_bytes (413 beyond).
+/read_binary and /copy do. A download has no size limit (a large file is streamed a byte range at a
+time); an upload's is the service's max_file_bytes (413 beyond).
 """
 
 from __future__ import annotations
 
 import posixpath
 import zlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -15,7 +17,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...errors import PayloadTooLargeError, SandboxError
 from ..errors import BodyTooLarge
@@ -40,6 +42,9 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out + d.flush()
 
 
+READ_PIECE = 16 * 1024 * 1024
+"""A download larger than this is read from the box a range of this many bytes at a time (one
+read holds at most 64 MiB: agent/fileops.MAX_READ_BYTES)."""
 MAX_PARTS = 1000
 BATCH_BYTES = 4 * 1024 * 1024
 """A multi-file upload is written in batches of about this many bytes (a file over it alone), so
@@ -82,14 +87,33 @@ class EnvdFiles:
         return envd_error(405, f"{clip(method)} /files is not supported")
 
     async def download(self, sb: E2BSandbox, request: Request) -> Response:
+        """The file's bytes, of any size (envd's ``http.ServeContent``): a file larger than one
+        read (``READ_PIECE``) is streamed a range at a time, with its size as Content-Length."""
         rel = to_workspace(request.query_params.get("path") or "")
 
-        def read() -> bytes:
+        def read(offset: int | None = None, length: int | None = None) -> bytes:
             return self.svc.runs.file_op(sb.tenant_id, sb.session_id, "read_bytes", rel, sb.token_id,
-                                           lambda p, i: p.read_bytes(i, rel))
+                                         lambda p, i: p.read_bytes(i, rel, offset=offset, length=length))
 
-        data = await anyio.to_thread.run_sync(read)
-        return Response(data, media_type="application/octet-stream")
+        first = await anyio.to_thread.run_sync(read, 0, READ_PIECE)
+        total = getattr(first, "total_size", None)
+        if total is None:  # a provider that cannot tell the size: the whole file in one read
+            return Response(await anyio.to_thread.run_sync(read), media_type="application/octet-stream")
+        if len(first) >= total:
+            return Response(bytes(first), media_type="application/octet-stream")
+
+        async def pieces() -> AsyncIterator[bytes]:
+            yield bytes(first)
+            sent = len(first)
+            while sent < total:
+                piece = await anyio.to_thread.run_sync(read, sent, min(READ_PIECE, total - sent))
+                if not piece:
+                    return  # the file shrank meanwhile: the body ends short of Content-Length, as envd's would
+                yield bytes(piece)
+                sent += len(piece)
+
+        return StreamingResponse(pieces(), media_type="application/octet-stream",
+                                 headers={"content-length": str(total)})
 
     async def _read_parts(self, request: Request, target: str | None, limit: int,
                           files: dict[str, bytes | UploadFile]) -> tuple[FormData | None, Response | None]:
