@@ -22,7 +22,7 @@ _EXPORTS = {
     "SandboxError": "errors", "ProviderNotInitializedError": "errors", "InvalidConfigError": "errors",
     "ConnectionFailedError": "errors", "InstanceCreationError": "errors", "ExecutionTimeoutError": "errors",
     "OutOfMemoryError": "errors", "CodeBlockedError": "errors", "RateLimitError": "errors",
-    "ProviderUnavailableError": "errors",
+    "ProviderUnavailableError": "errors", "SandboxClosedError": "errors",
     "SandboxProvider": "providers.base",
 }
 

@@ -109,6 +109,12 @@ class PayloadTooLargeError(InvalidConfigError):
     http_status = 413
 
 
+class NotTextError(InvalidConfigError):
+    """A text read (paged ``read``) of a file that holds binary data: a NUL byte in its first
+    8 KiB (``details.reason`` is ``binary``). Read its bytes instead: HTTP ``read_binary``, the
+    SDK's ``files.read_bytes()``, MCP's file resource."""
+
+
 class SessionNotFoundError(InvalidConfigError):
     http_status = 404
 
@@ -118,6 +124,14 @@ class SessionLostError(ProviderUnavailableError):
     nothing can be recovered; delete it (or let its retention expire) to reuse the name."""
 
     http_status = 410
+
+
+class SandboxClosedError(InvalidConfigError):
+    """A client object (``Sandbox``, ``RemoteSandbox``, their async forms) used after ``close()``:
+    the caller's mistake, found on the client side; nothing was sent. Create a new one to go on
+    (``close()`` ended its session: files and contexts are gone)."""
+
+    http_status = 409
 
 
 class SessionDrainingError(ProviderUnavailableError):
@@ -163,8 +177,9 @@ def error_from_dict(payload: dict[str, Any], http_status: int | None = None) -> 
     """Rebuild a typed error from its JSON shape (remote clients, the agent's error replies).
 
     The status refines SB002 where it can (404: FileNotFoundInSandbox, 413: PayloadTooLargeError),
-    and an SB002 naming a path ``violation`` (the agent's one path validator refused it) is a
-    PathError, so a caller catches the same class whichever side of a wire raised it.
+    an SB002 naming a path ``violation`` (the agent's one path validator refused it) is a
+    PathError, and one whose ``reason`` is ``binary`` a NotTextError, so a caller catches the same
+    class whichever side of a wire raised it.
     """
     body = payload.get("error", payload)
     code = str(body.get("code"))
@@ -172,6 +187,9 @@ def error_from_dict(payload: dict[str, Any], http_status: int | None = None) -> 
     cls: type[SandboxError]
     if code == "SB002" and isinstance(details, dict) and "violation" in details:
         cls = PathError
+    elif code == "SB002" and http_status in (None, 400) and isinstance(details, dict) \
+            and details.get("reason") == "binary":
+        cls = NotTextError
     else:
         cls = _REFINED.get((code, http_status)) or ERRORS_BY_CODE.get(code, SandboxError)
     return cls(str(body.get("message", "")), details=details, http_status=http_status)

@@ -56,6 +56,19 @@ def parse_int(value: str, name: str, minimum: int = 0) -> int:
     return n
 
 
+def parse_days(value: str, name: str) -> float:
+    """A retention in days: a number >= 0 (``0``: keep everything; ``1.5`` allowed). Anything else: SB002."""
+    try:
+        days = float(value.strip())
+    except ValueError:
+        raise InvalidConfigError(f"{name}: {value!r} is not a number of days (use e.g. 30, or 0 to keep "
+                                 "everything)", details={"field": name, "value": value}) from None
+    if not days >= 0 or days == float("inf"):  # NaN fails >= too
+        raise InvalidConfigError(f"{name}: must be a number of days >= 0 (got {value!r}; 0 keeps everything)",
+                                 details={"field": name, "value": value})
+    return days
+
+
 def sandbox_type(env: Mapping[str, str] | None = None) -> str | None:
     """SANDBOX_TYPE, else its alias SANDBOX_BACKEND; None when unset (zero-config)."""
     env = os.environ if env is None else env

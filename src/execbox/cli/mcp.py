@@ -16,17 +16,23 @@ def mcp(
     tenant: str = typer.Option("local", "--tenant", help="Tenant the sessions belong to."),
     config: str = typer.Option(None, "--config", help="Provider config as JSON, e.g. '{\"runtime\": \"sci\"}'."),
     max_timeout: str = typer.Option("300s", "--max-timeout", help="Cap on any tool call's timeout."),
+    max_output: str = typer.Option(None, "--max-output", envvar="EXECBOX_MCP_MAX_OUTPUT", show_default=False,
+                                   help="Characters of a run's stdout (and of its stderr) the model gets; the "
+                                        "head and tail of longer output are kept, with a note of what was cut "
+                                        "(0: no cap). Default 32768."),
     workspaces: str = typer.Option(None, "--workspaces", help="Directory for session workspaces "
                                                               "(default: a new temporary directory)."),
 ) -> None:
     """Serve execbox as MCP tools on stdin/stdout (for Claude Desktop, IDEs and other MCP clients)."""
+    from ..mcp.output_cap import DEFAULT_MAX_OUTPUT
     from ..mcp.stdio import serve_stdio
-    from ..settings import parse_duration
+    from ..settings import parse_duration, parse_int
     from ._store_cli import fail
 
     try:
         cfg = json.loads(config) if config else None
-        serve_stdio(provider, tenant, parse_duration(max_timeout, "--max-timeout"), workspaces, cfg)
+        cap = parse_int(max_output, "--max-output", 0) if max_output and max_output.strip() else DEFAULT_MAX_OUTPUT
+        serve_stdio(provider, tenant, parse_duration(max_timeout, "--max-timeout"), workspaces, cfg, cap)
     except json.JSONDecodeError as e:
         raise typer.BadParameter(f"--config is not JSON: {e}") from None
     except SandboxError as e:

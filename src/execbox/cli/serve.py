@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from ..errors import SandboxError
+from ..errors import InvalidConfigError, SandboxError
 
 
 def serve(
@@ -38,8 +38,8 @@ def serve(
     from ._store_cli import fail
 
     if open_run and not is_loopback(host):
-        fail(SandboxError(f"--open-run serves /run without a token and is only allowed on a loopback bind, "
-                          f"not {host}", details={"host": host}))
+        fail(InvalidConfigError(f"--open-run serves /run without a token and is only allowed on a loopback bind, "
+                                f"not {host}", details={"field": "--open-run", "host": host}))
 
     raise_open_file_limit()  # before the first box starts (service/fd_limit.py)
     try:

@@ -25,7 +25,7 @@ session_app = typer.Typer(help="List, pause, resume and remove sessions.", no_ar
 
 URL = typer.Option("http://127.0.0.1:8080", "--url", envvar="EXECBOX_URL", help="The service's base URL.")
 TOKEN = typer.Option(..., "--token", envvar="EXECBOX_TOKEN", show_default=False,
-                     help="API token (the session's tenant, or admin; rm needs admin). Prefer the "
+                     help="API token (the session's tenant, or admin). Prefer the "
                           "EXECBOX_TOKEN environment variable: a --token value is visible to other "
                           "users in the process list (ps).")
 
@@ -105,8 +105,8 @@ def resume(tenant: str = typer.Argument(...), session: str = typer.Argument(...)
 @session_app.command("rm")
 def rm(tenant: str = typer.Argument(...), session: str = typer.Argument(...), url: str = URL,
        token: str = TOKEN) -> None:
-    """Destroy the session: its box, its workspace and its registry row (admin token)."""
-    _call("DELETE", url, token, f"{tenant}/{session}")
+    """Destroy the session: its box, its workspace and its registry row (its tenant's token, or admin)."""
+    _call("POST", url, token, f"{tenant}/{session}/close")
     typer.echo(f"removed {tenant}/{session}")
 
 

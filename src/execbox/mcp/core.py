@@ -18,6 +18,7 @@ from ..providers.base import OutputCallback, SandboxProvider
 from ..service.executions import FILE_LANGUAGE, RunService, RunSpec
 from ..service.routes.sandbox import check_path  # the same early path check as the HTTP routes
 from ..service.sessions import SessionManager, check_name
+from .output_cap import DEFAULT_MAX_OUTPUT
 
 DEFAULT_MAX_TIMEOUT = 300.0
 
@@ -34,12 +35,15 @@ class ServiceCore:
     """Sessions, runs and files for MCP tools, on the same objects the HTTP routes use."""
 
     def __init__(self, sessions: SessionManager, runs: RunService, default_timeout: float,
-                 max_timeout: float = DEFAULT_MAX_TIMEOUT, max_code_bytes: int = 1024 * 1024) -> None:
+                 max_timeout: float = DEFAULT_MAX_TIMEOUT, max_code_bytes: int = 1024 * 1024,
+                 max_output: int = DEFAULT_MAX_OUTPUT) -> None:
         self.sessions = sessions
         self.runs = runs
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
         self.max_code_bytes = max_code_bytes
+        self.max_output = max_output
+        """Characters of a run's stdout (and of its stderr) a tool result gives the model (output_cap.py)."""
         self._implicit: dict[str, tuple[str, str]] = {}  # mapping key -> (tenant, session id)
         self._lock = threading.Lock()
 
@@ -69,7 +73,7 @@ class ServiceCore:
             for key, value in list(self._implicit.items()):
                 if value == (caller.tenant_id, session_id):
                     del self._implicit[key]
-        return self.sessions.destroy(caller.tenant_id, session_id)
+        return self.sessions.destroy(caller.tenant_id, session_id, "closed")
 
     def list_sessions(self, caller: Caller) -> list[dict[str, Any]]:
         return self.sessions.list(caller.tenant_id)
@@ -185,11 +189,11 @@ class ServiceCore:
         return self.runs.file_op(caller.tenant_id, session_id, "list_files", path, caller.token_id,
                                  lambda p, i: p.list_files(i, path, recursive))
 
-    def glob(self, caller: Caller, session_id: str, pattern: str) -> list[str]:
+    def glob(self, caller: Caller, session_id: str, pattern: str, max_results: int = 1000) -> list[str]:
         check_path(pattern, "pattern")
         self.require_session(caller, session_id)
         return self.runs.file_op(caller.tenant_id, session_id, "glob", pattern, caller.token_id,
-                                 lambda p, i: p.glob(i, pattern))
+                                 lambda p, i: p.glob(i, pattern, max_results))
 
     def grep(self, caller: Caller, session_id: str, pattern: str, path: str, glob: str | None,
              max_results: int) -> list[GrepMatch]:

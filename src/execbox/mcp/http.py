@@ -25,6 +25,7 @@ from ..service.auth import AuthError, Principal, authenticate
 from ..service.container import Services
 from ..settings import parse_duration
 from .core import DEFAULT_MAX_TIMEOUT, Caller, ServiceCore
+from .output_cap import max_output_from_env
 from .server import build_server
 
 PRINCIPAL = "execbox.principal"
@@ -46,6 +47,7 @@ class McpHttpApp:
 
     def __init__(self, services: Services) -> None:
         self.services = services
+        self.max_output = max_output_from_env()  # read at start: a bad value stops `execbox serve` (SB002)
         self._core: ServiceCore | None = None
         self.server = build_server(self._resolve)
         self.manager = StreamableHTTPSessionManager(app=self.server, json_response=False,
@@ -58,7 +60,7 @@ class McpHttpApp:
         if self._core is None:
             s = self.services.settings
             self._core = ServiceCore(self.services.sessions, self.services.runs, s.default_timeout,
-                                     max_timeout_from_env(), s.max_code_bytes)
+                                     max_timeout_from_env(), s.max_code_bytes, self.max_output)
         return self._core
 
     def lifespan(self) -> AbstractAsyncContextManager[None]:

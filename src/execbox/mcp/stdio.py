@@ -22,6 +22,7 @@ from ..service.logs import OperationLog
 from ..service.metrics import ServiceMetrics
 from ..service.sessions import SessionManager, check_name
 from .core import Caller, ServiceCore
+from .output_cap import DEFAULT_MAX_OUTPUT
 from .server import build_server
 
 STDIO_KEY = "stdio"
@@ -41,7 +42,7 @@ class _OneProvider:
 
 
 def serve_stdio(provider: str | None, tenant: str, max_timeout: float, workspaces: str | None = None,
-                config: dict[str, Any] | None = None) -> None:
+                config: dict[str, Any] | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> None:
     check_name(tenant, "tenant")
     raise_open_file_limit()  # before the first box starts (service/fd_limit.py)
     prov = get_sandbox(provider, config)
@@ -49,7 +50,7 @@ def serve_stdio(provider: str | None, tenant: str, max_timeout: float, workspace
     root = workspaces or tempfile.mkdtemp(prefix="execbox-mcp-")
     sessions = SessionManager(_OneProvider(prov), settings, root, None)
     runs = RunService(sessions, ServiceMetrics(), OperationLog(None, settings.audit_code))
-    core = ServiceCore(sessions, runs, settings.default_timeout, max_timeout, settings.max_code_bytes)
+    core = ServiceCore(sessions, runs, settings.default_timeout, max_timeout, settings.max_code_bytes, max_output)
     caller = Caller(tenant)
     server = build_server(lambda ctx: (core, caller, STDIO_KEY))
     sessions.start()

@@ -15,7 +15,7 @@ from typing import Any
 import mcp_types as types
 
 from ..errors import InvalidConfigError, SandboxError
-from ..models import Language
+from ..models import GlobResult, GrepResult, Language
 from ..service.sessions import NAME_PATTERN
 from .core import Caller, ServiceCore
 from .results import data_result, execution_result, file_uri
@@ -27,7 +27,8 @@ PATH = {"type": "string", "minLength": 1, "maxLength": 4096,
         "description": "Workspace-relative path, e.g. 'data/input.csv'. Absolute paths, '..' and symlinks "
                        "leaving the workspace are refused."}
 TIMEOUT = {"type": "number", "exclusiveMinimum": 0, "maximum": 3600,
-           "description": "Seconds before the run is killed (capped by the server's limit)."}
+           "description": "Seconds before the run is stopped (capped by the server's limit). A context cell past "
+                          "it is interrupted and keeps its state; one that will not stop is killed."}
 
 Handler = Callable[[ServiceCore, Caller, str, dict[str, Any]], types.CallToolResult]
 
@@ -74,14 +75,14 @@ def run_code(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) 
     if context_id is None and Language.parse(language) in (Language.PYTHON, Language.BASH):
         context_id = "mcp"  # Python globals, the shell's variables and cd persist across calls
     result = core.run_code(caller, sid, args["code"], language, timeout, args.get("arguments"), context_id)
-    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None)
+    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None, core.max_output)
 
 
 def run_command(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
     sid = _existing(core, caller, key, args)
     timeout, capped = core.timeout(args.get("timeout"))
     result = core.run_command(caller, sid, args["command"], timeout, args.get("cwd"))
-    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None)
+    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None, core.max_output)
 
 
 def create_session(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
@@ -137,18 +138,36 @@ def list_files(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]
     return data_result(text, {"files": [f.to_dict() for f in found], "session_id": sid})
 
 
+SKIP_REASONS = {"unreadable": "could not be read", "not_regular": "not a regular file (FIFO, socket or device)",
+                "long_line": "a line over 8 MiB was searched in 8 MiB pieces; a match across two is missed"}
+
+
+def _notes(truncated: bool, limit: int, what: str, skipped_names: int) -> list[str]:
+    notes = [f"[{what} truncated at {limit}; narrow the pattern or raise max_results]"] if truncated else []
+    if skipped_names:
+        notes.append(f"[{skipped_names} names that are not valid UTF-8 were left out]")
+    return notes
+
+
 def glob(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
     sid = _existing(core, caller, key, args)
-    paths = core.glob(caller, sid, args["pattern"])
-    return data_result("\n".join(paths) or "(no match)", {"paths": paths, "session_id": sid})
+    limit = args.get("max_results", 1000)
+    paths = core.glob(caller, sid, args["pattern"], limit)
+    found = paths if isinstance(paths, GlobResult) else GlobResult(paths)
+    text = "\n".join(([*found] or ["(no match)"]) + _notes(found.truncated, limit, "results", found.skipped_names))
+    return data_result(text, {**found.to_dict(), "session_id": sid})
 
 
 def grep(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
     sid = _existing(core, caller, key, args)
-    found = core.grep(caller, sid, args["pattern"], args.get("path", "."), args.get("glob"),
-                      args.get("max_results", 100))
-    text = "\n".join(f"{m.path}:{m.line_number}: {m.line}" for m in found) or "(no match)"
-    return data_result(text, {"matches": [m.to_dict() for m in found], "session_id": sid})
+    limit = args.get("max_results", 100)
+    hits = core.grep(caller, sid, args["pattern"], args.get("path", "."), args.get("glob"), limit)
+    found = hits if isinstance(hits, GrepResult) else GrepResult(hits)
+    lines = [f"{m.path}:{m.line_number}: {m.line}" for m in found]
+    lines += [f"Binary file {p} matches (its lines are not shown)" for p in found.binary_matches]
+    notes = _notes(found.truncated, limit, "results", found.skipped_names)
+    notes += [f"[skipped {s['path']}: {SKIP_REASONS.get(s['reason'], s['reason'])}]" for s in found.skipped]
+    return data_result("\n".join((lines or ["(no match)"]) + notes), {**found.to_dict(), "session_id": sid})
 
 
 def install_packages(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
@@ -217,12 +236,18 @@ TOOLS: list[ToolDef] = [
             _obj({"path": {**PATH, "default": "."}, "recursive": {"type": "boolean", "default": False},
                   "session_id": SESSION_ID}),
             list_files, read_only=True, idempotent=True),
-    ToolDef("glob", "Find files by pattern", "Find workspace paths matching a glob such as '**/*.py'.",
-            _obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096}, "session_id": SESSION_ID},
+    ToolDef("glob", "Find files by pattern",
+            "Find workspace paths matching a glob such as '**/*.py' (at most max_results; the reply says when "
+            "more matched).",
+            _obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
+                  "max_results": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000},
+                  "session_id": SESSION_ID},
                  ["pattern"]),
             glob, read_only=True, idempotent=True),
     ToolDef("grep", "Search file contents",
-            "Search workspace files for a regular expression; returns path, line number and line.",
+            "Search workspace files (any size) for a Python regular expression; returns path, line number and "
+            "line for each matching line, names binary files that match, and says when results were truncated "
+            "at max_results or a file could not be searched.",
             _obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
                   "path": {**PATH, "default": "."},
                   "glob": {"type": "string", "maxLength": 4096, "description": "Only files matching this glob."},

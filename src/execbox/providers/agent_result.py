@@ -35,7 +35,7 @@ def result_from_reply(v: dict[str, Any], metadata: dict[str, Any], *, oom: bool,
             metadata[key] = v[key]
     if v.get("timed_out"):
         metadata["error_code"] = "SB005"
-        metadata["error_message"] = "execution timed out; the process tree was killed"
+        metadata["error_message"] = timeout_message(v)
         waits = v.get("exit_waits_for")
         if isinstance(waits, list) and waits:  # its code had finished: python3 would hang the same way
             names = ", ".join(str(n) for n in waits)
@@ -52,3 +52,15 @@ def result_from_reply(v: dict[str, Any], metadata: dict[str, Any], *, oom: bool,
         result=json.loads(res["json"]) if present else None,
         artifacts=[Artifact.from_dict(a, fetch) for a in v.get("artifacts") or []],
     )
+
+
+def timeout_message(v: dict[str, Any]) -> str:
+    """What a timeout did: a context cell the agent interrupted keeps its context's state (the
+    context lives on: no ``context_reset``); anything else, a one-shot run or a cell that would not
+    stop, had its process tree killed (and a context's state is gone)."""
+    ctx = v.get("context_id")
+    if ctx is None:
+        return "execution timed out; the process tree was killed"
+    if v.get("context_reset"):
+        return f"execution timed out; context {ctx!r} was killed and its state is lost (the next run starts fresh)"
+    return f"execution timed out; the cell was interrupted and context {ctx!r} keeps its state"

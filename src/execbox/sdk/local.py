@@ -9,12 +9,13 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidConfigError, ProviderUnavailableError
+from ..errors import InvalidConfigError, NotTextError, SandboxClosedError
 from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
 from ..providers.base import OutputCallback, SandboxProvider
 from ..providers.registry import create_provider, get_provider_class, strongest_available
 from ..settings import sandbox_timeout, sandbox_type
 from .commands import Commands, RunFn, StopFn
+from .file_results import read_bytes_hint
 
 _default: dict[tuple[str, str], SandboxProvider] = {}
 _default_lock = threading.Lock()
@@ -126,10 +127,17 @@ class Files:
         self._sb = sandbox
 
     def read(self, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        return self._sb.provider.read_file(self._sb.instance_id, path, offset, limit)
+        """Lines ``offset`` .. ``offset+limit`` of a text file of any size; a binary file is a
+        ``NotTextError`` (read it with ``read_bytes``)."""
+        try:
+            return self._sb.provider.read_file(self._sb.instance_id, path, offset, limit)
+        except NotTextError as e:
+            raise read_bytes_hint(e, path) from None
 
-    def read_bytes(self, path: str) -> bytes:
-        return self._sb.provider.read_bytes(self._sb.instance_id, path)
+    def read_bytes(self, path: str, offset: int | None = None, length: int | None = None) -> bytes:
+        """A file's bytes (at most 64 MiB, else 413), or ``length`` bytes (at most 64 MiB) from
+        ``offset``: a ``FileBytes`` whose ``total_size`` is the file's size, to fetch a larger one in pieces."""
+        return self._sb.provider.read_bytes(self._sb.instance_id, path, offset=offset, length=length)
 
     def write(self, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
         return self._sb.provider.write_file(self._sb.instance_id, path, content, mode)
@@ -140,11 +148,14 @@ class Files:
     def list(self, path: str = ".", recursive: bool = False) -> list[FileInfo]:
         return self._sb.provider.list_files(self._sb.instance_id, path, recursive)
 
-    def glob(self, pattern: str) -> list[str]:
-        return self._sb.provider.glob(self._sb.instance_id, pattern)
+    def glob(self, pattern: str, max_results: int = 1000) -> list[str]:
+        """Matching paths, at most ``max_results``: a ``GlobResult`` (``truncated`` when more matched)."""
+        return self._sb.provider.glob(self._sb.instance_id, pattern, max_results)
 
     def grep(self, pattern: str, path: str = ".", glob: str | None = None, max_results: int = 100
              ) -> list[GrepMatch]:
+        """Matching lines, at most ``max_results``: a ``GrepResult`` (``truncated``, ``binary_matches``,
+        ``skipped``)."""
         return self._sb.provider.grep(self._sb.instance_id, pattern, path, glob, max_results)
 
 
@@ -191,7 +202,8 @@ class Sandbox:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ProviderUnavailableError("this Sandbox is closed", details={"instance_id": self.instance_id})
+            raise SandboxClosedError("this Sandbox is closed: close() destroyed its box; create a new Sandbox to "
+                                     "run more", details={"instance_id": self.instance_id, "reason": "closed"})
 
     def run_code(self, code: str, language: str = "python", *, timeout: float | None = None,
                  arguments: dict[str, Any] | None = None, context_id: str | None = None,

@@ -31,8 +31,8 @@ class AsyncFiles:
     async def read(self, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
         return await _thread(self._files.read, path, offset, limit)
 
-    async def read_bytes(self, path: str) -> bytes:
-        return await _thread(self._files.read_bytes, path)
+    async def read_bytes(self, path: str, offset: int | None = None, length: int | None = None) -> bytes:
+        return await _thread(self._files.read_bytes, path, offset, length)
 
     async def write(self, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
         return await _thread(self._files.write, path, content, mode)
@@ -43,8 +43,8 @@ class AsyncFiles:
     async def list(self, path: str = ".", recursive: bool = False) -> list[FileInfo]:
         return await _thread(self._files.list, path, recursive)
 
-    async def glob(self, pattern: str) -> list[str]:
-        return await _thread(self._files.glob, pattern)
+    async def glob(self, pattern: str, max_results: int = 1000) -> list[str]:
+        return await _thread(self._files.glob, pattern, max_results)
 
     async def grep(self, pattern: str, path: str = ".", glob: str | None = None, max_results: int = 100
                    ) -> list[GrepMatch]:

@@ -14,18 +14,18 @@ the local Sandbox does, although the service answers it with 408/422.
 
 from __future__ import annotations
 
-import base64
 import threading
 import uuid
 from typing import Any
 
 import httpx
 
-from ..errors import ConnectionFailedError, ExecutionTimeoutError, SandboxError
-from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
+from ..errors import ConnectionFailedError, ExecutionTimeoutError, NotTextError, SandboxError
+from ..models import ExecutionResult, FileBytes, FileInfo, GlobResult, GrepResult, TextPage
 from ..providers.base import OutputCallback
 from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, LineSplitter, bounded_lines, clamp_client, deadline, read_body
 from .commands import Commands, RunFn, StopFn
+from .file_results import file_bytes, range_fields, read_bytes_hint
 from .remote_async import AsyncRemoteSandbox
 from .wire import (
     _SSE,
@@ -39,6 +39,7 @@ from .wire import (
     _Requests,
     _result_or_raise,
     _StreamState,
+    closed_error,
     decode,
     iter_events,
     reply_error,
@@ -54,12 +55,19 @@ class RemoteFiles:
         self._sb = sandbox
 
     def read(self, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        out = self._sb._post("read", self._sb._req.scoped(path=path, offset=offset, limit=limit))
+        """Lines ``offset`` .. ``offset+limit`` of a text file of any size; a binary file is a
+        ``NotTextError`` (read it with ``read_bytes``)."""
+        try:
+            out = self._sb._post("read", self._sb._req.scoped(path=path, offset=offset, limit=limit))
+        except NotTextError as e:
+            raise read_bytes_hint(e, path) from None
         return decode("a text page", lambda: TextPage(**out))
 
-    def read_bytes(self, path: str) -> bytes:
-        out = self._sb._post("read_binary", self._sb._req.scoped(path=path))
-        return decode("file content", lambda: base64.b64decode(out["content_b64"], validate=True))
+    def read_bytes(self, path: str, offset: int | None = None, length: int | None = None) -> FileBytes:
+        """A file's bytes (at most 64 MiB, else 413), or ``length`` bytes (at most 64 MiB) from
+        ``offset``; ``total_size`` on the result is the file's size, to fetch a larger one in pieces."""
+        out = self._sb._post("read_binary", self._sb._req.scoped(path=path, **range_fields(offset, length)))
+        return decode("file content", lambda: file_bytes(out))
 
     def write(self, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
         out = self._sb._post("write", self._sb._req.scoped(path=path, mode=mode, **_content(content)))
@@ -76,15 +84,20 @@ class RemoteFiles:
         out = self._sb._post("list", self._sb._req.scoped(path=path, recursive=recursive))
         return decode("a file list", lambda: [FileInfo(**f) for f in out["files"]])
 
-    def glob(self, pattern: str) -> list[str]:
-        out = self._sb._post("glob", self._sb._req.scoped(pattern=pattern))
-        return decode("a path list", lambda: [_str(p) for p in out["paths"]])
+    def glob(self, pattern: str, max_results: int | None = None) -> GlobResult:
+        """Matching paths, at most ``max_results`` (the server's default: 1000); ``truncated`` on
+        the result when more matched."""
+        extra = {} if max_results is None else {"max_results": max_results}
+        out = self._sb._post("glob", self._sb._req.scoped(pattern=pattern, **extra))
+        return decode("a path list", lambda: GlobResult.from_dict(out))
 
     def grep(self, pattern: str, path: str = ".", glob: str | None = None, max_results: int = 100
-             ) -> list[GrepMatch]:
+             ) -> GrepResult:
+        """Matching lines, at most ``max_results``; on the result ``truncated``, ``binary_matches`` and
+        ``skipped`` (models.GrepResult)."""
         out = self._sb._post("grep", self._sb._req.scoped(pattern=pattern, path=path, glob=glob,
                                                           max_results=max_results))
-        return decode("a match list", lambda: [GrepMatch(**m) for m in out["matches"]])
+        return decode("a match list", lambda: GrepResult.from_dict(out))
 
 
 def _str(value: Any) -> str:
@@ -97,8 +110,8 @@ class RemoteSandbox:
     """A session on an execbox service: workspace and contexts persist until ``close()``.
 
     ``tenant_id`` defaults to the token's tenant; ``session_id`` to a fresh random id.
-    ``close()`` destroys the session when the token is an admin token (DELETE is admin only);
-    otherwise the service's idle reaper (SANDBOX_IDLE_TIMEOUT) frees it.
+    ``close()`` destroys the session (``POST sessions/{tenant}/{session}/close``, allowed to the
+    tenant's own tokens), so its slot of SANDBOX_TENANT_MAX_SESSIONS is free again at once.
 
     Every exchange has a wall-clock deadline (a run: its timeout + 30 s, or 3600 s + 30 s when it
     names none; other calls: 300 s), past which a run is SB005 and a call SB003, and no reply body
@@ -134,8 +147,7 @@ class RemoteSandbox:
               seconds: float | None = None, timed_out: tuple[type[SandboxError], str] | None = None) -> Reply:
         """One exchange, read whole within ``seconds`` of wall-clock time. ``timed_out``: the error a
         run (or install) past it raises; such a server is silent until done, so reads may wait that long."""
-        if self.closed:
-            raise SandboxError("this RemoteSandbox is closed", details={"session_id": self.session_id})
+        self._check_open()
         seconds = seconds or CALL_DEADLINE  # looked up per call (tests shorten it)
         error, message = timed_out or (
             ConnectionFailedError, f"{self._where} did not finish answering within {seconds:g}s; gave up")
@@ -147,6 +159,10 @@ class RemoteSandbox:
                     return Reply(r.status_code, content, r.request.url.path)
             except httpx.HTTPError as e:
                 raise self._transport_error(dl, e, "cannot reach") from e
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise closed_error("RemoteSandbox", self.session_id)
 
     def _transport_error(self, dl: Any, e: httpx.HTTPError, doing: str) -> SandboxError:
         if dl.expired:
@@ -174,6 +190,7 @@ class RemoteSandbox:
     # -- execution --------------------------------------------------------------------------
     def _run(self, op: str, body: dict[str, Any], timeout: float | None,
              on_output: OutputCallback | None, cut: threading.Event | None = None) -> ExecutionResult:
+        self._check_open()
         seconds = self._req.http_timeout(timeout)
         if on_output is None:
             r = self._send("POST", op, body, seconds=seconds,
@@ -260,16 +277,18 @@ class RemoteSandbox:
         return r.obj()
 
     def close(self) -> None:
+        """End the session: ``POST sessions/{tenant}/{session}/close`` stops what runs in it and
+        deletes its box and workspace (any token of the tenant may; it frees a slot of
+        SANDBOX_TENANT_MAX_SESSIONS at once). A session never used (404) has nothing to end; a
+        service that cannot be reached leaves it to the idle reaper. Using the object afterwards
+        raises SandboxClosedError (SB002)."""
         if self.closed:
             return
         try:
-            me = self._send("GET", "whoami", seconds=10)
-            who = me.obj() if me.status == 200 else {}
-            if who.get("role") == "admin":
-                tenant = self.tenant_id or str(who.get("tenant_id"))
-                self._send("DELETE", f"sessions/{tenant}/{self.session_id}", seconds=10)
+            tenant = self.tenant_id or self._whoami_tenant()
+            self._send("POST", f"sessions/{tenant}/{self.session_id}/close", seconds=10)
         except (SandboxError, ValueError):
-            pass  # tenant token (DELETE is admin only) or unreachable: the idle reaper frees the session
+            pass  # unreachable, or the session is gone: nothing to end here (close() must not mask an error)
         finally:
             self.closed = True
             if self._owns_client:

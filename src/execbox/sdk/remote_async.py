@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
-from ..errors import ConnectionFailedError, ExecutionTimeoutError, SandboxError
-from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
+from ..errors import ConnectionFailedError, ExecutionTimeoutError, NotTextError, SandboxError
+from ..models import ExecutionResult, FileBytes, FileInfo, GlobResult, GrepResult, TextPage
 from ..providers.base import OutputCallback
 from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, BodyCap, Deadline, LineSplitter
 from .commands import AsyncCommands, AsyncRunFn, AsyncStopFn
+from .file_results import file_bytes, range_fields, read_bytes_hint
 from .wire import (
     _SSE,
     API_PREFIX,
@@ -26,6 +26,7 @@ from .wire import (
     _Requests,
     _result_or_raise,
     _StreamState,
+    closed_error,
     decode,
     reply_error,
     result_from,
@@ -44,12 +45,19 @@ class AsyncRemoteFiles:
         self._sb = sandbox
 
     async def read(self, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        out = await self._sb._post("read", self._sb._req.scoped(path=path, offset=offset, limit=limit))
+        """Lines ``offset`` .. ``offset+limit`` of a text file of any size; a binary file is a
+        ``NotTextError`` (read it with ``read_bytes``)."""
+        try:
+            out = await self._sb._post("read", self._sb._req.scoped(path=path, offset=offset, limit=limit))
+        except NotTextError as e:
+            raise read_bytes_hint(e, path) from None
         return decode("a text page", lambda: TextPage(**out))
 
-    async def read_bytes(self, path: str) -> bytes:
-        out = await self._sb._post("read_binary", self._sb._req.scoped(path=path))
-        return decode("file content", lambda: base64.b64decode(out["content_b64"], validate=True))
+    async def read_bytes(self, path: str, offset: int | None = None, length: int | None = None) -> FileBytes:
+        """A file's bytes (at most 64 MiB, else 413), or ``length`` bytes (at most 64 MiB) from
+        ``offset``; ``total_size`` on the result is the file's size, to fetch a larger one in pieces."""
+        out = await self._sb._post("read_binary", self._sb._req.scoped(path=path, **range_fields(offset, length)))
+        return decode("file content", lambda: file_bytes(out))
 
     async def write(self, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
         out = await self._sb._post("write", self._sb._req.scoped(path=path, mode=mode, **_content(content)))
@@ -71,15 +79,20 @@ class AsyncRemoteFiles:
         out = await self._sb._post("list", self._sb._req.scoped(path=path, recursive=recursive))
         return decode("a file list", lambda: [FileInfo(**f) for f in out["files"]])
 
-    async def glob(self, pattern: str) -> list[str]:
-        out = await self._sb._post("glob", self._sb._req.scoped(pattern=pattern))
-        return decode("a path list", lambda: [_str(p) for p in out["paths"]])
+    async def glob(self, pattern: str, max_results: int | None = None) -> GlobResult:
+        """Matching paths, at most ``max_results`` (the server's default: 1000); ``truncated`` on
+        the result when more matched."""
+        extra = {} if max_results is None else {"max_results": max_results}
+        out = await self._sb._post("glob", self._sb._req.scoped(pattern=pattern, **extra))
+        return decode("a path list", lambda: GlobResult.from_dict(out))
 
     async def grep(self, pattern: str, path: str = ".", glob: str | None = None, max_results: int = 100
-                   ) -> list[GrepMatch]:
+                   ) -> GrepResult:
+        """Matching lines, at most ``max_results``; on the result ``truncated``, ``binary_matches`` and
+        ``skipped`` (models.GrepResult)."""
         out = await self._sb._post("grep", self._sb._req.scoped(pattern=pattern, path=path, glob=glob,
                                                                 max_results=max_results))
-        return decode("a match list", lambda: [GrepMatch(**m) for m in out["matches"]])
+        return decode("a match list", lambda: GrepResult.from_dict(out))
 
 
 class AsyncRemoteSandbox:
@@ -117,7 +130,7 @@ class AsyncRemoteSandbox:
                     timed_out: tuple[type[SandboxError], str] | None = None) -> Reply:
         """One exchange, read whole within ``seconds`` (see RemoteSandbox._send)."""
         if self.closed:
-            raise SandboxError("this AsyncRemoteSandbox is closed", details={"session_id": self.session_id})
+            raise closed_error("AsyncRemoteSandbox", self.session_id)
         seconds = seconds or CALL_DEADLINE  # looked up per call (tests shorten it)
         error, message = timed_out or (
             ConnectionFailedError, f"{self._where} did not finish answering within {seconds:g}s; gave up")
@@ -177,6 +190,8 @@ class AsyncRemoteSandbox:
 
     async def _run(self, op: str, body: dict[str, Any], timeout: float | None,
                    on_output: OutputCallback | None) -> ExecutionResult:
+        if self.closed:
+            raise closed_error("AsyncRemoteSandbox", self.session_id)
         seconds = self._req.http_timeout(timeout)
         timed_out = (ExecutionTimeoutError, run_deadline_message(self._where, timeout))
         if on_output is None:
@@ -214,16 +229,18 @@ class AsyncRemoteSandbox:
         return run, None  # kill() cancels the task: the stream closes and the service cancels the run
 
     async def close(self) -> None:
+        """End the session (``POST sessions/{tenant}/{session}/close``; see RemoteSandbox.close)."""
         if self.closed:
             return
         try:
-            me = await self._send("GET", "whoami", seconds=10)
-            who = me.obj() if me.status == 200 else {}
-            if who.get("role") == "admin":
-                tenant = self.tenant_id or str(who.get("tenant_id"))
-                await self._send("DELETE", f"sessions/{tenant}/{self.session_id}", seconds=10)
-        except (SandboxError, ValueError):
-            pass
+            tenant = self.tenant_id
+            if tenant is None:
+                me = await self._send("GET", "whoami", seconds=10)
+                tenant = str(me.obj()["tenant_id"]) if me.status == 200 else None
+            if tenant is not None:
+                await self._send("POST", f"sessions/{tenant}/{self.session_id}/close", seconds=10)
+        except (SandboxError, ValueError, KeyError, TypeError):
+            pass  # unreachable, or the session is gone: nothing to end here
         finally:
             self.closed = True
             if self._owns_client:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import ConnectionFailedError, SandboxError, error_from_dict
+from ..errors import ConnectionFailedError, SandboxClosedError, SandboxError, error_from_dict
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback
 from .bounded import MAX_RESPONSE_BYTES, too_large
@@ -42,6 +42,13 @@ def _content(content: str | bytes) -> dict[str, str]:
     if isinstance(content, bytes):
         return {"content_b64": base64.b64encode(content).decode()}
     return {"content": content}
+
+
+def closed_error(kind: str, session_id: str | None) -> SandboxClosedError:
+    """A client used after ``close()`` (nothing is sent): SB002, the caller's mistake, not a server's."""
+    return SandboxClosedError(f"this {kind} is closed: close() ended session {session_id!r} (its files and "
+                              f"contexts are gone); create a new {kind} to go on",
+                              details={"session_id": session_id, "reason": "closed"})
 
 
 def malformed(what: str, status: int | None = None) -> ConnectionFailedError:

@@ -35,7 +35,9 @@ from .logs import AuditWriter, OperationLog
 from .metrics import ServiceMetrics
 from .provider_manager import ProviderManager
 from .routes import admin, executor_compat, health, packages, sandbox
+from .routes import sessions as session_routes
 from .routes.executor_compat import ExecutorAuth, ExecutorDeps
+from .session_headers import SessionHeaders
 from .sessions import ProviderSource, SessionManager
 from .store.sandbox_settings import SandboxSettings
 
@@ -155,13 +157,15 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     app.state.executor = svc.executor  # what the RAGFlow /run routes read (also in the standalone app)
     install_error_handlers(app)
     install_egress(app, svc)  # issue 14: egress audit, tenant caps, routes
+    app.add_middleware(SessionHeaders)  # innermost: X-Execbox-Session-Created / -Create-Session (any status)
     app.add_middleware(ForwardToOwner, replica=sessions.replica)  # inside BodyLimit: bodies are bounded
     app.add_middleware(CancelOnDisconnect)  # a plain execute/bash run whose client left is cancelled
 
     app.include_router(health.router)  # first: its /healthz wins over the executor's
-    app.include_router(sandbox.router, prefix="/v1/sandbox", tags=["sandbox"],
-                       generate_unique_id_function=_sandbox_ids("v1_"))
-    app.include_router(sandbox.router, tags=["sandbox (direct)"], generate_unique_id_function=_sandbox_ids(""))
+    for router in (sandbox.router, session_routes.router):  # the gateway API: public and direct paths
+        app.include_router(router, prefix="/v1/sandbox", tags=["sandbox"],
+                           generate_unique_id_function=_sandbox_ids("v1_"))
+        app.include_router(router, tags=["sandbox (direct)"], generate_unique_id_function=_sandbox_ids(""))
     app.include_router(admin.router)
     # /run; its own /healthz is for the standalone executor app (ours answers here)
     app.include_router(_without(executor_compat.router, {"/healthz"}))
@@ -171,7 +175,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
         app.add_route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     install_e2b(app, svc)  # E2B-compatible control plane + sandbox URL (docs/e2b-compat.md)
     # outermost (added last): every request, the E2B sandbox URL's included, is bounded before parsing
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, metrics=metrics)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, metrics=metrics,
+                       shapes=executor_compat.BODY_SHAPES)  # /run answers 413 in its own shape
     if WEB_STATIC.is_dir():
         mount_console(app, "/admin", WEB_STATIC)  # with the console's security headers (web/__init__.py)
     return app

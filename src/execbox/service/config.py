@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from urllib.parse import urlsplit
 
-from ..settings import parse_bool, parse_duration, parse_int, sandbox_timeout
+from ..settings import parse_bool, parse_days, parse_duration, parse_int, sandbox_timeout
 
 
 def replica_base_url(url: str) -> bool:
@@ -66,6 +66,7 @@ class ServiceSettings:
     reap_interval: float = 0.0
     """Seconds between idle sweeps; 0 derives it from idle_timeout."""
     data_dir: str = ""
+    """The store's data directory (empty: the store's own)."""
     replica_id: str = ""
     """EXECBOX_REPLICA_ID: this replica's name in the session registry (empty: the host name).
     Stable across restarts, so a restarted replica re-adopts its sessions; unique per replica."""
@@ -79,7 +80,10 @@ class ServiceSettings:
     """SANDBOX_IDLE_ACTION: what happens to an idle session: destroy (default) or pause."""
     drain_timeout: float = 30.0
     """EXECBOX_DRAIN_TIMEOUT: seconds in-flight requests may finish after SIGTERM."""
-    """The store's data directory (empty: the store's own)."""
+    audit_days: float = 365.0
+    """EXECBOX_AUDIT_DAYS: days run audit rows are kept (0: all); read again by the audit writer."""
+    egress_audit_days: float = 30.0
+    """EXECBOX_EGRESS_AUDIT_DAYS: days egress audit rows are kept (0: all); read again by its writer."""
     workspaces_dir: str = ""
     """EXECBOX_WORKSPACES_DIR: session workspaces persist here as <registry id>/<tenant>/<session>.
     Empty: /var/lib/execbox/workspaces as root (boxes run as an unprivileged uid that must be able
@@ -147,6 +151,9 @@ class ServiceSettings:
                 raise InvalidConfigError("SANDBOX_IDLE_ACTION must be destroy or pause",
                                          details={"field": "SANDBOX_IDLE_ACTION", "value": raw})
             values["idle_action"] = raw.strip()
+        for var, attr in (("EXECBOX_AUDIT_DAYS", "audit_days"), ("EXECBOX_EGRESS_AUDIT_DAYS", "egress_audit_days")):
+            if (raw := get(var)) is not None:  # the writers read them again (store/retention.py)
+                values[attr] = parse_days(raw, var)
         if (raw := get("SANDBOX_AUDIT_CODE")) is not None:
             values["audit_code"] = parse_bool(raw, "SANDBOX_AUDIT_CODE")
         known = {f.name for f in fields(cls)}

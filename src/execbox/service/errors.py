@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import exc as sqlalchemy_exc
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -47,7 +48,7 @@ async def sandbox_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, SandboxError)
     _count(request, exc.code)
     status = exc.http_status if 400 <= exc.http_status <= 599 else 500
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    headers = _retry_after(exc) if status in (429, 503) else None
     owner_url = getattr(exc, "forward_to", None)  # SessionOwnedElsewhere only, never wire details
     if owner_url:  # another replica owns the session: the forwarding middleware takes it there
         headers = {**(headers or {}), "x-execbox-forward-to": str(owner_url)}
@@ -59,13 +60,39 @@ async def sandbox_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _retry_after(exc: SandboxError) -> dict[str, str] | None:
+    """``Retry-After``: what the error knows (``retry_after``: seconds, or None when retrying
+    alone cannot succeed, e.g. a tenant at its session quota with every session in use), else 1."""
+    wait = getattr(exc, "retry_after", 1)
+    return None if wait is None else {"Retry-After": str(max(1, int(wait)))}
+
+
+JSON_BODY = "a JSON object body is expected (Content-Type: application/json)"
+
+
+def _problem(err: dict[str, Any], content_type: str) -> dict[str, str]:
+    """One validation error as {field, message, type}. A body that is not JSON names the field
+    ``body`` (pydantic's location is a byte offset) with the position in the message; a body that
+    is not an object (text/plain, a JSON list) says that a JSON object is expected."""
+    loc = tuple(err.get("loc", ()))
+    kind = str(err.get("type", ""))
+    message = str(err.get("msg", ""))
+    if kind == "json_invalid":
+        where = f" at byte {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        why = (err.get("ctx") or {}).get("error")
+        return {"field": "body", "type": kind,
+                "message": f"not valid JSON{where}" + (f" ({why})" if why else "") + f"; {JSON_BODY}"}
+    if loc == ("body",) and kind in ("model_attributes_type", "dict_type", "missing"):
+        got = f", got Content-Type {content_type!r}" if content_type and "json" not in content_type else ""
+        return {"field": "body", "type": kind, "message": f"{JSON_BODY}{got}"}
+    return {"field": _field(loc), "message": message, "type": kind}
+
+
 async def validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = []
-    for err in exc.errors():
-        # Never echo "input": it may hold code, file contents or env values.
-        problems.append({"field": _field(err.get("loc", ())), "message": str(err.get("msg", "")),
-                         "type": str(err.get("type", ""))})
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    # Never echo "input": it may hold code, file contents or env values.
+    problems = [_problem(err, content_type) for err in exc.errors()]
     first = problems[0] if problems else {"field": "body", "message": "invalid request"}
     _count(request, "SB002")
     return error_response("SB002", f"invalid request: {first['field']}: {first['message']}", 400,
@@ -127,10 +154,14 @@ class BodyLimit:
     DRAIN_FACTOR = 4
     DRAIN_SECONDS = 15.0
 
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: ServiceMetrics) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: ServiceMetrics,
+                 shapes: dict[str, Callable[[PayloadTooLargeError], Response]] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.metrics = metrics
+        self.shapes = shapes or {}
+        """Path -> the 413 answer in that route's own shape (RAGFlow's /run: executor_compat.too_large);
+        every other path gets the one error shape."""
 
     def _too_large(self) -> PayloadTooLargeError:
         return PayloadTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes",
@@ -199,6 +230,8 @@ class BodyLimit:
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         err = self._too_large()
-        response = JSONResponse(err.to_dict(), status_code=413, headers={"Connection": "close"})
+        shape = self.shapes.get(scope.get("path", ""))
+        response = shape(err) if shape is not None else JSONResponse(err.to_dict(), status_code=413)
+        response.headers["Connection"] = "close"
         self.metrics.errors.labels(err.code).inc()
         await response(scope, receive, send)

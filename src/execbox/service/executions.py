@@ -20,7 +20,7 @@ from ..providers.base import OutputCallback, SandboxProvider
 from .config import forwarding_enabled
 from .logs import OperationLog, memory_mb
 from .metrics import ServiceMetrics
-from .sessions import SessionBusy, SessionManager
+from .sessions import SessionBusy, SessionManager, notes
 from .streaming import Emit, RunHandle
 
 ProviderCall = Callable[[SandboxProvider, str, bool, OutputCallback | None], ExecutionResult]
@@ -78,8 +78,10 @@ class RunService:
             with self.sessions.oneshot(spec.tenant_id, template, **_rt(spec)) as pair:
                 yield pair
         else:
-            with self.sessions.session(spec.tenant_id, spec.session_id, template, **_rt(spec)) as s:
+            with notes.collecting() as seen, self.sessions.session(spec.tenant_id, spec.session_id, template,
+                                                                   **_rt(spec)) as s:
                 assert s.provider is not None and s.instance_id is not None
+                spec.notices.update(notes.created_notice(seen, spec.tenant_id, spec.session_id))
                 s.running += 1
                 try:
                     yield s.provider, s.instance_id

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..agent.fileops import MAX_READ_BYTES
 from .sessions import NAME_PATTERN
 
 Name = Field(default=None, pattern=NAME_PATTERN, max_length=64)
@@ -95,6 +96,11 @@ class ReadRequest(SessionFileRequest):
 
 class ReadBinaryRequest(SessionFileRequest):
     path: str = Field(max_length=4096)
+    offset: int | None = Field(default=None, ge=0, le=2**62,
+                               description="First byte to read (default 0); past the file's end is 400")
+    length: int | None = Field(default=None, ge=0, le=MAX_READ_BYTES,
+                               description="Bytes to read from offset, at most 64 MiB (fewer at the end of the "
+                                           "file). Without it the file from offset on, which must fit 64 MiB (413)")
 
 
 class WriteRequest(SessionFileRequest):
@@ -113,6 +119,8 @@ class GrepRequest(SessionFileRequest):
 
 class GlobRequest(SessionFileRequest):
     pattern: str = Field(max_length=4096)
+    max_results: int = Field(default=1000, ge=1, le=10000, description="At most this many paths (truncated: more "
+                                                                      "matched)")
 
 
 class ListRequest(SessionFileRequest):
@@ -177,9 +185,11 @@ class TextPageOut(BaseModel):
 
 class BinaryOut(BaseModel):
     path: str
-    size: int
-    sha256: str
+    size: int = Field(description="Bytes in content_b64")
+    sha256: str = Field(description="Of the bytes in content_b64")
     content_b64: str
+    offset: int = Field(default=0, description="Where in the file content_b64 starts")
+    total_size: int = Field(description="The file's size: read a larger file in pieces with offset and length")
 
 
 class FileInfoOut(BaseModel):
@@ -200,12 +210,28 @@ class GrepMatchOut(BaseModel):
     line: str
 
 
+class SkippedFileOut(BaseModel):
+    path: str
+    reason: str = Field(description="unreadable: could not be read; not_regular: a FIFO, socket or device; "
+                                    "long_line: a line over 8 MiB was searched in 8 MiB pieces (a match across "
+                                    "two is missed)")
+
+
 class GrepOut(BaseModel):
     matches: list[GrepMatchOut]
+    truncated: bool = Field(default=False, description="More matched than max_results: narrow the pattern or "
+                                                       "raise max_results")
+    binary_matches: list[str] = Field(default_factory=list, description="Binary files (a NUL byte in their first "
+                                      "8 KiB) that match; their lines are not returned (read_binary)")
+    skipped: list[SkippedFileOut] = Field(default_factory=list, description="Files not searched, or only in part "
+                                          "(the first 100)")
+    skipped_names: int = Field(default=0, description="Names not valid UTF-8 left out of the search")
 
 
 class GlobOut(BaseModel):
     paths: list[str]
+    truncated: bool = Field(default=False, description="More matched than max_results")
+    skipped_names: int = Field(default=0, description="Names not valid UTF-8 left out")
 
 
 class SessionOut(BaseModel):
@@ -220,8 +246,10 @@ class SessionOut(BaseModel):
     instance_id: str | None
     created_at: float
     last_used: float | None = None
-    expires_at: float | None = Field(default=None, description="When a paused or lost session is deleted; "
-                                     "for a closing one, when a destroy cut off is finished")
+    expires_at: float | None = Field(default=None, description="A running session: when the idle reaper takes it "
+                                     "if it stays unused (last use + SANDBOX_IDLE_TIMEOUT; SANDBOX_IDLE_ACTION says "
+                                     "what happens then); a paused or lost one: when it is deleted; a closing one: "
+                                     "when a destroy cut off is finished")
     lease_expires: float | None = None
     contexts_lost: bool = Field(default=False, description="In-memory contexts (Python globals) were lost by "
                                 "a restart or pause; files are intact")

@@ -9,6 +9,7 @@ holding its session.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import threading
@@ -111,7 +112,9 @@ async def _events(run: Callable[[Emit, RunHandle], None], handle: RunHandle) -> 
             handle.done.set()
             put(None)
 
-    threading.Thread(target=worker, name="execbox-stream", daemon=True).start()
+    # on a copy of the request's context: the session notes (sessions/notes.py) reach the run
+    threading.Thread(target=contextvars.copy_context().run, args=(worker,), name="execbox-stream",
+                     daemon=True).start()
     finished = False
     try:
         yield b": execbox stream\n\n"

@@ -88,3 +88,24 @@ def test_deeply_nested_json_is_422(executor: str) -> None:
                    headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 422, r.text[:300]
     assert r.json()["detail"][0]["type"] == "json_invalid"
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_over_32_mib_is_a_413_in_the_run_shape(executor: str, declared: bool) -> None:
+    """docs/executor-api.md: 413 in the /run shape (status program_runner_error, SB002), as
+    `execbox serve`'s /run answers it; the standalone executor's body limit answered the generic
+    {"error": ...} shape when the length was declared (review 28)."""
+    size = 33 * 1024 * 1024
+    raw = b'{"code_b64":"' + b"A" * size + b'"}'
+    content = raw if declared else iter([raw[i:i + (1 << 20)] for i in range(0, len(raw), 1 << 20)])
+    try:
+        r = httpx.post(f"{executor}/run", content=content, headers={"content-type": "application/json"},
+                       timeout=120)
+    except httpx.TransportError:
+        pytest.fail("the executor closed the connection instead of answering 413")
+    assert r.status_code == 413, r.text[:300]
+    body = r.json()
+    assert body["status"] == "program_runner_error" and body["exit_code"] == -999, body
+    assert body["error"]["code"] == "SB002" and body["error"]["details"]["limit"] == 32 * 1024 * 1024
+    assert "33554432" in body["detail"]
+    assert r.headers.get("connection") == "close"

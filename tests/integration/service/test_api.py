@@ -193,7 +193,7 @@ def test_openapi_lists_both_mounts(service: Service, prefix: str) -> None:
         assert f"{prefix}/{p}" in paths
 
 
-def test_remote_close_destroys_with_admin_token_and_leaves_reaping_to_tenants(service: Service) -> None:
+def test_remote_close_destroys_the_session_with_an_admin_or_its_tenants_token(service: Service) -> None:
     sessions = service.app.state.services.sessions
     with RemoteSandbox.create(service.url, service.admin, tenant_id="tenant-b", session_id="closing") as sb:
         sb.run_code("1")
@@ -201,4 +201,6 @@ def test_remote_close_destroys_with_admin_token_and_leaves_reaping_to_tenants(se
     assert sessions.get("tenant-b", "closing") is None
     with RemoteSandbox.create(service.url, service.tenant_b, session_id="kept") as sb:
         sb.run_code("1")
-    assert sessions.get("tenant-b", "kept") is not None  # a tenant token may not DELETE: idle reaper frees it
+        assert sessions.get("tenant-b", "kept") is not None
+    assert sessions.get("tenant-b", "kept") is None  # POST .../close: the tenant's own token ends it too
+    assert sessions.registry.get("tenant-b", "kept") is None

@@ -413,13 +413,10 @@ async def run(request: Request) -> JSONResponse:
         return runner_error_response(refusal)
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        return _too_large(runner_error_response(PayloadTooLargeError(
-            f"request body of {length} bytes exceeds {MAX_BODY_BYTES}",
-            details={"max_bytes": MAX_BODY_BYTES})))
+        return too_large(size=int(length))
     raw = await read_body(request)
     if raw is None:
-        return _too_large(runner_error_response(PayloadTooLargeError(
-            f"request body exceeds {MAX_BODY_BYTES} bytes", details={"max_bytes": MAX_BODY_BYTES})))
+        return too_large()
     try:
         payload = json.loads(raw)
     except RecursionError:
@@ -455,9 +452,21 @@ async def run(request: Request) -> JSONResponse:
                                                   details={"field": "result"}))
 
 
-def _too_large(response: JSONResponse) -> JSONResponse:
+def too_large(_: PayloadTooLargeError | None = None, *, size: int | None = None) -> JSONResponse:
+    """The 413 of a /run body over MAX_BODY_BYTES, in the /run shape (``status:
+    "program_runner_error"``, ``error.code: "SB002"``), whoever finds it: the route (declared or
+    counted length) or, in front of it, BodyLimit (``shapes``: the service's SANDBOX_MAX_REQUEST_BYTES,
+    the standalone executor's own 32 MiB): one answer for one limit in both apps."""
+    what = f"request body of {size} bytes" if size is not None else "request body"
+    response = runner_error_response(PayloadTooLargeError(
+        f"{what} exceeds the /run limit of {MAX_BODY_BYTES} bytes",
+        details={"field": "body", "limit": MAX_BODY_BYTES, "max_bytes": MAX_BODY_BYTES}))
     response.headers["Connection"] = "close"  # the rest of the body is never read
     return response
+
+
+BODY_SHAPES = {"/run": too_large}
+"""BodyLimit's ``shapes`` for an app that serves /run."""
 
 
 def create_executor_app(provider: SandboxProvider, *, auth: ExecutorAuth | None = None,
@@ -479,7 +488,7 @@ def create_executor_app(provider: SandboxProvider, *, auth: ExecutorAuth | None 
                   version="1", lifespan=lifespan)
     app.state.executor = ExecutorDeps(StaticProviders(provider), auth or ExecutorAuth(open=True))
     app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, metrics=ServiceMetrics())
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, metrics=ServiceMetrics(), shapes=BODY_SHAPES)
 
     @app.exception_handler(SandboxError)
     async def _sandbox_error(_: Request, exc: SandboxError) -> JSONResponse:

@@ -11,15 +11,15 @@ import binascii
 import hashlib
 from typing import Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from ...agent.paths import PathViolation, check_syntax
 from ...errors import ERRORS_BY_CODE, InvalidConfigError, PathError, PayloadTooLargeError, SandboxError
-from ...models import Language
+from ...models import GlobResult, GrepResult, Language
 from ...providers.base import OutputCallback, SandboxProvider
 from .. import disconnect, egress_hook
-from ..auth import ForbiddenError, Principal, require_admin, require_token
+from ..auth import ForbiddenError, Principal, require_token
 from ..container import services
 from ..executions import ClientGone, RunService, RunSpec, result_body
 from ..schemas import (
@@ -27,7 +27,6 @@ from ..schemas import (
     BashRequest,
     BinaryOut,
     CopyRequest,
-    DestroyedOut,
     ExecuteRequest,
     ExecutionOut,
     FileInfoOut,
@@ -39,13 +38,11 @@ from ..schemas import (
     ListRequest,
     ReadBinaryRequest,
     ReadRequest,
-    SessionOut,
-    SessionsOut,
     TextPageOut,
     WhoAmI,
     WriteRequest,
 )
-from ..sessions import NAME_PATTERN, SessionManager
+from ..sessions import NAME_PATTERN
 from ..streaming import RunHandle, stream_run, wants_stream
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -74,10 +71,6 @@ def tenant_for(principal: Principal, tenant_id: str | None) -> str:
                          details={"field": "tenant_id", "token_tenant_id": principal.tenant_id})
 
 
-def _sessions(request: Request) -> SessionManager:
-    return services(request).sessions
-
-
 def _runs(request: Request) -> RunService:
     return services(request).runs
 
@@ -90,21 +83,27 @@ def _check_size(text: str, field: str, limit: int) -> None:
 
 
 def _decode(content: str | None, content_b64: str | None, field: str, limit: int) -> str | bytes:
+    """The content of a write (``field``: "" or "files.N." of a copy), at most ``limit`` bytes."""
     if (content is None) == (content_b64 is None):
-        raise InvalidConfigError(f"{field}: give exactly one of content or content_b64",
+        where = f"{field.rstrip('.')}: " if field else ""
+        raise InvalidConfigError(f"{where}give exactly one of content or content_b64",
                                  details={"field": f"{field}content"})
     if content is not None:
         _check_size(content, f"{field}content", limit)
         return content
     assert content_b64 is not None
-    if len(content_b64) > (limit // 3 + 2) * 4:
+    if len(content_b64) > (limit // 3 + 2) * 4:  # surely too large: refused before decoding
         raise PayloadTooLargeError(f"{field}content_b64 decodes to more than {limit} bytes",
                                    details={"field": f"{field}content_b64", "limit": limit})
     try:
-        return base64.b64decode(content_b64, validate=True)
+        data = base64.b64decode(content_b64, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidConfigError(f"{field}content_b64 is not valid base64",
                                  details={"field": f"{field}content_b64"}) from None
+    if len(data) > limit:
+        raise PayloadTooLargeError(f"{field}content_b64 decodes to {len(data)} bytes; the limit is {limit}",
+                                   details={"field": f"{field}content_b64", "size": len(data), "limit": limit})
+    return data
 
 
 def check_path(value: str | None, field: str) -> None:
@@ -214,14 +213,17 @@ def read(body: ReadRequest, request: Request, principal: Principal = Depends(req
     return page.to_dict()
 
 
-@router.post("/read_binary", response_model=BinaryOut, summary="Read a file's bytes (artifacts)")
+@router.post("/read_binary", response_model=BinaryOut,
+             summary="Read a file's bytes (artifacts), whole (64 MiB at most) or a byte range of any file")
 def read_binary(body: ReadBinaryRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.path, "path")
     data = _runs(request).file_op(tenant, body.session_id, "read_bytes", body.path, principal.token_id,
-                                  lambda p, i: p.read_bytes(i, body.path))
+                                  lambda p, i: p.read_bytes(i, body.path, offset=body.offset, length=body.length))
+    offset = getattr(data, "offset", body.offset or 0)
     return {"path": body.path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-            "content_b64": base64.b64encode(data).decode()}
+            "content_b64": base64.b64encode(data).decode(), "offset": offset,
+            "total_size": getattr(data, "total_size", offset + len(data))}
 
 
 @router.post("/write", response_model=FileInfoOut, summary="Write a file (content or content_b64)")
@@ -241,7 +243,7 @@ def grep(body: GrepRequest, request: Request, principal: Principal = Depends(req
     check_path(body.glob, "glob")
     found = _runs(request).file_op(tenant, body.session_id, "grep", body.path, principal.token_id,
                                    lambda p, i: p.grep(i, body.pattern, body.path, body.glob, body.max_results))
-    return {"matches": [m.to_dict() for m in found]}
+    return (found if isinstance(found, GrepResult) else GrepResult(found)).to_dict()
 
 
 @router.post("/glob", response_model=GlobOut, summary="Match workspace paths against a glob pattern")
@@ -249,8 +251,8 @@ def glob(body: GlobRequest, request: Request, principal: Principal = Depends(req
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.pattern, "pattern")
     paths = _runs(request).file_op(tenant, body.session_id, "glob", body.pattern, principal.token_id,
-                                   lambda p, i: p.glob(i, body.pattern))
-    return {"paths": paths}
+                                   lambda p, i: p.glob(i, body.pattern, body.max_results))
+    return (paths if isinstance(paths, GlobResult) else GlobResult(paths)).to_dict()
 
 
 @router.post("/list", response_model=FilesOut, summary="List a workspace directory")
@@ -262,7 +264,7 @@ def list_files(body: ListRequest, request: Request, principal: Principal = Depen
     return {"files": [f.to_dict() for f in found]}
 
 
-# -- sessions --------------------------------------------------------------------------------------
+# -- who am I, bulk copy (session lifecycle routes: routes/sessions.py) -----------------------------
 
 
 @router.get("/whoami", response_model=WhoAmI, summary="The tenant and role of the calling token")
@@ -270,52 +272,9 @@ def whoami(principal: Principal = Depends(require_token)) -> Any:
     return {"tenant_id": principal.tenant_id, "role": principal.role, "token_id": principal.token_id}
 
 
-
-
 def _name_path() -> Any:
     """A fresh Path() per parameter (FastAPI binds a FieldInfo to one parameter name)."""
     return Path(pattern=NAME_PATTERN, max_length=64)
-
-
-
-@router.get("/sessions", response_model=SessionsOut, summary="List sessions (admin only)")
-def list_sessions(request: Request, tenant_id: str | None = Query(default=None, pattern=NAME_PATTERN,
-                                                                    max_length=64),
-                  principal: Principal = Depends(require_admin)) -> Any:
-    return {"sessions": _sessions(request).list(tenant_id)}
-
-
-@router.delete("/sessions/{tenant_id}/{session_id}", response_model=DestroyedOut,
-               summary="Destroy a session, its box and its workspace (admin only)")
-def destroy_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
-                    principal: Principal = Depends(require_admin)) -> Any:
-    return {"destroyed": _sessions(request).destroy(tenant_id, session_id)}
-
-
-@router.get("/sessions/{tenant_id}/{session_id}", response_model=SessionOut,
-            summary="One session: state, owning replica, expiry")
-def get_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
-                principal: Principal = Depends(require_token)) -> Any:
-    return _sessions(request).info(tenant_for(principal, tenant_id), session_id)
-
-
-@router.post("/sessions/{tenant_id}/{session_id}/pause", response_model=SessionOut,
-             summary="Pause a session: stop its box (CPU, memory freed), keep its files until retention ends")
-def pause_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
-                  principal: Principal = Depends(require_token)) -> Any:
-    return _sessions(request).pause(tenant_for(principal, tenant_id), session_id)
-
-
-@router.post("/sessions/{tenant_id}/{session_id}/resume", response_model=SessionOut,
-             summary="Resume a paused session under the same id (its box starts now)")
-def resume_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
-                   principal: Principal = Depends(require_token)) -> Any:
-    tenant = tenant_for(principal, tenant_id)
-    sessions = _sessions(request)
-    if sessions.info(tenant, session_id)["state"] != "paused":
-        raise InvalidConfigError(f"session {tenant}/{session_id} is not paused", http_status=409,
-                                 details={"tenant_id": tenant, "session_id": session_id, "reason": "not_paused"})
-    return sessions.resume(tenant, session_id)
 
 
 @router.post("/sessions/{tenant_id}/{session_id}/copy", response_model=FilesOut,

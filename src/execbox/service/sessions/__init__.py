@@ -3,7 +3,8 @@
 ``manager`` (find/create/use a session), ``model`` (the Session record), ``admin`` (list, info, destroy), ``lifecycle``
 (restart, drain, pause/resume, expiry, heartbeat), ``registry`` (the record, the contract, the
 in-memory registry; the SQL one is in ``store/sessions_repo.py``), ``limits`` (per-tenant
-counters), ``workspace`` (names, dirs).
+counters, the session-quota answer), ``notes`` (what resolving a session tells the request),
+``ended`` (sessions ended lately), ``workspace`` (names, dirs).
 """
 
 from __future__ import annotations

@@ -55,11 +55,35 @@ class AdminMixin:
             key = (rec.tenant_id, rec.session_id)
             row = record_out(rec)
             if key in local:
-                row.update(local[key].to_dict(self.replica))
+                row.update(self.session_out(local[key]))
+            else:
+                self._fill_expiry(row, None)
             out[key] = row
         for key, s in local.items():
-            out.setdefault(key, s.to_dict(self.replica))
+            out.setdefault(key, self.session_out(s))
         return [out[k] for k in sorted(out)]
+
+    def session_out(self: SessionManager, s: Session) -> dict[str, Any]:
+        """A session held here as the API shows it (``SessionOut``), its expiry filled in."""
+        row = s.to_dict(self.replica)
+        self._fill_expiry(row, s)
+        return row
+
+    def _fill_expiry(self: SessionManager, row: dict[str, Any], s: Session | None) -> None:
+        """``expires_at`` of a running (or creating) session: when the idle reaper takes it if it
+        stays unused, last use + SANDBOX_IDLE_TIMEOUT (what happens then: SANDBOX_IDLE_ACTION).
+        A session in use now is at least that far off (its idle clock starts when the use ends).
+        Paused, lost and closing sessions keep the registry's ``expires_at``."""
+        if row.get("state") not in ("creating", "running") or row.get("expires_at") is not None:
+            return
+        idle = self.settings.idle_timeout
+        now = time.time()
+        if s is None:
+            row["expires_at"] = (row.get("last_used") or now) + idle
+        elif s.busy:
+            row["expires_at"] = now + idle
+        else:
+            row["expires_at"] = now + (s.last_used - time.monotonic()) + idle
 
     def info(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
         """One session's state, owner and expiry (SB002/404 when the registry has no such session)."""
@@ -110,8 +134,9 @@ class AdminMixin:
                 with self._lock:
                     s.busy -= 1
 
-    def destroy(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
-        """Stop whatever runs in the session, destroy its box and delete its workspace."""
+    def destroy(self: SessionManager, tenant_id: str, session_id: str, why: str = "destroyed") -> dict[str, Any]:
+        """Stop whatever runs in the session, destroy its box and delete its workspace. ``why``
+        (ended.REASONS) is remembered, so a new session under the name can say what became of this one."""
         check_name(tenant_id, "tenant_id")
         check_name(session_id, "session_id")
         with self._lock:
@@ -120,9 +145,10 @@ class AdminMixin:
             if s is not None:
                 s.closed = True
         if s is None:
-            return self.destroy_unloaded(tenant_id, session_id)
+            return self.destroy_unloaded(tenant_id, session_id, why)
         info = {**s.to_dict(self.replica), "state": "closed"}
         self._close(s, cancel=True)
+        self.ended.record(tenant_id, session_id, why)
         return info
 
     def _close(self: SessionManager, s: Session, cancel: bool = False) -> None:
@@ -192,7 +218,8 @@ class AdminMixin:
             f"session {rec.tenant_id}/{rec.session_id} is being destroyed; retry",
             details={"tenant_id": rec.tenant_id, "session_id": rec.session_id, "state": "closing"})
 
-    def destroy_unloaded(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
+    def destroy_unloaded(self: SessionManager, tenant_id: str, session_id: str,
+                         why: str = "destroyed") -> dict[str, Any]:
         """Destroy a session this replica holds no box for (paused, lost, a dead replica's, or
         one whose destroy was cut off). Answers what ``destroy`` answers for a loaded one."""
         rec = self.registry.get(tenant_id, session_id)
@@ -214,6 +241,7 @@ class AdminMixin:
             else:
                 log.warning("session %s/%s: its workspace is left, and its row `closing` for a later sweep",
                             tenant_id, session_id)
+        self.ended.record(tenant_id, session_id, why)
         return {**record_out(rec), "state": "closed"}
 
     def _remove_remnants(self: SessionManager, rec: SessionRecord) -> bool:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InvalidConfigError, ProviderUnavailableError
 from ...providers.base import SandboxProvider
 from .. import egress_hook
+from . import notes
 from .model import accepts
 from .workspace import MOUNT_WAIT_SECONDS, make_workspace_dirs, remove_workspace
 
@@ -135,6 +136,7 @@ class BoxesMixin:
                 s.closed = True
         if s.closed:
             self.registry.delete(s.tenant_id, s.session_id)
+            notes.note_forgotten(s.tenant_id, s.session_id)  # the request that made it did not, after all
             if s.workspace:
                 remove_workspace(s.workspace)
 

@@ -138,7 +138,7 @@ class LifecycleMixin:
                                        details={"tenant_id": tenant_id, "session_id": session_id})
         with self._held(tenant_id, session_id) as s:
             self._pause_locked(s)
-            return s.to_dict(self.replica)
+            return self.session_out(s)
 
     def _pause_locked(self: SessionManager, s: Session) -> None:
         if s.state == "creating":
@@ -156,7 +156,7 @@ class LifecycleMixin:
     def resume(self: SessionManager, tenant_id: str, session_id: str, template: str = "python") -> dict[str, Any]:
         """Bring a paused session back under the same id (its box starts now)."""
         with self.session(tenant_id, session_id, template) as s:
-            return s.to_dict(self.replica)
+            return self.session_out(s)
 
     def _mark_running(self: SessionManager, s: Session) -> None:
         s.state, s.expires_at = "running", None
@@ -194,6 +194,7 @@ class LifecycleMixin:
                 except Exception:  # noqa: BLE001 - reap the others; its row stays closing for a later sweep
                     log.exception("reaping idle session %s/%s failed", s.tenant_id, s.session_id)
                     continue
+                self.ended.record(s.tenant_id, s.session_id, "idle_timeout")
             if self.metrics is not None:
                 self.metrics.sessions_reaped.inc()
         return [(s.tenant_id, s.session_id) for s in idle]
@@ -273,6 +274,7 @@ class LifecycleMixin:
                                          box_handle={"workspace": rec.box_handle.get("workspace")})
                 else:
                     self.destroy_unloaded(rec.tenant_id, rec.session_id)
+                    self.ended.record(rec.tenant_id, rec.session_id, "idle_timeout")
             except Exception:  # noqa: BLE001 - keep sweeping the others
                 log.exception("reaping %s/%s of dead replica %s failed", rec.tenant_id, rec.session_id, rec.owner)
                 failed[key] = time.time() + REAP_RETRY
@@ -306,7 +308,7 @@ class LifecycleMixin:
             if rec.owner not in (None, self.replica) and rec.lease_live() and rec.state != "lost":
                 continue  # its owner expires it
             try:
-                self.destroy(rec.tenant_id, rec.session_id)
+                self.destroy(rec.tenant_id, rec.session_id, "retention_expired")
                 done.append((rec.tenant_id, rec.session_id))
             except SessionNotFoundError:
                 pass

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from ...errors import (
     OutOfMemoryError,
     ProviderUnavailableError,
+    RateLimitError,
     SessionDrainingError,
     SessionLostError,
     SessionNotFoundError,
@@ -31,18 +32,23 @@ from ...errors import (
 from ...providers.base import SandboxProvider
 from ..config import ServiceSettings
 from ..metrics import ServiceMetrics
+from . import notes
 from .admin import AdminMixin
 from .boxes import BoxesMixin
 from .drain import DrainMixin
+from .ended import EndedSessions
 from .fence import FenceMixin
 from .fence import now as fence_now
 from .lifecycle import LifecycleMixin
-from .limits import TenantCounters
+from .limits import TenantCounters, tenant_full
 from .model import ProviderSource, Session, SessionBusy, SessionOwnedElsewhere, pick_runtime
 from .registry import MemoryRegistry, SessionRecord, SessionRegistry
 from .workspace import check_name
 
 log = logging.getLogger("execbox.service.sessions")
+
+CREATE_HEADER = "X-Execbox-Create-Session"
+"""The request header whose ``false`` makes an unknown session 404 instead of a new one (session_headers.py)."""
 
 BESIDE_RECHECK = 0.05
 """Seconds between a waiting file operation's looks for a run it can go beside (``session(beside=)``)."""
@@ -77,6 +83,7 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         self._reap_failed: dict[tuple[str, str], float] = {}  # lifecycle.reap_orphaned
         self._closing: set[tuple[str, str]] = set()  # destroys running in this process (admin.py)
         self._finish_failed: dict[tuple[str, str], float] = {}  # admin.finish_closing: when to try again
+        self.ended = EndedSessions()  # how sessions this replica ended lately ended (a new one of the name says so)
         mono, wall = fence_now()  # until the first heartbeat: as if one had just renewed (fence.py)
         self._lease_until = (mono + settings.lease_ttl, wall + settings.lease_ttl)
 
@@ -131,15 +138,40 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         self._dirty[(s.tenant_id, s.session_id)] = s.last_used_wall
 
     def _load(self, tenant_id: str, session_id: str) -> Session:
-        """One registry transaction: create the row (quotas counted), or get the existing one."""
-        rec, created = self.registry.create(
-            tenant_id, session_id, provider=None, runtime=None, owner=self.replica,
-            lease_ttl=self.settings.lease_ttl, tenant_limit=self.settings.tenant_max_sessions,
-            global_limit=self.settings.max_sessions)
+        """One registry transaction: create the row (quotas counted), or get the existing one.
+        A session created here is noted for the request that asked (notes.py: its response says
+        so); a request that may not create one (X-Execbox-Create-Session: false) gets 404."""
+        if not notes.creation_allowed():
+            found = self.registry.get(tenant_id, session_id)
+            if found is None:
+                raise self._not_created(tenant_id, session_id)
+            return self._from_record(found)
+        try:
+            rec, created = self.registry.create(
+                tenant_id, session_id, provider=None, runtime=None, owner=self.replica,
+                lease_ttl=self.settings.lease_ttl, tenant_limit=self.settings.tenant_max_sessions,
+                global_limit=self.settings.max_sessions)
+        except RateLimitError as e:
+            if e.details.get("reason") == "tenant_max_sessions":
+                raise tenant_full(self, e, tenant_id) from None
+            raise
         if not created:  # ours after a restart, a dead replica's, or a live replica's
             return self._from_record(rec)
+        notes.note_created(tenant_id, session_id, self.ended.pop(tenant_id, session_id))
         return Session(tenant_id, session_id, self.workspace_path(tenant_id, session_id),
                        created_at=rec.created_at)
+
+    def _not_created(self, tenant_id: str, session_id: str) -> SessionNotFoundError:
+        ids = {"tenant_id": tenant_id, "session_id": session_id, "reason": "not_created"}
+        previous = self.ended.get(tenant_id, session_id)
+        if previous is not None:
+            return SessionNotFoundError(
+                f"no session {tenant_id}/{session_id}: {previous['why']}; it was not created again because "
+                f"the request said {CREATE_HEADER}: false", details={**ids, "previous": previous})
+        return SessionNotFoundError(
+            f"no session {tenant_id}/{session_id} (it never existed, or it ended: closed, deleted, or reaped "
+            f"after SANDBOX_IDLE_TIMEOUT); it was not created because the request said {CREATE_HEADER}: false",
+            details=ids)
 
     def _from_record(self, rec: SessionRecord) -> Session:
         """Take over an existing row: ours after a restart, or a dead replica's."""
@@ -172,18 +204,22 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         return s
 
     def check_owner(self, tenant_id: str, session_id: str) -> None:
-        """Raise SessionOwnedElsewhere when another live replica owns the session. A streamed run
-        calls this before it answers 200, so the forwarding middleware can still take the whole
-        request (and its event stream) to the owner. No database read for a session held here."""
+        """Raise SessionOwnedElsewhere when another live replica owns the session, and 404 for an
+        unknown one the request may not create (notes.creation_allowed). A streamed run calls this
+        before it answers 200, so the forwarding middleware can still take the whole request (and
+        its event stream) to the owner, and a refusal is still a status. No database read for a
+        session held here."""
         check_name(tenant_id, "tenant_id")
         check_name(session_id, "session_id")
-        if not self.registry.persistent:
-            return
         with self._lock:
             if (tenant_id, session_id) in self._sessions:
                 return
+        if not self.registry.persistent and notes.creation_allowed():
+            return
         rec = self.registry.get(tenant_id, session_id)
-        if (rec is not None and rec.state not in ("lost", "closing", "closed")
+        if rec is None and not notes.creation_allowed():
+            raise self._not_created(tenant_id, session_id)
+        if (rec is not None and self.registry.persistent and rec.state not in ("lost", "closing", "closed")
                 and rec.owner not in (None, self.replica) and rec.lease_live()):
             raise self._owned_elsewhere(rec)
 

@@ -19,15 +19,24 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from ...errors import InvalidConfigError
+from ...settings import parse_days
+
 PRUNE_EVERY = 3600.0  # seconds between prunes of one table
 PRUNE_BATCH = 5000  # rows per delete: each its own short transaction, so other writers go between
 
 
 def retention_days(env: str, default: float) -> float:
-    """Days of rows the table named by ``env`` keeps (``0``: all of them)."""
+    """Days of rows the table named by ``env`` keeps (``0``: all of them). ``execbox serve`` refuses
+    a bad value at start (ServiceSettings.from_env: SB002 naming the variable); a program that
+    embeds the store without that check gets the default and a warning, never a silent change."""
+    raw = os.environ.get(env, "")
+    if not raw.strip():
+        return default
     try:
-        return max(0.0, float(os.environ.get(env, "") or default))
-    except ValueError:
+        return parse_days(raw, env)
+    except InvalidConfigError as e:
+        logging.getLogger("execbox.service.store").warning("%s; keeping the default of %g days", e.message, default)
         return default
 
 
