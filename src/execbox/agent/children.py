@@ -182,7 +182,8 @@ class Children(Spares):
     def _on_control(self, rid: Any, data: bytes) -> bool:
         cancel = False
         for msg in self.frames.feed(data):
-            if msg.get("op") == "cancel" and msg.get("target") == rid:
+            # "*": whatever runs (a new owner re-attaching to a box whose run's requester is gone)
+            if msg.get("op") == "cancel" and msg.get("target") in (rid, "*"):
                 cancel = True
             elif msg.get("op") == "cancel":
                 continue

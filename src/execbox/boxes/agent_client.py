@@ -318,6 +318,12 @@ class AgentClient:
             return False
         return True
 
+    def cancel_any(self) -> None:
+        """Stop whatever run the agent is serving, whoever asked for it: a previous execbox
+        process's, when this client re-attached to its box (that run's requester is gone, and
+        the agent would serve our requests only once it ends). Dropped when nothing runs."""
+        self._send({"op": "cancel", "target": "*"})
+
     def close(self) -> None:
         self.transport.close()
 

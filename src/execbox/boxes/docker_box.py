@@ -320,7 +320,9 @@ def reattach_container(docker_client: Any, container_id: str, workspace: str | N
     (``stdin_open``, not ``stdin_once``), so a new ``attach`` stream reaches the same agent with
     its contexts. Output written while nobody was attached is lost (the log driver is "none");
     request ids start far from the previous process's so a late reply to one of its requests
-    can never be mistaken for ours. A ping proves the agent answers. The uid lease and host dir
+    can never be mistaken for ours. A ping proves the agent answers; a run the previous process
+left (its requester is gone with it) is cancelled, or our first request would wait it out (a
+Python cell is interrupted, its context kept). The uid lease and host dir
     recorded on the container's labels are taken over (SB004 when that is refused)."""
     import itertools
     import secrets
@@ -346,7 +348,8 @@ def reattach_container(docker_client: Any, container_id: str, workspace: str | N
     client = AgentClient(transport, spec.name)
     client.ids = itertools.count(1_000_000_000 + secrets.randbelow(1_000_000_000))
     try:
-        pong = client.call("ping", timeout=ping_timeout)
+        pong = client.call("ping", timeout=ping_timeout)  # answered beside a run
+        client.cancel_any()  # a run of the previous process's would hold the box until it ends
     except BaseException:
         transport.close()
         side.detach()

@@ -99,3 +99,50 @@ def test_docker_session_keeps_its_context_across_a_restart(docker_engine, runtim
                 stray.remove(force=True)
             except Exception:  # noqa: BLE001
                 pass
+
+
+def test_a_run_left_by_a_killed_service_does_not_hold_the_re_attached_box(docker_engine) -> None:
+    """kill -9 of the service mid-run leaves the container and its agent running that run; the
+    next service re-attaches, and its first request is served at once (the orphan run, whose
+    requester is gone, is cancelled: a Python cell is interrupted and its context kept), not
+    after the orphan's two minutes."""
+    require("runc" in runtimes_of(docker_engine), "docker runtime runc")
+    base = traversable_tmpdir("execbox-dkorphan-")
+    ws = os.path.join(base, "ws")
+    env = {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, "data"), "EXECBOX_WORKSPACES_DIR": ws,
+           "EXECBOX_REPLICA_ID": "r-orphan"}
+    env.pop("SANDBOX_TYPE", None)
+    with open_store(data_dir=os.path.join(base, "data")) as store:
+        _, tenant = store.tokens.create("t1")
+    subprocess.run([EXECBOX, "config", "set", "docker", "runtime=runc", "pool_size=0", "--activate"],
+                   env=env, check=True, capture_output=True, timeout=120)
+    auth = {"Authorization": f"Bearer {tenant}"}
+    label = f"execbox.registry={registry_workspaces(ws, os.path.join(base, 'data'))}"
+    try:
+        proc, url = _serve(env)
+        try:
+            _wait_ready(proc, url)
+            c = httpx.Client(base_url=url, headers=auth, timeout=120)
+            r = c.post("/v1/sandbox/execute", json={"session_id": "o", "context_id": "c", "code": "x = 41"})
+            assert r.status_code == 200, r.text
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(c.post, "/v1/sandbox/execute", json={
+                    "session_id": "o", "context_id": "c", "timeout": 300,
+                    "code": "import time\nprint('started', flush=True)\ntime.sleep(120)"})
+                time.sleep(2.0)  # the cell is running in the container
+                proc.kill()
+                proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                _term(proc)
+        proc, url = _serve(env)
+        try:
+            _wait_ready(proc, url)
+            c = httpx.Client(base_url=url, headers=auth, timeout=45)  # well short of the orphan's 120 s
+            r = c.post("/v1/sandbox/execute", json={"session_id": "o", "context_id": "c", "code": "print(x + 1)"})
+            assert r.status_code == 200 and r.json()["stdout"] == "42\n", r.text
+        finally:
+            _term(proc)
+    finally:
+        for k in _labelled(docker_engine, label):
+            k.remove(force=True)
