@@ -56,6 +56,7 @@ def serve(
                          executor_auth=ExecutorAuth.for_bind(host) if open_run else None,
                          no_isolation_refused=refused)
         provider = state_services(app).providers.current()
+        state_services(app).sessions.refuse_duplicate_id()  # a duplicated EXECBOX_REPLICA_ID: SB002
     except SandboxError as e:
         fail(e)
     configure_json_logging()

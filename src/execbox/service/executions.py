@@ -49,6 +49,8 @@ class RunSpec:
     """Runtime template for a new session or one-shot box (issue 14); None: the provider's."""
     inflight: str | None = None
     """Set while the run is filed as started (OperationLog.begin): its audit row ends that."""
+    cancelled_reason: str | None = None
+    """Set when the service cancelled the session's run (fenced, draining, destroyed)."""
 
 
 def _rt(spec: RunSpec) -> dict[str, Any]:
@@ -87,6 +89,7 @@ class RunService:
                     yield s.provider, s.instance_id
                 finally:
                     s.running -= 1
+                    spec.cancelled_reason = s.cancel_reason
                 if s.contexts_lost:  # reported once, on the first run after a restart or pause
                     spec.notices["contexts_lost"] = True
                     s.contexts_lost = False
@@ -123,6 +126,10 @@ class RunService:
                 raise
         if spec.notices:
             result.metadata.setdefault("session", {}).update(spec.notices)
+        if result.metadata.get("cancelled"):  # cut off by the service itself, not by the run's own code
+            reason = spec.cancelled_reason or ("draining" if self.sessions.draining() else None)
+            if reason:
+                result.metadata["cancelled_reason"] = reason
         status = outcome(result)
         self._record(spec, provider_name, instance_id, started, status, result.exit_code,
                      memory_mb(result.metadata), result.error_code)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from . import disconnect
 from .config import internal_secret, replica_base_url
 from .errors import error_response
+from .forward_watch import OwnerWatch
 from .streaming import sse
 
 log = logging.getLogger("execbox.service.forwarding")
@@ -46,9 +48,20 @@ OWNER_LOST_ERROR: dict[str, Any] = {"code": "SB009", "message": OWNER_LOST,
                                     "details": {"reason": "owner_lost_mid_request"}}
 
 
-async def _send_owner_lost(send: Send) -> None:
-    """503 SB009 without Retry-After: the request may have run, so blind retrying is not advised."""
-    resp = error_response("SB009", OWNER_LOST, 503, {"reason": "owner_lost_mid_request"})
+OWNER_LEASE_LOST = ("the replica that owns this session stopped answering during the request and its lease ran "
+                    "out; whether the request took effect is unknown (check the session before repeating it; "
+                    "another replica takes the session over now)")
+
+
+async def _send_owner_lost(send: Send, lease_lost: bool = False) -> None:
+    """503 SB009. Without Retry-After when the owner broke off: the request may have run, so blind
+    retrying is not advised. With Retry-After when its lease ran out (``forward_watch.py``): the
+    outcome is unknown all the same, but the session can be taken over at once."""
+    if lease_lost:
+        resp = error_response("SB009", OWNER_LEASE_LOST, 503, {"reason": "owner_lost_mid_request",
+                                                                "lease_expired": True}, {"Retry-After": "1"})
+    else:
+        resp = error_response("SB009", OWNER_LOST, 503, {"reason": "owner_lost_mid_request"})
     await send({"type": "http.response.start", "status": resp.status_code, "headers": resp.raw_headers})
     await send({"type": "http.response.body", "body": resp.body, "more_body": False})
 
@@ -86,10 +99,11 @@ class ForwardToOwner:
     """ASGI middleware: buffer the body, run the request here, and when the answer is "owned by
     replica X" (header x-execbox-forward-to), answer with X's response instead."""
 
-    def __init__(self, app: ASGIApp, replica: str, secret: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, replica: str, secret: str | None = None, watch: OwnerWatch | None = None) -> None:
         self.app = app
         self.replica = replica
         self.secret = secret if secret is not None else internal_secret()
+        self.watch = watch
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -172,13 +186,50 @@ class ForwardToOwner:
             for m in held:
                 await send(m)
             return
+        details = _details(held)
+        if self.watch is None or details is None:
+            await self._hop(target, method, path, url, body, out, receive, send, held, gone)
+            return
+        started: list[Message] = []
+
+        async def tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                started.append(message)
+            await send(message)
+
+        hop = asyncio.ensure_future(self._hop(target, method, path, url, body, out, receive, tracked, held, gone))
+        lost = asyncio.ensure_future(self.watch.lost(details))
+        try:
+            await asyncio.wait({hop, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            answered = hop.done()
+            if not answered:
+                hop.cancel()
+            await asyncio.gather(hop, lost, return_exceptions=True)
+        if answered:  # the hop ended first (or in the same instant): its own outcome stands
+            if not hop.cancelled() and hop.exception() is not None:
+                raise hop.exception()
+            return
+        if not started:
+            await _send_owner_lost(send, lease_lost=True)
+            return
+        streamed = any(k.lower() == b"content-type" and b"text/event-stream" in v
+                       for k, v in started[0].get("headers", []))
+        if streamed:  # a relayed event stream: end it with the error event, as when the owner breaks off
+            await send({"type": "http.response.body", "body": sse("error", OWNER_LOST_ERROR), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _hop(self, target: str, method: str, path: str, url: httpx.URL, body: bytes, out: dict[str, str],
+                   receive: Receive, send: Send, held: list[Message], gone: disconnect.Disconnect | None) -> None:
         async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=5.0)) as client:
             try:
                 resp = await _unless_gone(client.send(client.build_request(method, url, content=body, headers=out),
                                                       stream=True), gone)
                 if resp is None:  # the caller left: the owner's connection is closed, its run cancelled
                     return
-            except httpx.ConnectError as e:  # nothing reached the owner: the held SB009 is the truth
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+                # nothing reached the owner (refused, or no answer to the connect): the held SB009 is the truth
                 log.warning("forwarding %s %s to %s failed: %s", method, path, target, e)
                 for m in held:
                     await send(m)
@@ -202,6 +253,16 @@ class ForwardToOwner:
                 await send({"type": "http.response.body", "body": content, "more_body": False})
             finally:
                 await resp.aclose()
+
+
+def _details(held: list[Message]) -> dict[str, Any] | None:
+    """The details of the held "served by replica" error (tenant, session, owner), for the watch."""
+    try:
+        body = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
+        details = json.loads(body)["error"]["details"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return details if isinstance(details, dict) else None
 
 
 async def _unless_gone(request: Awaitable[httpx.Response], gone: disconnect.Disconnect | None) -> httpx.Response | None:

@@ -59,9 +59,10 @@ def two_servers(db_url, tmp_path) -> Iterator[dict]:
         _, tenant = store.tokens.create("acme")
     procs = []
     try:
-        a, url_a = start_server(env, tmp_path / "a.log")
+        # two replicas of one database: each its own id (a shared one is refused at start)
+        a, url_a = start_server({**env, "EXECBOX_REPLICA_ID": "a"}, tmp_path / "a.log")
         procs.append(a)
-        b, url_b = start_server(env, tmp_path / "b.log")
+        b, url_b = start_server({**env, "EXECBOX_REPLICA_ID": "b"}, tmp_path / "b.log")
         procs.append(b)
         yield {"a": url_a, "b": url_b, "admin": {"Authorization": f"Bearer {admin}"},
                "tenant": {"Authorization": f"Bearer {tenant}"}, "tmp": tmp_path}

@@ -86,6 +86,9 @@ def _readiness(request: Request) -> tuple[int, dict[str, Any]]:
     except SandboxError as e:
         log.warning("not ready: %s", e.message)
         reasons["provider"] = f"{e.code}: the provider is unavailable (the server log has the details)"
+    if state.sessions.fenced():
+        reasons["sessions"] = ("this replica cannot renew its session leases (fenced): it serves no session "
+                               "until it can")
     if reasons:
         return _not_ready(reasons, provider_name)
     return 200, {"status": "ready", "provider": provider_name, "isolation": isolation, "store": "ok",

@@ -147,6 +147,7 @@ class AdminMixin:
         if s is None:
             return self.destroy_unloaded(tenant_id, session_id, why)
         info = {**s.to_dict(self.replica), "state": "closed"}
+        s.cancel_reason = "destroyed"
         self._close(s, cancel=True)
         self.ended.record(tenant_id, session_id, why)
         return info

@@ -84,9 +84,11 @@ class BoxesMixin:
             kwargs["labels"] = {"execbox.registry": self.workspaces_root, "execbox.replica": self.replica}
         try:
             inst = prov.create_instance(template=template, **kwargs)
-        except BaseException:
+        except BaseException as e:
             if s.boxes_started == 0 and s.state == "creating":
                 self._forget(s)
+            if _still_mounted(e):
+                raise workspace_held(s) from e
             raise
         s.provider, s.instance_id = prov, inst.instance_id
         try:
@@ -161,3 +163,34 @@ class BoxesMixin:
             prov.destroy_instance(instance_id)
         except Exception:  # noqa: BLE001 - a dead box may fail to tear down; nothing else to do
             log.exception("destroying instance %s failed", instance_id)
+
+
+HELD_RETRY = 1
+"""Retry-After (seconds) while a previous box still holds a session's workspace."""
+
+
+def _still_mounted(e: BaseException) -> bool:
+    """Was a box start refused because a previous box still has the workspace mounted
+    (``quota.StillMounted``, wrapped by the provider as SB004)?"""
+    from ...boxes.quota import StillMounted
+
+    seen: BaseException | None = e
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, StillMounted):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def workspace_held(s: Any) -> ProviderUnavailableError:
+    """503 SB009 (not SB004 "no capacity"): the session's previous box (a previous owner's that has
+    not stopped yet: frozen, or fenced and still stopping) still holds its workspace."""
+    err = ProviderUnavailableError(
+        f"session {s.tenant_id}/{s.session_id}: its workspace is still held by the box of its previous owner "
+        "(a replica that stopped answering, or one still stopping its boxes); retry",
+        details={"reason": "previous_owner_holds_workspace", "tenant_id": s.tenant_id,
+                 "session_id": s.session_id, "retry_after": HELD_RETRY})
+    err.retry_after = HELD_RETRY  # type: ignore[attr-defined]
+    return err

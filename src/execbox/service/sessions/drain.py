@@ -41,6 +41,9 @@ class DrainMixin:
                     return
                 time.sleep(0.05)
             with self._lock:
+                for s in self._sessions.values():
+                    if s.busy:
+                        s.cancel_reason = s.cancel_reason or "draining"
                 running = [(s.provider, s.instance_id) for s in self._sessions.values() if s.busy]
                 running += [(prov, iid) for iid, prov in self._oneshots.items()]
             for prov, iid in running:
@@ -56,7 +59,8 @@ class DrainMixin:
         """Drain: refuse new work, let in-flight requests finish up to drain_timeout (then cancel
         them), stop this replica's boxes. With a persistent registry sessions survive (workspaces
         kept, Docker containers left running for the next start to re-attach); without one every
-        session and its workspace is destroyed."""
+        session and its workspace is destroyed. The leases end at the last (``registry.leave``):
+        any replica may take a session over on its next use, and a restart re-adopts the rest."""
         self._draining = True
         self._stop.set()
         for t in self._threads:
@@ -76,6 +80,7 @@ class DrainMixin:
             oneshots = list(self._oneshots.items())
             for s in sessions:
                 s.closed = True
+                s.cancel_reason = s.cancel_reason or "draining"
         for s in sessions:
             if keep:
                 self._park(s)

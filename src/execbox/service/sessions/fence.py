@@ -14,7 +14,8 @@ by the monotonic and the wall clock both (a VM that was paused may find only the
 moved), the replica is *fenced*, as if it restarted: it lets go of its sessions, cancels their
 runs and stops their boxes (Docker containers are left for whoever owns the session next, as at
 shutdown), and takes no session request until a heartbeat succeeds again (503 SB009 meanwhile).
-That heartbeat then re-adopts the sessions it still owns, as a restart does (containers
+That heartbeat then re-adopts the sessions it still owns (``owner`` = this replica only: after a
+database outage every lease has run out, and the other replicas' rows are theirs), as a restart does (containers
 re-attached, jail boxes restarted on next use, idle reaping as usual); those another replica
 took are that replica's. A watchdog thread of its own checks this, whatever a hung database call
 is doing.
@@ -30,7 +31,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ...errors import ProviderUnavailableError
+from ...errors import InvalidConfigError, ProviderUnavailableError
 
 if TYPE_CHECKING:
     from .manager import SessionManager
@@ -60,9 +61,37 @@ class FenceMixin:
     def fences(self: SessionManager) -> bool:
         return bool(self.settings.replica_url) and self.registry.persistent
 
+    def fenced(self: SessionManager) -> bool:
+        """Fenced now: serving no session until a heartbeat renews the leases (/readyz says 503)."""
+        return self._fenced
+
     def lease_left(self: SessionManager) -> float:
         mono, wall = now()
         return min(self._lease_until[0] - mono, self._lease_until[1] - wall)
+
+    def refuse_duplicate_id(self: SessionManager) -> None:
+        """At start, before this process writes anything: SB002 when another live process already
+        heartbeats under this replica's id (a duplicated EXECBOX_REPLICA_ID would re-adopt, and
+        serve, a live replica's sessions). A row with a fresh heartbeat may also be this replica's
+        previous process, killed moments ago: its heartbeat is watched for two heartbeat periods,
+        and only one that moves (or a URL that changes) is another live process."""
+        if not self.registry.persistent:
+            return
+        ttl = self.settings.lease_ttl
+        seen = _replica_row(self)
+        if seen is None or time.time() - float(seen.get("heartbeat") or 0.0) > ttl:
+            return  # none, or stale: the process that wrote it is gone
+        deadline = time.monotonic() + ttl * HEARTBEAT_EVERY * 2 + 0.5
+        while time.monotonic() < deadline:
+            time.sleep(max(0.05, ttl * CHECK_EVERY))
+            row = _replica_row(self)
+            if row is None:
+                return  # it drained and left
+            if row.get("heartbeat") != seen.get("heartbeat") or row.get("url") != seen.get("url"):
+                raise InvalidConfigError(
+                    f"EXECBOX_REPLICA_ID {self.replica!r} is in use by a live replica (url {row.get('url')}, "
+                    "heartbeating now): every replica needs its own id; set a distinct EXECBOX_REPLICA_ID",
+                    details={"field": "EXECBOX_REPLICA_ID", "replica": self.replica, "live_url": row.get("url")})
 
     def renewed(self: SessionManager, began: tuple[float, float]) -> None:
         """A heartbeat that began at ``began`` wrote its leases: they run until ``began + ttl``.
@@ -70,7 +99,7 @@ class FenceMixin:
         ttl = self.settings.lease_ttl
         self._lease_until = (began[0] + ttl, began[1] + ttl)
         if self._fenced:
-            adopted = self.adopt_all()
+            adopted = self.adopt_all(own_only=True)  # not the rows of replicas fenced as we were
             self._fenced = False
             log.warning("replica %s renewed its session leases again; re-adopted %d sessions", self.replica,
                         len(adopted))
@@ -94,6 +123,7 @@ class FenceMixin:
             self._dirty.clear()
             for s in sessions:
                 s.closed = True
+                s.cancel_reason = "fenced"
         if first:
             log.error("replica %s could not renew its session leases (%.1fs left of %.0fs): letting go of its %d "
                       "sessions, cancelling their runs and stopping their boxes before another replica may take them "
@@ -103,3 +133,7 @@ class FenceMixin:
         if sessions and self.metrics is not None:
             self.metrics.sessions_fenced.inc(len(sessions))
         return len(sessions)
+
+
+def _replica_row(sessions: SessionManager) -> dict | None:
+    return next((r for r in sessions.registry.replicas() if r["id"] == sessions.replica), None)

@@ -83,13 +83,15 @@ class LifecycleMixin:
             s.boxes_started = 1
             log.info("re-attached session %s/%s to its running box", rec.tenant_id, rec.session_id)
 
-    def adopt_all(self: SessionManager) -> list[tuple[str, str]]:
+    def adopt_all(self: SessionManager, own_only: bool = False) -> list[tuple[str, str]]:
         """At start: take over our own rows and those of replicas whose lease expired; remove
-        workspaces no row knows about. Returns the keys adopted."""
+        workspaces no row knows about. Returns the keys adopted. ``own_only`` (after a fence):
+        our own rows only; after a database outage every lease has run out, and the others'
+        rows are their owners' again at their next heartbeat (or taken over on use)."""
         adopted: list[tuple[str, str]] = []
         if not self.registry.persistent:
             return adopted
-        for rec in self.registry.adoptable(self.replica, self.settings.lease_ttl):
+        for rec in self.registry.adoptable(self.replica, self.settings.lease_ttl, own_only=own_only):
             key = (rec.tenant_id, rec.session_id)
             with self._lock:
                 if key in self._sessions:

@@ -14,6 +14,7 @@ Making and checking a session's box is in ``boxes.py``; restart, pause/resume an
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -98,6 +99,9 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
     def _rejected(self, limit: str) -> None:
         if self.metrics is not None:
             self.metrics.rate_limited.labels(limit).inc()
+
+    def draining(self) -> bool:
+        return self._draining
 
     def _refuse_if_draining(self) -> None:
         if self._draining:
@@ -226,10 +230,14 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
     def _owned_elsewhere(self, rec: SessionRecord) -> SessionOwnedElsewhere:
         urls = {r["id"]: r["url"] for r in self.registry.replicas()}
         url = urls.get(rec.owner or "")
-        return SessionOwnedElsewhere(
+        err = SessionOwnedElsewhere(
             f"session {rec.tenant_id}/{rec.session_id} is served by replica {rec.owner}", forward_to=url,
             details={"tenant_id": rec.tenant_id, "session_id": rec.session_id, "owner": rec.owner,
                      "owner_url": url, "lease_expires": rec.lease_expires})
+        # not forwarded (unreachable owner, no secret): any replica may take it over once its lease ends
+        left = (rec.lease_expires or 0.0) - time.time()
+        err.retry_after = min(max(1, math.ceil(left)), max(1, math.ceil(self.settings.lease_ttl)))
+        return err
 
     # -- using a session --------------------------------------------------------------------
     def beside_run(self, tenant_id: str, session_id: str) -> tuple[SandboxProvider, str] | None:
@@ -302,9 +310,14 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
             self._release(s)
 
     def _release(self, s: Session) -> None:
+        """The end of a request is a use too: a long run must not look idle (to the orphan sweep
+        of other replicas, which reads the registry's ``last_used``) from the moment it began."""
         with self._lock:
             s.busy -= 1
             s.last_used = time.monotonic()
+            s.last_used_wall = time.time()
+            if not s.closed:
+                self._dirty[(s.tenant_id, s.session_id)] = s.last_used_wall
 
     # -- one-shot ---------------------------------------------------------------------------
     @contextmanager

@@ -34,6 +34,9 @@ class SessionOwnedElsewhere(ProviderUnavailableError):
     came over a wire (a remote executor's, a cloud sandbox agent's) can never steer a request.
     """
 
+    retry_after: int = 1
+    """Retry-After when not forwarded: until the owner's lease ends (another replica may take over)."""
+
     def __init__(self, message: str, *, forward_to: str | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message, details=details)
         self.forward_to = forward_to
@@ -70,6 +73,9 @@ class Session:
     """The session's narrowed egress policy (issue 14; the registry keeps it as network_policy)."""
     pending_handle: Any = None
     """A registry row whose running box could not be re-attached yet (provider still starting)."""
+    cancel_reason: str | None = None
+    """Why the service itself cancelled what the session runs ("fenced", "draining", "destroyed"):
+    a run it cut off says so in ``metadata.cancelled_reason``."""
     runtime: str | None = None
     """The runtime template the session started with (issue 14; None: the provider's default);
     the registry keeps it, so a box restarted after a service restart starts the same one."""

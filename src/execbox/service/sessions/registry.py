@@ -108,8 +108,9 @@ class SessionRegistry(Protocol):
         is never deleted by a late destroyer). Whether a row was deleted."""
         ...
 
-    def adoptable(self, owner: str, lease_ttl: float) -> list[SessionRecord]:
-        """Claim every held row that is ``owner``'s or whose owner's lease expired; return them."""
+    def adoptable(self, owner: str, lease_ttl: float, own_only: bool = False) -> list[SessionRecord]:
+        """Claim every held row that is ``owner``'s or whose owner's lease expired (``own_only``:
+        only ``owner``'s own rows); return them."""
         ...
 
     def heartbeat(self, owner: str, lease_ttl: float, last_used: dict[tuple[str, str], float],
@@ -126,7 +127,8 @@ class SessionRegistry(Protocol):
     def expired(self, now: float) -> list[SessionRecord]: ...
 
     def leave(self, owner: str) -> None:
-        """A replica that drains: forget its heartbeat row (its sessions keep their owner)."""
+        """A replica that drains: forget its heartbeat row and end its leases now (its sessions
+        keep their owner, so a restart re-adopts them; any replica may take one over on use)."""
         ...
 
     def replicas(self) -> list[dict[str, Any]]: ...
@@ -206,7 +208,7 @@ class MemoryRegistry:
             del self._rows[(tenant_id, session_id)]
             return True
 
-    def adoptable(self, owner: str, lease_ttl: float) -> list[SessionRecord]:
+    def adoptable(self, owner: str, lease_ttl: float, own_only: bool = False) -> list[SessionRecord]:
         return []  # nothing outlives the process
 
     def heartbeat(self, owner: str, lease_ttl: float, last_used: dict[tuple[str, str], float],

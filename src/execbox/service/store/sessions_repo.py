@@ -239,13 +239,14 @@ class SqlSessionRegistry:
         with self._auto.connect() as s:
             return bool(s.execute(delete(SessionRow).where(*where)).rowcount)
 
-    def adoptable(self, owner: str, lease_ttl: float) -> list[SessionRecord]:
+    def adoptable(self, owner: str, lease_ttl: float, own_only: bool = False) -> list[SessionRecord]:
         now = time.time()
+        mine = SessionRow.owner == owner
         with self._sessions.begin() as s:
             self._lock_rows(s)
             rows = list(s.scalars(select(SessionRow).where(
                 SessionRow.state.in_(HELD),
-                or_(SessionRow.owner == owner, SessionRow.owner.is_(None), SessionRow.lease_expires < now),
+                mine if own_only else or_(mine, SessionRow.owner.is_(None), SessionRow.lease_expires < now),
             ).with_for_update(skip_locked=True)))
             for row in rows:
                 row.owner, row.lease_expires = owner, now + lease_ttl
@@ -293,7 +294,11 @@ class SqlSessionRegistry:
                 SessionRow.expires_at.is_not(None), SessionRow.expires_at < now))]
 
     def leave(self, owner: str) -> None:
+        """Forget ``owner``'s heartbeat row and end its leases now (its rows keep their owner)."""
+        now = time.time()
         with self._sessions.begin() as s:
+            s.execute(update(SessionRow).where(SessionRow.owner == owner, SessionRow.state.in_(HELD))
+                      .values(lease_expires=now))
             s.execute(delete(Replica).where(Replica.id == owner))
 
     def replicas(self) -> list[dict[str, Any]]:
