@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "execute_code": "sdk.local", "Sandbox": "sdk.local", "get_sandbox": "sdk.local", "Files": "sdk.local",
     "AsyncSandbox": "sdk.local_async", "RemoteSandbox": "sdk.remote", "AsyncRemoteSandbox": "sdk.remote_async",
-    "CommandHandle": "sdk.commands", "AsyncCommandHandle": "sdk.commands",
+    "CommandHandle": "sdk.commands", "AsyncCommandHandle": "sdk.commands", "ProcessHandle": "sdk.process_handles",
+    "AsyncProcessHandle": "sdk.process_handles",
     "ExecutionResult": "models", "SandboxInstance": "models", "Artifact": "models", "Language": "models",
     "Isolation": "models", "FileInfo": "models", "TextPage": "models", "GrepMatch": "models",
     "SandboxError": "errors", "ProviderNotInitializedError": "errors", "InvalidConfigError": "errors",
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .sdk.commands import AsyncCommandHandle, CommandHandle  # noqa: F401
     from .sdk.local import Files, Sandbox, execute_code, get_sandbox  # noqa: F401
     from .sdk.local_async import AsyncSandbox  # noqa: F401
+    from .sdk.process_handles import AsyncProcessHandle, ProcessHandle  # noqa: F401
     from .sdk.remote import RemoteSandbox  # noqa: F401
     from .sdk.remote_async import AsyncRemoteSandbox  # noqa: F401
 

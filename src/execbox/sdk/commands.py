@@ -5,6 +5,8 @@ to stop the run in progress; this module turns that into ``sb.commands.run(cmd)`
 the ExecutionResult) and ``sb.commands.run(cmd, background=True)`` (a handle with live
 ``stdout``/``stderr``, ``wait()``, ``kill()`` and ``exit_code``). Execution itself stays in the
 in-box agent: a background command is the same run, consumed on a thread (or an asyncio task).
+A remote sandbox's background command is instead one of the service's background processes
+(``process_handles``), which does not hold the session.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from ..errors import ExecutionTimeoutError
+from ..errors import ExecutionTimeoutError, InvalidConfigError
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback
 
@@ -152,11 +154,25 @@ class Commands:
 
     def run(self, command: str, *, background: bool = False, timeout: float | None = None,
             cwd: str | None = None, env: dict[str, str] | None = None,
-            on_output: OutputCallback | None = None) -> Any:
-        """The ExecutionResult; with ``background=True`` a CommandHandle at once."""
+            on_output: OutputCallback | None = None, stdin: bool = False) -> Any:
+        """The ExecutionResult; with ``background=True`` a handle at once: on a RemoteSandbox a
+        ProcessHandle (a background process of the session, which goes on beside other calls;
+        ``stdin=True`` keeps its stdin open for ``send_stdin``), else a CommandHandle."""
         if background:
+            start = getattr(self._sb, "_start_process", None)
+            handle = start(command, timeout, cwd, env, on_output, stdin) if start is not None else None
+            if handle is not None:
+                return handle
+            _no_stdin(stdin)
             return CommandHandle(*self._sb._command_parts(command, timeout, cwd, env), on_output)
+        _no_stdin(stdin)
         return self._sb.run_command(command, timeout=timeout, cwd=cwd, env=env, on_output=on_output)
+
+
+def _no_stdin(stdin: bool) -> None:
+    if stdin:
+        raise InvalidConfigError("stdin=True needs a background command on a service session (RemoteSandbox "
+                                 "on a provider with background processes)", details={"field": "stdin"})
 
 
 AsyncRunFn = Callable[[OutputCallback], Awaitable[ExecutionResult]]
@@ -242,10 +258,18 @@ class AsyncCommands:
 
     async def run(self, command: str, *, background: bool = False, timeout: float | None = None,
                   cwd: str | None = None, env: dict[str, str] | None = None,
-                  on_output: OutputCallback | None = None) -> Any:
-        """The ExecutionResult; with ``background=True`` an AsyncCommandHandle once the run is started."""
+                  on_output: OutputCallback | None = None, stdin: bool = False) -> Any:
+        """The ExecutionResult; with ``background=True`` a handle once the command is started: on an
+        AsyncRemoteSandbox an AsyncProcessHandle (see Commands.run), else an AsyncCommandHandle."""
         if not background:
+            _no_stdin(stdin)
             return await self._sb.run_command(command, timeout=timeout, cwd=cwd, env=env, on_output=on_output)
+        start = getattr(self._sb, "_start_process", None)
+        if start is not None:
+            started = await start(command, timeout, cwd, env, on_output, stdin)
+            if started is not None:
+                return started
+        _no_stdin(stdin)
         handle = AsyncCommandHandle(*self._sb._command_parts(command, timeout, cwd, env), on_output)
         await asyncio.sleep(0)  # let the task start its request
         return handle

@@ -26,6 +26,7 @@ from ..providers.base import OutputCallback
 from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, LineSplitter, bounded_lines, clamp_client, deadline, read_body
 from .commands import Commands, RunFn, StopFn
 from .file_results import file_bytes, range_fields, read_bytes_hint
+from .process_handles import ProcessHandle, falls_back
 from .remote_async import AsyncRemoteSandbox
 from .wire import (
     _SSE,
@@ -134,6 +135,7 @@ class RemoteSandbox:
         self._http = clamp_client(http_client or httpx.Client(base_url=self.url, headers=_headers(token),
                                                               timeout=DEFAULT_HTTP_TIMEOUT))
         self.closed = False
+        self._no_processes = False  # the service said it has no background processes (then: held runs)
         self.files = RemoteFiles(self)
         self.commands = Commands(self)
 
@@ -241,6 +243,38 @@ class RemoteSandbox:
             return self._run("bash", body, timeout, out, cut)
 
         return run, cut.set
+
+    # -- background processes (docs/http-api.md, "Background processes") ----------------------
+    def _processes_path(self, suffix: str = "") -> str:
+        tenant = self.tenant_id or self._whoami_tenant()
+        return f"sessions/{tenant}/{self.session_id}/processes{suffix}"
+
+    def _start_process(self, command: str, timeout: float | None, cwd: str | None, env: dict[str, str] | None,
+                       on_output: OutputCallback | None, stdin: bool) -> ProcessHandle | None:
+        """``commands.run(background=True)``: a background process of the session; None when the
+        service has none (its provider, or an older service): the command then runs as a held run."""
+        if self._no_processes:
+            return None
+        body = {"command": command, "cwd": cwd, "env": env, "stdin": stdin, "timeout": timeout}
+        r = self._send("POST", self._processes_path(), body)
+        if r.status >= 300:
+            err = reply_error(r)
+            if falls_back(err) and not stdin:
+                self._no_processes = True
+                return None
+            raise err
+        out = r.obj()
+        return ProcessHandle(self, decode("a started process", lambda: int(out["pid"])), on_output)
+
+    def _process_read(self, pid: int, stdout_offset: int, stderr_offset: int, wait: float) -> dict[str, Any]:
+        query = f"?stdout_offset={stdout_offset}&stderr_offset={stderr_offset}&wait={wait:g}"
+        r = self._send("GET", self._processes_path(f"/{pid}{query}"), seconds=wait + HTTP_GRACE)
+        if r.status >= 300:
+            raise reply_error(r)
+        return r.obj()
+
+    def _process_post(self, pid: int, what: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._post(self._processes_path(f"/{pid}/{what}"), body)
 
     # -- lifecycle --------------------------------------------------------------------------
     # -- session state (docs/sessions.md) ----------------------------------------------------

@@ -15,10 +15,12 @@ from ..providers.base import OutputCallback
 from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, BodyCap, Deadline, LineSplitter
 from .commands import AsyncCommands, AsyncRunFn, AsyncStopFn
 from .file_results import file_bytes, range_fields, read_bytes_hint
+from .process_handles import AsyncProcessHandle, falls_back
 from .wire import (
     _SSE,
     API_PREFIX,
     DEFAULT_HTTP_TIMEOUT,
+    HTTP_GRACE,
     Reply,
     _base_url,
     _content,
@@ -117,6 +119,7 @@ class AsyncRemoteSandbox:
         self._http = http_client or httpx.AsyncClient(base_url=self.url, headers=_headers(token),
                                                       timeout=DEFAULT_HTTP_TIMEOUT)
         self.closed = False
+        self._no_processes = False  # the service said it has no background processes (then: held runs)
         self.files = AsyncRemoteFiles(self)
         self.commands = AsyncCommands(self)
 
@@ -227,6 +230,42 @@ class AsyncRemoteSandbox:
             return await self.run_command(command, timeout=timeout, cwd=cwd, env=env, on_output=out)
 
         return run, None  # kill() cancels the task: the stream closes and the service cancels the run
+
+    # -- background processes (see RemoteSandbox) --------------------------------------------
+    async def _processes_path(self, suffix: str = "") -> str:
+        if self.tenant_id is None:
+            r = await self._send("GET", "whoami")
+            if r.status >= 300:
+                raise reply_error(r)
+            who = r.obj()
+            self.tenant_id = decode("whoami", lambda: _str(who["tenant_id"]))
+        return f"sessions/{self.tenant_id}/{self.session_id}/processes{suffix}"
+
+    async def _start_process(self, command: str, timeout: float | None, cwd: str | None,
+                             env: dict[str, str] | None, on_output: OutputCallback | None,
+                             stdin: bool) -> AsyncProcessHandle | None:
+        if self._no_processes:
+            return None
+        body = {"command": command, "cwd": cwd, "env": env, "stdin": stdin, "timeout": timeout}
+        r = await self._send("POST", await self._processes_path(), body)
+        if r.status >= 300:
+            err = reply_error(r)
+            if falls_back(err) and not stdin:
+                self._no_processes = True
+                return None
+            raise err
+        out = r.obj()
+        return AsyncProcessHandle(self, decode("a started process", lambda: int(out["pid"])), on_output)
+
+    async def _process_read(self, pid: int, stdout_offset: int, stderr_offset: int, wait: float) -> dict[str, Any]:
+        query = f"?stdout_offset={stdout_offset}&stderr_offset={stderr_offset}&wait={wait:g}"
+        r = await self._send("GET", await self._processes_path(f"/{pid}{query}"), seconds=wait + HTTP_GRACE)
+        if r.status >= 300:
+            raise reply_error(r)
+        return r.obj()
+
+    async def _process_post(self, pid: int, what: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._post(await self._processes_path(f"/{pid}/{what}"), body)
 
     async def close(self) -> None:
         """End the session (``POST sessions/{tenant}/{session}/close``; see RemoteSandbox.close)."""

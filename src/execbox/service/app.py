@@ -30,11 +30,13 @@ from .e2b_compat import install as install_e2b
 from .egress_service import install as install_egress
 from .errors import BodyLimit, install_error_handlers
 from .executions import RunService
+from .forward_watch import OwnerWatch
 from .forwarding import ForwardToOwner
 from .logs import AuditWriter, OperationLog
 from .metrics import ServiceMetrics
 from .provider_manager import ProviderManager
 from .routes import admin, executor_compat, health, packages, sandbox
+from .routes import processes as process_routes
 from .routes import sessions as session_routes
 from .routes.executor_compat import ExecutorAuth, ExecutorDeps
 from .session_headers import SessionHeaders
@@ -158,7 +160,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     install_error_handlers(app)
     install_egress(app, svc)  # issue 14: egress audit, tenant caps, routes
     app.add_middleware(SessionHeaders)  # innermost: X-Execbox-Session-Created / -Create-Session (any status)
-    app.add_middleware(ForwardToOwner, replica=sessions.replica)  # inside BodyLimit: bodies are bounded
+    app.add_middleware(ForwardToOwner, replica=sessions.replica,  # inside BodyLimit: bodies are bounded
+                       watch=OwnerWatch(sessions.registry.get, settings.lease_ttl) if sessions.fences() else None)
     app.add_middleware(CancelOnDisconnect)  # a plain execute/bash run whose client left is cancelled
 
     app.include_router(health.router)  # first: its /healthz wins over the executor's
@@ -170,6 +173,7 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     # /run; its own /healthz is for the standalone executor app (ours answers here)
     app.include_router(_without(executor_compat.router, {"/healthz"}))
     app.include_router(packages.router)  # runtimes + in-session install
+    process_routes.install(app, svc)  # background processes in a session (under /v1/sandbox and bare)
     app.include_router(tokens_api.router)  # the console's Tokens page
     if mcp_app is not None:  # streamable HTTP MCP endpoint (execbox.mcp), bearer-token authenticated
         app.add_route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"], include_in_schema=False)

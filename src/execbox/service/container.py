@@ -21,6 +21,7 @@ from .sessions import ProviderSource, SessionManager
 from .store.sandbox_settings import SandboxSettings
 
 if TYPE_CHECKING:  # pragma: no cover - imported for annotations only (they import this module's users)
+    from .background import ProcessTable
     from .e2b_compat.registry import Registry
     from .egress_service import EgressService
     from .routes.executor_compat import ExecutorDeps
@@ -43,6 +44,8 @@ class Services:
     executor: ExecutorDeps
     egress: EgressService | None = None
     e2b: Registry | None = None
+    processes: ProcessTable | None = None
+    """Background processes of the HTTP API (routes/processes.py sets it)."""
 
 
 def services(request: Request) -> Services:

@@ -1,0 +1,338 @@
+"""Background processes of the HTTP API: started in a session's box, followed by this replica.
+
+A background process is one of the in-box agent's background processes (``agent/background.py``,
+reached through ``providers/agent_procs.py``): it holds neither the session nor the agent, so runs,
+file operations and other processes go on beside it. The replica that owns the session keeps one
+record per process (``BgProcess``) and one follower thread that polls the agent for output (2 ms
+after activity, backing off to 100 ms when idle) into a per-stream buffer; clients read that buffer
+from byte offsets (``read``) and may long-poll for new output (``wait_change``).
+
+Memory is bounded: a stream holds at most ``HOLD`` bytes the client has not acknowledged (an
+offset sent with a read acknowledges what lies before it); past that the follower stops taking
+output, which stays in the box, where the agent pauses the job once 8 MiB wait (a full pipe's
+back-pressure). When the deadline passes the follower kills the whole job (SIGKILL to its process
+tree) and the process ends as ``timed_out``. Its end is audited like a run (``RunService.record``;
+it was filed as started, so a replica that dies meanwhile leaves an ``interrupted`` row). Ended
+processes stay readable (exit status and unread output) while their box lives, the last
+``KEEP_ENDED`` per session, for ``KEEP_ENDED_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SandboxError
+from ..providers.base import SandboxProvider
+from .executions import RunService, RunSpec
+from .sessions import SessionBusy, SessionManager
+
+log = logging.getLogger("execbox.service.background")
+
+POLL_FAST = 0.002
+POLL_IDLE = 0.1
+POLL_FULL = 0.25  # a stream's buffer is full: look for the process's end (a kill) only
+HOLD = 1024 * 1024  # unacknowledged bytes kept per stream
+READ_CHUNK = 1024 * 1024  # bytes of each stream one read returns at most
+KEEP_ENDED = 64
+KEEP_ENDED_SECONDS = 3600.0
+OPERATION = "background_command"
+SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+"""What the agent delivers (agent/background.py SIGNALS)."""
+
+
+def supports(provider: SandboxProvider) -> bool:
+    return bool(getattr(provider, "supports_background_processes", False))
+
+
+@contextmanager
+def session_box(sessions: SessionManager, tenant_id: str, session_id: str,
+                template: str = "bash") -> Iterator[tuple[SandboxProvider, str]]:
+    """(provider, instance id) of the session's box for one short operation: beside a run that
+    holds the session (never waiting it out), else with the session held for the block. As
+    ``RunService.file_op`` does; the session's idle clock counts it as a use."""
+    while True:
+        beside = sessions.beside_run(tenant_id, session_id)
+        if beside is not None:
+            yield beside
+            return
+        try:
+            with sessions.session(tenant_id, session_id, template, beside=lambda: sessions.beside_run(
+                    tenant_id, session_id) is not None) as s:
+                assert s.provider is not None and s.instance_id is not None
+                yield s.provider, s.instance_id
+            return
+        except SessionBusy:  # a run took the session while this waited: go beside it
+            continue
+
+
+class _Stream:
+    """Output of one stream: bytes [base, base + len(buf)) are held."""
+
+    __slots__ = ("base", "buf")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.buf = bytearray()
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.buf)
+
+    def ack(self, offset: int) -> None:
+        """Drop what lies before ``offset`` (the client has it)."""
+        cut = min(max(0, offset - self.base), len(self.buf))
+        if cut:
+            del self.buf[:cut]
+            self.base += cut
+
+    def take(self, offset: int, limit: int, whole: bool) -> tuple[bytes, int, int]:
+        """(data, offset of its first byte, bytes skipped) from ``offset``. ``whole``: the stream
+        has ended; otherwise a trailing incomplete UTF-8 sequence is left for the next read."""
+        start = max(offset, self.base)
+        skipped = start - offset
+        data = bytes(self.buf[start - self.base:start - self.base + limit])
+        if not whole and start - self.base + len(data) == len(self.buf):
+            data = data[:len(data) - _partial_utf8(data)]
+        return data, start, skipped
+
+
+def _partial_utf8(data: bytes) -> int:
+    """How many bytes at the end of ``data`` begin a UTF-8 sequence that is not complete yet."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+        return back if need > back else 0
+    return 0
+
+
+@dataclass(eq=False)
+class BgProcess:
+    pid: int
+    command: str
+    cwd: str | None
+    tenant_id: str
+    session_id: str
+    provider: SandboxProvider
+    instance_id: str
+    stdin: bool
+    timeout: float | None
+    started_at: float = field(default_factory=time.time)
+    started_mono: float = field(default_factory=time.monotonic)
+    out: _Stream = field(default_factory=_Stream)
+    err: _Stream = field(default_factory=_Stream)
+    ended: bool = False
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    killed: bool = False
+    error: str | None = None
+    ended_at: float | None = None
+    version: int = 0
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if not self.ended:
+            return "running"
+        if self.timed_out:
+            return "timed_out"
+        if self.error is not None:
+            return "lost"
+        return "signalled" if self.signal else "exited"
+
+    def info(self) -> dict[str, Any]:
+        with self.cond:
+            return {"pid": self.pid, "command": self.command, "cwd": self.cwd, "running": not self.ended,
+                    "status": self.status, "exit_code": self.exit_code, "signal": self.signal,
+                    "timed_out": self.timed_out, "error": self.error, "stdin": self.stdin and not self.ended,
+                    "timeout": self.timeout, "started_at": self.started_at, "ended_at": self.ended_at}
+
+    def changed(self) -> None:
+        """Call with ``cond`` held: wake readers waiting for output or the end."""
+        self.version += 1
+        self.cond.notify_all()
+        waiters, self.waiters = self.waiters, []
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_settle, fut)
+
+    def read(self, out_offset: int, err_offset: int, limit: int = READ_CHUNK) -> dict[str, Any]:
+        """Output past the offsets (acknowledging what lies before them), raw bytes, and the state."""
+        with self.cond:
+            self.out.ack(out_offset)
+            self.err.ack(err_offset)
+            self.cond.notify_all()  # the follower may take more output now
+            out, out_from, out_skip = self.out.take(out_offset, limit, self.ended)
+            err, err_from, err_skip = self.err.take(err_offset, limit, self.ended)
+            return {"stdout": out, "stderr": err, "stdout_offset": max(out_offset, out_from + len(out)),
+                    "stderr_offset": max(err_offset, err_from + len(err)), "stdout_skipped": out_skip,
+                    "stderr_skipped": err_skip, "version": self.version}
+
+    async def wait_change(self, version: int, timeout: float) -> None:
+        """Until something changed since ``version`` (new output, the end), or ``timeout`` passed."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self.cond:
+            if self.version != version or self.ended:
+                return
+            self.waiters.append((loop, fut))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            with self.cond:
+                self.waiters = [w for w in self.waiters if w[1] is not fut]
+
+
+def _alive(provider: SandboxProvider, instance_id: str) -> bool:
+    check = getattr(provider, "instance_alive", None)
+    try:
+        return True if check is None else bool(check(instance_id))
+    except Exception:  # noqa: BLE001 - a provider that cannot tell: keep the record for now
+        return True
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class ProcessTable:
+    """This replica's background processes, per session, and their followers."""
+
+    def __init__(self, runs: RunService, max_per_session: int) -> None:
+        self.runs = runs
+        self.max_per_session = max_per_session
+        self._lock = threading.Lock()
+        self._procs: dict[tuple[str, str], dict[int, BgProcess]] = {}
+
+    def of_box(self, tenant_id: str, session_id: str, instance_id: str) -> list[BgProcess]:
+        """The session's processes in its current box (those of an earlier box are forgotten)."""
+        key = (tenant_id, session_id)
+        now = time.time()
+        with self._lock:
+            table = self._procs.get(key, {})
+            for pid, p in list(table.items()):
+                stale = p.ended and p.ended_at is not None and now - p.ended_at > KEEP_ENDED_SECONDS
+                if p.instance_id != instance_id or stale:
+                    del table[pid]
+            ended = sorted((p for p in table.values() if p.ended), key=lambda p: p.ended_at or 0)
+            for p in ended[:max(0, len(ended) - KEEP_ENDED)]:
+                del table[p.pid]
+            if not table:
+                self._procs.pop(key, None)
+            return sorted(table.values(), key=lambda p: p.started_at)
+
+    def get(self, tenant_id: str, session_id: str, instance_id: str, pid: int) -> BgProcess | None:
+        return next((p for p in self.of_box(tenant_id, session_id, instance_id) if p.pid == pid), None)
+
+    def running(self, tenant_id: str, session_id: str, instance_id: str) -> int:
+        return sum(1 for p in self.of_box(tenant_id, session_id, instance_id) if not p.ended)
+
+    def add(self, proc: BgProcess, spec: RunSpec) -> None:
+        self.sweep()
+        with self._lock:
+            self._procs.setdefault((proc.tenant_id, proc.session_id), {})[proc.pid] = proc  # a reused pid: the new one
+        threading.Thread(target=self._follow, args=(proc, spec), name=f"execbox-proc-{proc.pid}",
+                         daemon=True).start()
+
+    def sweep(self) -> None:
+        """Forget ended processes whose box is gone (their session ended) or that ended long ago,
+        with their unread output, whichever session they were in."""
+        now = time.time()
+        with self._lock:
+            ended = [(key, p) for key, table in self._procs.items() for p in table.values() if p.ended]
+        gone = [(key, p) for key, p in ended
+                if now - (p.ended_at or now) > KEEP_ENDED_SECONDS or not _alive(p.provider, p.instance_id)]
+        with self._lock:
+            for key, p in gone:
+                table = self._procs.get(key, {})
+                if table.get(p.pid) is p:
+                    del table[p.pid]
+                if not table:
+                    self._procs.pop(key, None)
+
+    def _tracked(self, proc: BgProcess) -> bool:
+        with self._lock:
+            return self._procs.get((proc.tenant_id, proc.session_id), {}).get(proc.pid) is proc
+
+    # -- the follower ---------------------------------------------------------------------------
+    @staticmethod
+    def _lost(p: BgProcess, why: str) -> None:
+        with p.cond:
+            p.error = why
+
+    def _follow(self, p: BgProcess, spec: RunSpec) -> None:
+        deadline = None if p.timeout is None else p.started_mono + p.timeout
+        delay = POLL_FAST
+        last: dict[str, Any] | None = None
+        while True:
+            if deadline is not None and not p.timed_out and time.monotonic() >= deadline:
+                with p.cond:
+                    p.timed_out = True
+                try:
+                    p.provider.signal_process(p.instance_id, p.pid, "SIGKILL")
+                except SandboxError:
+                    pass
+            with p.cond:
+                full = len(p.out.buf) >= HOLD or len(p.err.buf) >= HOLD
+                out_end, err_end = p.out.end, p.err.end
+            try:
+                v = p.provider.poll_process(p.instance_id, p.pid, out_end, err_end)
+            except SandboxError as e:
+                if e.details.get("busy"):  # the agent is in a long file operation: ask again
+                    time.sleep(POLL_IDLE)
+                    continue
+                self._lost(p, f"the box no longer knows process {p.pid}" if e.http_status == 404
+                           else f"the process was lost with its box ({e.code}: {e.message})")
+                break
+            except Exception as e:  # noqa: BLE001 - reported on the process; the server stays up
+                log.exception("following background process %s failed", p.pid)
+                self._lost(p, f"following the process failed: {type(e).__name__}")
+                break
+            got = bool(v["stdout"] or v["stderr"])
+            if not full or v.get("exited"):
+                with p.cond:
+                    p.out.buf += v["stdout"]
+                    p.err.buf += v["stderr"]
+                    if v.get("exited"):
+                        p.exit_code, p.signal = v.get("exit_code"), v.get("signal")
+                        p.ended, p.ended_at = True, time.time()
+                    if got or p.ended:
+                        p.changed()
+            if v.get("exited"):
+                last = v
+                break
+            if not self._tracked(p):  # forgotten (its session's box changed): stop following
+                self._lost(p, "the session's box changed")
+                break
+            delay = POLL_FULL if full else POLL_FAST if got else min(delay * 2, POLL_IDLE)
+            with p.cond:
+                p.cond.wait(delay)  # a read that frees buffer room wakes it early
+        with p.cond:
+            if not p.ended:
+                p.ended, p.ended_at = True, time.time()
+            p.changed()
+        if p.error is not None:
+            self.sweep()  # its box is likely gone with its session: nothing keeps it readable
+        if p.timed_out:
+            status = "timeout"
+        elif last is None:
+            status = "error"
+        elif p.signal:
+            status = "cancelled"
+        else:
+            status = "success" if p.exit_code == 0 else "failed"
+        try:
+            self.runs.record(spec, p.provider.name, p.instance_id, p.started_mono, status,
+                             p.exit_code, "SB005" if p.timed_out else None)
+        except Exception:  # noqa: BLE001 - auditing must not break the follower's end
+            log.exception("recording background process %s failed", p.pid)
