@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from ..errors import ExecutionTimeoutError, SandboxError
+from ..errors import SandboxError
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback
 from .commands import KILLED_EXIT_CODE, AsyncCommandHandle, CommandHandle, _Output
@@ -80,11 +80,6 @@ class _Follow:
         return False
 
 
-def _timed_out(timeout: float | None) -> ExecutionTimeoutError:
-    return ExecutionTimeoutError(f"the command is still running after {timeout} s (it keeps running; "
-                                 "kill() stops it)", details={"waited": timeout})
-
-
 class ProcessHandle(CommandHandle):
     """A background command that is a background process of the service's session
     (``RemoteSandbox.commands.run(..., background=True)``): it does not hold the session, so other
@@ -97,6 +92,7 @@ class ProcessHandle(CommandHandle):
         # not CommandHandle.__init__: there is no held run to consume
         self._ops = ops
         self._f = _Follow(pid, on_output)
+        self._out = self._f.out  # what the inherited stdout, stderr, exit_code and wait() read
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._work, name=f"execbox-process-{pid}", daemon=True)
         self._thread.start()
@@ -119,34 +115,6 @@ class ProcessHandle(CommandHandle):
     @property
     def pid(self) -> int:
         return self._f.pid
-
-    @property
-    def stdout(self) -> str:
-        return self._f.out.stdout
-
-    @property
-    def stderr(self) -> str:
-        return self._f.out.stderr
-
-    @property
-    def running(self) -> bool:
-        return not self._done.is_set()
-
-    @property
-    def exit_code(self) -> int | None:
-        """None while running; the exit code once finished (-N when killed by signal N)."""
-        if not self._done.is_set():
-            return None
-        try:
-            return self._f.out.finish().exit_code
-        except BaseException:  # noqa: BLE001 - the error is wait()'s to raise
-            return None
-
-    def wait(self, timeout: float | None = None) -> ExecutionResult:
-        """The command's result; SB005 ExecutionTimeoutError if it is still running after ``timeout``."""
-        if not self._done.wait(timeout):
-            raise _timed_out(timeout)
-        return self._f.out.finish()
 
     def send_stdin(self, data: str | bytes) -> None:
         """Write to the command's stdin (it must have been started with ``stdin=True``)."""
@@ -175,6 +143,7 @@ class AsyncProcessHandle(AsyncCommandHandle):
         # not AsyncCommandHandle.__init__: there is no held run to consume
         self._ops = ops
         self._f = _Follow(pid, on_output)
+        self._out = self._f.out  # what the inherited stdout, stderr, exit_code and wait() read
         self._task = asyncio.ensure_future(self._work())
 
     async def _work(self) -> None:
@@ -194,33 +163,6 @@ class AsyncProcessHandle(AsyncCommandHandle):
     @property
     def pid(self) -> int:
         return self._f.pid
-
-    @property
-    def stdout(self) -> str:
-        return self._f.out.stdout
-
-    @property
-    def stderr(self) -> str:
-        return self._f.out.stderr
-
-    @property
-    def running(self) -> bool:
-        return not self._task.done()
-
-    @property
-    def exit_code(self) -> int | None:
-        if not self._task.done():
-            return None
-        try:
-            return self._f.out.finish().exit_code
-        except BaseException:  # noqa: BLE001
-            return None
-
-    async def wait(self, timeout: float | None = None) -> ExecutionResult:
-        done, _ = await asyncio.wait({self._task}, timeout=timeout)
-        if not done:
-            raise _timed_out(timeout)
-        return self._f.out.finish()
 
     async def send_stdin(self, data: str | bytes) -> None:
         await self._ops._process_post(self.pid, "stdin", _stdin_body(data))

@@ -25,22 +25,28 @@ def _labelled(client, label: str) -> list:
     return client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
 
 
-@pytest.mark.parametrize("runtime", ["runc", "runsc"])
-def test_docker_session_keeps_its_context_across_a_restart(docker_engine, runtime: str) -> None:
-    require(runtime in runtimes_of(docker_engine), f"docker runtime {runtime}")
-    base = traversable_tmpdir("execbox-dkrestart-")
+def _docker_service(prefix: str, replica: str, runtime: str) -> tuple[dict[str, str], str, str, str]:
+    """A service's environment on its own data and workspaces, with the docker provider active on
+    ``runtime`` (no pool); (env, tenant token, admin token, the label of its session containers)."""
+    base = traversable_tmpdir(prefix)
     ws = os.path.join(base, "ws")
     env = {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, "data"), "EXECBOX_WORKSPACES_DIR": ws,
-           "EXECBOX_REPLICA_ID": "r-docker"}
+           "EXECBOX_REPLICA_ID": replica}
     env.pop("SANDBOX_TYPE", None)
     with open_store(data_dir=os.path.join(base, "data")) as store:
         _, tenant = store.tokens.create("t1")
         _, admin = store.tokens.create("ops", role="admin")
     subprocess.run([EXECBOX, "config", "set", "docker", f"runtime={runtime}", "pool_size=0", "--activate"],
                    env=env, check=True, capture_output=True, timeout=120)
+    return env, tenant, admin, f"execbox.registry={registry_workspaces(ws, os.path.join(base, 'data'))}"
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_docker_session_keeps_its_context_across_a_restart(docker_engine, runtime: str) -> None:
+    require(runtime in runtimes_of(docker_engine), f"docker runtime {runtime}")
+    env, tenant, admin, label = _docker_service("execbox-dkrestart-", "r-docker", runtime)
+    root = label.split("=", 1)[1]
     auth = {"Authorization": f"Bearer {tenant}"}
-    root = registry_workspaces(ws, os.path.join(base, "data"))
-    label = f"execbox.registry={root}"
     stray = None
     try:
         proc, url = _serve(env)
@@ -107,17 +113,8 @@ def test_a_run_left_by_a_killed_service_does_not_hold_the_re_attached_box(docker
     requester is gone, is cancelled: a Python cell is interrupted and its context kept), not
     after the orphan's two minutes."""
     require("runc" in runtimes_of(docker_engine), "docker runtime runc")
-    base = traversable_tmpdir("execbox-dkorphan-")
-    ws = os.path.join(base, "ws")
-    env = {**os.environ, "EXECBOX_DATA_DIR": os.path.join(base, "data"), "EXECBOX_WORKSPACES_DIR": ws,
-           "EXECBOX_REPLICA_ID": "r-orphan"}
-    env.pop("SANDBOX_TYPE", None)
-    with open_store(data_dir=os.path.join(base, "data")) as store:
-        _, tenant = store.tokens.create("t1")
-    subprocess.run([EXECBOX, "config", "set", "docker", "runtime=runc", "pool_size=0", "--activate"],
-                   env=env, check=True, capture_output=True, timeout=120)
+    env, tenant, _, label = _docker_service("execbox-dkorphan-", "r-orphan", "runc")
     auth = {"Authorization": f"Bearer {tenant}"}
-    label = f"execbox.registry={registry_workspaces(ws, os.path.join(base, 'data'))}"
     try:
         proc, url = _serve(env)
         try:
