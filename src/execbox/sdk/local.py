@@ -158,6 +158,28 @@ class Files:
         ``skipped``)."""
         return self._sb.provider.grep(self._sb.instance_id, pattern, path, glob, max_results)
 
+    def delete(self, path: str) -> None:
+        """Remove a file, or a directory and what it holds (a symlink itself, never its target)."""
+        self._change("delete_path", "delete workspace files")(self._sb.instance_id, path)
+
+    def mkdir(self, path: str) -> bool:
+        """Make a directory and its parents; False when it was one already."""
+        return bool(self._change("make_dir", "make workspace directories")(self._sb.instance_id, path))
+
+    def move(self, source: str, destination: str) -> str:
+        """Rename or move within the workspace, as ``mv`` (a file at ``destination`` is replaced);
+        where it is now."""
+        return str(self._change("move_path", "move workspace files")(self._sb.instance_id, source, destination))
+
+    def _change(self, method: str, what: str) -> Any:
+        """The provider's method; only agent-backed providers (jail, docker, kubernetes, local) have it."""
+        fn = getattr(self._sb.provider, method, None)
+        if fn is None:
+            raise InvalidConfigError(f"provider {self._sb.provider.name!r} cannot {what}; the self-hosted "
+                                     "providers (jail, docker, kubernetes, local) can",
+                                     details={"provider": self._sb.provider.name, "reason": "unsupported"})
+        return fn
+
 
 class Sandbox:
     """A session: one instance whose workspace and contexts persist until ``close()``.

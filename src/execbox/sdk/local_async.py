@@ -50,6 +50,15 @@ class AsyncFiles:
                    ) -> list[GrepMatch]:
         return await _thread(self._files.grep, pattern, path, glob, max_results)
 
+    async def delete(self, path: str) -> None:
+        await _thread(self._files.delete, path)
+
+    async def mkdir(self, path: str) -> bool:
+        return await _thread(self._files.mkdir, path)
+
+    async def move(self, source: str, destination: str) -> str:
+        return await _thread(self._files.move, source, destination)
+
 
 class AsyncSandbox:
     """An in-process session, awaited: ``async with await AsyncSandbox.create("jail") as sb: ...``."""

@@ -100,6 +100,20 @@ class RemoteFiles:
                                                           max_results=max_results))
         return decode("a match list", lambda: GrepResult.from_dict(out))
 
+    def delete(self, path: str) -> None:
+        """Remove a file, or a directory and what it holds (a symlink itself, never its target)."""
+        self._sb._post("delete", self._sb._req.scoped(path=path))
+
+    def mkdir(self, path: str) -> bool:
+        """Make a directory and its parents; False when it was one already."""
+        out = self._sb._post("mkdir", self._sb._req.scoped(path=path))
+        return decode("a mkdir answer", lambda: bool(out["created"]))
+
+    def move(self, source: str, destination: str) -> str:
+        """Rename or move within the workspace, as ``mv``; where it is now."""
+        out = self._sb._post("move", self._sb._req.scoped(source=source, destination=destination))
+        return decode("a move answer", lambda: _str(out["path"]))
+
 
 def _str(value: Any) -> str:
     if not isinstance(value, str):

@@ -96,6 +96,17 @@ class AsyncRemoteFiles:
                                                                 max_results=max_results))
         return decode("a match list", lambda: GrepResult.from_dict(out))
 
+    async def delete(self, path: str) -> None:
+        await self._sb._post("delete", self._sb._req.scoped(path=path))
+
+    async def mkdir(self, path: str) -> bool:
+        out = await self._sb._post("mkdir", self._sb._req.scoped(path=path))
+        return decode("a mkdir answer", lambda: bool(out["created"]))
+
+    async def move(self, source: str, destination: str) -> str:
+        out = await self._sb._post("move", self._sb._req.scoped(source=source, destination=destination))
+        return decode("a move answer", lambda: _str(out["path"]))
+
 
 class AsyncRemoteSandbox:
     """The asyncio twin of RemoteSandbox: same methods, awaited. Artifact bytes: ``await files.read_bytes``.

@@ -35,7 +35,7 @@ from .forwarding import ForwardToOwner
 from .logs import AuditWriter, OperationLog
 from .metrics import ServiceMetrics
 from .provider_manager import ProviderManager
-from .routes import admin, executor_compat, health, packages, sandbox
+from .routes import admin, executor_compat, file_changes, health, packages, sandbox
 from .routes import processes as process_routes
 from .routes import sessions as session_routes
 from .routes.executor_compat import ExecutorAuth, ExecutorDeps
@@ -165,7 +165,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     app.add_middleware(CancelOnDisconnect)  # a plain execute/bash run whose client left is cancelled
 
     app.include_router(health.router)  # first: its /healthz wins over the executor's
-    for router in (sandbox.router, session_routes.router):  # the gateway API: public and direct paths
+    # the gateway API, public and direct paths
+    for router in (sandbox.router, session_routes.router, file_changes.router):
         app.include_router(router, prefix="/v1/sandbox", tags=["sandbox"],
                            generate_unique_id_function=_sandbox_ids("v1_"))
         app.include_router(router, tags=["sandbox (direct)"], generate_unique_id_function=_sandbox_ids(""))

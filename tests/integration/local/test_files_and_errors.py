@@ -12,6 +12,7 @@ from execbox.errors import (
     InstanceCreationError,
     InvalidConfigError,
     NotTextError,
+    PathError,
     ProviderNotInitializedError,
     ProviderUnavailableError,
     RateLimitError,
@@ -63,6 +64,16 @@ def test_sdk_results_carry_truncation_ranges_and_a_binary_read_names_read_bytes(
     with pytest.raises(NotTextError) as e:
         sb.files.read("blob.bin")
     assert "files.read_bytes('blob.bin')" in e.value.message and isinstance(e.value, InvalidConfigError)
+
+
+def test_mkdir_move_and_delete(sb):
+    assert sb.files.mkdir("m/n") is True and sb.files.mkdir("m") is False
+    sb.files.write("m/n/f.txt", "f")
+    assert sb.files.move("m/n/f.txt", "g.txt") == "g.txt"
+    sb.files.delete("m")
+    assert sb.files.read("g.txt").content == "f" and sb.files.glob("m*") == []
+    with pytest.raises(PathError):
+        sb.files.move("g.txt", "../out.txt")
 
 
 def test_append_and_create_modes(sb):
