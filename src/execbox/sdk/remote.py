@@ -324,6 +324,14 @@ class RemoteSandbox:
             raise reply_error(r)
         return r.obj()
 
+    def interrupt(self) -> bool:
+        """Interrupt the run the session is serving, started from this object (on another thread)
+        or by any other client: it ends as cancelled, a context's cell with its state kept, as a
+        notebook's interrupt. False when nothing was running."""
+        tenant = self.tenant_id or self._whoami_tenant()
+        out = self._post(f"sessions/{tenant}/{self.session_id}/interrupt", {})
+        return decode("an interrupt answer", lambda: bool(out["interrupted"]))
+
     def close(self) -> None:
         """End the session: ``POST sessions/{tenant}/{session}/close`` stops what runs in it and
         deletes its box and workspace (any token of the tenant may; it frees a slot of

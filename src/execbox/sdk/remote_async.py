@@ -278,6 +278,17 @@ class AsyncRemoteSandbox:
     async def _process_post(self, pid: int, what: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._post(await self._processes_path(f"/{pid}/{what}"), body)
 
+    async def interrupt(self) -> bool:
+        """Interrupt the run the session is serving (see RemoteSandbox.interrupt)."""
+        tenant = self.tenant_id
+        if tenant is None:
+            r = await self._send("GET", "whoami")
+            if r.status >= 300:
+                raise reply_error(r)
+            tenant = self.tenant_id = decode("whoami", lambda: _str(r.obj()["tenant_id"]))
+        out = await self._post(f"sessions/{tenant}/{self.session_id}/interrupt", {})
+        return decode("an interrupt answer", lambda: bool(out["interrupted"]))
+
     async def close(self) -> None:
         """End the session (``POST sessions/{tenant}/{session}/close``; see RemoteSandbox.close)."""
         if self.closed:

@@ -53,6 +53,17 @@ def close_session(request: Request, tenant_id: str = _name_path(), session_id: s
     return {"destroyed": _sessions(request).destroy(tenant_for(principal, tenant_id), session_id, "closed")}
 
 
+@router.post("/sessions/{tenant_id}/{session_id}/interrupt", summary="Interrupt the session's running run "
+             "(a context's cell keeps its state), whoever started it")
+def interrupt_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),
+                      principal: Principal = Depends(require_token)) -> Any:
+    """As a notebook's interrupt: the run in progress ends as cancelled (a Python or JavaScript
+    context's cell with its context kept); ``interrupted`` is False when nothing was running."""
+    tenant = tenant_for(principal, tenant_id)
+    return {"tenant_id": tenant, "session_id": session_id,
+            "interrupted": _sessions(request).interrupt(tenant, session_id)}
+
+
 @router.get("/sessions/{tenant_id}/{session_id}", response_model=SessionOut,
             summary="One session: state, owning replica, expiry")
 def get_session(request: Request, tenant_id: str = _name_path(), session_id: str = _name_path(),

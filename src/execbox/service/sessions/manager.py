@@ -227,6 +227,21 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
                 and rec.owner not in (None, self.replica) and rec.lease_live()):
             raise self._owned_elsewhere(rec)
 
+    def interrupt(self, tenant_id: str, session_id: str) -> bool:
+        """Cancel the run the session is serving here, whoever started it (a notebook's interrupt:
+        a context's cell is interrupted and its state kept); False when none runs. Raises
+        SessionOwnedElsewhere (forwarded) for a session another replica serves, and 404 for one
+        that does not exist; never creates one."""
+        self.check_owner(tenant_id, session_id)
+        with self._lock:
+            s = self._sessions.get((tenant_id, session_id))
+        if s is None and (not self.registry.persistent or self.registry.get(tenant_id, session_id) is None):
+            raise SessionNotFoundError(f"no session {tenant_id}/{session_id}",
+                                       details={"tenant_id": tenant_id, "session_id": session_id})
+        if s is None or not s.running or s.provider is None or s.instance_id is None:
+            return False
+        return bool(s.provider.cancel(s.instance_id))
+
     def _owned_elsewhere(self, rec: SessionRecord) -> SessionOwnedElsewhere:
         urls = {r["id"]: r["url"] for r in self.registry.replicas()}
         url = urls.get(rec.owner or "")
