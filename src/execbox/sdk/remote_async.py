@@ -67,14 +67,8 @@ class AsyncRemoteFiles:
 
     async def write_many(self, files: dict[str, str | bytes]) -> list[FileInfo]:
         sb = self._sb
-        if sb.tenant_id is None:
-            r = await sb._send("GET", "whoami")
-            if r.status >= 300:
-                raise reply_error(r)
-            who = r.obj()
-            sb.tenant_id = decode("whoami", lambda: _str(who["tenant_id"]))
         body = {"files": [{"path": p, **_content(c)} for p, c in files.items()]}
-        out = await sb._post(f"sessions/{sb.tenant_id}/{sb.session_id}/copy", body)
+        out = await sb._post(f"sessions/{await sb._tenant()}/{sb.session_id}/copy", body)
         return decode("a file list", lambda: [FileInfo(**f) for f in out["files"]])
 
     async def list(self, path: str = ".", recursive: bool = False) -> list[FileInfo]:
@@ -243,14 +237,18 @@ class AsyncRemoteSandbox:
         return run, None  # kill() cancels the task: the stream closes and the service cancels the run
 
     # -- background processes (see RemoteSandbox) --------------------------------------------
-    async def _processes_path(self, suffix: str = "") -> str:
+    async def _tenant(self) -> str:
+        """The tenant the session belongs to: the one given, else the token's (asked once)."""
         if self.tenant_id is None:
             r = await self._send("GET", "whoami")
             if r.status >= 300:
                 raise reply_error(r)
             who = r.obj()
             self.tenant_id = decode("whoami", lambda: _str(who["tenant_id"]))
-        return f"sessions/{self.tenant_id}/{self.session_id}/processes{suffix}"
+        return self.tenant_id
+
+    async def _processes_path(self, suffix: str = "") -> str:
+        return f"sessions/{await self._tenant()}/{self.session_id}/processes{suffix}"
 
     async def _start_process(self, command: str, timeout: float | None, cwd: str | None,
                              env: dict[str, str] | None, on_output: OutputCallback | None,
@@ -280,13 +278,7 @@ class AsyncRemoteSandbox:
 
     async def interrupt(self) -> bool:
         """Interrupt the run the session is serving (see RemoteSandbox.interrupt)."""
-        tenant = self.tenant_id
-        if tenant is None:
-            r = await self._send("GET", "whoami")
-            if r.status >= 300:
-                raise reply_error(r)
-            tenant = self.tenant_id = decode("whoami", lambda: _str(r.obj()["tenant_id"]))
-        out = await self._post(f"sessions/{tenant}/{self.session_id}/interrupt", {})
+        out = await self._post(f"sessions/{await self._tenant()}/{self.session_id}/interrupt", {})
         return decode("an interrupt answer", lambda: bool(out["interrupted"]))
 
     async def close(self) -> None:
