@@ -228,4 +228,11 @@ function usesMain(code) {
   return false;
 }
 
-module.exports = { encode, encodeReturned, userStack, exposeUserModule, usesMain, blankCode, FRAME, NODE_FRAME };
+// Whether `arguments` name anything: `{}` does not (RAGFlow's /run always sends it), so a script
+// without main() is then no error, as for Python (agent/runners.py).
+function namesArguments(args) {
+  return args !== null && typeof args === "object" && Object.keys(args).length > 0;
+}
+
+module.exports = { encode, encodeReturned, userStack, exposeUserModule, usesMain, blankCode, namesArguments, FRAME,
+  NODE_FRAME };

@@ -11,13 +11,13 @@
 "use strict";
 // the globals used, taken before a cell can shadow them (`const JSON = ...`; js_cells.js)
 const GLOBAL = globalThis;
-const { JSON, Promise, Map, Set, Math, Number, Object, Error, process } = GLOBAL;
+const { JSON, Promise, Map, Set, Math, Number, Error, process } = GLOBAL;
 const fs = require("fs");
 const net = require("net");
 const vm = require("vm");
 const util = require("util");
 const readline = require("readline");
-const { encode, encodeReturned, userStack, exposeUserModule } = require("./js_common.js");
+const { encode, encodeReturned, userStack, exposeUserModule, namesArguments } = require("./js_common.js");
 const { runCell, underSigint } = require("./js_cells.js");
 
 function reply(msg) {
@@ -90,7 +90,7 @@ async function handle(req) {
     if (req.arguments != null) {  // as a one-shot run: main(arguments) is the result
       const main = vm.runInThisContext("typeof main === 'function' ? main : undefined");
       if (typeof main !== "function") {
-        if (Object.keys(req.arguments).length > 0) {  // `{}` is none, as for Python
+        if (namesArguments(req.arguments)) {
           process.stderr.write("execbox: arguments were given but the code defines no main() function\n");
           exitCode = 1;
         }

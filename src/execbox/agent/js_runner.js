@@ -7,7 +7,7 @@
 "use strict";
 const fs = require("fs");
 const vm = require("vm");
-const { encodeReturned, userStack, exposeUserModule, usesMain, FRAME, NODE_FRAME } = require("./js_common.js");
+const { encodeReturned, userStack, exposeUserModule, usesMain, namesArguments, FRAME, NODE_FRAME } = require("./js_common.js");
 
 function send(msg) {
   try { fs.writeSync(3, JSON.stringify(msg)); } catch (e) { /* host went away */ }
@@ -81,8 +81,7 @@ async function run() {
   const argsFile = process.argv[3];
   const hasArgs = Boolean(argsFile);
   const args = hasArgs ? JSON.parse(fs.readFileSync(argsFile, "utf8")) : undefined;
-  // `{}` names nothing: no main() is then no error, as for Python (RAGFlow's /run always sends it)
-  const named = hasArgs && args !== null && typeof args === "object" && Object.keys(args).length > 0;
+  const named = hasArgs && namesArguments(args);
   process.argv = [process.argv[0], "<code>"];
   exposeUserModule("<code>");
   globalThis.__filename = "<code>";

@@ -15,6 +15,17 @@ from ..errors import InvalidConfigError
 from ..models import FileBytes, FileInfo, GlobResult, GrepResult, TextPage
 
 
+def workspace_change(provider: Any, method: str, what: str) -> Any:
+    """``provider``'s ``delete_path``, ``make_dir`` or ``move_path``: only agent-backed providers
+    have them (501 naming the provider otherwise: E2B, AgentRun, RAGFlow's /run)."""
+    fn = getattr(provider, method, None)
+    if fn is None:
+        raise InvalidConfigError(
+            f"provider {provider.name!r} cannot {what}; the self-hosted providers (jail, docker, kubernetes, "
+            "local) can", http_status=501, details={"provider": provider.name, "reason": "unsupported"})
+    return fn
+
+
 class AgentFilesMixin:
     """Needs ``_get(instance_id)`` and ``_call(inst, op, params)`` from AgentBackedProvider."""
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import InvalidConfigError, NotTextError, SandboxClosedError
 from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
+from ..providers.agent_files import workspace_change
 from ..providers.base import OutputCallback, SandboxProvider
 from ..providers.registry import create_provider, get_provider_class, strongest_available
 from ..settings import sandbox_timeout, sandbox_type
@@ -160,25 +161,19 @@ class Files:
 
     def delete(self, path: str) -> None:
         """Remove a file, or a directory and what it holds (a symlink itself, never its target)."""
-        self._change("delete_path", "delete workspace files")(self._sb.instance_id, path)
+        delete = workspace_change(self._sb.provider, "delete_path", "delete workspace files")
+        delete(self._sb.instance_id, path)
 
     def mkdir(self, path: str) -> bool:
         """Make a directory and its parents; False when it was one already."""
-        return bool(self._change("make_dir", "make workspace directories")(self._sb.instance_id, path))
+        mkdir = workspace_change(self._sb.provider, "make_dir", "make workspace directories")
+        return bool(mkdir(self._sb.instance_id, path))
 
     def move(self, source: str, destination: str) -> str:
         """Rename or move within the workspace, as ``mv`` (a file at ``destination`` is replaced);
         where it is now."""
-        return str(self._change("move_path", "move workspace files")(self._sb.instance_id, source, destination))
-
-    def _change(self, method: str, what: str) -> Any:
-        """The provider's method; only agent-backed providers (jail, docker, kubernetes, local) have it."""
-        fn = getattr(self._sb.provider, method, None)
-        if fn is None:
-            raise InvalidConfigError(f"provider {self._sb.provider.name!r} cannot {what}; the self-hosted "
-                                     "providers (jail, docker, kubernetes, local) can",
-                                     details={"provider": self._sb.provider.name, "reason": "unsupported"})
-        return fn
+        move = workspace_change(self._sb.provider, "move_path", "move workspace files")
+        return str(move(self._sb.instance_id, source, destination))
 
 
 class Sandbox:

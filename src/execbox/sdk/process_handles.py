@@ -18,6 +18,7 @@ from ..errors import SandboxError
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback
 from .commands import KILLED_EXIT_CODE, AsyncCommandHandle, CommandHandle, _Output
+from .wire import Reply, decode, reply_error
 
 POLL_WAIT = 10.0
 """Seconds one long-poll of a remote background process waits for output (GET .../processes/{pid}?wait=)."""
@@ -185,6 +186,18 @@ def _stdin_body(data: str | bytes) -> dict[str, Any]:
     if isinstance(data, bytes):
         return {"data_b64": base64.b64encode(data).decode()}
     return {"data": data}
+
+
+def started_pid(r: Reply, stdin: bool) -> int | None:
+    """The pid a ``POST .../processes`` answered, or None when the service has no background
+    processes and the command may run as a held run instead (not one that needs stdin)."""
+    if r.status >= 300:
+        err = reply_error(r)
+        if falls_back(err) and not stdin:
+            return None
+        raise err
+    out = r.obj()
+    return decode("a started process", lambda: int(out["pid"]))
 
 
 def falls_back(e: SandboxError) -> bool:

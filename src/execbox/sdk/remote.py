@@ -26,7 +26,7 @@ from ..providers.base import OutputCallback
 from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, LineSplitter, bounded_lines, clamp_client, deadline, read_body
 from .commands import Commands, RunFn, StopFn
 from .file_results import file_bytes, range_fields, read_bytes_hint
-from .process_handles import ProcessHandle, falls_back
+from .process_handles import ProcessHandle, started_pid
 from .remote_async import AsyncRemoteSandbox
 from .wire import (
     _SSE,
@@ -270,15 +270,11 @@ class RemoteSandbox:
         if self._no_processes:
             return None
         body = {"command": command, "cwd": cwd, "env": env, "stdin": stdin, "timeout": timeout}
-        r = self._send("POST", self._processes_path(), body)
-        if r.status >= 300:
-            err = reply_error(r)
-            if falls_back(err) and not stdin:
-                self._no_processes = True
-                return None
-            raise err
-        out = r.obj()
-        return ProcessHandle(self, decode("a started process", lambda: int(out["pid"])), on_output)
+        pid = started_pid(self._send("POST", self._processes_path(), body), stdin)
+        if pid is None:
+            self._no_processes = True
+            return None
+        return ProcessHandle(self, pid, on_output)
 
     def _process_read(self, pid: int, stdout_offset: int, stderr_offset: int, wait: float) -> dict[str, Any]:
         query = f"?stdout_offset={stdout_offset}&stderr_offset={stderr_offset}&wait={wait:g}"

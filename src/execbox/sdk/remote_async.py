@@ -15,7 +15,7 @@ from ..providers.base import OutputCallback
 from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, BodyCap, Deadline, LineSplitter
 from .commands import AsyncCommands, AsyncRunFn, AsyncStopFn
 from .file_results import file_bytes, range_fields, read_bytes_hint
-from .process_handles import AsyncProcessHandle, falls_back
+from .process_handles import AsyncProcessHandle, started_pid
 from .wire import (
     _SSE,
     API_PREFIX,
@@ -256,15 +256,11 @@ class AsyncRemoteSandbox:
         if self._no_processes:
             return None
         body = {"command": command, "cwd": cwd, "env": env, "stdin": stdin, "timeout": timeout}
-        r = await self._send("POST", await self._processes_path(), body)
-        if r.status >= 300:
-            err = reply_error(r)
-            if falls_back(err) and not stdin:
-                self._no_processes = True
-                return None
-            raise err
-        out = r.obj()
-        return AsyncProcessHandle(self, decode("a started process", lambda: int(out["pid"])), on_output)
+        pid = started_pid(await self._send("POST", await self._processes_path(), body), stdin)
+        if pid is None:
+            self._no_processes = True
+            return None
+        return AsyncProcessHandle(self, pid, on_output)
 
     async def _process_read(self, pid: int, stdout_offset: int, stderr_offset: int, wait: float) -> dict[str, Any]:
         query = f"?stdout_offset={stdout_offset}&stderr_offset={stderr_offset}&wait={wait:g}"

@@ -47,6 +47,18 @@ SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGU
 """What the agent delivers (agent/background.py SIGNALS)."""
 
 
+def end_status(last: dict[str, Any] | None, timed_out: bool) -> str:
+    """How a followed process ended, as its audit row says: ``last`` is its final poll (None when
+    it was lost). One rule for these processes and the E2B facade's (e2b_compat/envd_bg.py)."""
+    if timed_out:
+        return "timeout"
+    if last is None:
+        return "error"
+    if last.get("signal"):
+        return "cancelled"
+    return "success" if last.get("exit_code") == 0 else "failed"
+
+
 def supports(provider: SandboxProvider) -> bool:
     return bool(getattr(provider, "supports_background_processes", False))
 
@@ -323,14 +335,7 @@ class ProcessTable:
             p.changed()
         if p.error is not None:
             self.sweep()  # its box is likely gone with its session: nothing keeps it readable
-        if p.timed_out:
-            status = "timeout"
-        elif last is None:
-            status = "error"
-        elif p.signal:
-            status = "cancelled"
-        else:
-            status = "success" if p.exit_code == 0 else "failed"
+        status = end_status(last, p.timed_out)
         try:
             self.runs.record(spec, p.provider.name, p.instance_id, p.started_mono, status,
                              p.exit_code, "SB005" if p.timed_out else None)

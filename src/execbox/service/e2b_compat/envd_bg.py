@@ -18,6 +18,7 @@ from typing import Any
 from protobuf import Oneof
 
 from ...errors import SandboxError, SessionNotFoundError
+from ..background import end_status
 from ..executions import RunSpec
 from .envd_gen.process import process_pb as pb
 
@@ -116,12 +117,7 @@ def follow(state: Any, sb: Any, proc: Any, deadline: float, spec: RunSpec, forge
     proc.publish(end_event(last, timed_out, error))
     proc.publish(None)
     forget()
-    if timed_out:
-        status = "timeout"
-    elif last is None:
-        status = "error"
-    else:
-        status = "success" if last.get("exit_code") == 0 else ("cancelled" if last.get("signal") else "failed")
+    status = end_status(last, timed_out)
     try:
         state.runs.record(spec, provider.name, iid, started, status,
                           last.get("exit_code") if last else None, "SB005" if timed_out else None)

@@ -13,14 +13,12 @@ have no agent (E2B, AgentRun, RAGFlow's /run) answers 501 naming it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
-from ...errors import InvalidConfigError
-from ...providers.base import SandboxProvider
+from ...providers.agent_files import workspace_change
 from ..auth import Principal, require_token
 from ..container import services
 from ..schemas import ERROR_RESPONSES, SessionFileRequest
@@ -53,22 +51,13 @@ class MovedOut(BaseModel):
     path: str  # where it is now
 
 
-def _method(provider: SandboxProvider, name: str, what: str) -> Callable[..., Any]:
-    fn = getattr(provider, name, None)
-    if fn is None:
-        raise InvalidConfigError(
-            f"provider {provider.name!r} cannot {what}; the self-hosted providers (jail, docker, kubernetes, "
-            "local) can", http_status=501, details={"provider": provider.name, "reason": "unsupported"})
-    return fn
-
-
 @router.post("/delete", response_model=DeletedOut, summary="Delete a file, or a directory and what it holds")
 def delete(body: PathRequest, request: Request, principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, body.tenant_id)
     check_path(body.path, "path")
     services(request).runs.file_op(
         tenant, body.session_id, "delete_path", body.path, principal.token_id,
-        lambda p, i: _method(p, "delete_path", "delete workspace files")(i, body.path))
+        lambda p, i: workspace_change(p, "delete_path", "delete workspace files")(i, body.path))
     return {"path": body.path, "deleted": True}
 
 
@@ -78,7 +67,7 @@ def mkdir(body: PathRequest, request: Request, principal: Principal = Depends(re
     check_path(body.path, "path")
     created = services(request).runs.file_op(
         tenant, body.session_id, "make_dir", body.path, principal.token_id,
-        lambda p, i: _method(p, "make_dir", "make workspace directories")(i, body.path))
+        lambda p, i: workspace_change(p, "make_dir", "make workspace directories")(i, body.path))
     return {"path": body.path, "created": bool(created)}
 
 
@@ -89,5 +78,5 @@ def move(body: MoveRequest, request: Request, principal: Principal = Depends(req
     check_path(body.destination, "destination")
     where = services(request).runs.file_op(
         tenant, body.session_id, "move_path", body.source, principal.token_id,
-        lambda p, i: _method(p, "move_path", "move workspace files")(i, body.source, body.destination))
+        lambda p, i: workspace_change(p, "move_path", "move workspace files")(i, body.source, body.destination))
     return {"source": body.source, "path": where}
