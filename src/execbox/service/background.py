@@ -23,15 +23,12 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SandboxError
 from ..providers.base import SandboxProvider
 from .executions import RunService, RunSpec
-from .sessions import SessionBusy, SessionManager
 
 log = logging.getLogger("execbox.service.background")
 
@@ -61,27 +58,6 @@ def end_status(last: dict[str, Any] | None, timed_out: bool) -> str:
 
 def supports(provider: SandboxProvider) -> bool:
     return bool(getattr(provider, "supports_background_processes", False))
-
-
-@contextmanager
-def session_box(sessions: SessionManager, tenant_id: str, session_id: str,
-                template: str = "bash") -> Iterator[tuple[SandboxProvider, str]]:
-    """(provider, instance id) of the session's box for one short operation: beside a run that
-    holds the session (never waiting it out), else with the session held for the block. As
-    ``RunService.file_op`` does; the session's idle clock counts it as a use."""
-    while True:
-        beside = sessions.beside_run(tenant_id, session_id)
-        if beside is not None:
-            yield beside
-            return
-        try:
-            with sessions.session(tenant_id, session_id, template, beside=lambda: sessions.beside_run(
-                    tenant_id, session_id) is not None) as s:
-                assert s.provider is not None and s.instance_id is not None
-                yield s.provider, s.instance_id
-            return
-        except SessionBusy:  # a run took the session while this waited: go beside it
-            continue
 
 
 class _Stream:

@@ -20,7 +20,7 @@ from ..providers.base import OutputCallback, SandboxProvider
 from .config import forwarding_enabled
 from .logs import OperationLog, memory_mb
 from .metrics import ServiceMetrics
-from .sessions import SessionBusy, SessionManager, notes
+from .sessions import SessionManager, notes
 from .streaming import Emit, RunHandle
 
 ProviderCall = Callable[[SandboxProvider, str, bool, OutputCallback | None], ExecutionResult]
@@ -144,10 +144,8 @@ class RunService:
         the path (so ``audit_code`` shows which file; the hash is of the path).
 
         While a run holds the session, the operation goes to its box beside the run when the box
-        serves file operations during runs (``SessionManager.beside_run``), as E2B's envd does;
-        otherwise it waits for the session like any request, looking meanwhile for a run to go
-        beside: a run takes the session and starts only once its box is made (a new session, a
-        resumed one), and the operation then goes beside it instead of waiting it out."""
+        serves file operations during runs, as E2B's envd does; otherwise it waits for the session
+        like any request (``SessionManager.box_for_operation``)."""
         spec = RunSpec(tenant_id, session_id, operation, FILE_LANGUAGE, path, token_id, _no_call)
         provider_name, instance_id = "", None
         started = time.monotonic()
@@ -163,20 +161,9 @@ class RunService:
             return call(provider, iid)
 
         try:
-            with self.sessions.execution_slot(tenant_id):
-                while True:  # a run may take the session and only then start (a new box first)
-                    beside = self.sessions.beside_run(tenant_id, session_id)
-                    if beside is not None:
-                        out = filed(*beside)
-                        break
-                    try:
-                        with self.sessions.session(tenant_id, session_id, beside=lambda: self.sessions.beside_run(
-                                tenant_id, session_id) is not None) as s:
-                            assert s.provider is not None and s.instance_id is not None
-                            out = filed(s.provider, s.instance_id)
-                        break
-                    except SessionBusy:
-                        continue
+            with self.sessions.execution_slot(tenant_id), \
+                    self.sessions.box_for_operation(tenant_id, session_id) as (provider, iid):
+                out = filed(provider, iid)
         except Exception as e:  # an SB error, or a protocol error raised by the caller's call
             code = e.code if isinstance(e, SandboxError) else None
             if not (isinstance(e, SandboxError) and _forwarded(e)):

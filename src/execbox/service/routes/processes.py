@@ -33,7 +33,7 @@ from ...errors import InvalidConfigError, PayloadTooLargeError, RateLimitError, 
 from ...models import ExecutionResult
 from ...providers.base import SandboxProvider
 from ..auth import Principal, require_token
-from ..background import OPERATION, SIGNALS, BgProcess, ProcessTable, session_box, supports
+from ..background import OPERATION, SIGNALS, BgProcess, ProcessTable, supports
 from ..container import Services, services
 from ..executions import RunSpec
 from ..schemas import ERROR_RESPONSES
@@ -166,7 +166,7 @@ def _unknown(pid: int) -> InvalidConfigError:
 
 def _find(svc: Services, tenant: str, session_id: str, pid: int) -> BgProcess:
     """The session's process ``pid`` (never creating the session: 404 for an unknown one)."""
-    with notes.collecting(create=False), session_box(svc.sessions, tenant, session_id) as (provider, iid):
+    with notes.collecting(create=False), svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
         _require_support(provider)
         proc = _table(svc).get(tenant, session_id, iid, pid)
     if proc is None:
@@ -198,7 +198,8 @@ def start_process(body: StartIn, request: Request, tenant_id: str = _name(), ses
         raise InvalidConfigError("command must be a non-empty string without NUL", details={"field": "command"})
     check_path(body.cwd, "cwd")
     table = _table(svc)
-    with svc.sessions.execution_slot(tenant), session_box(svc.sessions, tenant, session_id) as (provider, iid):
+    with svc.sessions.execution_slot(tenant), \
+            svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
         _require_support(provider)
         limit = provider.config.get("max_timeout")
         if body.timeout is not None and limit and body.timeout > float(limit):
@@ -232,7 +233,7 @@ def list_processes(request: Request, tenant_id: str = _name(), session_id: str =
                    principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, tenant_id)
     svc = services(request)
-    with notes.collecting(create=False), session_box(svc.sessions, tenant, session_id) as (provider, iid):
+    with notes.collecting(create=False), svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
         _require_support(provider)
         procs = _table(svc).of_box(tenant, session_id, iid)
     return {"tenant_id": tenant, "session_id": session_id, "processes": [p.info() for p in procs]}

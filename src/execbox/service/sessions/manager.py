@@ -303,6 +303,28 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
                 s.operations += 1
 
     @contextmanager
+    def box_for_operation(self, tenant_id: str, session_id: str,
+                          template: str = "python") -> Iterator[tuple[SandboxProvider, str]]:
+        """(provider, instance id) of the session's box for one short operation (a file
+        operation, a background process's start or signal): beside a run that holds the session
+        (never waiting it out), else with the session held for the block. A run may take the
+        session and start only once its box is made (a new session, a resumed one): the wait
+        then ends and the operation goes beside that run instead."""
+        while True:
+            beside = self.beside_run(tenant_id, session_id)
+            if beside is not None:
+                yield beside
+                return
+            try:
+                with self.session(tenant_id, session_id, template,
+                                  beside=lambda: self.beside_run(tenant_id, session_id) is not None) as s:
+                    assert s.provider is not None and s.instance_id is not None
+                    yield s.provider, s.instance_id
+                return
+            except SessionBusy:  # a run took the session while this waited: go beside it
+                continue
+
+    @contextmanager
     def _held(self, tenant_id: str, session_id: str,
               beside: Callable[[], bool] | None = None) -> Iterator[Session]:
         while True:
