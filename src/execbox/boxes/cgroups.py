@@ -20,6 +20,7 @@ from .oom_counter import OomCounter, parse_oom_kills
 CGROUP_ROOT = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 PARENT_NAME = "execbox"
+SERVICE_LEAF = "execbox-service"  # v2: where execbox moves the processes of the group it hands down from
 CFS_PERIOD_US = 100_000
 
 
@@ -138,6 +139,12 @@ def _prepare_v2(mount: str, own: str) -> str:
     """
     base = os.path.join(mount, own.lstrip("/"))
     wanted = ("memory", "pids", "cpu")
+    above = os.path.dirname(base)
+    if os.path.basename(base) == SERVICE_LEAF and _hands_down(above, wanted):
+        # started inside the leaf an earlier execbox made (a shell that ran `execbox run`, a
+        # supervisor that restarts the service in its group): share that execbox's parent
+        # instead of nesting a leaf in the leaf at every start, and moving the starter again
+        base = above
     available = _read(os.path.join(base, "cgroup.controllers")).split()
     missing = [c for c in wanted if c not in available]
     if missing:
@@ -148,7 +155,7 @@ def _prepare_v2(mount: str, own: str) -> str:
     except OSError as e:
         if e.errno != errno.EBUSY:
             raise CgroupUnavailable(f"cannot enable controllers in {base}: {e.strerror}") from None
-        leaf = os.path.join(base, "execbox-service")
+        leaf = os.path.join(base, SERVICE_LEAF)
         os.makedirs(leaf, exist_ok=True)
         for pid in _read(os.path.join(base, "cgroup.procs")).split():
             try:
@@ -169,6 +176,14 @@ def _prepare_v2(mount: str, own: str) -> str:
         raise CgroupUnavailable(f"cannot prepare {parent}: {e.strerror}") from None
     _weigh_parent(os.path.join(parent, "cpu.weight"), 100)
     return parent
+
+
+def _hands_down(group: str, controllers: tuple[str, ...]) -> bool:
+    """Whether ``group`` already enables ``controllers`` for its children."""
+    try:
+        return set(controllers) <= set(_read(os.path.join(group, "cgroup.subtree_control")).split())
+    except OSError:
+        return False
 
 
 def _weigh_parent(path: str, per_cpu: int) -> None:
