@@ -3,9 +3,9 @@
 A background process is one of the in-box agent's background processes (``agent/background.py``,
 reached through ``providers/agent_procs.py``): it holds neither the session nor the agent, so runs,
 file operations and other processes go on beside it. The replica that owns the session keeps one
-record per process (``BgProcess``) and one follower thread that polls the agent for output (2 ms
-after activity, backing off to 100 ms when idle) into a per-stream buffer; clients read that buffer
-from byte offsets (``read``) and may long-poll for new output (``wait_change``).
+record per process (``BgProcess``) and one follower thread (``follower.py``, shared with the E2B
+facade) that polls the agent for output into a per-stream buffer; clients read that buffer from
+byte offsets (``read``) and may long-poll for new output (``wait_change``).
 
 Memory is bounded: a stream holds at most ``HOLD`` bytes the client has not acknowledged (an
 offset sent with a read acknowledges what lies before it); past that the follower stops taking
@@ -20,7 +20,6 @@ processes stay readable (exit status and unread output) while their box lives, t
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,12 +28,8 @@ from typing import Any
 from ..errors import SandboxError
 from ..providers.base import SandboxProvider
 from .executions import RunService, RunSpec
+from .follower import Follower
 
-log = logging.getLogger("execbox.service.background")
-
-POLL_FAST = 0.002
-POLL_IDLE = 0.1
-POLL_FULL = 0.25  # a stream's buffer is full: look for the process's end (a kill) only
 HOLD = 1024 * 1024  # unacknowledged bytes kept per stream
 READ_CHUNK = 1024 * 1024  # bytes of each stream one read returns at most
 KEEP_ENDED = 64
@@ -42,18 +37,6 @@ KEEP_ENDED_SECONDS = 3600.0
 OPERATION = "background_command"
 SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 """What the agent delivers (agent/background.py SIGNALS)."""
-
-
-def end_status(last: dict[str, Any] | None, timed_out: bool) -> str:
-    """How a followed process ended, as its audit row says: ``last`` is its final poll (None when
-    it was lost). One rule for these processes and the E2B facade's (e2b_compat/envd_bg.py)."""
-    if timed_out:
-        return "timeout"
-    if last is None:
-        return "error"
-    if last.get("signal"):
-        return "cancelled"
-    return "success" if last.get("exit_code") == 0 else "failed"
 
 
 def supports(provider: SandboxProvider) -> bool:
@@ -229,8 +212,7 @@ class ProcessTable:
         self.sweep()
         with self._lock:
             self._procs.setdefault((proc.tenant_id, proc.session_id), {})[proc.pid] = proc  # a reused pid: the new one
-        threading.Thread(target=self._follow, args=(proc, spec), name=f"execbox-proc-{proc.pid}",
-                         daemon=True).start()
+        _Follower(self, proc, spec).start(f"execbox-proc-{proc.pid}")
 
     def sweep(self) -> None:
         """Forget ended processes whose box is gone (their session ended) or that ended long ago,
@@ -248,72 +230,61 @@ class ProcessTable:
                 if not table:
                     self._procs.pop(key, None)
 
-    def _tracked(self, proc: BgProcess) -> bool:
+    def tracked(self, proc: BgProcess) -> bool:
         with self._lock:
             return self._procs.get((proc.tenant_id, proc.session_id), {}).get(proc.pid) is proc
 
-    # -- the follower ---------------------------------------------------------------------------
-    @staticmethod
-    def _lost(p: BgProcess, why: str) -> None:
-        with p.cond:
-            p.error = why
 
-    def _follow(self, p: BgProcess, spec: RunSpec) -> None:
+class _Follower(Follower):
+    """Follows a ``BgProcess`` into its buffers: output waits in the box while a stream holds
+    ``HOLD`` unacknowledged bytes (a read that frees room wakes the follower early)."""
+
+    def __init__(self, table: ProcessTable, p: BgProcess, spec: RunSpec) -> None:
         deadline = None if p.timeout is None else p.started_mono + p.timeout
-        delay = POLL_FAST
-        last: dict[str, Any] | None = None
-        while True:
-            if deadline is not None and not p.timed_out and time.monotonic() >= deadline:
-                with p.cond:
-                    p.timed_out = True
-                try:
-                    p.provider.signal_process(p.instance_id, p.pid, "SIGKILL")
-                except SandboxError:
-                    pass
-            with p.cond:
-                full = len(p.out.buf) >= HOLD or len(p.err.buf) >= HOLD
-                out_end, err_end = p.out.end, p.err.end
-            try:
-                v = p.provider.poll_process(p.instance_id, p.pid, out_end, err_end)
-            except SandboxError as e:
-                if e.details.get("busy"):  # the agent is in a long file operation: ask again
-                    time.sleep(POLL_IDLE)
-                    continue
-                self._lost(p, f"the box no longer knows process {p.pid}" if e.http_status == 404
-                           else f"the process was lost with its box ({e.code}: {e.message})")
-                break
-            except Exception as e:  # noqa: BLE001 - reported on the process; the server stays up
-                log.exception("following background process %s failed", p.pid)
-                self._lost(p, f"following the process failed: {type(e).__name__}")
-                break
-            got = bool(v["stdout"] or v["stderr"])
-            if not full or v.get("exited"):
-                with p.cond:
-                    p.out.buf += v["stdout"]
-                    p.err.buf += v["stderr"]
-                    if v.get("exited"):
-                        p.exit_code, p.signal = v.get("exit_code"), v.get("signal")
-                        p.ended, p.ended_at = True, time.time()
-                    if got or p.ended:
-                        p.changed()
-            if v.get("exited"):
-                last = v
-                break
-            if not self._tracked(p):  # forgotten (its session's box changed): stop following
-                self._lost(p, "the session's box changed")
-                break
-            delay = POLL_FULL if full else POLL_FAST if got else min(delay * 2, POLL_IDLE)
-            with p.cond:
-                p.cond.wait(delay)  # a read that frees buffer room wakes it early
+        super().__init__(p.provider, p.instance_id, p.pid, deadline, table.runs, spec, p.started_mono)
+        self.table, self.p = table, p
+
+    def offsets(self) -> tuple[int, int, bool]:
+        p = self.p
         with p.cond:
+            return p.out.end, p.err.end, len(p.out.buf) >= HOLD or len(p.err.buf) >= HOLD
+
+    def take(self, poll: dict[str, Any]) -> None:
+        p = self.p
+        with p.cond:
+            p.out.buf += poll["stdout"]
+            p.err.buf += poll["stderr"]
+            if poll.get("exited"):
+                p.exit_code, p.signal = poll.get("exit_code"), poll.get("signal")
+                p.ended, p.ended_at = True, time.time()
+            if poll["stdout"] or poll["stderr"] or p.ended:
+                p.changed()
+
+    def lost(self, e: Exception) -> str:
+        if not isinstance(e, SandboxError):
+            return f"following the process failed: {type(e).__name__}"
+        if e.http_status == 404:
+            return f"the box no longer knows process {self.pid}"
+        return f"the process was lost with its box ({e.code}: {e.message})"
+
+    def dropped(self) -> str | None:
+        return None if self.table.tracked(self.p) else "the session's box changed"
+
+    def expire(self) -> None:
+        super().expire()
+        with self.p.cond:
+            self.p.timed_out = True
+
+    def pause(self, delay: float) -> None:
+        with self.p.cond:
+            self.p.cond.wait(delay)
+
+    def ended(self) -> None:
+        p = self.p
+        with p.cond:
+            p.error = self.error
             if not p.ended:
                 p.ended, p.ended_at = True, time.time()
             p.changed()
-        if p.error is not None:
-            self.sweep()  # its box is likely gone with its session: nothing keeps it readable
-        status = end_status(last, p.timed_out)
-        try:
-            self.runs.record(spec, p.provider.name, p.instance_id, p.started_mono, status,
-                             p.exit_code, "SB005" if p.timed_out else None)
-        except Exception:  # noqa: BLE001 - auditing must not break the follower's end
-            log.exception("recording background process %s failed", p.pid)
+        if self.error is not None:
+            self.table.sweep()  # its box is likely gone with its session: nothing keeps it readable

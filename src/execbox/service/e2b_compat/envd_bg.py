@@ -2,8 +2,8 @@
 
 Used for every provider with ``supports_background_processes`` (all agent-backed ones). The
 process runs in the box on its own; it holds neither the session nor the agent, so run_code,
-files and other commands go on beside it. One follower thread per process polls the agent for
-output (2 ms after activity, backing off to 50 ms when idle) and fans it out to every Start /
+files and other commands go on beside it. One follower thread per process (``service/follower.py``,
+shared with the HTTP API; idle polls here back off to 50 ms) fans its output out to every Start /
 Connect stream; when the deadline (the SDK's request timeout, at most the sandbox's end) passes,
 it kills the process's whole job.
 """
@@ -11,21 +11,16 @@ it kills the process's whole job.
 from __future__ import annotations
 
 import logging
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from protobuf import Oneof
 
-from ...errors import SandboxError, SessionNotFoundError
-from ..background import end_status
+from ...errors import SessionNotFoundError
 from ..executions import RunSpec
+from ..follower import Follower
 from .envd_gen.process import process_pb as pb
-
-log = logging.getLogger("execbox.service.e2b")
-
-POLL_FAST = 0.002
-POLL_IDLE = 0.05
 
 
 def resolve_box(state: Any, sb: Any, fresh: bool = False) -> tuple[Any, str]:
@@ -68,62 +63,37 @@ def _data(stream: str, data: bytes) -> pb.ProcessEvent:
     return pb.ProcessEvent(event=Oneof("data", pb.ProcessEvent.DataEvent(output=Oneof(stream, data))))
 
 
-def follow(state: Any, sb: Any, proc: Any, deadline: float, spec: RunSpec, forget: Any) -> None:
-    """Thread body: relay the process's output and end to its subscribers, then audit it."""
-    provider, iid, pid = proc.provider, proc.instance_id, proc.pid
-    started = time.monotonic()
-    out_off = err_off = 0
-    delay = POLL_FAST
-    timed_out = False
-    last: dict[str, Any] | None = None
-    error: str | None = None
-    while True:
-        if not timed_out and time.monotonic() >= deadline:
-            timed_out = True
-            try:
-                provider.signal_process(iid, pid, "SIGKILL")
-            except SandboxError:
-                pass
-        try:
-            v = provider.poll_process(iid, pid, out_off, err_off)
-        except SessionNotFoundError:
-            error = "the sandbox was killed"
-            break
-        except SandboxError as e:
-            if e.details.get("busy"):  # the agent is in a long file operation: ask again
-                time.sleep(POLL_IDLE)
-                continue
-            error = f"{e.code}: {e.message}"
-            break
-        except Exception as e:  # noqa: BLE001 - reported in the end event; the server stays up
-            log.exception("following process %s failed", pid)
-            error = str(e)
-            break
-        got = False
-        for stream, off_key in (("stdout", "out"), ("stderr", "err")):
-            chunk = v[stream]
-            if chunk:
-                got = True
-                proc.publish(_data("pty" if proc.pty and stream == "stdout" else stream, chunk))
-                if off_key == "out":
-                    out_off += len(chunk)
-                else:
-                    err_off += len(chunk)
-        if v.get("exited"):
-            last = v
-            break
-        delay = POLL_FAST if got else min(delay * 2, POLL_IDLE)
-        time.sleep(delay)
-    proc.publish(end_event(last, timed_out, error))
-    proc.publish(None)
-    forget()
-    status = end_status(last, timed_out)
-    try:
-        state.runs.record(spec, provider.name, iid, started, status,
-                          last.get("exit_code") if last else None, "SB005" if timed_out else None)
-    except Exception:  # noqa: BLE001 - auditing must not break the stream
-        log.exception("recording process %s failed", pid)
+class _Follower(Follower):
+    """Follows an envd ``Proc``: output is published as data events as it comes, then the end."""
+
+    poll_idle = 0.05
+    log = logging.getLogger("execbox.service.e2b")
+
+    def __init__(self, state: Any, proc: Any, deadline: float, spec: RunSpec, forget: Callable[[], None]) -> None:
+        super().__init__(proc.provider, proc.instance_id, proc.pid, deadline, state.runs, spec, time.monotonic())
+        self.proc, self.forget = proc, forget
+        self.out_off = self.err_off = 0
+
+    def offsets(self) -> tuple[int, int, bool]:
+        return self.out_off, self.err_off, False
+
+    def take(self, poll: dict[str, Any]) -> None:
+        if poll["stdout"]:
+            self.proc.publish(_data("pty" if self.proc.pty else "stdout", poll["stdout"]))
+            self.out_off += len(poll["stdout"])
+        if poll["stderr"]:
+            self.proc.publish(_data("stderr", poll["stderr"]))
+            self.err_off += len(poll["stderr"])
+
+    def lost(self, e: Exception) -> str:
+        return "the sandbox was killed" if isinstance(e, SessionNotFoundError) else super().lost(e)
+
+    def ended(self) -> None:
+        self.proc.publish(end_event(self.last, self.timed_out, self.error))
+        self.proc.publish(None)
+        self.forget()
 
 
-def start_follower(*args: Any) -> None:
-    threading.Thread(target=follow, args=args, name=f"execbox-e2b-proc-{args[2].pid}", daemon=True).start()
+def start_follower(state: Any, sb: Any, proc: Any, deadline: float, spec: RunSpec, forget: Callable[[], None]) -> None:
+    """Follow ``proc`` (an envd_process.Proc) in a thread until it ends, then audit it."""
+    _Follower(state, proc, deadline, spec, forget).start(f"execbox-e2b-proc-{proc.pid}")
