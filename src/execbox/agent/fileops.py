@@ -286,17 +286,34 @@ def info(ws: str, real: str) -> dict[str, Any]:
 def _walk(ws: str, start: str, skipped: paths.Skipped | None = None):
     """Yield real paths under ``start`` without following symlinked directories.
 
-    Names that are not valid UTF-8 are left out (a directory with its whole subtree) and counted
-    in ``skipped``: no reply could carry them."""
+    ``os.walk``'s order (each directory's subdirectories, then its files, each sorted; then into
+    the subdirectories in turn) as a loop: ``os.walk`` recurses once per level before Python 3.12,
+    so a tree ~1000 levels deep raised RecursionError. Names that are not valid UTF-8 are left out
+    (a directory with its whole subtree) and counted in ``skipped``: no reply could carry them."""
     skipped = skipped if skipped is not None else paths.Skipped()
     count = 0
-    for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
-        dirnames[:] = sorted(skipped.keep([d for d in dirnames if not d.startswith(".execbox-")]))
+    stack = [start]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError:  # gone, unreadable, or too long a path: left out, as os.walk does
+            continue
+        dirnames, filenames = [], []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # a symlink to a directory is listed as one (not walked into)
+            except OSError:
+                is_dir = False
+            (dirnames if is_dir else filenames).append(entry.name)
+        dirnames = sorted(skipped.keep([d for d in dirnames if not d.startswith(".execbox-")]))
         for name in dirnames + sorted(skipped.keep([f for f in filenames if not f.startswith(".execbox-")])):
             count += 1
             if count > MAX_WALK_ENTRIES:
                 return
-            yield os.path.join(dirpath, name)
+            yield os.path.join(top, name)
+        stack.extend(p for p in (os.path.join(top, d) for d in reversed(dirnames)) if not os.path.islink(p))
 
 
 def list_dir(ws: str, path: str = ".", recursive: bool = False) -> dict[str, Any]:
@@ -328,11 +345,12 @@ def delete(ws: str, path: str) -> None:
         raise FileOpError("cannot delete the workspace root", field="path")
     try:
         if stat.S_ISDIR(os.lstat(real).st_mode):
-            import shutil  # noqa: PLC0415 - kept off the box's start-up path
-
-            shutil.rmtree(real)  # symlinks inside are removed, never followed
+            _remove_dir(real, strict=True)  # symlinks inside are removed, never followed
         else:
             os.unlink(real)
+    except TreeChanged:
+        raise FileOpError(f"{path!r} changed while it was being deleted (a directory in it was moved); "
+                          "delete it again", status=409, path=path) from None
     except OSError as e:
         raise _os_error(e, path) from None
 
@@ -340,23 +358,102 @@ def delete(ws: str, path: str) -> None:
 def remove_tree(path: str) -> None:
     """``shutil.rmtree(path, ignore_errors=True)`` for the agent's own temp dir at exit.
 
-    Importing shutil (and the re, bz2 and lzma it imports) cost ~7 ms of every box's shutdown.
-    Descriptor-relative like shutil's own: a symlink inside is removed, never followed."""
+    Importing shutil (and the re, bz2 and lzma it imports) cost ~7 ms of every box's shutdown."""
     try:
-        for _root, dirs, files, dfd in os.fwalk(path, topdown=False):
-            for name in files:
-                _quiet(os.unlink, name, dfd)
-            for name in dirs:  # a symlink to a directory is listed here too: rmdir fails, unlink works
-                if not _quiet(os.rmdir, name, dfd):
-                    _quiet(os.unlink, name, dfd)
-        os.rmdir(path)
+        _remove_dir(path, strict=False)
     except OSError:
         pass
 
 
-def _quiet(fn: Any, name: str, dfd: int) -> bool:
+class TreeChanged(OSError):
+    """A directory being removed was moved out from under the removal (found going back up)."""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _remove_dir(real: str, strict: bool) -> None:
+    """Remove the directory ``real`` (not a symlink) and everything in it, as a loop.
+
+    ``shutil.rmtree`` and ``os.fwalk`` recurse once per level (RecursionError past ~1000 before
+    Python 3.12) and hold a descriptor per level (a box allows 1024). This holds one: it works
+    descriptor-relative, descends with O_NOFOLLOW (a symlink inside is unlinked, never followed,
+    even one swapped in for a directory after it was listed), and climbs back through ``..``,
+    checking that it reached the very directory it came from (else TreeChanged: never a
+    directory outside the tree). ``strict=False`` skips what cannot be removed."""
+    fd = os.open(real, _DIR_FLAGS)
+    ids = [_identity(fd)]  # (st_dev, st_ino) of each level from ``real`` down to the current one
+    names: list[str] = []  # each level's name in the one above it
     try:
-        fn(name, dir_fd=dfd)
-        return True
+        todo = [_clear_dir(fd, strict)]  # each level's subdirectories still to remove
+        while True:
+            if todo[-1]:
+                name = todo[-1].pop()
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):  # no longer a directory: the entry itself
+                        _unlink_at(name, fd, strict)
+                    elif strict:
+                        raise
+                    continue
+                os.close(fd)
+                fd = child
+                ids.append(_identity(fd))
+                names.append(name)
+                todo.append(_clear_dir(fd, strict))
+                continue
+            if not names:
+                break
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            ids.pop()
+            todo.pop()
+            if _identity(fd) != ids[-1]:
+                raise TreeChanged(errno.ESTALE, "a directory moved while its tree was removed")
+            name = names.pop()
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                if strict:
+                    raise
+    finally:
+        os.close(fd)
+    os.rmdir(real)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _clear_dir(fd: int, strict: bool) -> list[str]:
+    """Unlink what the directory ``fd`` holds other than directories; the names of those."""
+    with os.scandir(fd) as it:
+        entries = list(it)
+    dirs = []
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            dirs.append(entry.name)
+        else:
+            _unlink_at(entry.name, fd, strict)
+    return dirs
+
+
+def _unlink_at(name: str, fd: int, strict: bool) -> None:
+    try:
+        os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
     except OSError:
-        return False
+        if strict:
+            raise

@@ -23,10 +23,31 @@ def make_dir(ws: str, path: str) -> dict[str, Any]:
     if os.path.lexists(real):
         raise fileops.FileOpError(f"{path!r} exists and is not a directory", status=409, path=path)
     try:
-        os.makedirs(real, exist_ok=True)
+        make_dirs(real)
     except OSError as e:
         raise fileops._os_error(e, path) from None
     return {"created": True}
+
+
+def make_dirs(real: str) -> None:
+    """``os.makedirs(real, exist_ok=True)`` as a loop: os.makedirs recurses once per missing
+    parent, so a path ~1000 levels deep raised RecursionError. (How deep a path can go is
+    bounded by its length: ``paths.resolve`` refuses one over PATH_MAX with 400.)"""
+    missing = []
+    head = real
+    while not os.path.exists(head):
+        parent, name = os.path.split(head)
+        if not name or parent == head:
+            break
+        missing.append(name)
+        head = parent
+    for name in reversed(missing):
+        head = os.path.join(head, name)
+        try:
+            os.mkdir(head)
+        except FileExistsError:  # made meanwhile (as exist_ok allows), unless it is not a directory
+            if not os.path.isdir(head):
+                raise
 
 
 def move(ws: str, source: str, destination: str) -> dict[str, Any]:
@@ -40,7 +61,7 @@ def move(ws: str, source: str, destination: str) -> dict[str, Any]:
         raise fileops.FileOpError("cannot replace the workspace root", field="destination")
     parent = os.path.dirname(dst)
     try:
-        os.makedirs(parent, exist_ok=True)
+        make_dirs(parent)
         os.replace(src, dst)
     except OSError as e:
         raise fileops._os_error(e, destination) from None

@@ -86,3 +86,26 @@ def test_the_remote_sdks_change_files(service: Service) -> None:
             return [f.path for f in await sb.files.list(".", recursive=True) if f.path != "artifacts"]
 
     assert asyncio.run(go()) == ["p"]
+
+
+DEEP_TREE = ("python3 -c \"import os\nos.mkdir('deep'); os.chdir('deep')\n"
+             "for i in range(3000):\n    os.mkdir('a'); os.chdir('a')\n"
+             "    if i % 500 == 0: os.symlink('/etc', 'etc')\nprint('made')\"")
+
+
+def test_deep_trees_are_made_listed_and_deleted(service: Service) -> None:
+    """Deeper than Python's recursion limit (review 31, F6): these were 503 SB009 RecursionError, in
+    a box whose 1024 open files would not hold a descriptor per level either."""
+    c, s = service.a, {"session_id": "fcdeep"}
+    assert _bash(c, "fcdeep", DEEP_TREE) == "made\n"
+    r = c.post("/v1/sandbox/list", json={**s, "path": "deep", "recursive": True})
+    assert r.status_code == 200 and len(r.json()["files"]) > 1000, r.text[:300]  # as deep as a path can name
+    r = c.post("/v1/sandbox/delete", json={**s, "path": "deep"})
+    assert (r.status_code, r.json()) == (200, {"path": "deep", "deleted": True}), r.text
+    assert _bash(c, "fcdeep", "ls -I artifacts; ls /etc/passwd") == "/etc/passwd\n"  # links were not followed
+    r = c.post("/v1/sandbox/mkdir", json={**s, "path": "a/" * 1000 + "b"})
+    assert (r.status_code, r.json()["created"]) == (200, True), r.text
+    r = c.post("/v1/sandbox/mkdir", json={**s, "path": "z/" * 2100 + "b"})  # past PATH_MAX: refused, not 503
+    assert r.status_code == 400 and error_of(r)["code"] == "SB002", r.text
+    r = c.post("/v1/sandbox/delete", json={**s, "path": "a"})
+    assert r.status_code == 200, r.text
