@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from ..errors import ExecutionTimeoutError, InvalidConfigError
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback
+from ..providers.output_cap import cap_text
 
 KILLED_EXIT_CODE = -9
 """exit_code of a command stopped by ``kill()`` when the backend reports no result of its own."""
@@ -40,12 +41,19 @@ class _Runs(Protocol):
 
 
 class _Output:
-    """stdout/stderr as they arrive, then the final result."""
+    """stdout/stderr as they arrive, then the final result.
 
-    def __init__(self, user: OutputCallback | None) -> None:
+    ``cap``: UTF-8 bytes kept of each stream (its head, as a held run keeps), ``truncated`` once
+    more came; None keeps all (a held run's output is capped in its box already). The user's
+    callback gets every chunk either way."""
+
+    def __init__(self, user: OutputCallback | None, cap: int | None = None) -> None:
         self._user = user
         self._out: list[str] = []
         self._err: list[str] = []
+        self._cap = cap
+        self._kept = {"stdout": 0, "stderr": 0}
+        self.truncated = False
         self._lock = threading.Lock()
         self.result: ExecutionResult | None = None
         self.error: BaseException | None = None
@@ -53,9 +61,22 @@ class _Output:
 
     def __call__(self, stream: str, text: str) -> None:
         with self._lock:
-            (self._out if stream == "stdout" else self._err).append(text)
+            self._keep(stream, text)
         if self._user is not None:
             self._user(stream, text)
+
+    def _keep(self, stream: str, text: str) -> None:
+        """Call with the lock held."""
+        stream = "stdout" if stream == "stdout" else "stderr"
+        if self._cap is not None:
+            room = self._cap - self._kept[stream]
+            if room <= 0:  # full: nothing more is kept (the common case of a chatty process)
+                self.truncated = self.truncated or bool(text)
+                return
+            text, cut = cap_text(text, room)
+            self.truncated = self.truncated or cut
+            self._kept[stream] += len(text.encode("utf-8", "surrogatepass"))
+        (self._out if stream == "stdout" else self._err).append(text)
 
     @property
     def stdout(self) -> str:
@@ -78,7 +99,7 @@ class _Output:
             return self.result
         if self.killed:  # the run was cut off before a result came back (e.g. a dropped stream)
             self.result = ExecutionResult(self.stdout, self.stderr, KILLED_EXIT_CODE, 0.0,
-                                          metadata={"killed": True})
+                                          truncated=self.truncated, metadata={"killed": True})
             return self.result
         assert self.error is not None
         raise self.error
@@ -114,6 +135,12 @@ class CommandHandle:
     @property
     def stderr(self) -> str:
         return self._out.stderr
+
+    @property
+    def truncated(self) -> bool:
+        """Whether output was left out of ``stdout``/``stderr`` (the cap; ``on_output`` got it all)."""
+        result = self._out.result
+        return result.truncated if result is not None else self._out.truncated
 
     @property
     def running(self) -> bool:
@@ -213,6 +240,12 @@ class AsyncCommandHandle:
     @property
     def stderr(self) -> str:
         return self._out.stderr
+
+    @property
+    def truncated(self) -> bool:
+        """Whether output was left out of ``stdout``/``stderr`` (the cap; ``on_output`` got it all)."""
+        result = self._out.result
+        return result.truncated if result is not None else self._out.truncated
 
     @property
     def running(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ..errors import SandboxError
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback
+from ..providers.output_cap import OUTPUT_CAP
 from .commands import KILLED_EXIT_CODE, AsyncCommandHandle, CommandHandle, _Output
 from .wire import Reply, decode, reply_error
 
@@ -24,6 +25,10 @@ POLL_WAIT = 10.0
 """Seconds one long-poll of a remote background process waits for output (GET .../processes/{pid}?wait=)."""
 POLL_RETRIES = 3
 """Failed polls in a row (service unreachable) before the handle gives up and wait() raises the error."""
+KEPT_OUTPUT = OUTPUT_CAP
+"""UTF-8 bytes of each stream a handle keeps in ``stdout``/``stderr`` (the head, ``truncated`` past
+it): a held run's cap, the providers' default ``max_output_bytes`` (1 MiB). A process may write
+without end; ``on_output`` still gets every chunk."""
 
 Read = dict[str, Any]
 
@@ -45,7 +50,7 @@ class _Follow:
 
     def __init__(self, pid: int, on_output: OutputCallback | None) -> None:
         self.pid = pid
-        self.out = _Output(on_output)
+        self.out = _Output(on_output, KEPT_OUTPUT)
         self.offsets = (0, 0)
         self.failures = 0
 
@@ -69,7 +74,8 @@ class _Follow:
         seconds = float(ended - started) if timed else 0.0
         self.out.result = ExecutionResult(self.out.stdout, self.out.stderr,
                                           int(code) if code is not None else KILLED_EXIT_CODE, seconds,
-                                          metadata=meta, timed_out=bool(got.get("timed_out")))
+                                          metadata=meta, timed_out=bool(got.get("timed_out")),
+                                          truncated=self.out.truncated)
         return True
 
     def failed(self, e: BaseException) -> bool:

@@ -2,7 +2,8 @@
 
 - Request ``X-Execbox-Create-Session: false``: a session the request names that does not exist is
   404 SB002 (``details.reason = "not_created"``) instead of being created on first use. ``true``
-  (the default) keeps the gateway contract's "created on first use".
+  (the default) keeps the gateway contract's "created on first use". Exactly ``true`` or
+  ``false`` (any case); another value, or the header sent twice with different values, is 400.
 - Response ``X-Execbox-Session-Created: true``: this request created the session it used (a new,
   empty workspace: the session of that id before, if any, has ended). Set on any answer, the
   error statuses of a run (408, 422) included; not on a streamed run (its 200 goes out before the
@@ -22,7 +23,8 @@ from .sessions.manager import CREATE_HEADER
 
 CREATED_HEADER = "X-Execbox-Session-Created"
 _REQUEST = CREATE_HEADER.lower().encode()
-_TRUE, _FALSE = {b"true", b"1", b"yes"}, {b"false", b"0", b"no"}
+_VALUES = {b"true": True, b"false": False}
+REFUSAL = f"the request said {CREATE_HEADER}: false"
 
 
 class SessionHeaders:
@@ -33,14 +35,14 @@ class SessionHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw = next((v for k, v in scope.get("headers") or [] if k == _REQUEST), None)
-        value = raw.strip().lower() if raw is not None else b"true"
-        if value not in _TRUE | _FALSE:
-            response = error_response("SB002", f"{CREATE_HEADER} must be true or false", 400,
-                                      {"header": CREATE_HEADER})
+        sent = {v.strip().lower() for k, v in scope.get("headers") or [] if k == _REQUEST}
+        if len(sent) > 1 or not sent <= _VALUES.keys():
+            why = "was sent more than once with different values" if len(sent) > 1 else "must be true or false"
+            response = error_response("SB002", f"{CREATE_HEADER} {why}", 400, {"header": CREATE_HEADER})
             await response(scope, receive, send)
             return
-        with notes.collecting(create=value in _TRUE) as seen:
+        create = _VALUES[sent.pop()] if sent else True
+        with notes.collecting(create=create, refusal=REFUSAL) as seen:
             async def marked(message: Message) -> None:
                 if message["type"] == "http.response.start" and seen.created:
                     message = {**message, "headers": [*message.get("headers", []),

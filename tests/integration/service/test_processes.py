@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from execbox import AsyncProcessHandle, AsyncRemoteSandbox, ExecutionTimeoutError, ProcessHandle, RemoteSandbox
+from execbox.sdk import process_handles
 
 from .conftest import Service, free_port
 
@@ -196,6 +197,37 @@ def test_signals_reach_the_job_and_sigkill_ends_its_tree(a: httpx.Client) -> Non
     assert a.get(f"{A}/sig/processes/424242").status_code == 404
 
 
+def test_refusals_say_what_happened(a: httpx.Client) -> None:
+    """Review 31, F7: a write after closing stdin said "started without stdin"; a second SIGKILL said
+    ``signalled: true``; an unknown session's 404 blamed a header the request never sent."""
+    pid = _start(a, "msg", "cat > /dev/null; sleep 30", stdin=True)
+    assert a.post(f"{A}/msg/processes/{pid}/stdin", json={"close": True}).json()["stdin"] is False
+    r = a.post(f"{A}/msg/processes/{pid}/stdin", json={"data": "late\n"})
+    assert r.status_code == 409 and r.json()["error"]["message"] == f"process {pid} has its stdin closed", r.text
+    r = a.post(f"{A}/msg/processes/{pid}/signal", json={"signal": "SIGKILL"})
+    assert r.status_code == 200 and r.json() == {"pid": pid, "signal": "SIGKILL", "signalled": True,
+                                                 "running": False}, r.text  # the answer waits for the end
+    for sig in ("SIGKILL", "SIGTERM"):
+        r = a.post(f"{A}/msg/processes/{pid}/signal", json={"signal": sig})
+        assert r.status_code == 200 and r.json() == {"pid": pid, "signal": sig, "signalled": False,
+                                                     "running": False}, r.text
+    r = a.post(f"{A}/msg/processes/{pid}/stdin", json={"data": "x"})
+    assert r.status_code == 409 and r.json()["error"]["message"] == f"process {pid} has ended", r.text
+    no_stdin = _start(a, "msg", "sleep 30")
+    r = a.post(f"{A}/msg/processes/{no_stdin}/stdin", json={"data": "x"})
+    assert r.status_code == 409 and "was started without stdin" in r.json()["error"]["message"], r.text
+    a.post(f"{A}/msg/processes/{no_stdin}/signal", json={"signal": "SIGKILL"})
+    for method, suffix in (("GET", ""), ("GET", "/1"), ("POST", "/1/signal")):
+        r = a.request(method, f"{A}/never-made/processes{suffix}", json={} if method == "POST" else None)
+        err = r.json()["error"]
+        assert r.status_code == 404 and err["details"]["reason"] == "not_created", (suffix, r.text)
+        assert "X-Execbox-Create-Session" not in err["message"] and "only POST .../processes" in err["message"]
+        r = a.request(method, f"{A}/never-made/processes{suffix}", json={} if method == "POST" else None,
+                      headers={"X-Execbox-Create-Session": "false"})
+        said = "the request said X-Execbox-Create-Session: false"
+        assert r.status_code == 404 and said in r.json()["error"]["message"], (suffix, r.text)
+
+
 def test_a_process_past_its_timeout_is_killed_with_its_job(a: httpx.Client) -> None:
     pid = _start(a, "to", "sleep 1000 & echo $! > bg.pid; echo started; while true; do sleep 0.05; done", timeout=1.5)
     out, _, end = _read_all(a, "to", pid)
@@ -284,6 +316,18 @@ def test_remote_sandbox_background_command_is_a_process_beside_other_calls(servi
         h = sb.commands.run("sleep 30", background=True, timeout=1)
         res = h.wait(timeout=30)
         assert res.timed_out and res.error_code == "SB005" and res.exit_code == -9
+
+
+def test_a_background_commands_handle_keeps_at_most_the_output_cap(service: Service) -> None:
+    """Review 31, F2: the handle kept all a process wrote (1 GiB of client memory for ``yes``)."""
+    with RemoteSandbox.create(service.url, service.tenant_a) as sb:
+        seen = [0]
+        h = sb.commands.run("yes abcdefghi | head -c 3000000; echo done >&2", background=True,
+                            on_output=lambda s, t: seen.__setitem__(0, seen[0] + len(t)) if s == "stdout" else None)
+        res = h.wait(timeout=60)
+        assert seen[0] == 3_000_000  # every chunk reached the callback
+        assert len(res.stdout) == process_handles.KEPT_OUTPUT == 1024 * 1024 and res.stdout.startswith("abcdefghi\n")
+        assert res.truncated and h.truncated and res.stderr == "done\n" and res.exit_code == 0
 
 
 def test_async_remote_sandbox_background_command(service: Service) -> None:

@@ -136,6 +136,25 @@ def test_create_session_false_makes_an_unknown_session_404(service: Service) -> 
     assert bad.status_code == 400 and error_of(bad)["details"]["header"] == "X-Execbox-Create-Session"
 
 
+def test_create_session_takes_exactly_true_or_false_once(service: Service) -> None:
+    """Review 31, F7: 0/1/yes/no were taken although the docs say anything but true/false is 400,
+    and a header sent twice silently meant its first value."""
+    h = "X-Execbox-Create-Session"
+    for value in ("1", "0", "yes", "no", "", "true, false"):
+        r = _run(service.a, "strict", headers={h: value})
+        assert r.status_code == 400 and error_of(r)["code"] == "SB002", (value, r.text)
+        assert error_of(r)["details"]["header"] == h and "must be true or false" in error_of(r)["message"]
+    assert service.app.state.services.sessions.registry.get("tenant-a", "strict") is None
+    twice = service.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "strict"},
+                           headers=[(h, "false"), (h, "true")])
+    assert twice.status_code == 400 and "more than once with different values" in error_of(twice)["message"]
+    r = _run(service.a, "strict", headers={h: "FALSE"})
+    assert r.status_code == 404 and error_of(r)["details"]["reason"] == "not_created"
+    same = service.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "strict"},
+                          headers=[(h, "True"), (h, "true")])
+    assert same.status_code == 200 and same.headers.get(CREATED) == "true", same.text
+
+
 def test_a_reaped_session_made_again_says_it_was_idle_too_long(service_factory) -> None:
     svc: Service = service_factory(idle_timeout=0.5, reap_interval=0.1)
     assert _run(svc.a, "nap").status_code == 200

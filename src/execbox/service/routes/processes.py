@@ -21,6 +21,7 @@ import asyncio
 import base64
 import binascii
 import time
+import weakref
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -45,6 +46,10 @@ router = APIRouter(responses=ERROR_RESPONSES)
 MAX_WAIT = 60.0
 """Longest long-poll (``wait``) one GET may ask for, in seconds."""
 MAX_STDIN_BYTES = 1024 * 1024
+KILL_SETTLE = 2.0
+"""Seconds a SIGKILL's answer waits for the process's end to be seen, so it says ``running: false``."""
+NOT_CREATED = "only POST .../processes creates a session; the other process routes never do"
+"""Why a process route other than the start answers 404 for an unknown session."""
 PROCESS_LANGUAGE = "process"
 """The ``language`` label and audit value of stdin writes and signals (they run no interpreter)."""
 
@@ -164,9 +169,15 @@ def _unknown(pid: int) -> InvalidConfigError:
                               details={"field": "pid", "pid": pid})
 
 
+_stdin_closed: weakref.WeakSet[BgProcess] = weakref.WeakSet()
+"""Processes whose stdin a request closed (``BgProcess.stdin`` is False then, as for one started
+without): which of the two a refused write is, for its message."""
+
+
 def _find(svc: Services, tenant: str, session_id: str, pid: int) -> BgProcess:
     """The session's process ``pid`` (never creating the session: 404 for an unknown one)."""
-    with notes.collecting(create=False), svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
+    with notes.collecting(create=False, refusal=NOT_CREATED), \
+            svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
         _require_support(provider)
         proc = _table(svc).get(tenant, session_id, iid, pid)
     if proc is None:
@@ -233,7 +244,8 @@ def list_processes(request: Request, tenant_id: str = _name(), session_id: str =
                    principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, tenant_id)
     svc = services(request)
-    with notes.collecting(create=False), svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
+    with notes.collecting(create=False, refusal=NOT_CREATED), \
+            svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
         _require_support(provider)
         procs = _table(svc).of_box(tenant, session_id, iid)
     return {"tenant_id": tenant, "session_id": session_id, "processes": [p.info() for p in procs]}
@@ -294,8 +306,8 @@ def write_stdin(body: StdinIn, request: Request, tenant_id: str = _name(), sessi
     with svc.sessions.execution_slot(tenant):
         proc = _find(svc, tenant, session_id, pid)
         if not proc.info()["stdin"]:
-            why = "has ended" if proc.ended else ("was started without stdin (start it with stdin: true)"
-                                                  if not proc.stdin else "has its stdin closed")
+            why = ("has ended" if proc.ended else "has its stdin closed" if proc in _stdin_closed
+                   else "was started without stdin (start it with stdin: true)")
             raise InvalidConfigError(f"process {pid} {why}", http_status=409, details={"field": "pid", "pid": pid})
         started = time.monotonic()
         try:
@@ -305,6 +317,7 @@ def write_stdin(body: StdinIn, request: Request, tenant_id: str = _name(), sessi
                 proc.provider.close_process_input(proc.instance_id, pid)
                 with proc.cond:
                     proc.stdin = False
+                _stdin_closed.add(proc)
         except SandboxError as e:
             _record(svc, proc, "process_stdin", f"pid {pid}", principal.token_id, started, "error", e.code)
             if e.http_status == 404:  # it ended (and was read to its end) just now
@@ -325,7 +338,9 @@ def signal_process(body: SignalIn, request: Request, tenant_id: str = _name(), s
         proc = _find(svc, tenant, session_id, pid)
         signalled = False
         started = time.monotonic()
-        if not proc.ended:
+        with proc.cond:
+            over = proc.ended or proc.killed  # a SIGKILL was delivered: it is gone, its end not yet seen
+        if not over:
             try:
                 signalled = proc.provider.signal_process(proc.instance_id, pid, body.signal)
             except SandboxError as e:
@@ -337,6 +352,9 @@ def signal_process(body: SignalIn, request: Request, tenant_id: str = _name(), s
                 with proc.cond:
                     proc.killed = True
         _record(svc, proc, "process_signal", f"{body.signal} pid {pid}", principal.token_id, started, "success")
+    with proc.cond:
+        if proc.killed:  # its end comes with the follower's next poll: answer with it
+            proc.cond.wait_for(lambda: proc.ended, KILL_SETTLE)
     return {"pid": pid, "signal": body.signal, "signalled": signalled, "running": proc.info()["running"]}
 
 

@@ -167,15 +167,15 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
 
     def _not_created(self, tenant_id: str, session_id: str) -> SessionNotFoundError:
         ids = {"tenant_id": tenant_id, "session_id": session_id, "reason": "not_created"}
+        because = notes.creation_refusal()  # the request's header, or the route's own rule
         previous = self.ended.get(tenant_id, session_id)
         if previous is not None:
             return SessionNotFoundError(
                 f"no session {tenant_id}/{session_id}: {previous['why']}; it was not created again because "
-                f"the request said {CREATE_HEADER}: false", details={**ids, "previous": previous})
+                f"{because}", details={**ids, "previous": previous})
         return SessionNotFoundError(
             f"no session {tenant_id}/{session_id} (it never existed, or it ended: closed, deleted, or reaped "
-            f"after SANDBOX_IDLE_TIMEOUT); it was not created because the request said {CREATE_HEADER}: false",
-            details=ids)
+            f"after SANDBOX_IDLE_TIMEOUT); it was not created because {because}", details=ids)
 
     def _from_record(self, rec: SessionRecord) -> Session:
         """Take over an existing row: ours after a restart, or a dead replica's."""

@@ -21,11 +21,17 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+NEVER_CREATES = "this request never creates a session"
+"""Why a ``collecting(create=False)`` block refuses to create one, unless it says otherwise."""
+
 
 @dataclass
 class Notes:
     create: bool = True
-    """False: a session that does not exist is SB002/404, not created (X-Execbox-Create-Session: false)."""
+    """False: a session that does not exist is SB002/404, not created (X-Execbox-Create-Session: false,
+    or a route that never creates one)."""
+    refusal: str = NEVER_CREATES
+    """With ``create=False``: why, in words, for the 404's message ("the request said ...: false")."""
     created: list[dict[str, Any]] = field(default_factory=list)
     """One entry per session created while collecting: tenant_id, session_id and, when this replica
     remembers one, ``previous`` (how the session of that name before it ended)."""
@@ -35,10 +41,10 @@ _active: ContextVar[tuple[Notes, ...]] = ContextVar("execbox_session_notes", def
 
 
 @contextmanager
-def collecting(create: bool = True) -> Iterator[Notes]:
+def collecting(create: bool = True, refusal: str = NEVER_CREATES) -> Iterator[Notes]:
     """Collect the notes of the sessions resolved in the block (nested blocks each get them all);
-    ``create=False`` forbids creating a session in it."""
-    notes = Notes(create=create)
+    ``create=False`` forbids creating a session in it, ``refusal`` saying why."""
+    notes = Notes(create=create, refusal=refusal)
     token = _active.set((*_active.get(), notes))
     try:
         yield notes
@@ -48,6 +54,12 @@ def collecting(create: bool = True) -> Iterator[Notes]:
 
 def creation_allowed() -> bool:
     return all(n.create for n in _active.get())
+
+
+def creation_refusal() -> str:
+    """Why creation is not allowed here: the outermost refusing block's reason (the request's own
+    header, when it sent one, comes before a route's rule)."""
+    return next((n.refusal for n in _active.get() if not n.create), NEVER_CREATES)
 
 
 def note_created(tenant_id: str, session_id: str, previous: dict[str, Any] | None) -> None:
