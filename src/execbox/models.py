@@ -153,6 +153,12 @@ class ExecutionResult:
     truncated: bool = False
     result: Any = None
     artifacts: list[Artifact] = field(default_factory=list)
+    error: dict[str, str] | None = None
+    """The exception that ended the user's Python or JavaScript code, as E2B's SDK and Jupyter
+    give it: ``{"name": "ZeroDivisionError", "value": "division by zero", "traceback": <the text
+    printed on stderr>}``. None when the code raised nothing (a SyntaxError counts, ``sys.exit``
+    does not), for bash (its exit code says it), and where the backend does not report it
+    (RAGFlow's ``/run``). Not ``error_code``: that is execbox's own SB005/SB006 for the run."""
 
     @property
     def ok(self) -> bool:
@@ -187,6 +193,7 @@ class ExecutionResult:
             "truncated": self.truncated,
             "result": self.result,
             "artifacts": [a.to_dict(include_artifact_content) for a in self.artifacts],
+            "error": dict(self.error) if self.error is not None else None,
             "metadata": self.metadata,
         }
 
@@ -202,7 +209,27 @@ class ExecutionResult:
             truncated=bool(d.get("truncated", False)),
             result=d.get("result"),
             artifacts=[Artifact.from_dict(a, fetcher) for a in d.get("artifacts") or []],
+            error=execution_error(d.get("error")),
         )
+
+
+EXECUTION_ERROR_KEYS = ("name", "value", "traceback")
+
+
+def execution_error(value: Any) -> dict[str, str] | None:
+    """``ExecutionResult.error`` from its JSON: ``{name, value, traceback}`` (each a string; a
+    missing one is ""), or None. Anything else (a field of another type) is a ValueError."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise ValueError("error must be null or an object with a string name")
+    out = {"name": value["name"]}
+    for key in EXECUTION_ERROR_KEYS[1:]:
+        text = value.get(key, "")
+        if not isinstance(text, str):
+            raise ValueError(f"error.{key} must be a string")
+        out[key] = text
+    return out
 
 
 @dataclass

@@ -23,6 +23,8 @@ CASES: dict[str, str] = {
     "javascript_es_module": "code with `import` or top-level `await` runs as an ES module; an exported main is called",
     "bash_script": "bash code runs with stdout, stderr and the exit code kept apart",
     "exit_codes": "sys.exit(3), process.exit(5), bash `exit 7` surface as those exit codes",
+    "execution_error": ("an uncaught Python or JavaScript exception is the result's `error` {name, value, "
+                        "traceback}; a run that raised nothing has none"),
     "unicode_output": "UTF-8 output (accents, CJK, emoji) arrives unchanged",
     "binary_output": "bytes that are not UTF-8 arrive as U+FFFD replacement characters, never a crash",
     "stdout_cap": "stdout beyond the cap is cut and `truncated` is set",
@@ -58,6 +60,7 @@ REMOTE_EXECUTOR = "RAGFlow's /run API has no files, contexts or sessions"
 RAGFLOW_LANGS = "RAGFlow's /run API runs python and nodejs only (no bash)"
 RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines it"
 NO_BASH = "the AgentRun code interpreter runs python and javascript only"
+RAGFLOW_NO_ERROR = "RAGFlow's /run answer has no field for the program's exception (only its stderr)"
 
 UNSUPPORTED: dict[str, dict[str, str]] = {
     "local": {
@@ -74,6 +77,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "python_main_called_once": RAGFLOW_MAIN,
         "bash_script": RAGFLOW_LANGS,
         "exit_codes": RAGFLOW_LANGS,
+        "execution_error": RAGFLOW_NO_ERROR,
         "fork_bomb": RAGFLOW_LANGS,
         "file_operations": REMOTE_EXECUTOR,
         "file_search_and_size": REMOTE_EXECUTOR,

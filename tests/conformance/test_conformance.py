@@ -124,6 +124,18 @@ def exit_codes(b: Box) -> None:
     assert b.run("exit 7", "bash").exit_code == 7
 
 
+def execution_error(b: Box) -> None:
+    r = b.run("x = 1\ny = x / 0\n")
+    assert r.exit_code == 1 and r.error is not None, (r.exit_code, r.stderr, r.error)
+    assert (r.error["name"], r.error["value"]) == ("ZeroDivisionError", "division by zero"), r.error
+    assert "y = x / 0" in r.error["traceback"] and "ZeroDivisionError" in r.error["traceback"], r.error
+    r = b.run("const a = 1;\nthrow new TypeError('x')", "javascript")
+    assert r.exit_code == 1 and r.error is not None, (r.exit_code, r.stderr, r.error)
+    assert (r.error["name"], r.error["value"]) == ("TypeError", "x"), r.error
+    assert _ok(b.run("print('fine')")).error is None
+    assert _ok(b.run("console.log('fine')", "javascript")).error is None
+
+
 def unicode_output(b: Box) -> None:
     text = "héllo wörld 世界 🎉"
     r = _ok(b.run(f"print({text!r})"))

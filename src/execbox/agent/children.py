@@ -146,7 +146,12 @@ class Children(Spares):
                                         "next run starts fresh")
         where = out if js_state is None else js_state
         overflow = bool(where.get("result_overflow"))
-        result, oom_marker, waits = (None, False, None) if overflow else pump.parse_result(where.get("result_raw", b""))
+        result, oom_marker, waits, error = ((None, False, None, None) if overflow
+                                            else pump.parse_result(where.get("result_raw", b"")))
+        if error is not None and (spec["language"] == "bash" or not out["exit"].get("exit_code")):
+            error = None  # bash has none (its exit code says it); a run that exited 0 raised nothing
+        elif error is not None and cap < pump.ERROR_TEXT_CAP:  # never more than the output cap lets stderr hold
+            error = pump.error_record(error, cap)
         result, result_note = pump.cap_result(result, cap, overflow, int(where.get("result_bytes") or 0))
         artifacts, skipped = pump.collect_artifacts(self.artifacts, before, "artifacts",
                                                     bool(req.get("inline_artifacts")))
@@ -167,7 +172,7 @@ class Children(Spares):
             "exit_code": out["exit"].get("exit_code", -9), "signal": out["exit"].get("signal"),
             "timed_out": out["timed_out"], "cancelled": out["cancelled"],
             "truncated": streams[0].truncated or streams[1].truncated or bool(result_note),
-            "execution_time": elapsed, "result": result, "oom": oom,
+            "execution_time": elapsed, "result": result, "error": error, "oom": oom,
             "peak_memory_kb": out["exit"].get("peak_memory_kb"), "artifacts": artifacts,
             "language": spec["language"], **ctx_note,
         }

@@ -72,6 +72,36 @@ function userStack(e, ownFile) {
   return lines.slice(0, end).join("\n");
 }
 
+// Characters of an error's value and of its traceback, each (pump.ERROR_TEXT_CAP): head and tail kept.
+const ERROR_TEXT_CAP = 16 * 1024;
+
+function clipText(text) {
+  if (text.length <= ERROR_TEXT_CAP) return text;
+  const half = Math.max(Math.floor(ERROR_TEXT_CAP / 2) - 32, 0);
+  return `${text.slice(0, half)}\n... [${text.length - 2 * half} characters cut] ...\n${text.slice(text.length - half)}`;
+}
+
+// What a thrown value says of itself, without letting a getter of the user's throw here.
+function field(e, key) {
+  try { return e[key]; } catch (err) { return undefined; }
+}
+
+// The run's structured error (E2B's and Jupyter's name/value/traceback) for a thrown value `e`
+// whose text, as printed on stderr, is `text` (userStack's): an Error's name (`TypeError`, not
+// Node's `TypeError [ERR_X]` stack heading) and message; another thrown value's constructor name
+// and the text shown for it (`throw {code: 42}` is `Object`, `{ code: 42 }`).
+function errorOf(e, text) {
+  const isObject = e !== null && (typeof e === "object" || typeof e === "function");
+  let name = isObject ? field(e, "name") : undefined;
+  if (typeof name !== "string" || name === "") {
+    const ctor = isObject ? field(e, "constructor") : (e === null || e === undefined ? undefined : e.constructor);
+    name = ctor && typeof ctor.name === "string" && ctor.name ? ctor.name : "Error";
+  }
+  const message = isObject ? field(e, "message") : undefined;
+  const value = typeof message === "string" ? message : (isObject ? text : String(e));
+  return { name: name.slice(0, 200), value: clipText(value), traceback: clipText(String(text)) };
+}
+
 // The `require` and `module` the user's code gets: those of a file `name` in the directory the
 // code runs in, as `node name` there would have, not the agent's own (whose module.paths,
 // require.main and `Require stack:` name execbox's files and miss a node_modules in the
@@ -234,5 +264,5 @@ function namesArguments(args) {
   return args !== null && typeof args === "object" && Object.keys(args).length > 0;
 }
 
-module.exports = { encode, encodeReturned, userStack, exposeUserModule, usesMain, blankCode, namesArguments, FRAME,
-  NODE_FRAME };
+module.exports = { encode, encodeReturned, userStack, errorOf, exposeUserModule, usesMain, blankCode, namesArguments,
+  FRAME, NODE_FRAME };

@@ -4,7 +4,8 @@
 // (top-level `await`, `import`, declarations that stay defined and may be declared again), its
 // completion value is awaited when it is a Promise (JSON when it fits, else Node's inspect()
 // text), and the reply goes to fd 4 as one JSON
-// line {exit_code, result, peak_memory_kb}. With arguments, main(arguments) is called after the
+// line {exit_code, result, error, peak_memory_kb} (error: the cell's uncaught exception as
+// {name, value, traceback}, or null). With arguments, main(arguments) is called after the
 // cell (a main() an earlier cell defined counts) and what it returns is the result, as in a
 // one-shot run. stdout/stderr are the context's own pipes; Node writes pipes synchronously on
 // Linux, so a cell's output is in them before its reply is written.
@@ -17,7 +18,7 @@ const net = require("net");
 const vm = require("vm");
 const util = require("util");
 const readline = require("readline");
-const { encode, encodeReturned, userStack, exposeUserModule, namesArguments } = require("./js_common.js");
+const { encode, encodeReturned, userStack, errorOf, exposeUserModule, namesArguments } = require("./js_common.js");
 const { runCell, underSigint } = require("./js_cells.js");
 
 function reply(msg) {
@@ -81,6 +82,7 @@ function peakKb() {
 async function handle(req) {
   let exitCode = 0;
   let result;
+  let error = null;
   try {
     try { process.chdir(req.cwd); } catch (e) { /* keep the last directory */ }
     GLOBAL.__dirname = process.cwd();
@@ -112,10 +114,12 @@ async function handle(req) {
     }
   } catch (e) {
     const stopped = e instanceof Error && e.code === "ERR_SCRIPT_EXECUTION_INTERRUPTED";
-    process.stderr.write(stopped ? `Error [${e.code}]: ${e.message}\n` : `${userStack(e, __filename)}\n`);
+    const text = stopped ? `Error [${e.code}]: ${e.message}` : userStack(e, __filename);
+    process.stderr.write(`${text}\n`);
+    error = errorOf(e, text);
     exitCode = 1;
   }
-  reply({ exit_code: exitCode, result, peak_memory_kb: peakKb() });
+  reply({ exit_code: exitCode, result, error, peak_memory_kb: peakKb() });
 }
 
 let queue = Promise.resolve();

@@ -206,7 +206,8 @@ def start(agent: Any, ctx: JsContext, request: bytes, deadline: float, result_ca
                 kill()
                 state["done"] = DIED
                 return
-            state["result_raw"] = dumps({"result": msg["result"]}).encode() if msg.get("result") else b""
+            records = {k: msg[k] for k in ("result", "error") if msg.get(k)}  # as a one-shot's result fd has them
+            state["result_raw"] = dumps(records).encode() if records else b""
             state["done"] = {"exit_code": msg["exit_code"], "signal": None,
                              "peak_memory_kb": msg.get("peak_memory_kb")}
             if stop.pending and note is not None:  # the cell answered its interrupt: the context lives on

@@ -7,7 +7,7 @@
 "use strict";
 const fs = require("fs");
 const vm = require("vm");
-const { encodeReturned, userStack, exposeUserModule, usesMain, namesArguments, FRAME, NODE_FRAME } = require("./js_common.js");
+const { encodeReturned, userStack, errorOf, exposeUserModule, usesMain, namesArguments, FRAME, NODE_FRAME } = require("./js_common.js");
 
 function send(msg) {
   try { fs.writeSync(3, JSON.stringify(msg)); } catch (e) { /* host went away */ }
@@ -22,6 +22,7 @@ function fail(e) {
   }
   process.stderr.write(`${text}\n`);
   if (e instanceof RangeError && /memory/i.test(String(e.message))) send({ oom: true });
+  send({ error: errorOf(e, text) });  // the run's structured error (pump.parse_result keeps the first)
   process.exitCode = 1;
 }
 

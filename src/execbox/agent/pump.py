@@ -301,12 +301,39 @@ def exit_record(raw: bytes) -> dict[str, Any] | None:
     return {"exit_code": code, "signal": None, "peak_memory_kb": maxrss}
 
 
-def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool, list[str] | None]:
+ERROR_TEXT_CAP = 16 * 1024
+"""Characters of a run's ``error`` value and of its traceback, each (runners.py and js_common.js
+clip to it where they write the record): the whole traceback is on stderr, under the output cap,
+and the record stays far below the result pipe's slack (RESULT_SLACK), never pushing a value out."""
+ERROR_KEYS = ("name", "value", "traceback")
+
+
+def clip_text(text: str, cap: int = ERROR_TEXT_CAP) -> str:
+    """``text`` within ``cap`` characters: its head and tail (a traceback's last line names the error)."""
+    if len(text) <= cap:
+        return text
+    half = max(cap // 2 - 32, 0)
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[len(text) - half:]}"
+
+
+def error_record(obj: Any, cap: int = ERROR_TEXT_CAP) -> dict[str, str] | None:
+    """A run's ``{name, value, traceback}`` as the runner wrote it, each a string within ``cap``;
+    None for anything else (user code can write to the result fd too: it only misreports its own run)."""
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ERROR_KEYS):
+        return None
+    return {"name": obj["name"][:200], "value": clip_text(obj["value"], cap),
+            "traceback": clip_text(obj["traceback"], cap)}
+
+
+def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool, list[str] | None, dict[str, str] | None]:
     """(result dict or None, oom flag, the threads a finished Python program was waiting for or
-    None) from the records the runner wrote to the result fd."""
+    None, the exception that ended the user's code as ``{name, value, traceback}`` or None) from
+    the records the runner wrote to the result fd. The first error counts: it ended the code (a
+    JavaScript callback's uncaught error may follow the program's own)."""
     result = None
     oom = False
     waits = None
+    error = None
     if raw:
         text = raw.decode("utf-8", errors="replace")
         idx = 0
@@ -324,7 +351,9 @@ def parse_result(raw: bytes) -> tuple[dict[str, Any] | None, bool, list[str] | N
                 names = obj.get("exit_waits_for")  # runners.EXIT_WAITS
                 if isinstance(names, list):
                     waits = [str(n)[:100] for n in names][:10]
-    return result, oom, waits
+                if error is None and "error" in obj:
+                    error = error_record(obj["error"])
+    return result, oom, waits, error
 
 
 def cap_result(result: dict[str, Any] | None, cap: int, overflow: bool = False,

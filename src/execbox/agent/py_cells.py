@@ -6,7 +6,9 @@ runs both), as IPython and Jupyter do:
 - a cell may ``await`` at top level: it runs on the context's one event loop, which every later
   cell shares (a client one cell made is used by the next);
 - a last bare expression is the cell's value (``df.head()``, ``x * 2``), unless a ``;`` ends it;
-- a ``main`` that needs arguments is only defined, never called without them.
+- a ``main`` that needs arguments is only defined, never called without them;
+- a wrapper's cell that catches and prints the user's exception itself still reports it as the
+  run's ``error`` (``report``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,25 @@ def shown(value: Any, encoded: dict[str, Any]) -> dict[str, Any]:
     if "error" in encoded:
         return {"present": True, "json": dumps(repr(value)), "type": "repr"}
     return encoded
+
+
+_reported: tuple[BaseException, str] | None = None
+
+
+def report(e: BaseException, traceback: str) -> None:
+    """A wrapper's cell (E2B's driver) that catches the user's exception, prints its own form of
+    the traceback and ends the cell itself (``SystemExit(1)``, which is no error of its own) gives
+    the exception and that text here: the run's ``error`` is then built from them, as for an
+    exception the runner caught (runners.error_of)."""
+    global _reported
+    _reported = (e, traceback)
+
+
+def take_reported() -> tuple[BaseException, str] | None:
+    """What ``report`` was given during the cell that just ran (None if nothing), once."""
+    global _reported
+    got, _reported = _reported, None
+    return got
 
 
 def install() -> None:

@@ -15,6 +15,7 @@ import sys
 
 from . import py_cells
 from .lean import dumps
+from .pump import clip_text
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
 if TYPE_CHECKING:
@@ -186,7 +187,9 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
     except (SyntaxError, ValueError) as e:
         import traceback  # lazily: ~2.4 ms of every box start when imported up front
 
-        traceback.print_exception(type(e), e, None, file=sys.stderr)
+        text = "".join(traceback.format_exception(type(e), e, None))
+        sys.stderr.write(text)
+        write_error(result_fd, e, text)
         return 1
     guard = has_main_guard(tree)
     globs["__name__"] = "__execbox__" if (guard and arguments is not None) else "__main__"
@@ -195,6 +198,7 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
         sys.argv, sys.orig_argv = [CODE_FILENAME], [sys.executable, CODE_FILENAME]
     exit_code = 0
     before = globs.get("main")
+    raised: tuple[BaseException, str] | None = None
     try:
         if cell:
             py_cells.exec_cell(compiled, globs)
@@ -238,8 +242,11 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
     except BaseException as e:  # noqa: BLE001 - the user's exception is reported, not raised
         if isinstance(e, MemoryError) and (not e.args or type(e).__name__ == "_ArrayMemoryError"):
             write_result(result_fd, {"oom": True})  # an allocation failed (numpy's says so with a message)
-        report_exception(e)
+        raised = (e, report_exception(e))
         exit_code = 1
+    raised = py_cells.take_reported() or raised  # a wrapper's cell reports the user's error itself
+    if raised is not None:
+        write_error(result_fd, *raised)
     save_figures(artifacts_dir, figure_prefix)
     return exit_code
 
@@ -249,9 +256,9 @@ def is_code_file(name: str) -> bool:
     return name == CODE_FILENAME or name.startswith("<cell ")
 
 
-def report_exception(e: BaseException) -> None:
-    """The traceback from the user's code down, as ``python3`` prints it; just the exception's
-    name and message if there is no memory left to format it."""
+def report_exception(e: BaseException) -> str:
+    """Print the traceback from the user's code down, as ``python3`` prints it (just the
+    exception's name and message if there is no memory left to format it); return that text."""
     try:
         import traceback
 
@@ -260,9 +267,32 @@ def report_exception(e: BaseException) -> None:
         while first is not None and not is_code_file(first.tb_frame.f_code.co_filename):
             first = first.tb_next  # an awaiting cell's: the event loop's frames above the code's
         # no frame of the code: interrupted in the agent's own (an awaiting cell's event loop)
-        traceback.print_exception(type(e), e, first, file=sys.stderr)
+        text = "".join(traceback.format_exception(type(e), e, first))
     except MemoryError:
-        print(f"{type(e).__name__}: {e or 'out of memory'}", file=sys.stderr)
+        text = f"{type(e).__name__}: {_safe_str(e)}\n"
+    sys.stderr.write(text)
+    return text
+
+
+def _safe_str(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 - the user's __str__, as traceback says when it fails
+        return "<exception str() failed>"
+
+
+def error_of(e: BaseException, text: str) -> dict[str, str]:
+    """The run's structured error (E2B's and Jupyter's ``name``/``value``/``traceback``): the
+    exception's type name, its message, and the traceback text the run printed on stderr."""
+    return {"name": type(e).__name__, "value": clip_text(_safe_str(e)), "traceback": clip_text(text)}
+
+
+def write_error(result_fd: int, e: BaseException, text: str) -> None:
+    """``error_of`` on the result fd (where ``pump.parse_result`` reads it)."""
+    try:
+        write_result(result_fd, {"error": error_of(e, text)})
+    except (MemoryError, OSError):  # no memory left, or no result fd (a warm-up): stderr has it
+        pass
 
 
 def finish_python(result_fd: int) -> None:

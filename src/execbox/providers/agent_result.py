@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..models import Artifact, ExecutionResult
+from ..models import Artifact, ExecutionResult, execution_error
 
 CONTEXT_KEYS = ("context_id", "context_new", "context_restarted", "context_reset", "context_note",
                 "context_executions", "cancelled")
@@ -51,7 +51,17 @@ def result_from_reply(v: dict[str, Any], metadata: dict[str, Any], *, oom: bool,
         timed_out=bool(v.get("timed_out")), truncated=bool(v.get("truncated")),
         result=json.loads(res["json"]) if present else None,
         artifacts=[Artifact.from_dict(a, fetch) for a in v.get("artifacts") or []],
+        error=reply_error(v),
     )
+
+
+def reply_error(v: dict[str, Any]) -> dict[str, str] | None:
+    """The reply's ``error`` (the exception that ended the user's code), or None: an agent older
+    than the field sends none, and a malformed one is dropped rather than failing the run."""
+    try:
+        return execution_error(v.get("error"))
+    except ValueError:
+        return None
 
 
 def timeout_message(v: dict[str, Any]) -> str:

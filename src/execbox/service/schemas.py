@@ -160,6 +160,15 @@ class ArtifactOut(BaseModel):
     content_b64: str | None = None
 
 
+class ExecutionErrorOut(BaseModel):
+    """The exception that ended the user's code (E2B's ``execution.error``, Jupyter's
+    ename/evalue/traceback)."""
+
+    name: str = Field(description="the exception's type name: ZeroDivisionError, TypeError")
+    value: str = Field(description="its message: str(exception) in Python, error.message in JavaScript")
+    traceback: str = Field(description="the traceback (Python) or stack (JavaScript) as printed on stderr")
+
+
 class ExecutionOut(BaseModel):
     stdout: str
     stderr: str
@@ -169,6 +178,9 @@ class ExecutionOut(BaseModel):
     truncated: bool
     result: Any = None
     artifacts: list[ArtifactOut]
+    error: ExecutionErrorOut | None = Field(
+        default=None, description="the uncaught exception of a Python or JavaScript run; null when the code "
+        "raised nothing (sys.exit is not an error), for bash, and where the provider cannot say")
     metadata: dict[str, Any]
     tenant_id: str
     session_id: str | None

@@ -69,6 +69,24 @@ def test_a_cell_that_does_not_parse_is_reported_in_its_cell_name(capsys) -> None
     assert err.rstrip().endswith("SyntaxError: invalid syntax") and "<cell" not in err, err
 
 
+def test_a_failed_cell_hands_its_exception_and_traceback_to_the_agent(capsys) -> None:
+    """The run's error is the agent's (py_cells.report -> runners.error_of), not read back from stderr."""
+    from execbox.agent import py_cells, runners
+
+    py_cells.take_reported()
+    with pytest.raises(SystemExit):
+        _run_cell("print('before', file=__import__('sys').stderr)\nraise ValueError('a\\nb')", {})
+    e, text = py_cells.take_reported()
+    err = capsys.readouterr().err
+    assert runners.error_of(e, text) == {"name": "ValueError", "value": "a\nb", "traceback": text}
+    assert text.startswith("Traceback") and "before" not in text and err == "before\n" + text
+    with pytest.raises(SystemExit):
+        _run_cell("import sys; sys.exit(3)", {})
+    e, text = py_cells.take_reported()
+    assert (type(e).__name__, str(e)) == ("SystemExit", "3")
+    assert text.startswith("An exception has occurred") and text.endswith("SystemExit: 3\n")
+
+
 def test_display_and_errors() -> None:
     assert display_result(None) is None
     assert display_result({DISPLAY_KEY: {"text": "1", "html": "<b>1</b>", "evil": "x"}}) == {

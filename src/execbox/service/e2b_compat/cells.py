@@ -21,7 +21,8 @@ so a cell with a value installs a one-use ``main`` that first puts back whatever
 context had (the user's own function is kept), and returns the value's representations; any
 other cell gets an empty ``if __name__ == "__main__"`` guard appended, which tells the agent the
 program runs as a script (no implicit ``main()`` call). A failed cell prints its traceback on
-stderr and ends the run with exit code 1 (``error_from_stderr`` reads it back).
+stderr, hands the exception and that text to the agent's ``py_cells.report`` (the run's ``error``:
+name, value, traceback, as for any cell) and ends the run with exit code 1.
 
 The driver is compiled once per context process (kept in ``sys.modules`` under a name that
 carries its hash). The launcher imports nothing and calls no builtin function by name, so a
@@ -73,12 +74,19 @@ def _display(value):
     return out
 
 
-def _report(e):
+def _report(e, text):
+    sys.stderr.write(text)
+    report = getattr(sys.modules["_execbox_cell"], "report", None)
+    if report is not None:  # the run's error: this exception, this text (agent/py_cells.py)
+        report(e, text)
+
+
+def _traceback(e):
     import traceback
     tb = e.__traceback__
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(_PREFIX):
         tb = tb.tb_next  # the driver's own frames: the cell's come first, as in IPython
-    sys.stderr.write("".join(traceback.format_exception(type(e), e, tb)))
+    return "".join(traceback.format_exception(type(e), e, tb))
 
 
 def _run(src, start_env, env, cwd, show, key, g):
@@ -109,11 +117,11 @@ def _run(src, start_env, env, cwd, show, key, g):
             raise
         except SystemExit as e:
             import traceback
-            sys.stderr.write("An exception has occurred, use %tb to see the full traceback.\n\n")
-            sys.stderr.write("".join(traceback.format_exception_only(type(e), e)))
+            _report(e, "An exception has occurred, use %tb to see the full traceback.\n\n"
+                    + "".join(traceback.format_exception_only(type(e), e)))
             raise SystemExit(1) from None
         except BaseException as e:
-            _report(e)
+            _report(e, _traceback(e))
             raise SystemExit(1) from None
     finally:
         for k, v in env.items():
@@ -234,7 +242,10 @@ _EXC_LINE = re.compile(
 
 
 def error_from_stderr(stderr: str, language: str) -> dict[str, str]:
-    """E2B's {name, value, traceback} from a failed run's stderr (Python or Node)."""
+    """E2B's {name, value, traceback} from a failed run's stderr (Python or Node), where the run
+    reports no ``error`` of its own (interpreter.py): a bash cell, a Python or JavaScript run that
+    failed without an exception (``os._exit(3)``, a killed context, a value ``main()`` returned
+    that is not JSON), or a provider whose results do not carry it (RAGFlow's ``/run``)."""
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     name, value = "Error", lines[-1].strip() if lines else "execution failed"
     candidates = lines[::-1] if language == "python" else lines

@@ -365,7 +365,9 @@ class Interpreter:
         elif result.timed_out:
             lines.append(_line("error", name="TimeoutError", value="execution timed out", traceback=""))
         elif result.exit_code != 0 or result.error_code:
-            error = error_from_stderr(result.stderr, language)
+            # the agent's own error (the cell's exception, as the driver or the runner reported
+            # it); read back from stderr only where the run has none (error_from_stderr says when)
+            error = dict(result.error) if result.error else error_from_stderr(result.stderr, language)
             if language == "bash":  # a shell says little on its own: the status, and whether it ended
                 error["value"] = (f"{error['value']} (exit code {result.exit_code})" if result.stderr.strip()
                                   else f"exit code {result.exit_code}")
