@@ -115,9 +115,20 @@ class FakeProc:
     pid: int = 7
     pty: bool = False
     events: list[Any] = field(default_factory=list)
+    budget: Any = None
+    tenant: str = "t"
 
     def publish(self, event: Any) -> None:
         self.events.append(event)
+
+    def reserve(self, want: int) -> int:
+        return want if self.budget is None else self.budget.take(self.tenant, want)
+
+    def backlog(self) -> int:
+        return 0
+
+    def wait_drained(self, timeout: float) -> None:
+        time.sleep(timeout)
 
     def data(self) -> list[tuple[str, bytes]]:
         return [(e.event.value.output.field, e.event.value.output.value) for e in self.events[:-2]]

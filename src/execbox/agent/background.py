@@ -2,9 +2,11 @@
 
 ``exec`` holds the agent until the run ends; a background process (envd's process.Start, the
 E2B SDK's ``commands.run(background=True)``) must not. ``proc.start`` forks a child running
-``bash -c CMD`` and answers at once with its pid. Its stdout/stderr go to files in a private
-directory (no pipe the single-threaded agent would have to drain while it is busy), its stdin is
-a pipe the agent keeps the write end of. The host then polls (``proc.poll``: new output from an
+``bash -c CMD`` and answers at once with its pid. Its stdout/stderr are pipes drained by a relay
+child into segment files in a private directory (``bg_output``: no pipe the single-threaded agent
+would have to drain while it is busy, and no file of the process's own that the box's file-size
+limit would end after 512 MiB of output in total), its stdin is a pipe the agent keeps the write
+end of. The host then polls (``proc.poll``: new output from an
 offset, and the exit once all output was read), writes stdin (``proc.input``, ``proc.close_stdin``),
 signals (``proc.signal``) and lists (``proc.list``). These ops are answered even while an ``exec``
 runs (see ``protocol.INLINE_OPS``). Background children are kept out of the one-shot runs'
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import privsep, procs
+from . import bg_output, privsep, procs
 from .lean import b64decode, b64encode, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
@@ -28,6 +30,7 @@ POLL_CHUNK = 256 * 1024  # bytes of each stream one poll returns at most
 BACKLOG_STOP = 8 * 1024 * 1024  # unread output at which the job is paused (SIGSTOP) ...
 BACKLOG_CONT = 1024 * 1024  # ... and below which it continues: a pipe's back-pressure, on files
 PUNCH_EVERY = 1024 * 1024  # free output the host has read (the files live on the box's tmpfs)
+RELAY_END_WAIT = 0.2  # seconds the agent waits for a relay to drain once its process exited
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT,
            "SIGHUP": signal.SIGHUP, "SIGQUIT": signal.SIGQUIT, "SIGUSR1": signal.SIGUSR1,
            "SIGUSR2": signal.SIGUSR2}
@@ -42,12 +45,15 @@ class BackgroundError(Exception):
 class BgProc:
     # A plain class, not a dataclass: the agent's imports are on every box's start-up path.
     __slots__ = ("pid", "command", "out_path", "err_path", "stdin_w", "started", "status", "ctl_w", "paused",
-                 "discard", "punched")
+                 "discard", "punched", "relay", "relay_ctl", "seg")
 
     def __init__(self, pid: int, command: str, out_path: str, err_path: str, stdin_w: int | None,
-                 started: float, ctl_w: int | None = None) -> None:
-        self.pid, self.command, self.out_path, self.err_path = pid, command, out_path, err_path
+                 started: float, ctl_w: int | None = None, relay: int | None = None,
+                 relay_ctl: int | None = None) -> None:
+        self.pid, self.command, self.out_path, self.err_path = pid, command, out_path, err_path  # path prefixes
         self.stdin_w, self.started, self.ctl_w = stdin_w, started, ctl_w
+        self.relay, self.relay_ctl = relay, relay_ctl  # the output relay (None: a PTY relay writes the output)
+        self.seg = bg_output.SEGMENT if relay is not None else 0  # 0: one file, never rotated
         self.status: int | None = None  # wait status once reaped
         self.paused = False  # stopped by us until the host reads its backlog
         self.discard = False  # killed by the host: its exit is reported without draining the output
@@ -61,6 +67,7 @@ class Background:
         self.agent = agent
         self.procs: dict[int, BgProc] = {}
         self._dir: str | None = None
+        self._stray: set[int] = set()  # relays of forgotten processes, not reaped yet
 
     @property
     def dir(self) -> str:
@@ -72,11 +79,13 @@ class Background:
         return self._dir
 
     def pids(self) -> set[int]:
-        return set(self.procs)
+        """Background processes and their output relays (they outlive runs)."""
+        return set(self.procs) | {p.relay for p in self.procs.values() if p.relay is not None} | self._stray
 
     def parent_fds(self) -> list[int]:
-        """The agent's ends of background stdin and PTY control pipes (a forked child closes them)."""
-        return [fd for p in self.procs.values() for fd in (p.stdin_w, p.ctl_w) if fd is not None]
+        """The agent's ends of background stdin, PTY control and relay control pipes (a forked
+        child closes them)."""
+        return [fd for p in self.procs.values() for fd in (p.stdin_w, p.ctl_w, p.relay_ctl) if fd is not None]
 
     # -- requests ---------------------------------------------------------------------------
     def start(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -89,17 +98,22 @@ class Background:
         if len(self.procs) >= MAX_PROCESSES:
             raise BackgroundError(f"too many background processes (max {MAX_PROCESSES})", status=429,
                                   code="SB008", field="command")
+        pty = req.get("pty")
+        if pty is not None and not isinstance(pty, dict):
+            raise BackgroundError("pty must be an object {cols, rows}", field="pty")
         env = dict(os.environ)
         env.update(env_in)
         stamp = f"{time.monotonic_ns()}"
         out_path = os.path.join(self.dir, f"{stamp}.out")
         err_path = os.path.join(self.dir, f"{stamp}.err")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        out_fd = os.open(out_path, flags, 0o600)
-        err_fd = os.open(err_path, flags, 0o600)
-        pty = req.get("pty")
-        if pty is not None and not isinstance(pty, dict):
-            raise BackgroundError("pty must be an object {cols, rows}", field="pty")
+        out_fd = os.open(bg_output.segment_path(out_path, 0), flags, 0o600)
+        err_fd = os.open(bg_output.segment_path(err_path, 0), flags, 0o600)
+        relay = relay_ctl = None
+        if pty is None:  # stdout/stderr: pipes to a relay that writes the files (bg_output)
+            os.close(out_fd)
+            os.close(err_fd)
+            relay, relay_ctl, out_fd, err_fd = self._start_relay(out_path, err_path)
         want_stdin = bool(req.get("stdin")) or pty is not None
         in_r, in_w = os.pipe() if want_stdin else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None)
         ctl_r, ctl_w = os.pipe() if pty is not None else (-1, None)
@@ -138,16 +152,36 @@ class Background:
         while chunk := os.read(sync_r, 512):
             failure += chunk
         os.close(sync_r)
+        proc = BgProc(pid, command, out_path, err_path, in_w, time.time(), ctl_w=ctl_w, relay=relay,
+                      relay_ctl=relay_ctl)
         if failure:
-            for fd in (in_w, ctl_w):
-                if fd is not None:
-                    os.close(fd)
+            self._stray.add(pid)  # its exit status is of no use: popped once reaped
+            self._forget(proc)
             raise BackgroundError(f"could not start the process: {failure.decode(errors='replace')}",
                                   status=503, code="SB009")
         if in_w is not None:
             os.set_blocking(in_w, False)
-        self.procs[pid] = BgProc(pid, command, out_path, err_path, in_w, time.time(), ctl_w=ctl_w)
+        self.procs[pid] = proc
         return {"pid": pid}
+
+    def _start_relay(self, out_path: str, err_path: str) -> tuple[int, int, int, int]:
+        """Fork the output relay: (its pid, the agent's end of its control pipe, the write ends of
+        the stdout and stderr pipes for the process)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        relay = os.fork()
+        if relay == 0:
+            try:
+                self.agent.child_prepare()
+                procs.close_fds_except((out_r, err_r, ctl_r))
+                bg_output.relay_main({out_r: out_path, err_r: err_path}, ctl_r)
+            finally:
+                os._exit(0)
+        self.agent.exited.pop(relay, None)
+        for fd in (out_r, err_r, ctl_r):
+            os.close(fd)
+        return relay, ctl_w, out_w, err_w
 
     def _get(self, req: dict[str, Any]) -> BgProc:
         pid = req.get("pid")
@@ -157,18 +191,22 @@ class Background:
         return proc
 
     def poll(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Output past the given offsets; ``exited`` only once all output has been returned."""
+        """Output past the given offsets; ``exited`` only once all output has been returned, ``ended``
+        (with the streams' final sizes) once the process and its relay are gone."""
         proc = self._get(req)
         self.reap()
-        exited = proc.status is not None  # read the exit first: output written before it is in the files
+        # read the exit first (the process's and its relay's): output written before it is in the files
+        drained = proc.status is not None and proc.relay is None
         out_off, err_off = max(0, int(req.get("stdout_offset") or 0)), max(0, int(req.get("stderr_offset") or 0))
         self._free_read(proc, out_off, err_off)
-        out, out_more, out_size = _read_from(proc.out_path, out_off)
-        err, err_more, err_size = _read_from(proc.err_path, err_off)
+        out, out_more, out_size = bg_output.read_from(proc.out_path, out_off, POLL_CHUNK, proc.seg)
+        err, err_more, err_size = bg_output.read_from(proc.err_path, err_off, POLL_CHUNK, proc.seg)
         self._pace(proc, max(out_size - out_off - len(out), err_size - err_off - len(err)))
-        value: dict[str, Any] = {"stdout_b64": b64encode(out).decode(),
-                                 "stderr_b64": b64encode(err).decode(), "exited": False}
-        if exited and (proc.discard or (not out_more and not err_more)):
+        # ended: the process and its relay are gone, so the sizes are final (the host may then skip
+        # to the tail of output it will not wait for a client to read)
+        value: dict[str, Any] = {"stdout_b64": b64encode(out).decode(), "stderr_b64": b64encode(err).decode(),
+                                 "exited": False, "ended": drained, "stdout_size": out_size, "stderr_size": err_size}
+        if proc.status is not None and (proc.discard or (drained and not out_more and not err_more)):
             assert proc.status is not None
             code, sig = procs.decode_status(proc.status)
             value.update(exited=True, exit_code=code, signal=sig)
@@ -176,12 +214,13 @@ class Background:
         return value
 
     def _free_read(self, proc: BgProc, out_off: int, err_off: int) -> None:
-        """Punch out what the host has already read: offsets stay valid, the tmpfs pages go."""
+        """Free what the host has already read (whole segments, then punched pages): offsets stay
+        valid, the tmpfs pages go."""
         done_out, done_err = proc.punched
         if out_off - done_out >= PUNCH_EVERY:
-            done_out = _punch(proc.out_path, out_off) or done_out
+            done_out = bg_output.free_read(proc.out_path, done_out, out_off, proc.seg)
         if err_off - done_err >= PUNCH_EVERY:
-            done_err = _punch(proc.err_path, err_off) or done_err
+            done_err = bg_output.free_read(proc.err_path, done_err, err_off, proc.seg)
         proc.punched = (done_out, done_err)
 
     def _pace(self, proc: BgProc, backlog: int) -> None:
@@ -258,39 +297,61 @@ class Background:
     def reap(self) -> None:
         """Move exit statuses of our children from the agent's reaped table onto their entries."""
         self.agent.on_wake()
+        exited = self.agent.exited
+        for pid in [p for p in self._stray if p in exited]:
+            exited.pop(pid)
+            self._stray.discard(pid)
         for proc in self.procs.values():
-            if proc.status is None and proc.pid in self.agent.exited:
-                proc.status, _ = self.agent.exited.pop(proc.pid)
+            if proc.status is None and proc.pid in exited:
+                proc.status, _ = exited.pop(proc.pid)
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)  # what it left running in its group ends too
                 except OSError:
                     pass
+                self._end_relay(proc)
+            if proc.relay is not None and proc.relay in exited:
+                exited.pop(proc.relay)
+                proc.relay = None
+
+    def _end_relay(self, proc: BgProc) -> None:
+        """The process exited: its relay takes what the pipes hold and exits (waited for briefly)."""
+        if proc.relay_ctl is not None:
+            os.close(proc.relay_ctl)
+            proc.relay_ctl = None
+        deadline = time.monotonic() + RELAY_END_WAIT
+        while proc.relay is not None and time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(proc.relay, os.WNOHANG)
+            except ChildProcessError:  # reaped with the others: its status is in the agent's table
+                self.agent.exited.pop(proc.relay, None)
+                done = proc.relay
+            if done:
+                proc.relay = None
+            else:
+                time.sleep(0.001)
 
     def _forget(self, proc: BgProc) -> None:
         self.procs.pop(proc.pid, None)
-        for fd in (proc.stdin_w, proc.ctl_w):
+        for fd in (proc.stdin_w, proc.ctl_w, proc.relay_ctl):
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+        proc.relay_ctl = None
+        if proc.relay is not None:  # killed by the host (its output is not wanted), or never started
+            _kill(proc.relay)
+            self._stray.add(proc.relay)
+            proc.relay = None
         for path in (proc.out_path, proc.err_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            bg_output.remove(path)
 
 
-def _read_from(path: str, offset: int) -> tuple[bytes, bool, int]:
-    """Up to POLL_CHUNK bytes from ``offset``; True when more is already there; the file size."""
+def _kill(pid: int) -> None:
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(offset)
-            data = f.read(POLL_CHUNK)
+        os.kill(pid, signal.SIGKILL)
     except OSError:
-        return b"", False, 0
-    return data, offset + len(data) < size, size
+        pass
 
 
 def _killpg(pid: int, sig: int) -> bool:
@@ -299,28 +360,6 @@ def _killpg(pid: int, sig: int) -> bool:
         return True
     except OSError:
         return False
-
-
-_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
-
-
-def _punch(path: str, upto: int) -> int:
-    """Free ``[0, upto)`` of ``path`` (page-aligned) keeping its size; the new freed mark, or 0."""
-    end = upto & ~4095
-    if end <= 0:
-        return 0
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            return end if libc.fallocate(fd, _FALLOC_PUNCH, 0, end) == 0 else 0
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError):
-        return 0
 
 
 OPS = {

@@ -8,13 +8,18 @@ facade) that polls the agent for output into a per-stream buffer; clients read t
 byte offsets (``read``) and may long-poll for new output (``wait_change``).
 
 Memory is bounded: a stream holds at most ``HOLD`` bytes the client has not acknowledged (an
-offset sent with a read acknowledges what lies before it); past that the follower stops taking
-output, which stays in the box, where the agent pauses the job once 8 MiB wait (a full pipe's
-back-pressure). When the deadline passes the follower kills the whole job (SIGKILL to its process
-tree) and the process ends as ``timed_out``. Its end is audited like a run (``RunService.record``;
-it was filed as started, so a replica that dies meanwhile leaves an ``interrupted`` row). Ended
-processes stay readable (exit status and unread output) while their box lives, the last
-``KEEP_ENDED`` per session, for ``KEEP_ENDED_SECONDS``.
+offset sent with a read acknowledges what lies before it), less when its tenant runs many
+processes (a fair share of the tenant's budget), and all held output fits the replica's
+``Budget`` (follower.py: in all and per tenant); past that the follower stops taking output, which
+stays in the box, where the agent pauses the job once 8 MiB wait (a full pipe's back-pressure).
+A tenant runs at most ``tenant_max_background_processes`` at once (429 SB008). When the deadline
+passes the follower kills the whole job (SIGKILL to its process tree) and the process ends as
+``timed_out``. Its end is audited like a run (``RunService.record``; it was filed as started, so
+a replica that dies meanwhile leaves an ``interrupted`` row). Ended processes stay readable (exit
+status and unread output) while their box lives, the last ``KEEP_ENDED`` per session, for
+``KEEP_ENDED_SECONDS``, but only the last ``background_ended_tail_bytes`` of each stream's unread
+output are kept (at once when no client read it lately, else after ``READER_GRACE``); reads say
+how much was dropped (``stdout_dropped``), and their ``*_skipped`` count it too.
 """
 
 from __future__ import annotations
@@ -27,13 +32,21 @@ from typing import Any
 
 from ..errors import SandboxError
 from ..providers.base import SandboxProvider
+from .bg_follower import HttpFollower
+from .bg_stream import Stream as _Stream
+from .bg_stream import partial_utf8 as _partial_utf8  # noqa: F401 - re-exported
+from .config import ServiceSettings
 from .executions import RunService, RunSpec
-from .follower import Follower
+from .follower import Budget
 
 HOLD = 1024 * 1024  # unacknowledged bytes kept per stream
 READ_CHUNK = 1024 * 1024  # bytes of each stream one read returns at most
 KEEP_ENDED = 64
 KEEP_ENDED_SECONDS = 3600.0
+READER_GRACE = 65.0
+"""Seconds a client that read a process lately (a long-poll waits at most 60 s) keeps all its
+unread output after the end, before only the tail is kept."""
+RELIEVE_EVERY = 1.0
 OPERATION = "background_command"
 SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 """What the agent delivers (agent/background.py SIGNALS)."""
@@ -41,48 +54,6 @@ SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGU
 
 def supports(provider: SandboxProvider) -> bool:
     return bool(getattr(provider, "supports_background_processes", False))
-
-
-class _Stream:
-    """Output of one stream: bytes [base, base + len(buf)) are held."""
-
-    __slots__ = ("base", "buf")
-
-    def __init__(self) -> None:
-        self.base = 0
-        self.buf = bytearray()
-
-    @property
-    def end(self) -> int:
-        return self.base + len(self.buf)
-
-    def ack(self, offset: int) -> None:
-        """Drop what lies before ``offset`` (the client has it)."""
-        cut = min(max(0, offset - self.base), len(self.buf))
-        if cut:
-            del self.buf[:cut]
-            self.base += cut
-
-    def take(self, offset: int, limit: int, whole: bool) -> tuple[bytes, int, int]:
-        """(data, offset of its first byte, bytes skipped) from ``offset``. ``whole``: the stream
-        has ended; otherwise a trailing incomplete UTF-8 sequence is left for the next read."""
-        start = max(offset, self.base)
-        skipped = start - offset
-        data = bytes(self.buf[start - self.base:start - self.base + limit])
-        if not whole and start - self.base + len(data) == len(self.buf):
-            data = data[:len(data) - _partial_utf8(data)]
-        return data, start, skipped
-
-
-def _partial_utf8(data: bytes) -> int:
-    """How many bytes at the end of ``data`` begin a UTF-8 sequence that is not complete yet."""
-    for back in range(1, min(4, len(data)) + 1):
-        b = data[-back]
-        if b & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
-            continue
-        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
-        return back if need > back else 0
-    return 0
 
 
 @dataclass(eq=False)
@@ -110,6 +81,11 @@ class BgProcess:
     version: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
     waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(default_factory=list)
+    budget: Budget | None = None  # what its held output is booked on (ProcessTable.add sets it)
+    charged: int = 0  # bytes booked on the budget
+    forgotten: bool = False  # out of the table: holds nothing more
+    last_read: float = 0.0  # time.monotonic() of the last read (0: never)
+    trimmed: bool = False  # ended, and only the tail of its unread output kept
 
     @property
     def status(self) -> str:
@@ -139,14 +115,50 @@ class BgProcess:
     def read(self, out_offset: int, err_offset: int, limit: int = READ_CHUNK) -> dict[str, Any]:
         """Output past the offsets (acknowledging what lies before them), raw bytes, and the state."""
         with self.cond:
+            self.last_read = time.monotonic()
             self.out.ack(out_offset)
             self.err.ack(err_offset)
+            self.settle()
             self.cond.notify_all()  # the follower may take more output now
             out, out_from, out_skip = self.out.take(out_offset, limit, self.ended)
             err, err_from, err_skip = self.err.take(err_offset, limit, self.ended)
             return {"stdout": out, "stderr": err, "stdout_offset": max(out_offset, out_from + len(out)),
                     "stderr_offset": max(err_offset, err_from + len(err)), "stdout_skipped": out_skip,
-                    "stderr_skipped": err_skip, "version": self.version}
+                    "stderr_skipped": err_skip, "stdout_dropped": self.out.dropped,
+                    "stderr_dropped": self.err.dropped, "version": self.version}
+
+    # -- what it holds (call with ``cond`` held) ---------------------------------------------------
+    @property
+    def held(self) -> int:
+        return len(self.out.buf) + len(self.err.buf)
+
+    def settle(self) -> None:
+        """Book what the buffers hold now on the budget."""
+        if self.forgotten:
+            self.out.buf.clear()
+            self.err.buf.clear()
+        if self.budget is not None:
+            self.budget.charge(self.tenant_id, self.held - self.charged)
+        self.charged = self.held
+
+    def reader_active(self, now: float) -> bool:
+        """A client reads it: one waits, or one read within ``READER_GRACE``."""
+        return bool(self.waiters) or (self.last_read > 0 and now - self.last_read < READER_GRACE)
+
+    def keep_tail(self, keep: int, again: bool = False) -> None:
+        """Ended: keep only the last ``keep`` bytes of each stream's unread output (once, unless ``again``)."""
+        if self.ended and (again or not self.trimmed):
+            self.trimmed = True
+            self.out.keep_tail(keep)
+            self.err.keep_tail(keep)
+            self.settle()
+            self.changed()
+
+    def forget(self) -> None:
+        """Out of the table: free its output."""
+        with self.cond:
+            self.forgotten = True
+            self.settle()
 
     async def wait_change(self, version: int, timeout: float) -> None:
         """Until something changed since ``version`` (new output, the end), or ``timeout`` passed."""
@@ -177,42 +189,75 @@ def _settle(fut: asyncio.Future[None]) -> None:
 
 
 class ProcessTable:
-    """This replica's background processes, per session, and their followers."""
+    """This replica's background processes, per session, and their followers, and the budget of
+    what they hold (shared with the E2B facade's processes)."""
 
-    def __init__(self, runs: RunService, max_per_session: int) -> None:
+    def __init__(self, runs: RunService, max_per_session: int, settings: ServiceSettings | None = None) -> None:
         self.runs = runs
         self.max_per_session = max_per_session
+        if settings is None:  # the session manager's (routes and MCP pass only the per-session cap)
+            found = getattr(getattr(runs, "sessions", None), "settings", None)
+            settings = found if isinstance(found, ServiceSettings) else ServiceSettings()
+        self.budget = Budget.from_settings(settings)
+        self.tail = settings.background_ended_tail_bytes
         self._lock = threading.Lock()
         self._procs: dict[tuple[str, str], dict[int, BgProcess]] = {}
+        self._relieved = 0.0
 
     def of_box(self, tenant_id: str, session_id: str, instance_id: str) -> list[BgProcess]:
         """The session's processes in its current box (those of an earlier box are forgotten)."""
         key = (tenant_id, session_id)
         now = time.time()
+        gone: list[BgProcess] = []
         with self._lock:
             table = self._procs.get(key, {})
             for pid, p in list(table.items()):
                 stale = p.ended and p.ended_at is not None and now - p.ended_at > KEEP_ENDED_SECONDS
                 if p.instance_id != instance_id or stale:
-                    del table[pid]
+                    gone.append(table.pop(pid))
             ended = sorted((p for p in table.values() if p.ended), key=lambda p: p.ended_at or 0)
             for p in ended[:max(0, len(ended) - KEEP_ENDED)]:
-                del table[p.pid]
+                gone.append(table.pop(p.pid))
             if not table:
                 self._procs.pop(key, None)
-            return sorted(table.values(), key=lambda p: p.started_at)
+            procs = sorted(table.values(), key=lambda p: p.started_at)
+        for p in gone:
+            p.forget()
+        self.trim(procs)
+        return procs
 
     def get(self, tenant_id: str, session_id: str, instance_id: str, pid: int) -> BgProcess | None:
         return next((p for p in self.of_box(tenant_id, session_id, instance_id) if p.pid == pid), None)
 
     def running(self, tenant_id: str, session_id: str, instance_id: str) -> int:
+        """Processes running in the session's box. Raises SB008 (429) first when the tenant runs
+        as many as it may (``tenant_max_background_processes``): a start checks this."""
+        self.budget.check(tenant_id)
         return sum(1 for p in self.of_box(tenant_id, session_id, instance_id) if not p.ended)
 
     def add(self, proc: BgProcess, spec: RunSpec) -> None:
+        """Track and follow a process just started; SB008 (429, the process killed) when its
+        tenant already runs as many as it may (a start that raced another)."""
+        try:
+            self.budget.admit(proc.tenant_id)
+        except SandboxError as e:
+            try:
+                proc.provider.signal_process(proc.instance_id, proc.pid, "SIGKILL")
+            except SandboxError:
+                pass
+            self.runs.record(spec, proc.provider.name, proc.instance_id, proc.started_mono, "error", None, e.code)
+            raise
+        proc.budget = self.budget
         self.sweep()
         with self._lock:
-            self._procs.setdefault((proc.tenant_id, proc.session_id), {})[proc.pid] = proc  # a reused pid: the new one
-        _Follower(self, proc, spec).start(f"execbox-proc-{proc.pid}")
+            table = self._procs.setdefault((proc.tenant_id, proc.session_id), {})
+            old = table.get(proc.pid)
+            table[proc.pid] = proc  # a reused pid: the new one
+        if old is not None:
+            old.forget()
+        follower = HttpFollower(self, proc, spec)
+        follower.budget, follower.tenant = self.budget, proc.tenant_id
+        follower.start(f"execbox-proc-{proc.pid}")
 
     def sweep(self) -> None:
         """Forget ended processes whose box is gone (their session ended) or that ended long ago,
@@ -229,62 +274,48 @@ class ProcessTable:
                     del table[p.pid]
                 if not table:
                     self._procs.pop(key, None)
+        for _, p in gone:
+            p.forget()
+        self.trim([p for _, p in ended])
+
+    def trim(self, procs: list[BgProcess]) -> None:
+        """Keep only the tail of the unread output of those that ended (no reader lately, or
+        ``READER_GRACE`` ago)."""
+        now, wall = time.monotonic(), time.time()
+        for p in procs:
+            with p.cond:
+                if p.ended and not p.trimmed and (not p.reader_active(now) or
+                                                  wall - (p.ended_at or wall) > READER_GRACE):
+                    p.keep_tail(self.tail)
+
+    def relieve(self, tenant_id: str) -> None:
+        """A follower of ``tenant_id`` waits for room (at most every ``RELIEVE_EVERY``): trim what
+        may be trimmed, then drop the unread tails of ended processes nobody reads, oldest first
+        (of the tenant when its own budget is spent), until a quarter of its budget is free."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._relieved < RELIEVE_EVERY:
+                return
+            self._relieved = now
+            ended = [p for table in self._procs.values() for p in table.values() if p.ended]
+        self.trim([p for p in ended if not p.trimmed])
+        budget = self.budget
+        want = max(1, budget.tenant_hold_bytes // 4)
+        own = budget.held(tenant_id) + want > budget.tenant_hold_bytes
+        for p in sorted(ended, key=lambda p: p.ended_at or 0):
+            if budget.room(tenant_id) >= want:
+                break
+            if own and p.tenant_id != tenant_id:
+                continue
+            with p.cond:
+                if p.held and not p.reader_active(now):
+                    p.keep_tail(0, again=True)
+
+    def stream_hold(self, tenant_id: str) -> int:
+        """Unacknowledged bytes one stream may hold: ``HOLD``, or its share of the tenant's budget."""
+        running = max(1, self.budget.running(tenant_id))
+        return max(1, min(HOLD, self.budget.tenant_hold_bytes // (2 * running)))
 
     def tracked(self, proc: BgProcess) -> bool:
         with self._lock:
             return self._procs.get((proc.tenant_id, proc.session_id), {}).get(proc.pid) is proc
-
-
-class _Follower(Follower):
-    """Follows a ``BgProcess`` into its buffers: output waits in the box while a stream holds
-    ``HOLD`` unacknowledged bytes (a read that frees room wakes the follower early)."""
-
-    def __init__(self, table: ProcessTable, p: BgProcess, spec: RunSpec) -> None:
-        deadline = None if p.timeout is None else p.started_mono + p.timeout
-        super().__init__(p.provider, p.instance_id, p.pid, deadline, table.runs, spec, p.started_mono)
-        self.table, self.p = table, p
-
-    def offsets(self) -> tuple[int, int, bool]:
-        p = self.p
-        with p.cond:
-            return p.out.end, p.err.end, len(p.out.buf) >= HOLD or len(p.err.buf) >= HOLD
-
-    def take(self, poll: dict[str, Any]) -> None:
-        p = self.p
-        with p.cond:
-            p.out.buf += poll["stdout"]
-            p.err.buf += poll["stderr"]
-            if poll.get("exited"):
-                p.exit_code, p.signal = poll.get("exit_code"), poll.get("signal")
-                p.ended, p.ended_at = True, time.time()
-            if poll["stdout"] or poll["stderr"] or p.ended:
-                p.changed()
-
-    def lost(self, e: Exception) -> str:
-        if not isinstance(e, SandboxError):
-            return f"following the process failed: {type(e).__name__}"
-        if e.http_status == 404:
-            return f"the box no longer knows process {self.pid}"
-        return f"the process was lost with its box ({e.code}: {e.message})"
-
-    def dropped(self) -> str | None:
-        return None if self.table.tracked(self.p) else "the session's box changed"
-
-    def expire(self) -> None:
-        super().expire()
-        with self.p.cond:
-            self.p.timed_out = True
-
-    def pause(self, delay: float) -> None:
-        with self.p.cond:
-            self.p.cond.wait(delay)
-
-    def ended(self) -> None:
-        p = self.p
-        with p.cond:
-            p.error = self.error
-            if not p.ended:
-                p.ended, p.ended_at = True, time.time()
-            p.changed()
-        if self.error is not None:
-            self.table.sweep()  # its box is likely gone with its session: nothing keeps it readable

@@ -61,6 +61,17 @@ class ServiceSettings:
     max_background_processes: int = 32
     """SANDBOX_MAX_BACKGROUND_PROCESSES: processes started through the E2B endpoint (commands.run,
     foreground or background, pty.create) running at once in one sandbox (SB008/429 beyond)."""
+    tenant_max_background_processes: int = 64
+    """SANDBOX_TENANT_MAX_BACKGROUND_PROCESSES: background processes one tenant runs at once, across
+    its sessions and sandboxes (HTTP API, MCP and E2B; SB008/429 beyond)."""
+    background_hold_bytes: int = 256 * 1024 * 1024
+    """SANDBOX_BACKGROUND_HOLD_BYTES: output of background processes the service holds in memory,
+    all tenants together; past it output waits in the boxes until clients read."""
+    tenant_background_hold_bytes: int = 64 * 1024 * 1024
+    """SANDBOX_TENANT_BACKGROUND_HOLD_BYTES: the same, for one tenant."""
+    background_ended_tail_bytes: int = 64 * 1024
+    """SANDBOX_BACKGROUND_ENDED_TAIL_BYTES: unread output kept per stream of a process that ended
+    (after a grace of a minute for readers still at it); the rest is dropped, and said so in reads."""
     audit_code: bool = False
     """SANDBOX_AUDIT_CODE: store the code itself in the audit table (off: only its sha256)."""
     reap_interval: float = 0.0
@@ -126,6 +137,10 @@ class ServiceSettings:
             "SANDBOX_MAX_FILE_BYTES": ("max_file_bytes", 1),
             "SANDBOX_MAX_REQUEST_BYTES": ("max_request_bytes", 1024),
             "SANDBOX_MAX_BACKGROUND_PROCESSES": ("max_background_processes", 1),
+            "SANDBOX_TENANT_MAX_BACKGROUND_PROCESSES": ("tenant_max_background_processes", 1),
+            "SANDBOX_BACKGROUND_HOLD_BYTES": ("background_hold_bytes", 65536),
+            "SANDBOX_TENANT_BACKGROUND_HOLD_BYTES": ("tenant_background_hold_bytes", 65536),
+            "SANDBOX_BACKGROUND_ENDED_TAIL_BYTES": ("background_ended_tail_bytes", 0),
         }
         for var, attr in durations.items():
             if (raw := get(var)) is not None:

@@ -145,7 +145,7 @@ def test_pty_process_has_a_terminal_and_takes_resizes(box) -> None:
 
 
 def test_a_flood_is_paused_until_read_and_read_output_is_freed(box, tmp_path) -> None:
-    from execbox.agent.background import _punch
+    from execbox.agent.bg_output import _punch
 
     p, iid = box
     pid = p.start_process(iid, "yes 0123456789012345678901234567890123456789")

@@ -3,24 +3,47 @@
 Used for every provider with ``supports_background_processes`` (all agent-backed ones). The
 process runs in the box on its own; it holds neither the session nor the agent, so run_code,
 files and other commands go on beside it. One follower thread per process (``service/follower.py``,
-shared with the HTTP API; idle polls here back off to 50 ms) fans its output out to every Start /
-Connect stream; when the deadline (the SDK's request timeout, at most the sandbox's end) passes,
-it kills the process's whole job.
+shared with the HTTP API; idle polls here back off to 50 ms, and to 1 s after 10 s of quiet)
+fans its output out to every Start / Connect stream (``Proc``, ``Subscription``); when the
+deadline (the SDK's request timeout, at most the sandbox's end) passes, it kills the process's
+whole job.
+
+Memory is bounded as for the HTTP API: the follower takes no more output while the slowest stream
+has ``SUBSCRIBER_HOLD`` bytes queued (its share of the tenant's budget when the tenant runs many
+processes) or the replica's budget (``follower.Budget``, shared with the HTTP API) is spent; the
+output waits in the box meanwhile (back-pressure, as envd's fan-out blocks on a slow consumer),
+and the processes a tenant runs at once are capped (RESOURCE_EXHAUSTED, SB008).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from protobuf import Oneof
 
 from ...errors import SessionNotFoundError
+from ...providers.base import SandboxProvider
+from ..config import ServiceSettings
 from ..executions import RunSpec
-from ..follower import Follower
+from ..follower import Budget, Follower
 from .envd_gen.process import process_pb as pb
+
+SUBSCRIBER_HOLD = 1024 * 1024
+"""Bytes of output queued for the slowest stream past which the follower takes no more."""
+_DEFAULT_BUDGET = Budget.from_settings(ServiceSettings())
+
+
+def budget_of(state: Any) -> Budget:
+    """The replica's budget of background output (the HTTP API's process table holds it)."""
+    table = getattr(state, "processes", None)
+    budget = getattr(table, "budget", None)
+    return budget if isinstance(budget, Budget) else _DEFAULT_BUDGET
 
 
 def resolve_box(state: Any, sb: Any, fresh: bool = False) -> tuple[Any, str]:
@@ -75,15 +98,28 @@ class _Follower(Follower):
         self.out_off = self.err_off = 0
 
     def offsets(self) -> tuple[int, int, bool]:
-        return self.out_off, self.err_off, False
+        proc = self.proc
+        full = False
+        if proc.budget is not None:
+            running = max(1, proc.budget.running(proc.tenant))
+            hold = max(1, min(SUBSCRIBER_HOLD, proc.budget.tenant_hold_bytes // (2 * running)))
+            full = proc.backlog() >= hold or proc.budget.room(proc.tenant) <= 0
+        return self.out_off, self.err_off, full
 
     def take(self, poll: dict[str, Any]) -> None:
-        if poll["stdout"]:
-            self.proc.publish(_data("pty" if self.proc.pty else "stdout", poll["stdout"]))
-            self.out_off += len(poll["stdout"])
-        if poll["stderr"]:
-            self.proc.publish(_data("stderr", poll["stderr"]))
-            self.err_off += len(poll["stderr"])
+        out, err = poll["stdout"], poll["stderr"]
+        if not poll.get("exited"):  # as much as the budget has room for; the rest is polled again
+            out = out[:self.proc.reserve(len(out))] if out else out
+            err = err[:self.proc.reserve(len(err))] if err else err
+        if out:
+            self.proc.publish(_data("pty" if self.proc.pty else "stdout", out))
+            self.out_off += len(out)
+        if err:
+            self.proc.publish(_data("stderr", err))
+            self.err_off += len(err)
+
+    def pause(self, delay: float) -> None:
+        self.proc.wait_drained(delay)  # a stream that takes its queue wakes it early
 
     def lost(self, e: Exception) -> str:
         return "the sandbox was killed" if isinstance(e, SessionNotFoundError) else super().lost(e)
@@ -94,6 +130,112 @@ class _Follower(Follower):
         self.forget()
 
 
+@dataclass
+class Proc:
+    pid: int
+    config: pb.ProcessConfig
+    tag: str | None
+    provider: SandboxProvider | None = None
+    instance_id: str | None = None
+    background: bool = False  # an agent background process: pid is the box pid
+    pty: bool = False  # on a pseudo-terminal: output travels as pty data
+    stdin: bool = False  # takes input: started with stdin (or on a terminal) and not closed since
+    done: bool = False
+    subscribers: list[Subscription] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    budget: Budget | None = None  # books what the queues hold, for tenant
+    tenant: str = ""
+    charged: int = 0
+    drained: threading.Condition = field(default_factory=threading.Condition)
+
+    def subscribe(self) -> Subscription:
+        sub = Subscription(self, asyncio.get_running_loop())
+        with self.lock:
+            if self.done:
+                sub.queue.put_nowait((None, 0))
+            else:
+                self.subscribers.append(sub)
+        return sub
+
+    def publish(self, event: pb.ProcessEvent | None) -> None:
+        size = _size(event)
+        with self.lock:
+            if self.done:
+                return
+            self.done = event is None
+            subs = list(self.subscribers)
+            for sub in subs:
+                sub.queued += size
+            self._settle()
+        for sub in subs:
+            sub.loop.call_soon_threadsafe(sub.queue.put_nowait, (event, size))
+
+    def reserve(self, want: int) -> int:
+        """Book up to ``want`` bytes of output on the budget before publishing them: how many fit."""
+        if self.budget is None:
+            return want
+        got = self.budget.take(self.tenant, want)
+        with self.lock:
+            self.charged += got
+        return got
+
+    def backlog(self) -> int:
+        """Bytes queued for the slowest stream."""
+        with self.lock:
+            return max((s.queued for s in self.subscribers), default=0)
+
+    def wait_drained(self, timeout: float) -> None:
+        """Until a stream took some of its queue, or ``timeout`` passed."""
+        with self.drained:
+            self.drained.wait(timeout)
+
+    def _consumed(self, sub: Subscription, size: int, leave: bool = False) -> None:
+        with self.lock:
+            sub.queued -= size
+            if leave and sub in self.subscribers:
+                self.subscribers.remove(sub)
+            self._settle()
+        with self.drained:
+            self.drained.notify_all()
+
+    def _settle(self) -> None:  # with lock held: book the slowest queue
+        held = max((s.queued for s in self.subscribers), default=0)
+        if self.budget is not None:
+            self.budget.charge(self.tenant, held - self.charged)
+        self.charged = held
+
+    def info(self) -> pb.ProcessInfo:
+        return pb.ProcessInfo(config=self.config, pid=self.pid, tag=self.tag)
+
+
+class Subscription:
+    """One Start or Connect stream's queue of events, and the bytes of output queued in it."""
+
+    def __init__(self, proc: Proc, loop: asyncio.AbstractEventLoop) -> None:
+        self.proc, self.loop = proc, loop
+        self.queue: asyncio.Queue[tuple[pb.ProcessEvent | None, int]] = asyncio.Queue()
+        self.queued = 0
+
+    async def get(self) -> pb.ProcessEvent | None:
+        event, size = await self.queue.get()
+        if size:
+            self.proc._consumed(self, size)
+        return event
+
+    def close(self) -> None:
+        """The stream ended (the end, or its client went away): it no longer holds output back."""
+        self.proc._consumed(self, self.queued, leave=True)
+
+
+def _size(event: pb.ProcessEvent | None) -> int:
+    if event is None or event.event is None or event.event.field != "data":
+        return 0
+    out = event.event.value.output
+    return len(out.value) if out is not None else 0
+
+
 def start_follower(state: Any, sb: Any, proc: Any, deadline: float, spec: RunSpec, forget: Callable[[], None]) -> None:
     """Follow ``proc`` (an envd_process.Proc) in a thread until it ends, then audit it."""
-    _Follower(state, proc, deadline, spec, forget).start(f"execbox-e2b-proc-{proc.pid}")
+    follower = _Follower(state, proc, deadline, spec, forget)
+    follower.budget, follower.tenant = proc.budget, proc.tenant  # admitted at the start: left at the end
+    follower.start(f"execbox-e2b-proc-{proc.pid}")

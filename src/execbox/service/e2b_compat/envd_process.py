@@ -7,16 +7,19 @@ providers it is one streamed ``run_command`` through the service's RunService (q
 metrics, audit) holding the session, without stdin or PTY. Output events fan out to the Start
 stream and to any Connect stream. A PTY process runs behind the agent's pty relay; its output is
 sent as pty data, SendInput's stdin/pty bytes are its terminal input and Update resizes it.
+
+A stream that does not keep up holds the process's output back, as envd's fan-out does: the
+follower takes no more while the slowest stream has ``envd_bg.SUBSCRIBER_HOLD`` bytes queued, and
+what the queues hold is booked on the replica's budget of held output (``follower.Budget``); the
+output waits in the box meanwhile. A stream that ends (the client went away) stops counting.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import shlex
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -29,6 +32,7 @@ from ...models import ExecutionResult
 from ...providers.base import OutputCallback, SandboxProvider
 from ..executions import RunSpec
 from . import envd_bg
+from .envd_bg import Proc, Subscription
 from .envd_gen.process import process_pb as pb
 from .registry import E2BSandbox, Registry
 from .workspace import PathRefused, to_workspace
@@ -64,42 +68,6 @@ def shell_command(cfg: pb.ProcessConfig) -> str:
     if cfg.cmd in _SHELLS and len(args) >= 2 and args[-2] == "-c" and all(a.startswith("-") for a in args[:-1]):
         return args[-1]
     return shlex.join([cfg.cmd, *args])
-
-
-@dataclass
-class Proc:
-    pid: int
-    config: pb.ProcessConfig
-    tag: str | None
-    provider: SandboxProvider | None = None
-    instance_id: str | None = None
-    background: bool = False  # an agent background process: pid is the box pid
-    pty: bool = False  # on a pseudo-terminal: output travels as pty data
-    stdin: bool = False  # takes input: started with stdin (or on a terminal) and not closed since
-    done: bool = False
-    subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def subscribe(self) -> asyncio.Queue[Any]:
-        q: asyncio.Queue[Any] = asyncio.Queue()
-        with self.lock:
-            if self.done:
-                q.put_nowait(None)
-            else:
-                self.subscribers.append((asyncio.get_running_loop(), q))
-        return q
-
-    def publish(self, event: pb.ProcessEvent | None) -> None:
-        with self.lock:
-            subs = list(self.subscribers)
-            if event is None:
-                self.done = True
-                self.subscribers.clear()
-        for loop, q in subs:
-            loop.call_soon_threadsafe(q.put_nowait, event)
-
-    def info(self) -> pb.ProcessInfo:
-        return pb.ProcessInfo(config=self.config, pid=self.pid, tag=self.tag)
 
 
 def procs_of(sb: E2BSandbox) -> dict[int, Proc]:
@@ -170,14 +138,17 @@ class ProcessService:
             pid, events = await self._launch(sb, request, ctx)
         finally:
             sb._starting -= 1  # type: ignore[attr-defined]
-        yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
-        while True:
-            event = await events.get()
-            if event is None:
-                return
-            yield pb.StartResponse(event=event)
+        try:
+            yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
+            while True:
+                event = await events.get()
+                if event is None:
+                    return
+                yield pb.StartResponse(event=event)
+        finally:
+            events.close()
 
-    async def _launch(self, sb: E2BSandbox, request: pb.StartRequest, ctx: Any) -> tuple[int, asyncio.Queue[Any]]:
+    async def _launch(self, sb: E2BSandbox, request: pb.StartRequest, ctx: Any) -> tuple[int, Subscription]:
         """Start the process (in procs_of once this returns): its pid and its event queue."""
         cfg = request.process or pb.ProcessConfig()
         try:
@@ -197,13 +168,21 @@ class ProcessService:
             pty = (size.cols if size else 80, size.rows if size else 24)
         if getattr(provider, "supports_background_processes", False):
             stdin = request.stdin is None or bool(request.stdin)  # unset means on (older SDKs)
+            budget = envd_bg.budget_of(self.svc)
+            try:
+                budget.admit(sb.tenant_id)  # the tenant's cap on running processes (left when it ends)
+            except SandboxError as e:
+                raise connect_error(e) from None
             try:
                 pid = await anyio.to_thread.run_sync(lambda: provider.start_process(
                     instance_id, command, cwd=None if cwd in (None, ".") else cwd, env=env, stdin=stdin, pty=pty))
-            except SandboxError as e:
-                raise connect_error(e) from None
+            except BaseException as e:
+                budget.leave(sb.tenant_id)
+                if isinstance(e, SandboxError):
+                    raise connect_error(e) from None
+                raise
             bg = Proc(pid, cfg, request.tag, provider, instance_id, background=True, pty=pty is not None,
-                      stdin=stdin or pty is not None)
+                      stdin=stdin or pty is not None, budget=budget, tenant=sb.tenant_id)
             events = bg.subscribe()
             procs_of(sb)[pid] = bg
             spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, None)  # type: ignore[arg-type]
@@ -250,12 +229,16 @@ class ProcessService:
         sb = sandbox_for(self.reg, ctx)
         proc = self._find(sb, request.process)
         queue = proc.subscribe()
-        yield pb.ConnectResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=proc.pid))))
-        while True:
-            event = await queue.get()
-            if event is None:
-                return
-            yield pb.ConnectResponse(event=event)
+        try:
+            start = pb.ProcessEvent.StartEvent(pid=proc.pid)
+            yield pb.ConnectResponse(event=pb.ProcessEvent(event=Oneof("start", start)))
+            while True:
+                event = await queue.get()
+                if event is None:
+                    return
+                yield pb.ConnectResponse(event=event)
+        finally:
+            queue.close()
 
     async def send_signal(self, request: pb.SendSignalRequest, ctx: Any) -> pb.SendSignalResponse:
         sb = sandbox_for(self.reg, ctx)

@@ -132,6 +132,10 @@ class OutputOut(ProcessOut):
     stdout_skipped: int = Field(description="Bytes before the first returned one that are no longer held "
                                             "(a larger offset acknowledged them earlier)")
     stderr_skipped: int
+    stdout_dropped: int = Field(0, description="Bytes of an ended process's output that were never read and "
+                                               "are no longer held (only its last SANDBOX_BACKGROUND_ENDED_TAIL_BYTES "
+                                               "are kept); counted in stdout_skipped too")
+    stderr_dropped: int = 0
 
 
 class StdinOut(BaseModel):

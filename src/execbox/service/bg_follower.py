@@ -1,0 +1,112 @@
+"""The HTTP API's follower of a background process (``background.py``; the loop is ``follower.py``,
+shared with the E2B facade): it polls the agent into the process's buffers, waits while a
+stream holds its share or the budget is spent, and applies the tail rule at the end."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SandboxError
+from .executions import RunSpec
+from .follower import QUIET_AFTER, Follower
+
+if TYPE_CHECKING:
+    from .background import BgProcess, ProcessTable
+
+
+class HttpFollower(Follower):
+    """Follows a ``BgProcess`` into its buffers: output waits in the box while a stream holds its
+    share of unacknowledged bytes (at most ``HOLD``) or the budget is spent (a read that frees
+    room wakes the follower early). A process that ended in the box while its output waits, with
+    no client reading it, skips to the tail of that output."""
+
+    poll_quiet = 2.0  # a read wakes it at once, and it polls every poll_idle while a client reads
+
+    def __init__(self, table: ProcessTable, p: BgProcess, spec: RunSpec) -> None:
+        deadline = None if p.timeout is None else p.started_mono + p.timeout
+        super().__init__(p.provider, p.instance_id, p.pid, deadline, table.runs, spec, p.started_mono)
+        self.table, self.p = table, p
+        self.draining = False  # skipped to the tail of an ended process: take the rest, full or not
+
+    def offsets(self) -> tuple[int, int, bool]:
+        p = self.p
+        hold = self.table.stream_hold(p.tenant_id)
+        with p.cond:
+            full = len(p.out.buf) >= hold or len(p.err.buf) >= hold
+            out_end, err_end = p.out.end, p.err.end
+        if not full and self.table.budget.room(p.tenant_id) <= 0:
+            full = True
+            self.table.relieve(p.tenant_id)
+        return out_end, err_end, full and not self.draining
+
+    def take(self, poll: dict[str, Any]) -> None:
+        p = self.p
+        out, err, last = poll["stdout"], poll["stderr"], bool(poll.get("exited"))
+        with p.cond:
+            if p.forgotten:
+                return
+            if last or self.draining:  # the end (or the tail): taken whole, booked fit or not
+                p.out.buf += out
+                p.err.buf += err
+            else:  # as much as the budget has room for; the rest is polled again
+                p.out.buf += out[:self.table.budget.take(p.tenant_id, len(out))]
+                p.err.buf += err[:self.table.budget.take(p.tenant_id, len(err))]
+                p.charged = p.held  # booked by budget.take
+            p.settle()
+            if last:
+                p.exit_code, p.signal = poll.get("exit_code"), poll.get("signal")
+                p.ended, p.ended_at = True, time.time()
+            if out or err or p.ended:
+                p.changed()
+            if last and not p.reader_active(time.monotonic()):
+                p.keep_tail(self.table.tail)
+
+    def skip(self, poll: dict[str, Any]) -> bool:
+        """Ended in the box while output waits: with no reader, go on from the streams' tails."""
+        p = self.p
+        with p.cond:
+            if p.reader_active(time.monotonic()) or "stdout_size" not in poll:
+                return False
+            tail = min(self.table.tail, (self.table.budget.room(p.tenant_id) + p.held) // 2)  # what fits
+            p.out.skip_to(int(poll["stdout_size"]) - tail)
+            p.err.skip_to(int(poll["stderr_size"]) - tail)
+            p.settle()
+        self.draining = True
+        return True
+
+    def idle_delay(self, quiet: float) -> float:
+        with self.p.cond:  # a client waits, or reads now and then: new output must not wait long
+            reading = bool(self.p.waiters) or time.monotonic() - self.p.last_read < QUIET_AFTER
+        return self.poll_idle if reading else super().idle_delay(quiet)
+
+    def lost(self, e: Exception) -> str:
+        if not isinstance(e, SandboxError):
+            return f"following the process failed: {type(e).__name__}"
+        if e.http_status == 404:
+            return f"the box no longer knows process {self.pid}"
+        return f"the process was lost with its box ({e.code}: {e.message})"
+
+    def dropped(self) -> str | None:
+        return None if self.table.tracked(self.p) else "the session's box changed"
+
+    def expire(self) -> None:
+        super().expire()
+        with self.p.cond:
+            self.p.timed_out = True
+
+    def pause(self, delay: float) -> None:
+        with self.p.cond:
+            self.p.cond.wait(delay)
+
+    def ended(self) -> None:
+        p = self.p
+        with p.cond:
+            p.error = self.error
+            if not p.ended:
+                p.ended, p.ended_at = True, time.time()
+            p.changed()
+            if not p.reader_active(time.monotonic()):
+                p.keep_tail(self.table.tail)
+        if self.error is not None:
+            self.table.sweep()  # its box is likely gone with its session: nothing keeps it readable
