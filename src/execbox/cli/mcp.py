@@ -17,9 +17,9 @@ def mcp(
     config: str = typer.Option(None, "--config", help="Provider config as JSON, e.g. '{\"runtime\": \"sci\"}'."),
     max_timeout: str = typer.Option("300s", "--max-timeout", help="Cap on any tool call's timeout."),
     max_output: str = typer.Option(None, "--max-output", envvar="EXECBOX_MCP_MAX_OUTPUT", show_default=False,
-                                   help="Characters of a run's stdout (and of its stderr) the model gets; the "
-                                        "head and tail of longer output are kept, with a note of what was cut "
-                                        "(0: no cap). Default 32768."),
+                                   help="Characters one tool reply gives the model: a run's stdout and stderr "
+                                        "each (head and tail kept), a file page, a listing; a note says what was "
+                                        "cut and how to read on (0: no cap). Default 32768."),
     workspaces: str = typer.Option(None, "--workspaces", help="Directory for session workspaces "
                                                               "(default: a new temporary directory)."),
 ) -> None:

@@ -14,10 +14,13 @@ from typing import Any
 
 from ..errors import InvalidConfigError, SandboxError, SessionNotFoundError
 from ..models import ExecutionResult, FileInfo, GrepMatch, Language, TextPage
+from ..providers.agent_files import workspace_change
 from ..providers.base import OutputCallback, SandboxProvider
+from ..service.background import ProcessTable
 from ..service.executions import FILE_LANGUAGE, RunService, RunSpec
 from ..service.routes.sandbox import check_path  # the same early path check as the HTTP routes
 from ..service.sessions import SessionManager, check_name
+from ..service.streaming import RunHandle
 from .output_cap import DEFAULT_MAX_OUTPUT
 
 DEFAULT_MAX_TIMEOUT = 300.0
@@ -36,9 +39,11 @@ class ServiceCore:
 
     def __init__(self, sessions: SessionManager, runs: RunService, default_timeout: float,
                  max_timeout: float = DEFAULT_MAX_TIMEOUT, max_code_bytes: int = 1024 * 1024,
-                 max_output: int = DEFAULT_MAX_OUTPUT) -> None:
+                 max_output: int = DEFAULT_MAX_OUTPUT, processes: ProcessTable | None = None) -> None:
         self.sessions = sessions
         self.runs = runs
+        self.processes = processes
+        """The replica's background processes (the HTTP API's table; processes.py); None: not served."""
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
         self.max_code_bytes = max_code_bytes
@@ -90,6 +95,14 @@ class ServiceCore:
             self._implicit[key] = (caller.tenant_id, sid)
         return sid
 
+    def current_implicit(self, caller: Caller, key: str) -> str | None:
+        """The client's implicit session if it has one now (never creating it)."""
+        with self._lock:
+            found = self._implicit.get(key)
+        if found is None or found[0] != caller.tenant_id or self.sessions.get(*found) is None:
+            return None
+        return found[1]
+
     def end_implicit(self, key: str, tenant_id: str | None = None) -> None:
         """The MCP session ended: close the execbox session it created (only the owner may end it)."""
         with self._lock:
@@ -120,15 +133,18 @@ class ServiceCore:
             return self.max_timeout, True
         return asked, False
 
-    def _check_code(self, code: str, field: str) -> None:
+    def check_code(self, code: str, field: str) -> None:
         size = len(code.encode("utf-8", "surrogatepass"))
         if size > self.max_code_bytes:
             raise InvalidConfigError(f"{field} is {size} bytes; the limit is {self.max_code_bytes}",
                                      details={"field": field, "limit": self.max_code_bytes})
 
     def run_code(self, caller: Caller, session_id: str | None, code: str, language: str,
-                 timeout: float, arguments: dict[str, Any] | None, context_id: str | None) -> ExecutionResult:
-        self._check_code(code, "code")
+                 timeout: float, arguments: dict[str, Any] | None, context_id: str | None,
+                 handle: RunHandle | None = None) -> ExecutionResult:
+        """``handle``: cancelling it stops this run (and only this one), as a streamed HTTP run whose
+        client went away (service/streaming.py); a run it stops before it starts raises ClientGone."""
+        self.check_code(code, "code")
         lang = Language.parse(language).value
 
         def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
@@ -139,11 +155,11 @@ class ServiceCore:
             return provider.execute_code(instance_id, code, lang, timeout, arguments, **kwargs)
 
         spec = RunSpec(caller.tenant_id, session_id, "execute_code", lang, code, caller.token_id, call)
-        return self.runs.run(spec)
+        return self.runs.run(spec, handle=handle)
 
     def run_command(self, caller: Caller, session_id: str | None, command: str, timeout: float,
-                    cwd: str | None) -> ExecutionResult:
-        self._check_code(command, "command")
+                    cwd: str | None, handle: RunHandle | None = None) -> ExecutionResult:
+        self.check_code(command, "command")
         if not command.strip():
             raise InvalidConfigError("command must not be empty", details={"field": "command"})
         check_path(cwd, "cwd")
@@ -153,7 +169,13 @@ class ServiceCore:
             return provider.run_command(instance_id, command, timeout, cwd=cwd)
 
         spec = RunSpec(caller.tenant_id, session_id, "run_command", "bash", command, caller.token_id, call)
-        return self.runs.run(spec)
+        return self.runs.run(spec, handle=handle)
+
+    def interrupt(self, caller: Caller, session_id: str) -> bool:
+        """Interrupt the run the session is serving, whoever started it (SessionManager.interrupt,
+        as the HTTP interrupt route); False when none runs."""
+        self.require_session(caller, session_id)
+        return self.sessions.interrupt(caller.tenant_id, session_id)
 
     def install(self, caller: Caller, session_id: str, pip: list[str], npm: list[str]) -> dict[str, Any]:
         """pip/npm into the session's workspace (the same provider call as the HTTP install route)."""
@@ -202,6 +224,30 @@ class ServiceCore:
         self.require_session(caller, session_id)
         return self.runs.file_op(caller.tenant_id, session_id, "grep", path, caller.token_id,
                                  lambda p, i: p.grep(i, pattern, path, glob, max_results))
+
+    def delete_path(self, caller: Caller, session_id: str, path: str) -> None:
+        """A file, or a directory with what it holds (as the HTTP delete route)."""
+        check_path(path, "path")
+        self.require_session(caller, session_id)
+        self.runs.file_op(caller.tenant_id, session_id, "delete_path", path, caller.token_id,
+                          lambda p, i: workspace_change(p, "delete_path", "delete workspace files")(i, path))
+
+    def make_dir(self, caller: Caller, session_id: str, path: str) -> bool:
+        """A directory and its parents; False when it was one already."""
+        check_path(path, "path")
+        self.require_session(caller, session_id)
+        return bool(self.runs.file_op(
+            caller.tenant_id, session_id, "make_dir", path, caller.token_id,
+            lambda p, i: workspace_change(p, "make_dir", "make workspace directories")(i, path)))
+
+    def move_path(self, caller: Caller, session_id: str, source: str, destination: str) -> str:
+        """Rename or move within the workspace, as ``mv``; where it is now."""
+        check_path(source, "source")
+        check_path(destination, "destination")
+        self.require_session(caller, session_id)
+        return str(self.runs.file_op(
+            caller.tenant_id, session_id, "move_path", source, caller.token_id,
+            lambda p, i: workspace_change(p, "move_path", "move workspace files")(i, source, destination)))
 
     def list_running_files(self, caller: Caller, session_id: str) -> list[FileInfo] | None:
         """Every file of a session whose box runs on this replica, counted and audited as the

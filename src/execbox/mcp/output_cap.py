@@ -38,9 +38,16 @@ class Capped:
     """Characters left out (0: nothing was)."""
 
 
-def cap_stream(text: str, limit: int, stream: str) -> Capped:
+RUN_AGAIN = ("To read all of it, run the command again with its output sent to a file (e.g. "
+             "`... > out.txt 2>&1`, or write to a file from the code) and page that file with read_file "
+             "(offset, limit; a long line with char_offset), or search it with grep")
+"""How to read a run's whole stream: the end of the note in the middle of a capped one."""
+
+
+def cap_stream(text: str, limit: int, stream: str, how: str = RUN_AGAIN) -> Capped:
     """``text`` as the model sees it, at most ``limit`` characters of it (plus the note); cuts fall
-    on line ends where one is near, so no line is shown half."""
+    on line ends where one is near, so no line is shown half. ``how`` ends the note: how to read
+    all of it."""
     total = len(text)
     if limit <= 0 or total <= limit:
         return Capped(text, total, 0)
@@ -56,7 +63,12 @@ def cap_stream(text: str, limit: int, stream: str) -> Capped:
         tail = tail[nl + 1:]
     cut = total - len(head) - len(tail)
     note = (f"\n[... {cut} of {total} characters of {stream} cut here: the model sees at most {limit} per "
-            f"stream. To read all of it, run the command again with its output sent to a file (e.g. "
-            f"`... > out.txt 2>&1`, or write to a file from the code) and page that file with read_file "
-            f"(offset, limit), or search it with grep ...]\n")
+            f"stream. {how} ...]\n")
     return Capped(head + note + tail, total, cut)
+
+
+def read_limit(limit: int, chunk: int) -> int:
+    """Bytes of a background process's stream one read gives the model: at most the cap (a byte is at
+    most one character), at most ``chunk``. Nothing is cut: the rest waits for the next read, from the
+    offset the reply gives (``0``: no cap, ``chunk``). Never under 4, so a 4-byte character gets through."""
+    return chunk if limit <= 0 else max(4, min(limit, chunk))

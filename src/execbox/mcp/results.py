@@ -13,6 +13,8 @@ from ..models import ExecutionResult
 from .output_cap import DEFAULT_MAX_OUTPUT, cap_stream
 
 IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml"}
+RESULT_HOW = ("To read all of it, have main() write the value to a file (e.g. json.dump(value, open('out.json', "
+              "'w'))) and page that file with read_file (offset, limit; a long line with char_offset)")
 MAX_INLINE_IMAGE = 4 * 1024 * 1024
 """Larger images are sent as resource links rather than inline base64."""
 
@@ -59,16 +61,21 @@ def execution_result(result: ExecutionResult, session_id: str | None,
                      notes: list[str] | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> types.CallToolResult:
     """stdout/stderr/exit code/result as text, the full record as structured content,
     images inline, other artifacts as resource links (session runs) or descriptions (one-shot).
-    stdout and stderr are capped at ``max_output`` characters each for the model (output_cap.py),
-    in the text and the structured content alike; ``output_capped`` says what was cut."""
+    stdout, stderr and main()'s JSON result are capped at ``max_output`` characters each for the model
+    (output_cap.py), in the text and the structured content alike (a capped ``result`` is its capped
+    JSON text); ``output_capped`` says what was cut."""
     structured = result.to_dict()
     structured["session_id"] = session_id
     if notes:
         structured["notes"] = notes
     lines = [f"exit_code: {result.exit_code}"]
-    if result.result is not None:
-        lines.append("result: " + json.dumps(result.result, ensure_ascii=False)[:20000])
     capped: dict[str, Any] = {}
+    if result.result is not None:  # main()'s return value, as JSON: capped as a stream is
+        shown = cap_stream(json.dumps(result.result, ensure_ascii=False), max_output, "result", RESULT_HOW)
+        if shown.cut:  # the code-facing copy is the same capped JSON text (output_capped says so)
+            structured["result"] = shown.text
+            capped["result"] = {"characters": shown.total, "cut": shown.cut, "limit": max_output}
+        lines.append("result: " + shown.text)
     for stream in ("stdout", "stderr"):
         text = getattr(result, stream)
         if not text:
@@ -88,6 +95,10 @@ def execution_result(result: ExecutionResult, session_id: str | None,
         hint = _hint(code, result.metadata)
         if hint:
             lines.append(hint)
+    if result.metadata.get("cancelled") and not result.timed_out:  # interrupt_run, or the service's own stop
+        why = result.metadata.get("cancelled_reason")
+        lines.append("interrupted: the run was stopped before it finished" + (f" ({why})" if why else ""))
+        structured["interrupted"] = True
     if result.metadata.get("context_note"):  # its state is gone: the model must not assume it
         lines.append(f"note: {result.metadata['context_note']}")
     for note in notes or []:
@@ -121,3 +132,45 @@ def _artifact_content(art: Any, session_id: str | None) -> Any:
 def data_result(text: str, structured: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
                                 structured_content=structured, is_error=False)
+
+
+def process_state(p: dict[str, Any]) -> str:
+    """One line a model reads about a background process: its pid, how it is, its command."""
+    status = p.get("status")
+    if status == "running":
+        state = "running"
+    elif status == "exited":
+        state = f"exited with code {p.get('exit_code')}"
+    elif status == "signalled":
+        state = f"ended by signal {p.get('signal')}"
+    elif status == "timed_out":
+        state = f"killed at its timeout ({p.get('timeout') or 0:g} s)"
+    else:
+        state = f"lost ({p.get('error') or 'its box ended'})"
+    command = p.get("command", "")
+    return f"pid {p.get('pid')} {state}: {command[:200]}{' ...' if len(command) > 200 else ''}"
+
+
+def process_result(p: dict[str, Any], session_id: str, notes: list[str] | None = None) -> types.CallToolResult:
+    """A background process and the output one read took (``stdout``/``stderr`` with their offsets,
+    when read): the output, then how to read on (the offsets to send next), then notes."""
+    lines = [process_state(p)]
+    if "stdout_offset" in p:
+        shown = [s for s in ("stdout", "stderr") if p.get(s)]
+        lines += [f"{s}:\n{p[s]}" for s in shown] or ["(no new output)"]
+        for s in ("stdout", "stderr"):
+            dropped = int(p.get(f"{s}_dropped") or 0)
+            if dropped:  # an ended process keeps only the tail of what nobody read
+                lines.append(f"[{dropped} bytes of {s} before this were never read and are gone: an ended "
+                             "process keeps only the last part of its unread output]")
+            if int(p.get(f"{s}_skipped") or 0) > dropped:
+                lines.append(f"[{p[f'{s}_skipped'] - dropped} bytes of {s} before this were already read and "
+                             "dropped]")
+            if p.get(f"{s}_waiting"):
+                lines.append(f"[{p[f'{s}_waiting']} more bytes of {s} are waiting: read on]")
+        if p.get("running") or p.get("stdout_waiting") or p.get("stderr_waiting"):
+            lines.append(f"next read: read_process_output pid={p.get('pid')} stdout_offset={p['stdout_offset']} "
+                         f"stderr_offset={p['stderr_offset']}")
+    lines += [f"note: {n}" for n in notes or []]
+    lines.append(f"session_id: {session_id}")
+    return data_result("\n".join(lines), {**p, "session_id": session_id, **({"notes": notes} if notes else {})})

@@ -20,9 +20,14 @@ from mcp.shared.exceptions import MCPError
 
 from .. import __version__
 from ..errors import SandboxError
+from ..service.executions import ClientGone
+from ..service.streaming import RunHandle
 from .arguments import check_arguments
+from .budget import cap_result
 from .core import Caller, ServiceCore
+from .output_cap import DEFAULT_MAX_OUTPUT
 from .results import error_result, file_uri
+from .tool_base import RUN_HANDLE, Handler
 from .tools import BY_NAME, TOOLS
 
 log = logging.getLogger("execbox.mcp")
@@ -34,8 +39,9 @@ TEXT_TYPES = ("text/", "application/json", "application/xml", "application/javas
 
 INSTRUCTIONS = (
     "execbox runs untrusted Python, JavaScript and bash in an isolated sandbox. Use run_code for programs "
-    "(Python globals persist between calls), run_command for shell commands, and the file tools to read and "
-    "write the workspace. Errors carry an SB code (SB005 timeout, SB006 out of memory, SB002 bad input).")
+    "(Python globals persist between calls), run_command for shell commands, start_process for servers and "
+    "other long-running commands, and the file tools to read and change the workspace. Errors carry an SB "
+    "code (SB005 timeout, SB006 out of memory, SB002 bad input).")
 
 
 def build_server(resolve: Resolver) -> Server[Any]:
@@ -47,15 +53,20 @@ def build_server(resolve: Resolver) -> Server[Any]:
         if tool is None:  # a protocol error, as the MCP spec has it (bad arguments are tool errors)
             raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {params.name[:100]!r}",
                            data={"tools": sorted(BY_NAME)})
+        max_output = DEFAULT_MAX_OUTPUT
         try:
             core, caller, key = resolve(ctx)
             args = check_arguments(tool.name, tool.input_schema, params.arguments)  # SB002 naming the field
-            return await anyio.to_thread.run_sync(tool.handler, core, caller, key, args)
+            max_output = core.max_output
+            result = await _cancellable(tool.handler, core, caller, key, args)
         except SandboxError as e:
-            return error_result(e)
+            result = error_result(e)
+        except ClientGone:  # cancelled before its run started: nothing ran, and nobody waits for this answer
+            result = error_result(SandboxError(f"{params.name} was cancelled before it started"))
         except Exception as e:  # noqa: BLE001 - a tool failure must never take the connection down
             log.exception("mcp tool %s failed", params.name)
-            return error_result(SandboxError(f"internal error in {params.name}: {type(e).__name__}"))
+            result = error_result(SandboxError(f"internal error in {params.name}: {type(e).__name__}"))
+        return cap_result(result, max_output)  # the net under every tool's own caps (budget.py)
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
         core, caller, _ = resolve(ctx)
@@ -92,6 +103,46 @@ def build_server(resolve: Resolver) -> Server[Any]:
     return Server("execbox", version=__version__, instructions=INSTRUCTIONS,
                   on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
                   on_list_resource_templates=list_templates, on_read_resource=read_resource)
+
+
+async def _cancellable(handler: Handler, core: ServiceCore, caller: Caller, key: str,
+                       args: dict[str, Any]) -> types.CallToolResult:
+    """``handler`` on a worker thread. When the call is cancelled while it works (the client's
+    ``notifications/cancelled``, a sessionless client closing its response stream, the server
+    stopping), the run it started is stopped (``RunHandle``: that run only, never the next one in
+    the session; a run not started yet never starts) and the cancellation goes on once the thread
+    returns. Other tools (file operations, installs) finish as they would have."""
+    handle = RunHandle()
+    box: dict[str, Any] = {}
+    done = anyio.Event()
+
+    def call() -> types.CallToolResult:
+        token = RUN_HANDLE.set(handle)
+        try:
+            return handler(core, caller, key, args)
+        finally:
+            RUN_HANDLE.reset(token)
+            handle.done.set()
+
+    async def work() -> None:
+        with anyio.CancelScope(shield=True):  # the thread is never abandoned: it ends, then we do
+            try:
+                box["value"] = await anyio.to_thread.run_sync(call)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                box["error"] = e
+            finally:
+                done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(work)
+        try:
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
+            handle.cancel()  # pokes the run's box until the worker returns (service/streaming.py)
+            raise
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _mime(path: str) -> str:

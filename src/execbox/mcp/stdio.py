@@ -15,6 +15,7 @@ from mcp.server.stdio import stdio_server
 
 from ..providers.base import SandboxProvider
 from ..sdk.local import get_sandbox
+from ..service.background import ProcessTable
 from ..service.config import ServiceSettings
 from ..service.executions import RunService
 from ..service.fd_limit import raise_open_file_limit
@@ -50,7 +51,8 @@ def serve_stdio(provider: str | None, tenant: str, max_timeout: float, workspace
     root = workspaces or tempfile.mkdtemp(prefix="execbox-mcp-")
     sessions = SessionManager(_OneProvider(prov), settings, root, None)
     runs = RunService(sessions, ServiceMetrics(), OperationLog(None, settings.audit_code))
-    core = ServiceCore(sessions, runs, settings.default_timeout, max_timeout, settings.max_code_bytes, max_output)
+    core = ServiceCore(sessions, runs, settings.default_timeout, max_timeout, settings.max_code_bytes, max_output,
+                       ProcessTable(runs, settings.max_background_processes))
     caller = Caller(tenant)
     server = build_server(lambda ctx: (core, caller, STDIO_KEY))
     sessions.start()

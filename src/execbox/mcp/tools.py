@@ -8,81 +8,49 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
 
+from ..agent.search import MAX_LINE_CHARS as GREP_LINE_CHARS
 from ..errors import InvalidConfigError, SandboxError
-from ..models import GlobResult, GrepResult, Language
+from ..models import FileInfo, GlobResult, GrepResult, Language
 from ..service.sessions import NAME_PATTERN
+from .budget import cap_page, fit, left_out, line_chars
 from .core import Caller, ServiceCore
+from .process_tools import PROCESS_TOOLS
 from .results import data_result, execution_result, file_uri
-
-SESSION_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-              "description": "An execbox session id from create_session or list_sessions. Omit it to use "
-                             "this conversation's own session, created on first use."}
-PATH = {"type": "string", "minLength": 1, "maxLength": 4096,
-        "description": "Workspace-relative path, e.g. 'data/input.csv'. Absolute paths, '..' and symlinks "
-                       "leaving the workspace are refused."}
-TIMEOUT = {"type": "number", "exclusiveMinimum": 0, "maximum": 3600,
-           "description": "Seconds before the run is stopped (capped by the server's limit). A context cell past "
-                          "it is interrupted and keeps its state; one that will not stop is killed."}
-
-Handler = Callable[[ServiceCore, Caller, str, dict[str, Any]], types.CallToolResult]
-
-
-@dataclass(frozen=True)
-class ToolDef:
-    name: str
-    title: str
-    description: str
-    input_schema: dict[str, Any]
-    handler: Handler
-    read_only: bool = False
-    destructive: bool = False
-    idempotent: bool = False
-
-    def to_tool(self) -> types.Tool:
-        return types.Tool(name=self.name, title=self.title, description=self.description,
-                          input_schema=self.input_schema,
-                          annotations=types.ToolAnnotations(title=self.title, read_only_hint=self.read_only,
-                                                            destructive_hint=self.destructive,
-                                                            idempotent_hint=self.idempotent,
-                                                            open_world_hint=False))
-
-
-def _obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required or [],
-            "additionalProperties": False}
-
-
-def _existing(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> str:
-    """The session a tool acts on: the one named (it must exist), else the conversation's own."""
-    sid = args.get("session_id")
-    if sid:
-        core.require_session(caller, sid)
-        return sid
-    return core.implicit_session(caller, key)
+from .tool_base import PATH, RUN_HANDLE, SESSION_ID, TIMEOUT, ToolDef, current_session, existing_session, obj
 
 
 def run_code(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _existing(core, caller, key, args)
+    sid = existing_session(core, caller, key, args)
     timeout, capped = core.timeout(args.get("timeout"))
     context_id = args.get("context_id")
     language = args.get("language", "python")
     if context_id is None and Language.parse(language) in (Language.PYTHON, Language.BASH):
         context_id = "mcp"  # Python globals, the shell's variables and cd persist across calls
-    result = core.run_code(caller, sid, args["code"], language, timeout, args.get("arguments"), context_id)
+    result = core.run_code(caller, sid, args["code"], language, timeout, args.get("arguments"), context_id,
+                           RUN_HANDLE.get())
     return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None, core.max_output)
 
 
 def run_command(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _existing(core, caller, key, args)
+    sid = existing_session(core, caller, key, args)
     timeout, capped = core.timeout(args.get("timeout"))
-    result = core.run_command(caller, sid, args["command"], timeout, args.get("cwd"))
+    result = core.run_command(caller, sid, args["command"], timeout, args.get("cwd"), RUN_HANDLE.get())
     return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None, core.max_output)
+
+
+def interrupt_run(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = current_session(core, caller, key, args)
+    done = sid is not None and core.interrupt(caller, sid)
+    if done:
+        text = (f"interrupted the run in session {sid}; its run_code or run_command call ends now (a Python or "
+                "JavaScript context keeps its state)")
+    else:
+        text = f"nothing was running in session {sid}" if sid else "nothing was running: no session yet"
+    return data_result(text, {"session_id": sid, "interrupted": done})
 
 
 def create_session(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
@@ -102,23 +70,42 @@ def list_sessions(core: ServiceCore, caller: Caller, key: str, args: dict[str, A
 
 
 def read_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _existing(core, caller, key, args)
+    sid = existing_session(core, caller, key, args)
+    offset, char_offset = args.get("offset", 0), args.get("char_offset", 0)
     try:
-        page = core.read_file(caller, sid, args["path"], args.get("offset", 0), args.get("limit", 2000))
+        page = core.read_file(caller, sid, args["path"], offset, args.get("limit", 2000))
     except SandboxError as e:
         if e.details.get("reason") != "binary":
             raise
         uri = file_uri(sid, args["path"])  # MCP has no read_binary tool: its bytes are a resource
         raise InvalidConfigError(f"{args['path']!r} looks binary: read it as the resource {uri} (resources/read)",
                                  details={**e.details, "resource": uri}) from None
-    d = page.to_dict()
-    more = (f"\n[lines {page.offset + 1}-{page.offset + page.limit} of {page.total_lines}; "
-            f"read more with offset={page.offset + page.limit}]" if page.truncated else "")
-    return data_result(page.content + more, {**d, "session_id": sid})
+    budget = core.max_output  # a page holds at most this many characters, a line at most max_line_chars
+    shown = cap_page(page.content, page.offset, budget, line_chars(budget, args.get("max_line_chars")),
+                     char_offset)
+    out: dict[str, Any] = {**page.to_dict(), "content": shown.text, "session_id": sid}
+    if char_offset:
+        out["char_offset"] = char_offset
+    more = ""
+    if shown.next_offset is not None:
+        out.update(truncated=True, next_offset=shown.next_offset)
+        more = (f"\n[lines {page.offset + 1}-{shown.next_offset} of {page.total_lines} shown: a reply holds at most "
+                f"{budget} characters; read on with offset={shown.next_offset}]")
+    elif page.truncated:
+        whole = sum(1 for line in page.content.splitlines(keepends=True) if line.endswith("\n"))
+        out["next_offset"] = page.offset + max(whole, 1)
+        more = (f"\n[lines {page.offset + 1}-{out['next_offset']} of {page.total_lines}; "
+                f"read more with offset={out['next_offset']}]")
+    if shown.cut_lines:
+        out["cut_lines"] = shown.cut_lines
+    if shown.cut_lines or shown.next_offset is not None:
+        out["output_capped"] = {"content": {"characters": shown.characters, "shown": len(shown.text),
+                                            "limit": budget}}
+    return data_result(shown.text + more, out)
 
 
 def write_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _existing(core, caller, key, args)
+    sid = existing_session(core, caller, key, args)
     content: str | bytes
     if args.get("encoding", "utf-8") == "base64":
         try:
@@ -131,11 +118,38 @@ def write_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]
     return data_result(f"wrote {info.path} ({info.size} bytes)", {**info.to_dict(), "session_id": sid})
 
 
+def delete_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = existing_session(core, caller, key, args)
+    core.delete_path(caller, sid, args["path"])
+    return data_result(f"deleted {args['path']}", {"path": args["path"], "deleted": True, "session_id": sid})
+
+
+def create_directory(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = existing_session(core, caller, key, args)
+    created = core.make_dir(caller, sid, args["path"])
+    text = f"created directory {args['path']}" if created else f"{args['path']} was a directory already"
+    return data_result(text, {"path": args["path"], "created": created, "session_id": sid})
+
+
+def move_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
+    sid = existing_session(core, caller, key, args)
+    where = core.move_path(caller, sid, args["source"], args["destination"])
+    return data_result(f"moved {args['source']} to {where}", {"source": args["source"], "path": where,
+                                                               "session_id": sid})
+
+
 def list_files(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _existing(core, caller, key, args)
+    sid = existing_session(core, caller, key, args)
     found = core.list_files(caller, sid, args.get("path", "."), bool(args.get("recursive", False)))
-    text = "\n".join(f"{f.path}{'/' if f.is_dir else ''}\t{f.size}" for f in found) or "(empty)"
-    return data_result(text, {"files": [f.to_dict() for f in found], "session_id": sid})
+    lines, n = fit(found, lambda f: f"{f.path}{'/' if f.is_dir else ''}\t{f.size}", FileInfo.to_dict,
+                   core.max_output)
+    out: dict[str, Any] = {"files": [f.to_dict() for f in found[:n]], "session_id": sid}
+    if n < len(found):
+        lines.append(left_out(len(found) - n, len(found), "entries", core.max_output,
+                              "list one subdirectory at a time (path), leave recursive out, or match names "
+                              "with glob"))
+        out.update(truncated=True, total=len(found), omitted=len(found) - n)
+    return data_result("\n".join(lines) or "(empty)", out)
 
 
 SKIP_REASONS = {"unreadable": "could not be read", "not_regular": "not a regular file (FIFO, socket or device)",
@@ -150,28 +164,60 @@ def _notes(truncated: bool, limit: int, what: str, skipped_names: int) -> list[s
 
 
 def glob(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _existing(core, caller, key, args)
+    sid = existing_session(core, caller, key, args)
     limit = args.get("max_results", 1000)
     paths = core.glob(caller, sid, args["pattern"], limit)
     found = paths if isinstance(paths, GlobResult) else GlobResult(paths)
-    text = "\n".join(([*found] or ["(no match)"]) + _notes(found.truncated, limit, "results", found.skipped_names))
-    return data_result(text, {**found.to_dict(), "session_id": sid})
+    lines, n = fit(found, str, str, core.max_output)
+    out: dict[str, Any] = {**found.to_dict(), "paths": list(found[:n]), "session_id": sid}
+    notes = _notes(found.truncated, limit, "results", found.skipped_names)
+    if n < len(found):
+        notes.append(left_out(len(found) - n, len(found), "paths", core.max_output,
+                              "narrow the pattern (e.g. a directory at a time)"))
+        out.update(omitted=len(found) - n)
+    return data_result("\n".join((lines or ["(no match)"]) + notes), out)
 
 
 def grep(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _existing(core, caller, key, args)
+    sid = existing_session(core, caller, key, args)
     limit = args.get("max_results", 100)
     hits = core.grep(caller, sid, args["pattern"], args.get("path", "."), args.get("glob"), limit)
     found = hits if isinstance(hits, GrepResult) else GrepResult(hits)
-    lines = [f"{m.path}:{m.line_number}: {m.line}" for m in found]
-    lines += [f"Binary file {p} matches (its lines are not shown)" for p in found.binary_matches]
-    notes = _notes(found.truncated, limit, "results", found.skipped_names)
-    notes += [f"[skipped {s['path']}: {SKIP_REASONS.get(s['reason'], s['reason'])}]" for s in found.skipped]
-    return data_result("\n".join((lines or ["(no match)"]) + notes), {**found.to_dict(), "session_id": sid})
+    entries: list[tuple[str, Any]] = [*(("match", m) for m in found), *(("binary", p) for p in found.binary_matches),
+                                      *(("skipped", s) for s in found.skipped)]
+
+    def render(entry: tuple[str, Any]) -> str:
+        kind, v = entry
+        if kind == "match":
+            cut = (f" [... the line goes on: read it with read_file path={v.path} offset={v.line_number - 1} "
+                   f"char_offset={len(v.line)}]" if len(v.line) >= GREP_LINE_CHARS else "")
+            return f"{v.path}:{v.line_number}: {v.line}{cut}"
+        if kind == "binary":
+            return f"Binary file {v} matches (its lines are not shown)"
+        return f"[skipped {v['path']}: {SKIP_REASONS.get(v['reason'], v['reason'])}]"
+
+    def data(entry: tuple[str, Any]) -> Any:
+        return entry[1].to_dict() if entry[0] == "match" else entry[1]
+
+    lines, n = fit(entries, render, data, core.max_output)
+    kept = entries[:n]
+    shown = GrepResult([v for k, v in kept if k == "match"], truncated=found.truncated,
+                       binary_matches=[v for k, v in kept if k == "binary"],
+                       skipped=[v for k, v in kept if k == "skipped"], skipped_names=found.skipped_names)
+    matched = [ln for (k, _), ln in zip(kept, lines, strict=True) if k == "match"]
+    binary = [ln for (k, _), ln in zip(kept, lines, strict=True) if k == "binary"]
+    skipped = [ln for (k, _), ln in zip(kept, lines, strict=True) if k == "skipped"]
+    notes = _notes(found.truncated, limit, "results", found.skipped_names) + skipped
+    out: dict[str, Any] = {**shown.to_dict(), "session_id": sid}
+    if n < len(entries):
+        notes.append(left_out(len(entries) - n, len(entries), "results (matching lines, binary files, skipped "
+                              "files)", core.max_output, "narrow the pattern, path or glob"))
+        out.update(omitted=len(entries) - n)
+    return data_result("\n".join((matched + binary or ["(no match)"]) + notes), out)
 
 
 def install_packages(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
-    sid = _existing(core, caller, key, args)
+    sid = existing_session(core, caller, key, args)
     out = core.install(caller, sid, list(args.get("pip") or []), list(args.get("npm") or []))
     names = " ".join([*out["pip"], *out["npm"]])
     return data_result(f"installed {names} ({out['bytes']} bytes) into session {sid}", {**out, "session_id": sid})
@@ -185,7 +231,7 @@ TOOLS: list[ToolDef] = [
             "it; so do a bash shell's variables, functions and working directory (cd carries over). matplotlib "
             "figures come back as PNG images; files written under artifacts/ come back as resources. The "
             "sandbox has no network access unless the operator allows it.",
-            _obj({"code": {"type": "string", "minLength": 1, "description": "The program to run."},
+            obj({"code": {"type": "string", "minLength": 1, "description": "The program to run."},
                   "language": {"type": "string", "enum": ["python", "javascript", "bash"], "default": "python"},
                   "session_id": SESSION_ID,
                   "context_id": {"type": "string", "maxLength": 64, "pattern": NAME_PATTERN,
@@ -201,45 +247,72 @@ TOOLS: list[ToolDef] = [
     ToolDef("run_command", "Run a shell command",
             "Run a bash command line in the session's workspace (e.g. 'ls -la', 'python3 script.py', "
             "'grep -r TODO .') and return its stdout, stderr and exit code. Processes it leaves running in "
-            "the background end with it.",
-            _obj({"command": {"type": "string", "minLength": 1}, "session_id": SESSION_ID,
+            "the background end with it: start servers and other long-lived commands with start_process.",
+            obj({"command": {"type": "string", "minLength": 1}, "session_id": SESSION_ID,
                   "cwd": {**PATH, "description": "Workspace-relative directory to run in."}, "timeout": TIMEOUT},
                  ["command"]),
             run_command),
+    ToolDef("interrupt_run", "Interrupt a run",
+            "Stop the run_code or run_command call now running in a session (e.g. one stuck in a loop), as "
+            "a notebook's interrupt: that call returns at once marked interrupted, and a Python or JavaScript "
+            "context keeps its state. Background processes are not affected (use kill_process).",
+            obj({"session_id": SESSION_ID}), interrupt_run, destructive=True),
+    *PROCESS_TOOLS,
     ToolDef("create_session", "Create a session",
             "Create a new sandbox session: a private workspace whose files and Python globals persist until "
             "close_session. You rarely need this: tools without session_id use this conversation's session.",
-            _obj({"session_id": {**SESSION_ID, "description": "Id to give the session (default: generated)."}}),
+            obj({"session_id": {**SESSION_ID, "description": "Id to give the session (default: generated)."}}),
             create_session, idempotent=True),
     ToolDef("close_session", "Close a session",
             "Close a session: stop everything running in it and DELETE its workspace and files.",
-            _obj({"session_id": {**SESSION_ID, "description": "The session to close."}}, ["session_id"]),
+            obj({"session_id": {**SESSION_ID, "description": "The session to close."}}, ["session_id"]),
             close_session, destructive=True),
     ToolDef("list_sessions", "List sessions", "List this tenant's open sandbox sessions.",
-            _obj({}), list_sessions, read_only=True, idempotent=True),
+            obj({}), list_sessions, read_only=True, idempotent=True),
     ToolDef("read_file", "Read a text file",
-            "Read a text file from the workspace, paged by lines (offset is 0-based). Large files: read the "
-            "next page with the offset the reply gives.",
-            _obj({"path": PATH, "session_id": SESSION_ID,
+            "Read a text file from the workspace, paged by lines (offset is 0-based). One reply holds a "
+            "limited number of characters and each line at most max_line_chars: when a page or a line is cut, "
+            "the reply names the offset (and, inside a long line, the char_offset) that reads on.",
+            obj({"path": PATH, "session_id": SESSION_ID,
                   "offset": {"type": "integer", "minimum": 0, "default": 0},
-                  "limit": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 2000}}, ["path"]),
+                  "limit": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 2000},
+                  "char_offset": {"type": "integer", "minimum": 0, "default": 0,
+                                  "description": "Start the first line (line `offset`) at this character: "
+                                                 "reads on in a line that was cut (the reply names the value)."},
+                  "max_line_chars": {"type": "integer", "minimum": 1, "maximum": 1000000,
+                                     "description": "Characters of each line to show (default 2000; at most "
+                                                    "what one reply holds); a longer line is cut with a note "
+                                                    "naming the char_offset that reads on."}}, ["path"]),
             read_file, read_only=True, idempotent=True),
     ToolDef("write_file", "Write a file",
             "Write a file into the workspace atomically (parent directories are created). Text by default; "
             "set encoding='base64' for binary content. mode 'append' adds to an existing file.",
-            _obj({"path": PATH, "content": {"type": "string"}, "session_id": SESSION_ID,
+            obj({"path": PATH, "content": {"type": "string"}, "session_id": SESSION_ID,
                   "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
                   "mode": {"type": "string", "enum": ["overwrite", "append"], "default": "overwrite"}},
                  ["path", "content"]),
             write_file, destructive=True),
-    ToolDef("list_files", "List files", "List a workspace directory (recursively if asked).",
-            _obj({"path": {**PATH, "default": "."}, "recursive": {"type": "boolean", "default": False},
+    ToolDef("delete_file", "Delete a file or directory",
+            "Delete a workspace file, or a directory with everything in it (a symlink itself, never its target).",
+            obj({"path": PATH, "session_id": SESSION_ID}, ["path"]), delete_file, destructive=True),
+    ToolDef("create_directory", "Create a directory",
+            "Create a workspace directory and its missing parents (no error if it exists).",
+            obj({"path": PATH, "session_id": SESSION_ID}, ["path"]), create_directory, idempotent=True),
+    ToolDef("move_file", "Move or rename",
+            "Move or rename a workspace file or directory to the destination path (the full new path, not a "
+            "folder to move into; missing parents are created and a file already there is replaced).",
+            obj({"source": PATH, "destination": PATH, "session_id": SESSION_ID}, ["source", "destination"]),
+            move_file, destructive=True),
+    ToolDef("list_files", "List files",
+            "List a workspace directory (recursively if asked). A long listing is cut at what one reply holds: "
+            "the reply says how many entries were left out; list a subdirectory or use glob to narrow it.",
+            obj({"path": {**PATH, "default": "."}, "recursive": {"type": "boolean", "default": False},
                   "session_id": SESSION_ID}),
             list_files, read_only=True, idempotent=True),
     ToolDef("glob", "Find files by pattern",
             "Find workspace paths matching a glob such as '**/*.py' (at most max_results; the reply says when "
             "more matched).",
-            _obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
+            obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
                   "max_results": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000},
                   "session_id": SESSION_ID},
                  ["pattern"]),
@@ -248,7 +321,7 @@ TOOLS: list[ToolDef] = [
             "Search workspace files (any size) for a Python regular expression; returns path, line number and "
             "line for each matching line, names binary files that match, and says when results were truncated "
             "at max_results or a file could not be searched.",
-            _obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
+            obj({"pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
                   "path": {**PATH, "default": "."},
                   "glob": {"type": "string", "maxLength": 4096, "description": "Only files matching this glob."},
                   "max_results": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
@@ -259,7 +332,7 @@ TOOLS: list[ToolDef] = [
             "Install Python (pip) and/or Node.js (npm) packages into the session's workspace from the "
             "operator's package index, so later run_code calls can import/require them. Only the index is "
             "reachable while installing. Give plain names with optional versions, e.g. 'httpx>=0.27', 'axios'.",
-            _obj({"pip": {"type": "array", "items": {"type": "string", "maxLength": 200}, "maxItems": 50},
+            obj({"pip": {"type": "array", "items": {"type": "string", "maxLength": 200}, "maxItems": 50},
                   "npm": {"type": "array", "items": {"type": "string", "maxLength": 200}, "maxItems": 50},
                   "session_id": SESSION_ID}),
             install_packages),
