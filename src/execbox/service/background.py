@@ -76,6 +76,7 @@ class BgProcess:
     signal: int | None = None
     timed_out: bool = False
     killed: bool = False
+    stdin_closed: bool = False  # a request closed its stdin (``stdin`` is False then, as when started without)
     error: str | None = None
     ended_at: float | None = None
     version: int = 0

@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import time
-import weakref
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -30,28 +28,19 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ...errors import InvalidConfigError, PayloadTooLargeError, RateLimitError, SandboxError
-from ...models import ExecutionResult
-from ...providers.base import SandboxProvider
+from ...errors import InvalidConfigError
 from ..auth import Principal, require_token
-from ..background import OPERATION, SIGNALS, BgProcess, ProcessTable, supports
+from ..background import SIGNALS, ProcessTable
 from ..container import Services, services
-from ..executions import RunSpec
+from ..process_ops import ProcessOps
 from ..schemas import ERROR_RESPONSES
-from ..sessions import NAME_PATTERN, notes
-from .sandbox import _check_size, check_path, tenant_for
+from ..sessions import NAME_PATTERN
+from .sandbox import _check_size, tenant_for
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
 MAX_WAIT = 60.0
 """Longest long-poll (``wait``) one GET may ask for, in seconds."""
-MAX_STDIN_BYTES = 1024 * 1024
-KILL_SETTLE = 2.0
-"""Seconds a SIGKILL's answer waits for the process's end to be seen, so it says ``running: false``."""
-NOT_CREATED = "only POST .../processes creates a session; the other process routes never do"
-"""Why a process route other than the start answers 404 for an unknown session."""
-PROCESS_LANGUAGE = "process"
-"""The ``language`` label and audit value of stdin writes and signals (they run no interpreter)."""
 
 Signal = Literal["SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"]
 assert set(Signal.__args__) == set(SIGNALS)  # type: ignore[attr-defined]
@@ -160,43 +149,8 @@ def _table(svc: Services) -> ProcessTable:
     return table
 
 
-def _require_support(provider: SandboxProvider) -> None:
-    if not supports(provider):
-        raise InvalidConfigError(
-            f"provider {provider.name!r} does not support background processes; they work on the "
-            "self-hosted providers (jail, docker, kubernetes)", http_status=501,
-            details={"provider": provider.name, "reason": "background_processes_unsupported"})
-
-
-def _unknown(pid: int) -> InvalidConfigError:
-    return InvalidConfigError(f"no background process {pid} in this session", http_status=404,
-                              details={"field": "pid", "pid": pid})
-
-
-_stdin_closed: weakref.WeakSet[BgProcess] = weakref.WeakSet()
-"""Processes whose stdin a request closed (``BgProcess.stdin`` is False then, as for one started
-without): which of the two a refused write is, for its message."""
-
-
-def _find(svc: Services, tenant: str, session_id: str, pid: int) -> BgProcess:
-    """The session's process ``pid`` (never creating the session: 404 for an unknown one)."""
-    with notes.collecting(create=False, refusal=NOT_CREATED), \
-            svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
-        _require_support(provider)
-        proc = _table(svc).get(tenant, session_id, iid, pid)
-    if proc is None:
-        raise _unknown(pid)
-    return proc
-
-
-def _record(svc: Services, proc: BgProcess, operation: str, what: str, token_id: str | None, started: float,
-            status: str, error_code: str | None = None) -> None:
-    spec = RunSpec(proc.tenant_id, proc.session_id, operation, PROCESS_LANGUAGE, what, token_id, _no_call)
-    svc.runs.record(spec, proc.provider.name, proc.instance_id, started, status, None, error_code)
-
-
-def _no_call(*_: Any) -> ExecutionResult:
-    raise AssertionError("a process request runs no code")
+def _ops(svc: Services) -> ProcessOps:
+    return ProcessOps(svc.sessions, svc.runs, _table(svc))
 
 
 # -- routes ----------------------------------------------------------------------------------------
@@ -209,36 +163,8 @@ def start_process(body: StartIn, request: Request, tenant_id: str = _name(), ses
     tenant = tenant_for(principal, tenant_id)
     svc = services(request)
     _check_size(body.command, "command", svc.settings.max_code_bytes)
-    if not body.command.strip() or "\x00" in body.command:
-        raise InvalidConfigError("command must be a non-empty string without NUL", details={"field": "command"})
-    check_path(body.cwd, "cwd")
-    table = _table(svc)
-    with svc.sessions.execution_slot(tenant), \
-            svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
-        _require_support(provider)
-        limit = provider.config.get("max_timeout")
-        if body.timeout is not None and limit and body.timeout > float(limit):
-            raise InvalidConfigError(f"timeout {body.timeout:g}s exceeds this provider's maximum of {limit}s",
-                                     details={"field": "timeout", "max": limit})
-        cap = table.max_per_session
-        if table.running(tenant, session_id, iid) >= cap:
-            raise RateLimitError(f"too many background processes running in this session (max {cap}, "
-                                 "SANDBOX_MAX_BACKGROUND_PROCESSES); wait for or signal one first",
-                                 details={"limit": cap, "reason": "max_background_processes"})
-        spec = RunSpec(tenant, session_id, OPERATION, "bash", body.command, principal.token_id, _no_call)
-        started = time.monotonic()
-        cwd = None if body.cwd in (None, "", ".") else body.cwd
-        try:
-            pid = provider.start_process(iid, body.command, cwd=cwd, env=body.env, stdin=body.stdin)
-        except SandboxError as e:
-            svc.runs.record(spec, provider.name, iid, started, "error", None, e.code)
-            raise
-        spec.inflight = svc.runs.oplog.begin(
-            tenant_id=tenant, session_id=session_id, provider=provider.name, operation=OPERATION,
-            instance_id=iid, language="bash", code=body.command, token_id=principal.token_id)
-        proc = BgProcess(pid, body.command, body.cwd, tenant, session_id, provider, iid, body.stdin, body.timeout,
-                         started_mono=started)
-        table.add(proc, spec)
+    proc = _ops(svc).start(tenant, session_id, principal.token_id, body.command, body.cwd, body.env, body.stdin,
+                           body.timeout)
     return JSONResponse(proc.info(), status_code=201)
 
 
@@ -248,10 +174,7 @@ def list_processes(request: Request, tenant_id: str = _name(), session_id: str =
                    principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, tenant_id)
     svc = services(request)
-    with notes.collecting(create=False, refusal=NOT_CREATED), \
-            svc.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
-        _require_support(provider)
-        procs = _table(svc).of_box(tenant, session_id, iid)
+    procs = _ops(svc).listing(tenant, session_id)
     return {"tenant_id": tenant, "session_id": session_id, "processes": [p.info() for p in procs]}
 
 
@@ -270,7 +193,7 @@ async def read_process(request: Request, tenant_id: str = _name(), session_id: s
                        principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, tenant_id)
     svc = services(request)
-    proc = await anyio.to_thread.run_sync(_find, svc, tenant, session_id, pid)
+    proc = await anyio.to_thread.run_sync(_ops(svc).find, tenant, session_id, pid)
     loop = asyncio.get_running_loop()
     until = loop.time() + wait
     while True:
@@ -303,32 +226,8 @@ def write_stdin(body: StdinIn, request: Request, tenant_id: str = _name(), sessi
             raise InvalidConfigError("data_b64 is not valid base64", details={"field": "data_b64"}) from None
     else:
         data = (body.data or "").encode("utf-8", "surrogatepass")
-    if len(data) > MAX_STDIN_BYTES:
-        raise PayloadTooLargeError(f"stdin data is {len(data)} bytes; the limit is {MAX_STDIN_BYTES} per request",
-                                   details={"field": "data_b64" if body.data_b64 is not None else "data",
-                                            "size": len(data), "limit": MAX_STDIN_BYTES})
-    with svc.sessions.execution_slot(tenant):
-        proc = _find(svc, tenant, session_id, pid)
-        if not proc.info()["stdin"]:
-            why = ("has ended" if proc.ended else "has its stdin closed" if proc in _stdin_closed
-                   else "was started without stdin (start it with stdin: true)")
-            raise InvalidConfigError(f"process {pid} {why}", http_status=409, details={"field": "pid", "pid": pid})
-        started = time.monotonic()
-        try:
-            if data:
-                proc.provider.process_input(proc.instance_id, pid, data)
-            if body.close:
-                proc.provider.close_process_input(proc.instance_id, pid)
-                with proc.cond:
-                    proc.stdin = False
-                _stdin_closed.add(proc)
-        except SandboxError as e:
-            _record(svc, proc, "process_stdin", f"pid {pid}", principal.token_id, started, "error", e.code)
-            if e.http_status == 404:  # it ended (and was read to its end) just now
-                raise InvalidConfigError(f"process {pid} has ended", http_status=409,
-                                         details={"field": "pid", "pid": pid}) from None
-            raise
-        _record(svc, proc, "process_stdin", f"pid {pid}", principal.token_id, started, "success")
+    proc = _ops(svc).write_input(tenant, session_id, principal.token_id, pid, data, body.close,
+                                 "data_b64" if body.data_b64 is not None else "data")
     return {"pid": pid, "written": len(data), "stdin": proc.info()["stdin"]}
 
 
@@ -338,27 +237,7 @@ def signal_process(body: SignalIn, request: Request, tenant_id: str = _name(), s
                    pid: int = _pid(), principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, tenant_id)
     svc = services(request)
-    with svc.sessions.execution_slot(tenant):
-        proc = _find(svc, tenant, session_id, pid)
-        signalled = False
-        started = time.monotonic()
-        with proc.cond:
-            over = proc.ended or proc.killed  # a SIGKILL was delivered: it is gone, its end not yet seen
-        if not over:
-            try:
-                signalled = proc.provider.signal_process(proc.instance_id, pid, body.signal)
-            except SandboxError as e:
-                if e.http_status != 404:  # 404: it ended (and was read to its end) just now
-                    _record(svc, proc, "process_signal", f"{body.signal} pid {pid}", principal.token_id, started,
-                            "error", e.code)
-                    raise
-            if signalled and body.signal == "SIGKILL":
-                with proc.cond:
-                    proc.killed = True
-        _record(svc, proc, "process_signal", f"{body.signal} pid {pid}", principal.token_id, started, "success")
-    with proc.cond:
-        if proc.killed:  # its end comes with the follower's next poll: answer with it
-            proc.cond.wait_for(lambda: proc.ended, KILL_SETTLE)
+    proc, signalled = _ops(svc).signal(tenant, session_id, principal.token_id, pid, body.signal)
     return {"pid": pid, "signal": body.signal, "signalled": signalled, "running": proc.info()["running"]}
 
 
