@@ -20,6 +20,7 @@ import itertools
 import shlex
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -97,6 +98,17 @@ def _end(result: ExecutionResult | None, error: str | None) -> pb.ProcessEvent:
     return pb.ProcessEvent(event=Oneof("end", end))
 
 
+async def _relay(pid: int, events: Subscription, response: Any) -> AsyncIterator[Any]:
+    """A Start or Connect stream: the start event, then the process's events to its end, each as
+    ``response``; a client that goes away unsubscribes (its queue would otherwise hold output)."""
+    try:
+        yield response(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
+        while (event := await events.get()) is not None:
+            yield response(event=event)
+    finally:
+        events.close()
+
+
 class ProcessService:
     def __init__(self, services: Services) -> None:
         self.svc = services
@@ -138,15 +150,8 @@ class ProcessService:
             pid, events = await self._launch(sb, request, ctx)
         finally:
             sb._starting -= 1  # type: ignore[attr-defined]
-        try:
-            yield pb.StartResponse(event=pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
-            while True:
-                event = await events.get()
-                if event is None:
-                    return
-                yield pb.StartResponse(event=event)
-        finally:
-            events.close()
+        async for response in _relay(pid, events, pb.StartResponse):
+            yield response
 
     async def _launch(self, sb: E2BSandbox, request: pb.StartRequest, ctx: Any) -> tuple[int, Subscription]:
         """Start the process (in procs_of once this returns): its pid and its event queue."""
@@ -228,17 +233,8 @@ class ProcessService:
     async def connect(self, request: pb.ConnectRequest, ctx: Any):  # noqa: ANN201
         sb = sandbox_for(self.reg, ctx)
         proc = self._find(sb, request.process)
-        queue = proc.subscribe()
-        try:
-            start = pb.ProcessEvent.StartEvent(pid=proc.pid)
-            yield pb.ConnectResponse(event=pb.ProcessEvent(event=Oneof("start", start)))
-            while True:
-                event = await queue.get()
-                if event is None:
-                    return
-                yield pb.ConnectResponse(event=event)
-        finally:
-            queue.close()
+        async for response in _relay(proc.pid, proc.subscribe(), pb.ConnectResponse):
+            yield response
 
     async def send_signal(self, request: pb.SendSignalRequest, ctx: Any) -> pb.SendSignalResponse:
         sb = sandbox_for(self.reg, ctx)
