@@ -18,6 +18,18 @@ from execbox.agent import fileops, fsextra
 DEPTH = 3000
 
 
+@pytest.fixture(autouse=True)
+def _nothing_deep_left(tmp_path: Path) -> Iterator[None]:
+    """pytest deletes old temp dirs with ``shutil.rmtree``, which recurses once per level before
+    Python 3.12: a tree left here made a later pytest run end in RecursionError."""
+    yield
+    for entry in tmp_path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            fileops.remove_tree(str(entry))
+        else:
+            entry.unlink()
+
+
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     w = tmp_path / "ws"
