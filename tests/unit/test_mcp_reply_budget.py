@@ -79,3 +79,18 @@ def test_mains_result_is_capped_like_a_stream() -> None:
     small = ExecutionResult(stdout="", stderr="", exit_code=0, execution_time=0.1, result=[1, 2])
     whole = execution_result(small, "s1")
     assert whole.structured_content["result"] == [1, 2] and "output_capped" not in whole.structured_content
+
+
+def test_the_exception_is_named_for_the_model_and_its_text_is_capped() -> None:
+    tb = "Traceback (most recent call last):\n" + "  File \"<code>\", line 1, in f\n" * 3000 + "ValueError: bad\n"
+    r = ExecutionResult(stdout="", stderr=tb, exit_code=1, execution_time=0.1,
+                        error={"name": "ValueError", "value": "bad\nsecond line", "traceback": tb})
+    out = execution_result(r, "s1", max_output=2000)
+    text = out.content[0].text
+    assert "exception: ValueError: bad\n" in text and "second line" not in text.split("exception:")[1]
+    error = out.structured_content["error"]
+    assert error["name"] == "ValueError" and error["value"] == "bad\nsecond line"
+    assert len(error["traceback"]) < 2600 and error["traceback"].endswith("ValueError: bad\n")
+    assert out.structured_content["output_capped"]["error.traceback"]["characters"] == len(tb)
+    clean = execution_result(ExecutionResult(stdout="1\n", stderr="", exit_code=0, execution_time=0.1), "s1")
+    assert "exception:" not in clean.content[0].text and clean.structured_content["error"] is None

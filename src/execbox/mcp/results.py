@@ -85,6 +85,17 @@ def execution_result(result: ExecutionResult, session_id: str | None,
             structured[stream] = shown.text
             capped[stream] = {"characters": shown.total, "cut": shown.cut, "limit": max_output}
         lines.append(f"{stream}:\n{shown.text}")
+    if result.error:  # the exception that ended the code; its traceback is in stderr too
+        error = dict(result.error)
+        for key in ("value", "traceback"):
+            shown = cap_stream(str(error.get(key) or ""), max_output, f"error.{key}")
+            if shown.cut:
+                error[key] = shown.text
+                capped[f"error.{key}"] = {"characters": shown.total, "cut": shown.cut, "limit": max_output}
+        structured["error"] = error
+        value = str(error.get("value") or "")
+        first = value.splitlines()[0][:500] if value.strip() else ""
+        lines.append(f"exception: {error.get('name')}" + (f": {first}" if first else ""))
     if capped:
         structured["output_capped"] = capped
     if result.truncated:
