@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from execbox.agent import fileops, fsextra
+from execbox.agent import fileops, fsextra, pump
 
 DEPTH = 3000
 
@@ -138,3 +138,20 @@ def test_a_deep_tree_is_listed_and_the_order_is_os_walks(ws: Path) -> None:
         expected += [os.path.relpath(os.path.join(top, n), ws) for n in dirs + sorted(files)]
     assert got == expected
     assert got[:5] == ["tree/a", "tree/b", "tree/c", "tree/link_dir", "tree/dangling"]
+
+
+def test_a_runs_artifact_snapshot_walks_a_deep_tree(tmp_path: Path) -> None:
+    """A run compares artifacts/ before and after (pump.snapshot): with os.walk, a tree ~1000 deep
+    made every later run of the session fail with RecursionError (SB009)."""
+    art = tmp_path / "artifacts"
+    _deep(art, 1500)
+    bottom = art / ("a/" * 1500 + "f.txt")
+    bottom.write_text("x")
+    (art / "top.txt").write_text("yy")
+    (art / ".hidden").mkdir()
+    (art / ".hidden" / "h.txt").write_text("h")
+    (tmp_path / "outside.txt").write_text("o")
+    os.symlink(tmp_path / "outside.txt", art / "link.txt")
+    snap = pump.snapshot(str(art))
+    assert set(snap) == {"a/" * 1500 + "f.txt", "top.txt"}
+    assert snap["top.txt"][1] == 2 and snap["a/" * 1500 + "f.txt"][1] == 1

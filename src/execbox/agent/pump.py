@@ -87,20 +87,31 @@ class Watch:
 
 
 def snapshot(directory: str) -> dict[str, tuple[int, int]]:
+    """(mtime_ns, size) of each regular file under ``directory``, hidden directories and symlinks
+    left out. A loop, not ``os.walk``, which recurses once per level before Python 3.12: code that
+    made ``artifacts/`` ~1000 levels deep made every later run of its session fail with
+    RecursionError. What cannot be read (gone, a path too long) is left out."""
     out: dict[str, tuple[int, int]] = {}
     if not os.path.isdir(directory):
         return out
-    for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            p = os.path.join(dirpath, name)
+    stack = [directory]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for entry in entries:
             try:
-                st = os.lstat(p)
+                if entry.is_dir(follow_symlinks=False):
+                    if not entry.name.startswith("."):
+                        stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    out[os.path.relpath(entry.path, directory)] = (st.st_mtime_ns, st.st_size)
             except OSError:
                 continue
-            if os.path.islink(p) or not os.path.isfile(p):
-                continue
-            out[os.path.relpath(p, directory)] = (st.st_mtime_ns, st.st_size)
     return out
 
 
