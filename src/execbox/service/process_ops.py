@@ -91,11 +91,24 @@ class ProcessOps:
         return proc
 
     def listing(self, tenant: str, session_id: str) -> list[BgProcess]:
-        """The session's processes: running ones and recently ended ones."""
+        """The session's processes: running ones and recently ended ones. A paused session has
+        none (its box is gone), and a look must not resume it (an MCP client polling the list kept
+        paused sessions awake)."""
+        if self._paused(tenant, session_id):
+            return []
         with notes.collecting(create=False, refusal=NOT_CREATED), \
                 self.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
             require_support(provider)
             return self.table.of_box(tenant, session_id, iid)
+
+    def _paused(self, tenant: str, session_id: str) -> bool:
+        if self.sessions.beside_run(tenant, session_id) is not None:
+            return False
+        loaded = self.sessions.get(tenant, session_id)
+        if loaded is not None and not loaded.closed:
+            return loaded.state == "paused"
+        row = self.sessions.registry.get(tenant, session_id)
+        return row is not None and row.state == "paused"
 
     def find(self, tenant: str, session_id: str, pid: int) -> BgProcess:
         """The session's process ``pid``: 404 naming ``pid`` for one it does not have."""

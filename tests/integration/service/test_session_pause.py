@@ -105,3 +105,18 @@ def test_a_draining_replica_refuses_new_work_with_sb009(service_factory) -> None
             assert error_of(r)["details"]["reason"] == "draining"
     finally:
         svc.app.state.services.sessions._draining = False
+
+
+def test_listing_a_paused_sessions_processes_does_not_resume_it(service_factory) -> None:
+    """Review 32, F6: GET .../processes resumed a paused session (a box started to answer []), so
+    an MCP client polling list_processes kept paused sessions awake."""
+    svc: Service = service_factory()
+    c = svc.a
+    r = c.post("/v1/sandbox/sessions/tenant-a/pp/processes", json={"command": "sleep 60"})
+    assert r.status_code == 201, r.text
+    assert c.post("/v1/sandbox/sessions/tenant-a/pp/pause").status_code == 200
+    r = c.get("/v1/sandbox/sessions/tenant-a/pp/processes")
+    assert r.status_code == 200 and r.json()["processes"] == [], r.text  # its box, and the process, are gone
+    assert svc.store.sessions.get("tenant-a", "pp").state == "paused"
+    assert c.get("/v1/sandbox/sessions/tenant-a/pp").json()["state"] == "paused"
+    assert c.get("/v1/sandbox/sessions/tenant-a/never/processes").status_code == 404  # unknown: still 404
