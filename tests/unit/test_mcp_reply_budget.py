@@ -19,23 +19,59 @@ def test_a_page_keeps_whole_lines_within_the_budget_and_names_the_next_offset() 
     assert cap_page(content, 0, 0, 0).text == content and cap_page(content, 0, 0, 0).next_offset is None
 
 
-def test_a_long_line_is_cut_with_the_char_offset_that_reads_on() -> None:
+def test_a_long_line_is_cut_with_the_char_offset_that_reads_on_and_ends_the_page() -> None:
     content = "a" * 50 + "\r\n" + "short\n" + "b" * 30
     page = cap_page(content, 7, 1000, 20)
-    first, second, third = page.text.splitlines(keepends=True)
-    assert first == "a" * 20 + " [... 31 more characters in this line: read on with offset=7 char_offset=20]\n"
-    assert second == "short\n" and third.startswith("b" * 20 + " [... 10 more") and "offset=9 char_offset=20]" in third
-    assert page.cut_lines == [{"line": 7, "characters": 51, "next_char_offset": 20},
-                              {"line": 9, "characters": 30, "next_char_offset": 20}]
-    again = cap_page("a" * 50 + "\n", 7, 1000, 20, char_offset=40)  # reading on from the note
-    assert again.text == "a" * 10 + "\n" and not again.cut_lines
+    assert page.content == "a" * 20 and (page.next_offset, page.next_char_offset) == (7, 20)
+    assert page.text == "a" * 20 + " [... 31 more characters in this line: read on with offset=7 char_offset=20]"
+    assert page.cut_lines == [{"line": 7, "characters": 51, "next_char_offset": 20}]
+    again = cap_page("a" * 50 + "\r\n" + "short\n" + "b" * 30, 7, 1000, 20, char_offset=40)  # the note's call
+    assert again.content == "a" * 10 + "\r\nshort\n" + "b" * 20
+    assert (again.next_offset, again.next_char_offset) == (9, 20)
+    assert again.text.endswith("read on with offset=9 char_offset=20]") and again.text.count("[...") == 1
+
+
+def _follow(content: str, limit: int, per_line: int, page_lines: int) -> tuple[str, int]:
+    """Read ``content`` as a model following the notes does (a core page of ``page_lines`` lines from
+    ``offset``, then cap_page), joining the structured ``content`` of each reply."""
+    lines = content.split("\n")
+    lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    got, offset, char_offset, calls = [], 0, 0, 0
+    while offset < len(lines):
+        calls += 1
+        page = cap_page("".join(lines[offset:offset + page_lines]), offset, limit, per_line, char_offset)
+        assert (not limit or len(page.text) <= limit) and "[..." not in page.content
+        assert page.text.count("read on with") <= 1
+        got.append(page.content)
+        if page.next_offset is not None:
+            assert (page.next_offset, page.next_char_offset) > (offset, char_offset)  # always moves on
+            offset, char_offset = page.next_offset, page.next_char_offset
+        else:
+            offset, char_offset = offset + page_lines, 0
+    return "".join(got), calls
+
+
+def test_following_the_next_call_reads_a_mixed_file_whole() -> None:
+    """Review 32, F1: a page that cut a line and went on past it had two notes, and following either
+    lost or repeated characters; the structured content held the marker."""
+    repro = "short0\n" + "A" * 5000 + "\n" + "B" * 100 + "\n" + "C" * 5000 + "\nshort4\n"
+    page = cap_page(repro, 0, 4000, line_chars(4000, None))
+    assert page.content == "short0\n" + "A" * 2000 and (page.next_offset, page.next_char_offset) == (1, 2000)
+    assert _follow(repro, 4000, line_chars(4000, None), 2000)[0] == repro
+    mixed = "".join(("x" * (i * 997 % 7000)) + ("\r" if i % 5 == 0 else "") + "\n" + "short line\n" * (i % 4)
+                    for i in range(300)) + "é" * 4321 + "\x0cno newline at the end"
+    for limit, per_line, page_lines in ((4000, 2000, 2000), (32768, 2000, 2000), (700, 400, 3), (0, 0, 2000)):
+        text, calls = _follow(mixed, limit, per_line, page_lines)
+        assert text == mixed, (limit, per_line, page_lines)
+        assert calls > len(mixed) // limit if limit else calls == 1
 
 
 def test_the_first_line_is_always_shown_and_a_cut_line_fits_the_budget() -> None:
     per_line = line_chars(500, 100_000)
     assert per_line == 200 and line_chars(0, None) == 0 and line_chars(32768, None) == 2000
     page = cap_page("x" * 10_000, 0, 500, per_line)
-    assert len(page.text) <= 500 and page.next_offset is None and page.cut_lines[0]["next_char_offset"] == 200
+    assert len(page.text) <= 500 and (page.next_offset, page.next_char_offset) == (0, 200)
+    assert page.cut_lines[0]["next_char_offset"] == 200
 
 
 def test_fit_counts_the_text_and_the_structured_copy() -> None:

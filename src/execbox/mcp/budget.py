@@ -5,9 +5,10 @@
 - a run's stdout, stderr and ``main()`` result get up to ``B`` characters each (head and tail,
   output_cap.py);
 - a page of ``read_file`` and the text of ``list_files``, ``glob`` and ``grep`` hold at most ``B``
-  characters; a line longer than ``read_file``'s ``max_line_chars`` is cut, and every cut says the
-  exact arguments that read on (``offset`` and ``char_offset``; a listing: what was left out and
-  how to narrow it). The structured content carries the same capped copy;
+  characters; a line longer than ``read_file``'s ``max_line_chars`` is cut and ends the page, and
+  every cut says the exact arguments that read on (``offset`` and ``char_offset``; a listing: what
+  was left out and how to narrow it). The structured content carries the same capped copy (a
+  page's ``content`` without the marker: the next call is in ``next_offset`` / ``next_char_offset``);
 - whatever a tool returns, its text and (apart) its structured content never pass ``ceiling(B)``:
   ``cap_result`` is applied to every tool result in server.py, a net under the per-tool caps.
 """
@@ -52,46 +53,75 @@ def line_chars(limit: int, asked: int | None) -> int:
 # -- read_file -------------------------------------------------------------------------------------
 @dataclass
 class Page:
-    text: str
-    """The lines shown, cut lines ending in a marker that says how to read on."""
+    content: str
+    """The characters shown, exactly as in the file (no marker): following ``next_offset`` /
+    ``next_char_offset`` and joining the ``content`` of each reply gives the file back whole."""
     next_offset: int | None
-    """The first line not shown when the budget ended the page early; None when it did not."""
+    """The first line not shown, or the line cut short, when the page ended early; None when it did not."""
+    next_char_offset: int = 0
+    """Where line ``next_offset`` reads on when the page ended in a cut line (0: at its start)."""
     cut_lines: list[dict[str, int]] = field(default_factory=list)
-    """``{line, characters, next_char_offset}`` of each line shown in part (``line``: 0-based)."""
+    """``{line, characters, next_char_offset}`` of the line shown in part (``line``: 0-based): a page
+    ends at its first cut line, so there is at most one."""
     characters: int = 0
     """Characters of the page as read (from ``char_offset`` on)."""
+
+    @property
+    def note(self) -> str:
+        """The marker after a cut line, naming the exact next call; empty when no line was cut."""
+        if not self.cut_lines:
+            return ""
+        cut = self.cut_lines[0]
+        return (f" [... {cut['characters'] - cut['next_char_offset']} more characters in this line: "
+                f"read on with offset={cut['line']} char_offset={cut['next_char_offset']}]")
+
+    @property
+    def text(self) -> str:
+        """``content`` as the model sees it: with the cut line's marker."""
+        return self.content + self.note
+
+
+def _lines(content: str) -> list[str]:
+    """``content`` split after each ``\n`` (only: lines are counted as the agent counts them)."""
+    lines = content.split("\n")
+    out = [line + "\n" for line in lines[:-1]]
+    return out + [lines[-1]] if lines[-1] else out
 
 
 def cap_page(content: str, first_line: int, limit: int, per_line: int, char_offset: int = 0) -> Page:
     """Lines of a page (``content`` starts at line ``first_line``, 0-based) within ``limit``
-    characters (0: no limit), each cut at ``per_line`` characters (0: none); the first line starts at
-    its character ``char_offset``."""
-    lines = content.splitlines(keepends=True)
+    characters (0: no limit), the first line starting at its character ``char_offset``. A line longer
+    than ``per_line`` characters (0: no cap) is shown in part and ends the page, so that a page has
+    one way to read on, never two: ``next_offset`` (and ``next_char_offset`` inside a cut line)."""
+    lines = _lines(content)
     if char_offset and lines:
         lines[0] = lines[0][char_offset:]
     out: list[str] = []
     cut: list[dict[str, int]] = []
     used = 0
     next_offset = None
+    next_char = 0
     for i, line in enumerate(lines):
         n = first_line + i
         start = char_offset if i == 0 else 0
-        eol = "\n" if line.endswith("\n") else ""
-        body = line[:-1] if eol else line
+        body = line[:-1] if line.endswith("\n") else line
         piece = line
         if per_line and len(body) > per_line:
-            resume = start + per_line
-            piece = (f"{body[:per_line]} [... {len(body) - per_line} more characters in this line: "
-                     f"read on with offset={n} char_offset={resume}]{eol}")
-            cut.append({"line": n, "characters": start + len(body), "next_char_offset": resume})
+            piece = body[:per_line]
+            mark = Page("", None, cut_lines=[{"line": n, "characters": start + len(body),
+                                              "next_char_offset": start + per_line}])
+            if limit and out and used + len(piece) + len(mark.note) > limit:
+                next_offset = n
+                break
+            out.append(piece)
+            cut, next_offset, next_char = mark.cut_lines, n, start + per_line
+            break
         if limit and out and used + len(piece) > limit:
-            if cut and cut[-1]["line"] == n:
-                cut.pop()
             next_offset = n
             break
         out.append(piece)
         used += len(piece)
-    return Page("".join(out), next_offset, cut, sum(len(line) for line in lines))
+    return Page("".join(out), next_offset, next_char, cut, sum(len(line) for line in lines))
 
 
 # -- listings --------------------------------------------------------------------------------------

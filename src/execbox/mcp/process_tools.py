@@ -39,8 +39,12 @@ def start_process(core: ServiceCore, caller: Caller, key: str, args: dict[str, A
     proc = processes.start(core, caller, sid, args["command"], args.get("cwd"), args.get("env"),
                            bool(args.get("stdin", False)), args.get("timeout"))
     got = processes.read(proc, 0, 0, args.get("wait", 1.0), core.max_output)
-    return process_result(got, sid, ["it keeps running after this call: read_process_output reads its output, "
-                                     "kill_process stops it"] if got["running"] else None)
+    notes = None
+    if got.get("exited_in_box"):  # over in the box while its output waits there (review 32, F7)
+        notes = ["it has already exited in the box: read_process_output reads the rest of its output"]
+    elif got["running"]:
+        notes = ["it keeps running after this call: read_process_output reads its output, kill_process stops it"]
+    return process_result(got, sid, notes)
 
 
 def list_processes(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:

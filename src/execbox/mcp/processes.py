@@ -67,8 +67,9 @@ def find(core: ServiceCore, caller: Caller, session_id: str, pid: int) -> BgProc
 def read(proc: BgProcess, stdout_offset: int, stderr_offset: int, wait: float, limit: int) -> dict[str, Any]:
     """Output past the offsets (at most ``limit`` bytes per stream, whole characters; ``limit`` 0:
     the HTTP API's 1 MiB) decoded as UTF-8, the offsets to read on from, how many bytes already wait
-    past them, and the process's state. Waits up to ``wait`` s for new output or the end when there
-    is none."""
+    past them, and the process's state (``exited_in_box`` once the box reported it over while its
+    output still waits there: ``*_waiting`` then counts what the box holds too). Waits up to ``wait``
+    s for new output or the end when there is none."""
     limit = read_limit(limit, READ_CHUNK)
     deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT)
     while True:
@@ -81,7 +82,8 @@ def read(proc: BgProcess, stdout_offset: int, stderr_offset: int, wait: float, l
                 proc.cond.wait(left)
     out: dict[str, Any] = {}
     with proc.cond:
-        for name, stream in (("stdout", proc.out), ("stderr", proc.err)):
+        final = proc.box_sizes if not proc.ended else None  # over in the box: what it holds still counts
+        for i, (name, stream) in enumerate((("stdout", proc.out), ("stderr", proc.err))):
             data: bytes = got[name]
             nxt = int(got[f"{name}_offset"])
             if nxt < stream.end:  # cut by the limit: a character cut in two waits for the next read
@@ -91,7 +93,7 @@ def read(proc: BgProcess, stdout_offset: int, stderr_offset: int, wait: float, l
             out[f"{name}_offset"] = nxt
             out[f"{name}_skipped"] = got[f"{name}_skipped"]
             out[f"{name}_dropped"] = got.get(f"{name}_dropped", 0)
-            out[f"{name}_waiting"] = max(0, stream.end - nxt)
+            out[f"{name}_waiting"] = max(0, max(stream.end, final[i] if final else 0) - nxt)
     return {**proc.info(), **out}
 
 

@@ -29,20 +29,51 @@ def error_result(e: SandboxError, extra: dict[str, Any] | None = None) -> types.
     if extra:
         body = {**body, **extra}
     text = f"error {e.code}: {e.message}"
-    hint = _hint(e.code)
+    hint = _hint(e.code, details=e.details)
     if hint:
         text += f"\n{hint}"
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
                                 structured_content={"error": body}, is_error=True)
 
 
-def _hint(code: str, metadata: dict[str, Any] | None = None) -> str:
+def _hint(code: str, metadata: dict[str, Any] | None = None, details: dict[str, Any] | None = None) -> str:
     if code == "SB005":
         return _timeout_hint(metadata or {})
+    if code == "SB008":
+        return _limit_hint(details or {})
     return {
         "SB006": "The run ran out of memory (an allocation failed or it was killed); process less data at once.",
-        "SB008": "Too many concurrent requests for this tenant; retry shortly.",
     }.get(code, "")
+
+
+PROCESS_CAP = ("A background process must end first: kill_process one you no longer need (list_processes shows "
+               "them), or wait for one to exit; retrying at once fails the same way.")
+LIMIT_HINTS = {  # SB008's details.reason (or details.field) -> what frees the limit (review 32, F5)
+    "tenant_max_background_processes": PROCESS_CAP,
+    "max_background_processes": PROCESS_CAP,
+    "tenant_max_sessions": ("This tenant holds all the sessions it may: close_session one you no longer need "
+                            "(list_sessions shows them), or retry when an idle one expires."),
+    "gpu_tenant_cap": "This tenant's GPUs are all in use: close_session a GPU session you no longer need.",
+    "context_id": "The sandbox holds all the code contexts it may: run in an existing context_id instead.",
+    "tenant_max_executions": "Too many runs at once for this tenant; retry shortly.",
+    "tenant_max_requests": "Too many concurrent requests for this tenant; retry shortly.",
+    "mcp_sessions": "Too many MCP sessions are open; retry shortly.",
+}
+
+
+def _limit_hint(details: dict[str, Any]) -> str:
+    """What frees the SB008 limit that was hit: retrying helps a concurrency cap, not a cap on
+    what is held (processes, sessions, GPUs, contexts)."""
+    if "written" in details:  # a process's stdin is full (agent/background.py)
+        return "The process is not reading its stdin; write to it again once it reads, or kill_process it."
+    for key in (details.get("reason"), details.get("field")):
+        if key in LIMIT_HINTS:
+            return LIMIT_HINTS[key]
+    if details.get("field") == "command":  # the box's own cap on background processes (agent/background.py)
+        return PROCESS_CAP
+    if details.get("retry_after"):
+        return f"A limit was reached; retry in about {details['retry_after']} s."
+    return "A limit was reached (see details); free what holds it or retry shortly."
 
 
 def _timeout_hint(metadata: dict[str, Any]) -> str:
@@ -148,7 +179,13 @@ def data_result(text: str, structured: dict[str, Any]) -> types.CallToolResult:
 def process_state(p: dict[str, Any]) -> str:
     """One line a model reads about a background process: its pid, how it is, its command."""
     status = p.get("status")
-    if status == "running":
+    if status == "running" and p.get("exited_in_box"):  # its exit status comes with the last of its output
+        left = (int(p.get("stdout_waiting") or 0) + int(p.get("stderr_waiting") or 0) if "stdout_waiting" in p
+                else int(p.get("stdout_size") or 0) + int(p.get("stderr_size") or 0))
+        state = (f"exited in the box, {left} bytes of output left to read (the exit code comes with the last "
+                 "of them)" if "stdout_waiting" in p else
+                 "exited in the box, its output not all read yet (the exit code comes with the last of it)")
+    elif status == "running":
         state = "running"
     elif status == "exited":
         state = f"exited with code {p.get('exit_code')}"

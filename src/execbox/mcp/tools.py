@@ -83,23 +83,23 @@ def read_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any])
     budget = core.max_output  # a page holds at most this many characters, a line at most max_line_chars
     shown = cap_page(page.content, page.offset, budget, line_chars(budget, args.get("max_line_chars")),
                      char_offset)
-    out: dict[str, Any] = {**page.to_dict(), "content": shown.text, "session_id": sid}
+    out: dict[str, Any] = {**page.to_dict(), "content": shown.content, "session_id": sid}
     if char_offset:
         out["char_offset"] = char_offset
-    more = ""
-    if shown.next_offset is not None:
+    more = ""  # at most one note, and it is the exact next call
+    if shown.cut_lines:  # the page ends in a line shown in part: its marker (shown.text) says how to read on
+        out.update(truncated=True, next_offset=shown.next_offset, next_char_offset=shown.next_char_offset,
+                   cut_lines=shown.cut_lines)
+    elif shown.next_offset is not None:
         out.update(truncated=True, next_offset=shown.next_offset)
         more = (f"\n[lines {page.offset + 1}-{shown.next_offset} of {page.total_lines} shown: a reply holds at most "
                 f"{budget} characters; read on with offset={shown.next_offset}]")
     elif page.truncated:
-        whole = sum(1 for line in page.content.splitlines(keepends=True) if line.endswith("\n"))
-        out["next_offset"] = page.offset + max(whole, 1)
+        out["next_offset"] = page.offset + max(page.content.count("\n"), 1)
         more = (f"\n[lines {page.offset + 1}-{out['next_offset']} of {page.total_lines}; "
                 f"read more with offset={out['next_offset']}]")
-    if shown.cut_lines:
-        out["cut_lines"] = shown.cut_lines
     if shown.cut_lines or shown.next_offset is not None:
-        out["output_capped"] = {"content": {"characters": shown.characters, "shown": len(shown.text),
+        out["output_capped"] = {"content": {"characters": shown.characters, "shown": len(shown.content),
                                             "limit": budget}}
     return data_result(shown.text + more, out)
 

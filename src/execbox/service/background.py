@@ -87,6 +87,10 @@ class BgProcess:
     forgotten: bool = False  # out of the table: holds nothing more
     last_read: float = 0.0  # time.monotonic() of the last read (0: never)
     trimmed: bool = False  # ended, and only the tail of its unread output kept
+    box_sizes: tuple[int, int] | None = None
+    """Final sizes of stdout and stderr once the box reported the process over (the agent's poll
+    ``ended``) while this replica has not taken all its output yet: it is not ``ended`` here until
+    then, but it is no longer running (review 32, F7)."""
 
     @property
     def status(self) -> str:
@@ -99,11 +103,24 @@ class BgProcess:
         return "signalled" if self.signal else "exited"
 
     def info(self) -> dict[str, Any]:
+        """The process's state. ``running`` stays true until its output has all been taken from the box
+        (its exit status comes with the last of it); before that, once the box reported it over, it
+        says ``exited_in_box: true`` and the streams' final sizes (``stdout_size``, ``stderr_size``)."""
         with self.cond:
-            return {"pid": self.pid, "command": self.command, "cwd": self.cwd, "running": not self.ended,
-                    "status": self.status, "exit_code": self.exit_code, "signal": self.signal,
-                    "timed_out": self.timed_out, "error": self.error, "stdin": self.stdin and not self.ended,
-                    "timeout": self.timeout, "started_at": self.started_at, "ended_at": self.ended_at}
+            out = {"pid": self.pid, "command": self.command, "cwd": self.cwd, "running": not self.ended,
+                   "status": self.status, "exit_code": self.exit_code, "signal": self.signal,
+                   "timed_out": self.timed_out, "error": self.error, "stdin": self.stdin and not self.ended,
+                   "timeout": self.timeout, "started_at": self.started_at, "ended_at": self.ended_at}
+            if self.box_sizes is not None and not self.ended:
+                out.update(exited_in_box=True, stdout_size=self.box_sizes[0], stderr_size=self.box_sizes[1])
+            return out
+
+    def saw_poll(self, poll: dict[str, Any]) -> None:
+        """Note what the agent's poll says of the end: over in the box, with its streams' final sizes."""
+        if poll.get("ended") and "stdout_size" in poll:
+            with self.cond:
+                if self.box_sizes is None and not self.ended:
+                    self.box_sizes = (int(poll["stdout_size"]), int(poll.get("stderr_size") or 0))
 
     def changed(self) -> None:
         """Call with ``cond`` held: wake readers waiting for output or the end."""
@@ -174,6 +191,19 @@ class BgProcess:
         except TimeoutError:
             with self.cond:
                 self.waiters = [w for w in self.waiters if w[1] is not fut]
+
+
+class _Follower(HttpFollower):
+    """Tells the process what each poll says of its end in the box (``BgProcess.saw_poll``), whether
+    its output is taken now (``take``) or must wait (``skip``)."""
+
+    def take(self, poll: dict[str, Any]) -> None:
+        self.p.saw_poll(poll)
+        super().take(poll)
+
+    def skip(self, poll: dict[str, Any]) -> bool:
+        self.p.saw_poll(poll)
+        return super().skip(poll)
 
 
 def _alive(provider: SandboxProvider, instance_id: str) -> bool:
@@ -256,7 +286,7 @@ class ProcessTable:
             table[proc.pid] = proc  # a reused pid: the new one
         if old is not None:
             old.forget()
-        follower = HttpFollower(self, proc, spec)
+        follower = _Follower(self, proc, spec)
         follower.budget, follower.tenant = self.budget, proc.tenant_id
         follower.start(f"execbox-proc-{proc.pid}")
 

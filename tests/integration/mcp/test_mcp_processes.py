@@ -5,6 +5,7 @@ stdin reaches the process; unknown pids and sessions are SB002 naming what was w
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -165,3 +166,48 @@ def test_bad_process_requests_are_sb002_naming_what_was_wrong(service) -> None:
     assert err["code"] == "SB002" and "without stdin" in err["message"]
     err = _error(out["fresh"])
     assert err["code"] == "SB002" and err["details"]["field"] == "pid" and "no session yet" in err["message"]
+
+
+def test_a_process_over_in_the_box_says_so_while_its_output_waits(service) -> None:
+    """Review 32, F7: a read keeps the output in the box, and the process said `running` until
+    all of it had been read, though it had exited long before; now it says it exited in the box
+    and how much is left, and reading on still gives every byte, then its exit code."""
+    want = "".join(f"{i}\n" for i in range(1, 300_001)).encode()  # 1 988 895 bytes: more than a stream holds
+
+    async def go() -> dict[str, Any]:
+        async with http_client(service.url, service.tenant_b) as c:
+            sid = (await c.call_tool("create_session", {})).structured_content["session"]["session_id"]
+            first = await c.call_tool("start_process", {"session_id": sid, "command": "seq 1 300000", "wait": 0})
+            got, pid = first.structured_content, first.structured_content["pid"]
+            data, seen = [got["stdout"]], None
+            for _ in range(100):  # until the box reports the end (seq takes well under a second)
+                r = await c.call_tool("read_process_output", {"session_id": sid, "pid": pid, "wait": 0,
+                                                              "stdout_offset": got["stdout_offset"]})
+                got = r.structured_content
+                data.append(got["stdout"])
+                if got.get("exited_in_box"):
+                    seen = r
+                    break
+                await asyncio.sleep(0.1)
+            listed = await c.call_tool("list_processes", {"session_id": sid})
+            while got["running"] or got["stdout_waiting"]:
+                r = await c.call_tool("read_process_output", {"session_id": sid, "pid": pid, "wait": 5,
+                                                              "stdout_offset": got["stdout_offset"]})
+                got = r.structured_content
+                data.append(got["stdout"])
+                assert len(data) < 400
+            await c.call_tool("close_session", {"session_id": sid})
+            return {"seen": seen, "listed": listed, "last": got, "data": "".join(data)}
+
+    out = run_async(go)
+    seen = out["seen"]
+    assert seen is not None, "the box's end was never reported while output waited"
+    sc = seen.structured_content
+    assert sc["running"] is True and sc["exited_in_box"] is True and sc["stdout_size"] == len(want)
+    assert sc["stdout_waiting"] == len(want) - sc["stdout_offset"] > 0
+    assert f"exited in the box, {sc['stdout_waiting']} bytes of output left to read" in _text(seen), _text(seen)
+    assert "exited in the box" in _text(out["listed"]), _text(out["listed"])
+    last = out["last"]
+    assert last["running"] is False and last["status"] == "exited" and last["exit_code"] == 0
+    assert "exited_in_box" not in last
+    assert out["data"].encode() == want  # every byte, none repeated

@@ -32,10 +32,13 @@ line = ''.join(chr(48 + i % 10) for i in range(40_000))
 open('one_line.txt', 'w').write(line + '\n')            # 40 000 characters on one line
 open('big.txt', 'w').write('z' * 3_000_000)               # 3 MB, no newline at all
 open('rows.txt', 'w').write(''.join(f'row {i:05d} ' + 'x' * 90 + '\n' for i in range(5000)))  # 500 KB
+open('mixed.txt', 'w').write(MIXED)                       # long and short lines (review 32, F1)
 for i in range(3000):
     os.makedirs('d/' + 'q' * 150 + str(i))
 print('ok')
 """
+MIXED = ("short0\n" + "A" * 5000 + "\n" + "B" * 100 + "\n" + "C" * 5000 + "\nshort4\n"
+         + "".join(f"{i:03d} " + "y" * (i * 1237 % 9000) + "\n" + "s\n" * (i % 3) for i in range(120)) + "end")
 
 
 def _text(result: Any) -> str:
@@ -60,7 +63,8 @@ def test_every_file_tool_reply_fits_the_budget_and_says_how_to_read_on(service) 
             async def call(name: str, **args: Any) -> Any:
                 return await c.call_tool(name, {"session_id": sid, **args})
 
-            assert (await call("run_code", code=SETUP)).structured_content["stdout"] == "ok\n"
+            setup = f"MIXED = {MIXED!r}\n{SETUP}"
+            assert (await call("run_code", code=setup)).structured_content["stdout"] == "ok\n"
             out: dict[str, Any] = {"big": await call("read_file", path="big.txt", limit=1),
                                    "list": await call("list_files", recursive=True),
                                    "glob": await call("glob", pattern="**/*", max_results=10000),
@@ -73,6 +77,7 @@ def test_every_file_tool_reply_fits_the_budget_and_says_how_to_read_on(service) 
                 _within(r)
                 calls += 1
                 pieces.append(r.structured_content["content"])
+                assert "[..." not in r.structured_content["content"]
                 cut = r.structured_content.get("cut_lines")
                 if not cut:
                     break
@@ -91,6 +96,22 @@ def test_every_file_tool_reply_fits_the_budget_and_says_how_to_read_on(service) 
                 assert r.structured_content["next_offset"] == int(m[1])
                 args = {"path": "rows.txt", "offset": int(m[1])}
             out["pages"] = pages
+            mixed: list[str] = []  # follow only the one note of each reply through long and short lines
+            args = {"path": "mixed.txt"}
+            while True:
+                r = await call("read_file", **args)
+                _within(r)
+                sc, text = r.structured_content, _text(r)
+                mixed.append(sc["content"])
+                notes = re.findall(r"read on with offset=(\d+)(?: char_offset=(\d+))?\]", text)
+                assert len(notes) <= 1 and "[..." not in sc["content"], text[-300:]
+                if not notes:
+                    assert "next_offset" not in sc
+                    break
+                line, char = int(notes[0][0]), int(notes[0][1] or 0)
+                assert (sc["next_offset"], sc.get("next_char_offset", 0)) == (line, char)
+                args = {"path": "mixed.txt", "offset": line, "char_offset": char}
+            out["mixed"] = mixed
             out["wide"] = await call("read_file", path="one_line.txt", max_line_chars=10)
             await c.call_tool("close_session", {"session_id": sid})
             return out
@@ -98,17 +119,19 @@ def test_every_file_tool_reply_fits_the_budget_and_says_how_to_read_on(service) 
     out = run_async(go)
     big = out["big"]
     _within(big)
-    content = big.structured_content["content"]
-    assert content.startswith("z" * 2000) and "z" * 2001 not in content
-    assert "[... 2998000 more characters in this line: read on with offset=0 char_offset=2000]" in content
+    assert big.structured_content["content"] == "z" * 2000  # the data alone; the marker is in the text
+    assert _text(big).endswith("z [... 2998000 more characters in this line: read on with offset=0 char_offset=2000]")
+    assert (big.structured_content["next_offset"], big.structured_content["next_char_offset"]) == (0, 2000)
     assert big.structured_content["cut_lines"] == [{"line": 0, "characters": 3_000_000, "next_char_offset": 2000}]
 
     line = "".join(chr(48 + i % 10) for i in range(40_000))
-    pieces = [re.sub(r" \[\.\.\. \d+ more characters in this line: [^\]]*\]\n", "", p) for p in out["line_pieces"]]
-    assert "".join(pieces) == line + "\n" and out["line_calls"] == 20  # 2000 characters a call, none lost
+    assert "".join(out["line_pieces"]) == line + "\n" and out["line_calls"] == 20  # 2000 characters a call, none lost
+    assert "".join(out["mixed"]) == MIXED and len(out["mixed"]) > 100  # none lost or repeated (review 32, F1)
     rows = "".join(f"row {i:05d} " + "x" * 90 + "\n" for i in range(5000))
     assert "".join(out["pages"]) == rows and len(out["pages"]) > 10  # whole lines, none lost or repeated
-    assert out["wide"].structured_content["content"].startswith("0123456789 [... 39990 more characters")
+    assert out["wide"].structured_content["content"] == "0123456789"
+    assert _text(out["wide"]) == ("0123456789 [... 39990 more characters in this line: read on with offset=0 "
+                                  "char_offset=10]")
 
     for name, what in (("list", "entries"), ("glob", "paths")):
         r = out[name]
