@@ -374,7 +374,13 @@ CORPUS: dict[str, Callable[[Box], None]] = {name: globals()[name] for name in CA
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_conformance(box: Box, case: str) -> None:
-    CORPUS[case](box)
+    try:
+        CORPUS[case](box)
+    except SandboxError as e:
+        where = e.details.get("traceback")  # an agent bug's reply carries where it happened
+        if where:
+            raise AssertionError(f"{e}\nin the agent:\n{where}") from e
+        raise
 
 
 def test_every_case_has_a_program() -> None:
