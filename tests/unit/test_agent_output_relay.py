@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -158,3 +159,85 @@ def test_a_killed_process_ends_at_once_with_its_relay(small_agent: RawAgent) -> 
         call("proc.list")
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def _segment(tmp_path: Path, name: str) -> Path:
+    found = [p for p in tmp_path.rglob(f"*.{name}.0") if p.parent.name == "background"]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_files_that_grow_after_the_relay_ended_are_read_no_further(small_agent: RawAgent, tmp_path: Path) -> None:
+    """Box code (the same uid) appends to an ended process's segment: the stream's final size is
+    what the relay wrote, and nothing past it is read or reported."""
+    call = Calls(small_agent)
+    pid = call("proc.start", command="head -c 300000 /dev/zero | tr '\\0' o", env={}, stdin=False)["pid"]
+    deadline = time.monotonic() + 20
+    while not (v := call("proc.poll", pid=pid, stdout_offset=0, stderr_offset=0))["ended"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert not v["exited"] and v["stdout_size"] == 300_000  # one poll returns at most 256 KiB
+    with open(_segment(tmp_path, "out"), "ab") as f:
+        f.write(b"F" * 1_000_000)
+    with open(_segment(tmp_path, "err"), "ab") as f:
+        f.write(b"F" * 1000)
+    out = base64.b64decode(v["stdout_b64"])
+    while True:
+        v = call("proc.poll", pid=pid, stdout_offset=len(out), stderr_offset=0)
+        assert v["stdout_size"] == 300_000 and v["stderr_size"] == 0
+        assert base64.b64decode(v["stderr_b64"]) == b""
+        out += base64.b64decode(v["stdout_b64"])
+        if v["exited"]:
+            break
+        assert time.monotonic() < deadline
+    assert out == b"o" * 300_000
+
+
+def test_a_stopped_relay_is_killed_and_the_process_ends(small_agent: RawAgent) -> None:
+    """User code stops the relay (SIGSTOP, the same uid): the process still ends, with what was read."""
+    call = Calls(small_agent)
+    pid = call("proc.start", command="echo l1; sleep 0.5", env={}, stdin=False)["pid"]
+    relay = _relay_of(small_agent.proc.pid, pid)
+    time.sleep(0.2)
+    os.kill(relay, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not (v := call("proc.poll", pid=pid, stdout_offset=0, stderr_offset=0))["exited"]:
+        assert time.monotonic() < deadline, "the process never ends"
+        time.sleep(0.05)
+    assert v["exit_code"] == 0 and base64.b64decode(v["stdout_b64"]) == b"l1\n"
+    deadline = time.monotonic() + 10
+    while not _gone(relay):
+        call("proc.list")
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_sigkill_ends_a_process_whose_relay_is_stopped(small_agent: RawAgent) -> None:
+    call = Calls(small_agent)
+    pid = call("proc.start", command="echo l1; sleep 0.3", env={}, stdin=False)["pid"]
+    relay = _relay_of(small_agent.proc.pid, pid)
+    os.kill(relay, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not call("proc.poll", pid=pid, stdout_offset=0, stderr_offset=0)["ended"]:
+        # the process exited; its relay (stopped) is still there
+        if not any(p["pid"] == pid and p["running"] for p in call("proc.list")["processes"]):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert call("proc.signal", pid=pid, signal="SIGKILL")["signalled"] is True
+    v = call("proc.poll", pid=pid, stdout_offset=0, stderr_offset=0)
+    assert v["exited"]
+
+
+def test_a_fifo_in_place_of_a_segment_does_not_block_the_agent(small_agent: RawAgent, tmp_path: Path) -> None:
+    call = Calls(small_agent)
+    pid = call("proc.start", command="echo hi; exec sleep 30", env={}, stdin=False)["pid"]
+    seg = _segment(tmp_path, "out")
+    seg.unlink()
+    os.mkfifo(seg)
+    started = time.monotonic()
+    for off in (0, 2 << 20):  # a read, and a free of what was read (punching the current segment)
+        v = call("proc.poll", pid=pid, stdout_offset=off, stderr_offset=0)
+        assert not v["exited"] and v["stdout_b64"] == ""
+    assert time.monotonic() - started < 5
+    assert call("proc.signal", pid=pid, signal="SIGKILL")["signalled"] is True

@@ -150,6 +150,43 @@ def test_an_end_in_the_box_skips_to_the_tail_when_nobody_reads() -> None:
     assert max(o for o, _ in box.polls) == 184  # what lay between was never fetched from the box
 
 
+class GrowingBox(Box):
+    """Box code keeps appending to an ended process's files: the box reports ever larger sizes
+    (as an agent that trusted the files did) for ``grow`` polls once the service skipped to the
+    tail of the end, in chunks of ``chunk``; then the rest at once, with the exit."""
+
+    def __init__(self, *script: Any, grow: int, piece: int, chunk: int) -> None:
+        super().__init__(*script, chunk=chunk)
+        self.grow, self.piece = grow, piece
+        self.skipped_at = 100 * 1024
+
+    def poll_process(self, instance_id: str, pid: int, out_off: int, err_off: int) -> dict[str, Any]:
+        with self.lock:
+            if self.exit is not None and out_off > self.skipped_at:  # the service skipped to the tail
+                if self.grow > 0:
+                    self.grow -= 1
+                    self.out += b"F" * self.piece
+                else:
+                    self.chunk = 1 << 30
+        return super().poll_process(instance_id, pid, out_off, err_off)
+
+
+def test_an_ended_process_whose_files_grow_holds_no_more_than_its_budget() -> None:
+    t, runs = table(tenant_background_hold_bytes=64 * 1024, background_ended_tail_bytes=16 * 1024)
+    out = b"o" * (200 * 1024)  # never read
+    box = GrowingBox(write(out), end(0), grow=200, piece=8 * 1024, chunk=4 * 1024)
+    p = start(t, box)
+    peak = 0
+    while not runs.done.is_set():
+        peak = max(peak, t.budget.held("t"))
+        time.sleep(0.0005)
+    assert runs.wait()
+    peak = max(peak, t.budget.held("t"))
+    assert peak <= 64 * 1024, peak  # 1.6 MiB more came after the end: none of it is held
+    r = p.read(0, 0)
+    assert r["stdout"] == out[-16 * 1024:]  # nothing past the size the box reported at its end
+
+
 # -- processes per tenant ----------------------------------------------------------------------------
 
 def test_a_tenant_runs_at_most_its_cap_of_processes() -> None:
@@ -254,3 +291,19 @@ def test_the_limits_are_settings_with_secure_defaults() -> None:
         ServiceSettings.from_env({"SANDBOX_TENANT_MAX_BACKGROUND_PROCESSES": "0"})
     t = ProcessTable(Runs(), 8, s)  # type: ignore[arg-type]
     assert (t.budget.tenant_max_processes, t.budget.hold_bytes, t.tail) == (5, 8 << 20, 0)
+
+
+def test_a_process_has_at_most_max_subscribers_e2b_streams() -> None:
+    from connectrpc.code import Code
+    from connectrpc.errors import ConnectError
+
+    async def main() -> None:
+        proc = envd_bg.Proc(7, pb.ProcessConfig(), None, Box(), "i1", background=True)  # type: ignore[arg-type]
+        subs = [proc.subscribe() for _ in range(envd_bg.MAX_SUBSCRIBERS)]
+        with pytest.raises(ConnectError) as e:
+            proc.subscribe()  # one Connect too many
+        assert e.value.code == Code.RESOURCE_EXHAUSTED and "SB008" in e.value.message
+        subs[0].close()  # a stream that ended makes room
+        proc.subscribe()
+
+    asyncio.run(main())

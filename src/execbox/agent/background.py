@@ -3,7 +3,7 @@
 ``exec`` holds the agent until the run ends; a background process (envd's process.Start, the
 E2B SDK's ``commands.run(background=True)``) must not. ``proc.start`` forks a child running
 ``bash -c CMD`` and answers at once with its pid. Its stdout/stderr are pipes drained by a relay
-child into segment files in a private directory (``bg_output``: no pipe the single-threaded agent
+child into segment files in the agent's temp directory (``bg_output``: no pipe the single-threaded agent
 would have to drain while it is busy, and no file of the process's own that the box's file-size
 limit would end after 512 MiB of output in total), its stdin is a pipe the agent keeps the write
 end of. The host then polls (``proc.poll``: new output from an
@@ -31,6 +31,7 @@ BACKLOG_STOP = 8 * 1024 * 1024  # unread output at which the job is paused (SIGS
 BACKLOG_CONT = 1024 * 1024  # ... and below which it continues: a pipe's back-pressure, on files
 PUNCH_EVERY = 1024 * 1024  # free output the host has read (the files live on the box's tmpfs)
 RELAY_END_WAIT = 0.2  # seconds the agent waits for a relay to drain once its process exited
+RELAY_GRACE = 1.0  # a relay still there DRAIN_SECONDS + this after its process's end is killed
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT,
            "SIGHUP": signal.SIGHUP, "SIGQUIT": signal.SIGQUIT, "SIGUSR1": signal.SIGUSR1,
            "SIGUSR2": signal.SIGUSR2}
@@ -45,14 +46,17 @@ class BackgroundError(Exception):
 class BgProc:
     # A plain class, not a dataclass: the agent's imports are on every box's start-up path.
     __slots__ = ("pid", "command", "out_path", "err_path", "stdin_w", "started", "status", "ctl_w", "paused",
-                 "discard", "punched", "relay", "relay_ctl", "seg")
+                 "discard", "punched", "relay", "relay_ctl", "seg", "report_r", "final", "ended_at")
 
     def __init__(self, pid: int, command: str, out_path: str, err_path: str, stdin_w: int | None,
                  started: float, ctl_w: int | None = None, relay: int | None = None,
-                 relay_ctl: int | None = None) -> None:
+                 relay_ctl: int | None = None, report_r: int | None = None) -> None:
         self.pid, self.command, self.out_path, self.err_path = pid, command, out_path, err_path  # path prefixes
         self.stdin_w, self.started, self.ctl_w = stdin_w, started, ctl_w
         self.relay, self.relay_ctl = relay, relay_ctl  # the output relay (None: a PTY relay writes the output)
+        self.report_r = report_r  # the relay's report of the bytes it wrote, read once it is reaped
+        self.final: tuple[int, int] | None = None  # the streams' final sizes, once the writer is gone
+        self.ended_at = 0.0  # time.monotonic() of the reap of the process
         self.seg = bg_output.SEGMENT if relay is not None else 0  # 0: one file, never rotated
         self.status: int | None = None  # wait status once reaped
         self.paused = False  # stopped by us until the host reads its backlog
@@ -85,7 +89,8 @@ class Background:
     def parent_fds(self) -> list[int]:
         """The agent's ends of background stdin, PTY control and relay control pipes (a forked
         child closes them)."""
-        return [fd for p in self.procs.values() for fd in (p.stdin_w, p.ctl_w, p.relay_ctl) if fd is not None]
+        return [fd for p in self.procs.values() for fd in (p.stdin_w, p.ctl_w, p.relay_ctl, p.report_r)
+                if fd is not None]
 
     # -- requests ---------------------------------------------------------------------------
     def start(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -109,11 +114,11 @@ class Background:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         out_fd = os.open(bg_output.segment_path(out_path, 0), flags, 0o600)
         err_fd = os.open(bg_output.segment_path(err_path, 0), flags, 0o600)
-        relay = relay_ctl = None
+        relay = relay_ctl = report_r = None
         if pty is None:  # stdout/stderr: pipes to a relay that writes the files (bg_output)
             os.close(out_fd)
             os.close(err_fd)
-            relay, relay_ctl, out_fd, err_fd = self._start_relay(out_path, err_path)
+            relay, relay_ctl, report_r, out_fd, err_fd = self._start_relay(out_path, err_path)
         want_stdin = bool(req.get("stdin")) or pty is not None
         in_r, in_w = os.pipe() if want_stdin else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None)
         ctl_r, ctl_w = os.pipe() if pty is not None else (-1, None)
@@ -153,7 +158,7 @@ class Background:
             failure += chunk
         os.close(sync_r)
         proc = BgProc(pid, command, out_path, err_path, in_w, time.time(), ctl_w=ctl_w, relay=relay,
-                      relay_ctl=relay_ctl)
+                      relay_ctl=relay_ctl, report_r=report_r)
         if failure:
             self._stray.add(pid)  # its exit status is of no use: popped once reaped
             self._forget(proc)
@@ -164,24 +169,26 @@ class Background:
         self.procs[pid] = proc
         return {"pid": pid}
 
-    def _start_relay(self, out_path: str, err_path: str) -> tuple[int, int, int, int]:
-        """Fork the output relay: (its pid, the agent's end of its control pipe, the write ends of
-        the stdout and stderr pipes for the process)."""
+    def _start_relay(self, out_path: str, err_path: str) -> tuple[int, int, int, int, int]:
+        """Fork the output relay: (its pid, the agent's end of its control pipe, the read end of
+        its report pipe, the write ends of the stdout and stderr pipes for the process)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ctl_r, ctl_w = os.pipe()
+        report_r, report_w = os.pipe()
         relay = os.fork()
         if relay == 0:
             try:
                 self.agent.child_prepare()
-                procs.close_fds_except((out_r, err_r, ctl_r))
-                bg_output.relay_main({out_r: out_path, err_r: err_path}, ctl_r)
+                procs.set_dumpable(False)  # user code (same uid) must not reach its pipes through /proc
+                procs.close_fds_except((out_r, err_r, ctl_r, report_w))
+                bg_output.relay_main({out_r: out_path, err_r: err_path}, ctl_r, report_w)
             finally:
                 os._exit(0)
         self.agent.exited.pop(relay, None)
-        for fd in (out_r, err_r, ctl_r):
+        for fd in (out_r, err_r, ctl_r, report_w):
             os.close(fd)
-        return relay, ctl_w, out_w, err_w
+        return relay, ctl_w, report_r, out_w, err_w
 
     def _get(self, req: dict[str, Any]) -> BgProc:
         pid = req.get("pid")
@@ -199,8 +206,9 @@ class Background:
         drained = proc.status is not None and proc.relay is None
         out_off, err_off = max(0, int(req.get("stdout_offset") or 0)), max(0, int(req.get("stderr_offset") or 0))
         self._free_read(proc, out_off, err_off)
-        out, out_more, out_size = bg_output.read_from(proc.out_path, out_off, POLL_CHUNK, proc.seg)
-        err, err_more, err_size = bg_output.read_from(proc.err_path, err_off, POLL_CHUNK, proc.seg)
+        out_final, err_final = proc.final if drained and proc.final is not None else (None, None)
+        out, out_more, out_size = bg_output.read_from(proc.out_path, out_off, POLL_CHUNK, proc.seg, out_final)
+        err, err_more, err_size = bg_output.read_from(proc.err_path, err_off, POLL_CHUNK, proc.seg, err_final)
         self._pace(proc, max(out_size - out_off - len(out), err_size - err_off - len(err)))
         # ended: the process and its relay are gone, so the sizes are final (the host may then skip
         # to the tail of output it will not wait for a client to read)
@@ -277,12 +285,17 @@ class Background:
         sig = SIGNALS.get(name)
         if sig is None:
             raise BackgroundError(f"unsupported signal {name!r}", field="signal", allowed=sorted(SIGNALS))
-        if proc.status is not None:
-            return {"signalled": False}
         if sig == signal.SIGKILL:
             proc.discard = True  # whatever it still had buffered is not worth waiting for
+            relay = proc.relay
+            if relay is not None:  # it ends with what was read (a stopped relay must not hold it)
+                _kill(relay)
+            if proc.status is not None:
+                return {"signalled": relay is not None}
             procs.kill_tree(proc.pid, keep=self.agent._keep_pids() - {proc.pid})
             return {"signalled": True}
+        if proc.status is not None:
+            return {"signalled": False}
         ok = _killpg(proc.pid, sig)  # the child called setsid: its group is its whole job
         if ok and proc.paused:  # a paused job must see the signal now
             proc.paused = not _killpg(proc.pid, signal.SIGCONT)
@@ -301,9 +314,11 @@ class Background:
         for pid in [p for p in self._stray if p in exited]:
             exited.pop(pid)
             self._stray.discard(pid)
+        now = time.monotonic()
         for proc in self.procs.values():
             if proc.status is None and proc.pid in exited:
                 proc.status, _ = exited.pop(proc.pid)
+                proc.ended_at = now
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)  # what it left running in its group ends too
                 except OSError:
@@ -311,7 +326,13 @@ class Background:
                 self._end_relay(proc)
             if proc.relay is not None and proc.relay in exited:
                 exited.pop(proc.relay)
-                proc.relay = None
+                self._relay_gone(proc)
+            if (proc.relay is not None and proc.status is not None
+                    and now - proc.ended_at > bg_output.DRAIN_SECONDS + RELAY_GRACE):
+                _kill(proc.relay)  # it drains no more (stopped by user code?): the end is what was read
+                self._end_relay(proc)
+            if proc.status is not None and proc.relay is None and proc.final is None:
+                self._relay_gone(proc)
 
     def _end_relay(self, proc: BgProc) -> None:
         """The process exited: its relay takes what the pipes hold and exits (waited for briefly)."""
@@ -326,19 +347,34 @@ class Background:
                 self.agent.exited.pop(proc.relay, None)
                 done = proc.relay
             if done:
-                proc.relay = None
+                self._relay_gone(proc)
             else:
                 time.sleep(0.001)
 
+    def _relay_gone(self, proc: BgProc) -> None:
+        """The writer of the output is gone: fix the streams' final sizes (the relay's own counts;
+        the files' sizes now when it left none, or a PTY relay wrote them). Nothing written to the
+        files later (by what user code left running) is read."""
+        proc.relay = None
+        final = None
+        if proc.report_r is not None:
+            final = bg_output.read_report(proc.report_r)
+            os.close(proc.report_r)
+            proc.report_r = None
+        if final is None:
+            final = (bg_output.stream_size(proc.out_path, proc.punched[0], proc.seg),
+                     bg_output.stream_size(proc.err_path, proc.punched[1], proc.seg))
+        proc.final = final
+
     def _forget(self, proc: BgProc) -> None:
         self.procs.pop(proc.pid, None)
-        for fd in (proc.stdin_w, proc.ctl_w, proc.relay_ctl):
+        for fd in (proc.stdin_w, proc.ctl_w, proc.relay_ctl, proc.report_r):
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        proc.relay_ctl = None
+        proc.relay_ctl = proc.report_r = None
         if proc.relay is not None:  # killed by the host (its output is not wanted), or never started
             _kill(proc.relay)
             self._stray.add(proc.relay)

@@ -13,8 +13,18 @@ in the current one (the files live on the box's tmpfs). The relay never blocks t
 drains the pipes as they fill (the agent's pause at a large backlog is what stops a writer).
 
 The relay ends when both pipes reach EOF, or when the agent closes its control pipe (the
-process's main pid exited): it then takes what the pipes already hold and exits, so output
-written before the exit is in the files once the relay is reaped. Stdlib only.
+process's main pid exited): it then takes what the pipes already hold, reports how many bytes
+of each stream it wrote on its report pipe and exits, so output written before the exit is in
+the files once the relay is reaped. Those counts are the streams' final sizes: the agent never
+reads past them (``read_from``'s ``final``), whatever later happens to the files.
+
+The directory is not private from the box: user code runs as the same uid, so it can append to,
+truncate, delete or replace a segment (with a FIFO or a symlink). The relay writes at its own
+offsets (``pwrite``, not ``O_APPEND``: an append does not shift the real output), the relay is
+non-dumpable (its pipes are out of reach through ``/proc``), and the agent opens segments with
+``O_NOFOLLOW|O_NONBLOCK`` and reads only regular files, so a planted file never blocks it; what
+user code writes into a segment can still show up in that stream, and what it deletes is lost.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import gc
 import os
 import select
+import stat
 import time
 
 SEGMENT = 32 * 1024 * 1024
@@ -43,7 +54,8 @@ class _Segments:
     def __init__(self, prefix: str, seg: int) -> None:
         self.prefix, self.seg = prefix, seg
         self.k, self.pos = 0, 0
-        self.fd = os.open(segment_path(prefix, 0), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self.fd = os.open(segment_path(prefix, 0), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.total = 0  # bytes of the stream written so far
 
     def write(self, data: bytes, give_up: float | None) -> None:
         view = memoryview(data)
@@ -52,29 +64,34 @@ class _Segments:
                 os.close(self.fd)
                 self.k, self.pos = self.k + 1, 0
                 self.fd = os.open(segment_path(self.prefix, self.k),
-                                  os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                                  os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
-                n = os.write(self.fd, view[:self.seg - self.pos])
+                n = os.pwrite(self.fd, view[:self.seg - self.pos], self.pos)
             except OSError:  # ENOSPC: a full tmpfs; wait for room (the agent frees what is read)
                 if give_up is not None and time.monotonic() > give_up:
                     return
                 time.sleep(RETRY)
                 continue
             self.pos += n
+            self.total += n
             view = view[n:]
 
 
-def relay_main(streams: dict[int, str], ctl_r: int, seg: int = SEGMENT) -> None:
-    """Body of the relay child: copy each pipe (fd -> path prefix) into its segments; never returns."""
+def relay_main(streams: dict[int, str], ctl_r: int, report_w: int | None = None, seg: int = SEGMENT) -> None:
+    """Body of the relay child: copy each pipe (fd -> path prefix) into its segments, then write
+    the bytes written per stream (in ``streams``' order, ``"N N\\n"``) to ``report_w``; never returns."""
     gc.disable()  # no cycles here; a collection would copy the forked agent's pages
     try:
-        relay(streams, ctl_r, seg)
+        totals = relay(streams, ctl_r, seg)
+        if report_w is not None:
+            os.write(report_w, (" ".join(map(str, totals)) + "\n").encode())
     finally:
         os._exit(0)
 
 
-def relay(streams: dict[int, str], ctl_r: int, seg: int = SEGMENT) -> None:
-    """Copy until both pipes end, or until ``ctl_r`` ends (then drain what the pipes hold)."""
+def relay(streams: dict[int, str], ctl_r: int, seg: int = SEGMENT) -> list[int]:
+    """Copy until both pipes end, or until ``ctl_r`` ends (then drain what the pipes hold): the
+    bytes written of each stream."""
     writers = {fd: _Segments(prefix, seg) for fd, prefix in streams.items()}
     watched = [*writers, ctl_r]
     give_up: float | None = None
@@ -104,32 +121,86 @@ def relay(streams: dict[int, str], ctl_r: int, seg: int = SEGMENT) -> None:
                 watched.remove(fd)
                 continue
             writers[fd].write(data, give_up)
+    return [w.total for w in writers.values()]
+
+
+def read_report(report_r: int) -> tuple[int, int] | None:
+    """The relay's final counts (stdout, stderr) from its report pipe, or None (it was killed)."""
+    try:
+        os.set_blocking(report_r, False)
+        raw = os.read(report_r, 128)
+    except OSError:
+        return None
+    parts = raw.split()
+    if not raw.endswith(b"\n") or len(parts) != 2 or not all(x.isdigit() for x in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 # -- the agent's side --------------------------------------------------------------------------
 
 
-def read_from(prefix: str, offset: int, limit: int, seg: int) -> tuple[bytes, bool, int]:
-    """Up to ``limit`` bytes of the stream from ``offset``; True when more is already there; the
-    stream's size. ``seg`` 0: one file (``PREFIX.0``), written by a PTY relay."""
-    k, inner = divmod(offset, seg) if seg else (0, offset)
+def _open_regular(path: str, flags: int) -> int | None:
+    """An fd of ``path`` when it is a regular file (never following a symlink, never waiting on a
+    FIFO user code put there), else None."""
     try:
-        with open(segment_path(prefix, k), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(inner)
-            data = f.read(limit)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return b"", False, offset
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _regular_size(path: str) -> int | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def stream_size(prefix: str, offset: int, seg: int) -> int:
+    """The stream's size as its files say now (from the segment holding ``offset`` on)."""
     if not seg:
-        return data, inner + len(data) < size, size
-    last, last_size = k, size
-    while os.path.exists(segment_path(prefix, last + 1)):
-        last += 1
+        return max(offset, _regular_size(segment_path(prefix, 0)) or 0)
+    k = offset // seg
+    size = _regular_size(segment_path(prefix, k))
+    if size is None:
+        return offset
+    while (more := _regular_size(segment_path(prefix, k + 1))) is not None:
+        k, size = k + 1, more
+    return max(offset, k * seg + size)
+
+
+def read_from(prefix: str, offset: int, limit: int, seg: int,
+              final: int | None = None) -> tuple[bytes, bool, int]:
+    """Up to ``limit`` bytes of the stream from ``offset``; True when more is already there; the
+    stream's size. ``seg`` 0: one file (``PREFIX.0``), written by a PTY relay. ``final``: the
+    stream's final size (its writer is gone): nothing past it is read, whatever the files hold
+    now, and a stream whose files fall short of it has no more (what is missing is lost)."""
+    k, inner = divmod(offset, seg) if seg else (0, offset)
+    if final is not None:
+        limit = max(0, min(limit, final - offset))
+    want = min(limit, seg - inner) if seg else limit
+    data = b""
+    fd = _open_regular(segment_path(prefix, k), os.O_RDONLY) if want > 0 or final is None else None
+    if fd is not None:
         try:
-            last_size = os.path.getsize(segment_path(prefix, last))
+            data = os.pread(fd, want, inner) if want > 0 else b""
         except OSError:
-            last_size = 0
-    total = last * seg + last_size
+            data = b""
+        finally:
+            os.close(fd)
+    elif final is None:
+        return b"", False, offset
+    if final is not None:
+        return data, len(data) == want and offset + len(data) < final, max(final, offset)
+    total = stream_size(prefix, offset, seg)
     return data, offset + len(data) < total, total
 
 
@@ -178,7 +249,9 @@ def _punch(path: str, upto: int) -> int:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        fd = _open_regular(path, os.O_WRONLY)
+        if fd is None:
+            return 0
         try:
             return end if libc.fallocate(fd, _FALLOC_PUNCH, 0, end) == 0 else 0
         finally:

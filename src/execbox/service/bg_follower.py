@@ -19,7 +19,8 @@ class HttpFollower(Follower):
     """Follows a ``BgProcess`` into its buffers: output waits in the box while a stream holds its
     share of unacknowledged bytes (at most ``HOLD``) or the budget is spent (a read that frees
     room wakes the follower early). A process that ended in the box while its output waits, with
-    no client reading it, skips to the tail of that output."""
+    no client reading it, skips to the tail of that output, and takes no byte past the sizes the
+    box reported then (an ended stream does not grow), booked on the budget like any other."""
 
     poll_quiet = 2.0  # a read wakes it at once, and it polls every poll_idle while a client reads
 
@@ -27,18 +28,20 @@ class HttpFollower(Follower):
         deadline = None if p.timeout is None else p.started_mono + p.timeout
         super().__init__(p.provider, p.instance_id, p.pid, deadline, table.runs, spec, p.started_mono)
         self.table, self.p = table, p
-        self.draining = False  # skipped to the tail of an ended process: take the rest, full or not
+        self.draining = False  # skipped to the tail of an ended process: take the rest, as the budget allows
+        self.ends: tuple[int, int] | None = None  # the streams' final sizes the box reported at the skip
 
     def offsets(self) -> tuple[int, int, bool]:
         p = self.p
         hold = self.table.stream_hold(p.tenant_id)
         with p.cond:
-            full = len(p.out.buf) >= hold or len(p.err.buf) >= hold
+            # draining: the tail was sized to fit, so a stream may hold more than its share
+            full = not self.draining and (len(p.out.buf) >= hold or len(p.err.buf) >= hold)
             out_end, err_end = p.out.end, p.err.end
         if not full and self.table.budget.room(p.tenant_id) <= 0:
             full = True
             self.table.relieve(p.tenant_id)
-        return out_end, err_end, full and not self.draining
+        return out_end, err_end, full
 
     def take(self, poll: dict[str, Any]) -> None:
         p = self.p
@@ -46,7 +49,10 @@ class HttpFollower(Follower):
         with p.cond:
             if p.forgotten:
                 return
-            if last or self.draining:  # the end (or the tail): taken whole, booked fit or not
+            if self.ends is not None:  # never past the sizes the box reported at its end
+                out = out[:max(0, self.ends[0] - p.out.end)]
+                err = err[:max(0, self.ends[1] - p.err.end)]
+            if last:  # the end: its last piece (a poll's worth) taken whole, booked fit or not
                 p.out.buf += out
                 p.err.buf += err
             else:  # as much as the budget has room for; the rest is polled again
@@ -69,8 +75,12 @@ class HttpFollower(Follower):
             if p.reader_active(time.monotonic()) or "stdout_size" not in poll:
                 return False
             tail = min(self.table.tail, (self.table.budget.room(p.tenant_id) + p.held) // 2)  # what fits
-            p.out.skip_to(int(poll["stdout_size"]) - tail)
-            p.err.skip_to(int(poll["stderr_size"]) - tail)
+            ends = int(poll["stdout_size"]), int(poll["stderr_size"])
+            if self.ends is not None:  # an ended stream does not grow: what it seems to add is not its output
+                ends = min(ends[0], self.ends[0]), min(ends[1], self.ends[1])
+            self.ends = ends
+            p.out.skip_to(ends[0] - tail)
+            p.err.skip_to(ends[1] - tail)
             p.settle()
         self.draining = True
         return True

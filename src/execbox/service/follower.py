@@ -13,7 +13,8 @@ offsets, an event stream), whether it must wait (a full buffer), how a loss read
 ``Budget`` bounds what background processes cost the service, one per replica and shared by the
 HTTP API, MCP and the E2B facade: the bytes of output it holds (in all, and per tenant; past
 them a follower stops taking output, which waits in the box, where the agent pauses the job once
-8 MiB wait: nothing is lost while the box lives) and the processes a tenant runs at once.
+8 MiB wait: nothing is lost while the box lives, unless code in the box deletes it) and the
+processes a tenant runs at once.
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ Memory is bounded as for the HTTP API: the follower takes no more output while t
 has ``SUBSCRIBER_HOLD`` bytes queued (its share of the tenant's budget when the tenant runs many
 processes) or the replica's budget (``follower.Budget``, shared with the HTTP API) is spent; the
 output waits in the box meanwhile (back-pressure, as envd's fan-out blocks on a slow consumer),
-and the processes a tenant runs at once are capped (RESOURCE_EXHAUSTED, SB008).
+and the processes a tenant runs at once are capped (RESOURCE_EXHAUSTED, SB008). A process has at
+most ``MAX_SUBSCRIBERS`` streams at once (its Start stream and Connect streams): each holds
+transport buffers the budget does not see, so a Connect past them is RESOURCE_EXHAUSTED (SB008;
+the E2B SDK raises RateLimitException).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from protobuf import Oneof
 
 from ...errors import SessionNotFoundError
@@ -36,6 +41,8 @@ from .envd_gen.process import process_pb as pb
 
 SUBSCRIBER_HOLD = 1024 * 1024
 """Bytes of output queued for the slowest stream past which the follower takes no more."""
+MAX_SUBSCRIBERS = 16
+"""Streams (Start and Connect) one process has at once."""
 _DEFAULT_BUDGET = Budget.from_settings(ServiceSettings())
 
 
@@ -153,6 +160,10 @@ class Proc:
         with self.lock:
             if self.done:
                 sub.queue.put_nowait((None, 0))
+            elif len(self.subscribers) >= MAX_SUBSCRIBERS:
+                raise ConnectError(Code.RESOURCE_EXHAUSTED,
+                                   f"SB008: process {self.pid} has {MAX_SUBSCRIBERS} streams connected "
+                                   "(the most it may); close one first")
             else:
                 self.subscribers.append(sub)
         return sub
