@@ -139,6 +139,41 @@ def test_javascript_context_cells(run: Runs) -> None:
     assert "<cell>:3" in v["error"]["traceback"]
     v = run("q + 1", "javascript", **ctx)
     assert (v["error"], v["result"]["json"]) == (None, "2")
+    assert v["stderr"] == ""
+
+
+@needs_node
+def test_javascript_context_cells_own_their_late_errors(run: Runs) -> None:
+    """A rejection nobody handled, or a callback's error, raised before the cell answers is that
+    cell's error (and stderr); one raised after it answered is no later cell's error."""
+    ctx = {"context_id": "late"}
+    v = run('Promise.reject(new Error("floating rej")); 5', "javascript", **ctx)
+    assert v["exit_code"] == 1 and not (v["result"] or {}).get("present"), v
+    assert (v["error"]["name"], v["error"]["value"]) == ("Error", "floating rej"), v
+    assert "Error: floating rej" in v["stderr"] and v["error"]["traceback"] in v["stderr"]
+    v = run("setImmediate(() => { throw new RangeError('soon') }); 6", "javascript", **ctx)
+    assert (v["error"]["name"], v["error"]["value"]) == ("RangeError", "soon"), v
+    v = run("await null; Promise.reject(42); 7", "javascript", **ctx)
+    assert (v["error"]["name"], v["error"]["value"]) == ("Number", "42"), v
+    assert "nothing handled it" in v["stderr"]
+    # a timer that fires after its cell answered: printed, said to be another's, no cell's error
+    v = run("setTimeout(() => { throw new Error('late cb') }, 50); 8", "javascript", **ctx)
+    assert (v["exit_code"], v["error"], v["result"]["json"], v["stderr"]) == (0, None, "8", ""), v
+    v = run("await new Promise((r) => setTimeout(r, 300)); 9", "javascript", **ctx)
+    assert (v["exit_code"], v["error"], v["result"]["json"]) == (0, None, "9"), v
+    assert "not this cell's" in v["stderr"] and "Error: late cb" in v["stderr"], v
+    v = run("10", "javascript", **ctx)
+    assert (v["error"], v["stderr"]) == (None, ""), v
+
+
+@needs_node
+def test_javascript_thrown_null_and_tracebacks_end_with_a_line_break(run: Runs) -> None:
+    for language_kw in ({}, {"context_id": "n"}):
+        for code, name in (("throw null", "null"), ("throw undefined", "undefined")):
+            err = run(code, "javascript", **language_kw)["error"]
+            assert (err["name"], err["value"]) == (name, name), (code, language_kw, err)
+        v = run("throw new TypeError('x')", "javascript", **language_kw)
+        assert v["error"]["traceback"].endswith("\n") and v["error"]["traceback"] in v["stderr"], v
 
 
 def test_parse_result_keeps_the_first_well_formed_error() -> None:

@@ -89,17 +89,21 @@ function field(e, key) {
 // The run's structured error (E2B's and Jupyter's name/value/traceback) for a thrown value `e`
 // whose text, as printed on stderr, is `text` (userStack's): an Error's name (`TypeError`, not
 // Node's `TypeError [ERR_X]` stack heading) and message; another thrown value's constructor name
-// and the text shown for it (`throw {code: 42}` is `Object`, `{ code: 42 }`).
+// and the text shown for it (`throw {code: 42}` is `Object`, `{ code: 42 }`; `throw null` is
+// `null`, `null`). The traceback ends with a line break, as printed.
 function errorOf(e, text) {
   const isObject = e !== null && (typeof e === "object" || typeof e === "function");
   let name = isObject ? field(e, "name") : undefined;
   if (typeof name !== "string" || name === "") {
     const ctor = isObject ? field(e, "constructor") : (e === null || e === undefined ? undefined : e.constructor);
-    name = ctor && typeof ctor.name === "string" && ctor.name ? ctor.name : "Error";
+    // `throw null` / `throw undefined` have no constructor: named as what was thrown
+    name = ctor && typeof ctor.name === "string" && ctor.name ? ctor.name : (e === null || e === undefined ? String(e) : "Error");
   }
   const message = isObject ? field(e, "message") : undefined;
   const value = typeof message === "string" ? message : (isObject ? text : String(e));
-  return { name: name.slice(0, 200), value: clipText(value), traceback: clipText(String(text)) };
+  // the traceback as stderr has it, ending with its line break (as Python's does)
+  const printed = String(text);
+  return { name: name.slice(0, 200), value: clipText(value), traceback: clipText(printed.endsWith("\n") ? printed : `${printed}\n`) };
 }
 
 // The `require` and `module` the user's code gets: those of a file `name` in the directory the

@@ -5,8 +5,9 @@
 // completion value is awaited when it is a Promise (JSON when it fits, else Node's inspect()
 // text), and the reply goes to fd 4 as one JSON
 // line {exit_code, result, error, peak_memory_kb} (error: the cell's uncaught exception as
-// {name, value, traceback}, or null). With arguments, main(arguments) is called after the
-// cell (a main() an earlier cell defined counts) and what it returns is the result, as in a
+// {name, value, traceback}, or null; a callback's error or an unhandled rejection of the cell
+// raised before it answers counts too, see uncaught). With arguments, main(arguments) is
+// called after the cell (a main() an earlier cell defined counts) and what it returns is the result, as in a
 // one-shot run. stdout/stderr are the context's own pipes; Node writes pipes synchronously on
 // Linux, so a cell's output is in them before its reply is written.
 "use strict";
@@ -18,6 +19,8 @@ const net = require("net");
 const vm = require("vm");
 const util = require("util");
 const readline = require("readline");
+const { AsyncLocalStorage } = require("async_hooks");
+const { setImmediate } = require("timers");
 const { encode, encodeReturned, userStack, errorOf, exposeUserModule, namesArguments } = require("./js_common.js");
 const { runCell, underSigint } = require("./js_cells.js");
 
@@ -36,13 +39,37 @@ const cellConsole = new console.Console({ stdout: process.stdout, stderr: proces
 cellConsole.Console = console.Console;
 GLOBAL.console = cellConsole;
 GLOBAL.__filename = "<cell>";
-process.on("uncaughtException", (e) => {  // a late callback's error must not end the context
-  process.stderr.write(`${userStack(e, __filename)}\n`);
-});
+
+// An error from a callback or a rejection nobody handled does not end the context. Each cell runs
+// in an async scope of its own (AsyncLocalStorage: its timers, promises and callbacks carry it),
+// so such an error is known by the cell that started the work. Raised before that cell has
+// answered (a cell waits one macrotask turn before it does: see settle), it is that cell's
+// error, on its stderr, as an uncaught exception in it; raised later (a timer that fires after),
+// it is no cell's `error`: it is printed on the stderr of whatever runs then (the next cell's),
+// after a line saying so.
+const cellScope = new AsyncLocalStorage();
+let running = null;  // the cell being handled until it answers: {error}
+
+function uncaught(e, note) {
+  const text = userStack(e, __filename);
+  const cell = cellScope.getStore();
+  if (running !== null && (cell === running || cell === undefined)) {
+    process.stderr.write(`${note}${text}\n`);
+    if (running.error === null) running.error = errorOf(e, text);
+  } else {
+    process.stderr.write(`execbox: an error after its cell had answered (not this cell's): ${note}${text}\n`);
+  }
+}
+process.on("uncaughtException", (e) => uncaught(e, ""));
 process.on("unhandledRejection", (reason) => {
-  if (!(reason instanceof Error)) process.stderr.write("execbox: a promise was rejected and nothing handled it: ");
-  process.stderr.write(`${userStack(reason, __filename)}\n`);
+  uncaught(reason, reason instanceof Error ? "" : "execbox: a promise was rejected and nothing handled it: ");
 });
+
+// One turn of the event loop (what the cell left to run at once: microtasks, and the rejections
+// nobody handled, which Node reports once they have run).
+function settle() {
+  return new Promise((resolve) => setImmediate(resolve));
+}
 
 // The agent's interrupt (SIGINT) of a cell past its time, or cancelled, as a notebook's: a cell
 // running synchronously is ended by js_cells.underSigint, one awaiting here; either way the cell
@@ -80,9 +107,18 @@ function peakKb() {
 }
 
 async function handle(req) {
+  const cell = { error: null };
+  running = cell;
+  try {
+    await cellScope.run(cell, () => runRequest(req, cell));
+  } finally {
+    running = null;
+  }
+}
+
+async function runRequest(req, cell) {
   let exitCode = 0;
   let result;
-  let error = null;
   try {
     try { process.chdir(req.cwd); } catch (e) { /* keep the last directory */ }
     GLOBAL.__dirname = process.cwd();
@@ -116,10 +152,14 @@ async function handle(req) {
     const stopped = e instanceof Error && e.code === "ERR_SCRIPT_EXECUTION_INTERRUPTED";
     const text = stopped ? `Error [${e.code}]: ${e.message}` : userStack(e, __filename);
     process.stderr.write(`${text}\n`);
-    error = errorOf(e, text);
-    exitCode = 1;
+    if (cell.error === null) cell.error = errorOf(e, text);
   }
-  reply({ exit_code: exitCode, result, error, peak_memory_kb: peakKb() });
+  await settle();
+  if (cell.error !== null) {  // the cell's uncaught error, or a callback's or rejection's of it
+    exitCode = 1;
+    result = undefined;
+  }
+  reply({ exit_code: exitCode, result, error: cell.error, peak_memory_kb: peakKb() });
 }
 
 let queue = Promise.resolve();

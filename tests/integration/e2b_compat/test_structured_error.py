@@ -25,7 +25,13 @@ def test_python_error_is_the_agents(sbx) -> None:
     assert (ex.error.name, ex.error.value) == ("ValueError", "first\nsecond"), ex.error
     assert ex.error.traceback.startswith("Traceback (most recent call last):\n"), ex.error.traceback
     assert 'File "Cell In[' in ex.error.traceback and "decoy" not in ex.error.traceback, ex.error.traceback
-    assert ex.logs.stderr[0] == "NotMine: decoy\n", ex.logs.stderr
+    # the traceback is the error only, as a Jupyter kernel sends it: stderr has what the cell printed
+    assert ex.logs.stderr == ["NotMine: decoy\n"], ex.logs.stderr
+    ex = sbx.run_code("print('hello'); import sys; print('warn', file=sys.stderr); 1/0")
+    assert (ex.logs.stdout, ex.logs.stderr) == (["hello\n"], ["warn\n"]), ex.logs
+    assert ex.error.name == "ZeroDivisionError" and "1/0" in ex.error.traceback, ex.error
+    ex = sbx.run_code("import sys; sys.exit(3)")
+    assert (ex.error.name, ex.error.value, ex.logs.stderr) == ("SystemExit", "3", []), ex
     assert sbx.run_code("1 + 1").error is None
 
 
@@ -35,3 +41,15 @@ def test_javascript_error_is_the_agents(sbx) -> None:
     ex = sbx.run_code("console.error('NotMine: decoy');\nthrow new RangeError('first\\nsecond')", language="javascript")
     assert (ex.error.name, ex.error.value) == ("RangeError", "first\nsecond"), ex.error
     assert "<cell>:2" in ex.error.traceback and "decoy" not in ex.error.traceback, ex.error.traceback
+
+
+def test_javascript_floating_rejection_is_its_cells_error(sbx) -> None:
+    if shutil.which("node") is None:
+        pytest.skip("node (JavaScript runtime) not installed")
+    ex = sbx.run_code("Promise.reject(new Error('float')); 7", language="javascript")
+    assert ex.error is not None and (ex.error.name, ex.error.value) == ("Error", "float"), ex
+    assert ex.error.traceback.endswith("\n"), ex.error.traceback
+    ex = sbx.run_code("8", language="javascript")
+    assert (ex.error, ex.logs.stderr, ex.text) == (None, [], "8"), ex
+    ex = sbx.run_code("throw null", language="javascript")
+    assert (ex.error.name, ex.error.value) == ("null", "null"), ex.error

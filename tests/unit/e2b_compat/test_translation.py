@@ -62,9 +62,13 @@ def test_cell_edge_cases() -> None:
 def test_a_cell_that_does_not_parse_is_reported_in_its_cell_name(capsys) -> None:
     """As a runtime error is: `Cell In[N]`, IPython's name (sent as written, the agent called it
     `<cell N>`)."""
+    from execbox.agent import py_cells
+
+    py_cells.take_reported()
     with pytest.raises(SystemExit):
         _run_cell("x = 1\ndef broken(:", {})
-    err = capsys.readouterr().err
+    assert capsys.readouterr().err == ""  # the traceback is the error only (as a kernel sends it)
+    err = py_cells.take_reported()[1]
     assert re.search(r'File "Cell In\[\d+\]", line 2\n    def broken\(:\n', err), err
     assert err.rstrip().endswith("SyntaxError: invalid syntax") and "<cell" not in err, err
 
@@ -79,7 +83,7 @@ def test_a_failed_cell_hands_its_exception_and_traceback_to_the_agent(capsys) ->
     e, text = py_cells.take_reported()
     err = capsys.readouterr().err
     assert runners.error_of(e, text) == {"name": "ValueError", "value": "a\nb", "traceback": text}
-    assert text.startswith("Traceback") and "before" not in text and err == "before\n" + text
+    assert text.startswith("Traceback") and "before" not in text and err == "before\n"  # not echoed
     with pytest.raises(SystemExit):
         _run_cell("import sys; sys.exit(3)", {})
     e, text = py_cells.take_reported()

@@ -20,9 +20,11 @@ execbox's agent returns a value from ``main()`` and calls a defined ``main`` (it
 so a cell with a value installs a one-use ``main`` that first puts back whatever ``main`` the
 context had (the user's own function is kept), and returns the value's representations; any
 other cell gets an empty ``if __name__ == "__main__"`` guard appended, which tells the agent the
-program runs as a script (no implicit ``main()`` call). A failed cell prints its traceback on
-stderr, hands the exception and that text to the agent's ``py_cells.report`` (the run's ``error``:
-name, value, traceback, as for any cell) and ends the run with exit code 1.
+program runs as a script (no implicit ``main()`` call). A failed cell hands the exception and its
+traceback text to the agent's ``py_cells.report`` (the run's ``error``: name, value, traceback,
+as for any cell) without printing it on stderr (a Jupyter kernel sends a traceback as the error
+message only, so E2B's ``logs.stderr`` holds what the cell printed itself), and ends the run with
+exit code 1.
 
 The driver is compiled once per context process (kept in ``sys.modules`` under a name that
 carries its hash). The launcher imports nothing and calls no builtin function by name, so a
@@ -75,9 +77,12 @@ def _display(value):
 
 
 def _report(e, text):
-    sys.stderr.write(text)
+    # the run's error: this exception, this text (agent/py_cells.py); not on stderr too, as a
+    # kernel sends a traceback as its error message only (an agent without report: on stderr)
     report = getattr(sys.modules["_execbox_cell"], "report", None)
-    if report is not None:  # the run's error: this exception, this text (agent/py_cells.py)
+    if report is None:
+        sys.stderr.write(text)
+    else:
         report(e, text)
 
 
