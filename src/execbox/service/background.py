@@ -193,19 +193,6 @@ class BgProcess:
                 self.waiters = [w for w in self.waiters if w[1] is not fut]
 
 
-class _Follower(HttpFollower):
-    """Tells the process what each poll says of its end in the box (``BgProcess.saw_poll``), whether
-    its output is taken now (``take``) or must wait (``skip``)."""
-
-    def take(self, poll: dict[str, Any]) -> None:
-        self.p.saw_poll(poll)
-        super().take(poll)
-
-    def skip(self, poll: dict[str, Any]) -> bool:
-        self.p.saw_poll(poll)
-        return super().skip(poll)
-
-
 def _alive(provider: SandboxProvider, instance_id: str) -> bool:
     check = getattr(provider, "instance_alive", None)
     try:
@@ -286,7 +273,7 @@ class ProcessTable:
             table[proc.pid] = proc  # a reused pid: the new one
         if old is not None:
             old.forget()
-        follower = _Follower(self, proc, spec)
+        follower = HttpFollower(self, proc, spec)
         follower.budget, follower.tenant = self.budget, proc.tenant_id
         follower.start(f"execbox-proc-{proc.pid}")
 

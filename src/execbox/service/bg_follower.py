@@ -45,6 +45,7 @@ class HttpFollower(Follower):
 
     def take(self, poll: dict[str, Any]) -> None:
         p = self.p
+        p.saw_poll(poll)  # what the box says of the end, for info() while output still waits
         out, err, last = poll["stdout"], poll["stderr"], bool(poll.get("exited"))
         with p.cond:
             if p.forgotten:
@@ -71,6 +72,7 @@ class HttpFollower(Follower):
     def skip(self, poll: dict[str, Any]) -> bool:
         """Ended in the box while output waits: with no reader, go on from the streams' tails."""
         p = self.p
+        p.saw_poll(poll)
         with p.cond:
             if p.reader_active(time.monotonic()) or "stdout_size" not in poll:
                 return False
