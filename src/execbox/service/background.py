@@ -331,8 +331,7 @@ class ProcessTable:
 
     def stream_hold(self, tenant_id: str) -> int:
         """Unacknowledged bytes one stream may hold: ``HOLD``, or its share of the tenant's budget."""
-        running = max(1, self.budget.running(tenant_id))
-        return max(1, min(HOLD, self.budget.tenant_hold_bytes // (2 * running)))
+        return self.budget.share(tenant_id, HOLD)
 
     def tracked(self, proc: BgProcess) -> bool:
         with self._lock:

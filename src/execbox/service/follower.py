@@ -86,6 +86,11 @@ class Budget:
         with self._lock:
             return self._running.get(tenant, 0)
 
+    def share(self, tenant: str, cap: int) -> int:
+        """Bytes one stream (a buffer, an E2B listener's queue) may hold: ``cap``, or its fair
+        share of the tenant's budget, so a few unread processes cannot starve one being read."""
+        return max(1, min(cap, self.tenant_hold_bytes // (2 * max(1, self.running(tenant)))))
+
     def check(self, tenant: str) -> None:
         """SB008 (429) when ``tenant`` runs as many background processes as it may."""
         if self.running(tenant) >= self.tenant_max_processes:

@@ -108,8 +108,7 @@ class _Follower(Follower):
         proc = self.proc
         full = False
         if proc.budget is not None:
-            running = max(1, proc.budget.running(proc.tenant))
-            hold = max(1, min(SUBSCRIBER_HOLD, proc.budget.tenant_hold_bytes // (2 * running)))
+            hold = proc.budget.share(proc.tenant, SUBSCRIBER_HOLD)
             full = proc.backlog() >= hold or proc.budget.room(proc.tenant) <= 0
         return self.out_off, self.err_off, full
 
