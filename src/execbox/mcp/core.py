@@ -22,6 +22,7 @@ from ..service.routes.sandbox import check_path  # the same early path check as 
 from ..service.sessions import SessionManager, check_name
 from ..service.streaming import RunHandle
 from .output_cap import DEFAULT_MAX_OUTPUT
+from .resource_cap import DEFAULT_MAX_RESOURCE_BYTES
 
 DEFAULT_MAX_TIMEOUT = 300.0
 
@@ -39,7 +40,8 @@ class ServiceCore:
 
     def __init__(self, sessions: SessionManager, runs: RunService, default_timeout: float,
                  max_timeout: float = DEFAULT_MAX_TIMEOUT, max_code_bytes: int = 1024 * 1024,
-                 max_output: int = DEFAULT_MAX_OUTPUT, processes: ProcessTable | None = None) -> None:
+                 max_output: int = DEFAULT_MAX_OUTPUT, processes: ProcessTable | None = None,
+                 max_resource_bytes: int = DEFAULT_MAX_RESOURCE_BYTES) -> None:
         self.sessions = sessions
         self.runs = runs
         self.processes = processes
@@ -49,6 +51,8 @@ class ServiceCore:
         self.max_code_bytes = max_code_bytes
         self.max_output = max_output
         """Characters of a run's stdout (and of its stderr) a tool result gives the model (output_cap.py)."""
+        self.max_resource_bytes = max_resource_bytes
+        """Bytes of a file one resources/read gives (resource_cap.py); a larger file is refused."""
         self._implicit: dict[str, tuple[str, str]] = {}  # mapping key -> (tenant, session id)
         self._lock = threading.Lock()
 
@@ -193,11 +197,14 @@ class ServiceCore:
         return self.runs.file_op(caller.tenant_id, session_id, "read_file", path, caller.token_id,
                                  lambda p, i: p.read_file(i, path, offset, limit))
 
-    def read_bytes(self, caller: Caller, session_id: str, path: str) -> bytes:
+    def read_bytes(self, caller: Caller, session_id: str, path: str, offset: int | None = None,
+                   length: int | None = None) -> bytes:
+        """The file whole (64 MiB at most), or ``length`` bytes from ``offset``: a ``FileBytes``
+        with the file's ``total_size`` where the provider tells it (providers/base.py)."""
         check_path(path, "path")
         self.require_session(caller, session_id)
         return self.runs.file_op(caller.tenant_id, session_id, "read_bytes", path, caller.token_id,
-                                 lambda p, i: p.read_bytes(i, path))
+                                 lambda p, i: p.read_bytes(i, path, offset=offset, length=length))
 
     def write_file(self, caller: Caller, session_id: str, path: str, content: str | bytes, mode: str) -> FileInfo:
         check_path(path, "path")

@@ -37,6 +37,7 @@ from ..service.container import Services
 from ..settings import parse_duration, parse_int
 from .core import DEFAULT_MAX_TIMEOUT, Caller, ServiceCore
 from .output_cap import max_output_from_env
+from .resource_cap import max_resource_bytes_from_env
 from .server import build_server
 
 PRINCIPAL = "execbox.principal"
@@ -97,6 +98,7 @@ class McpHttpApp:
     def __init__(self, services: Services) -> None:
         self.services = services
         self.max_output = max_output_from_env()  # read at start: a bad value stops `execbox serve` (SB002)
+        self.max_resource_bytes = max_resource_bytes_from_env()
         self.max_sessions = max_sessions_from_env()
         self.unused_timeout = unused_timeout_from_env(services.settings.idle_timeout)
         self._core: ServiceCore | None = None
@@ -113,7 +115,8 @@ class McpHttpApp:
             s = self.services.settings
             self._core = ServiceCore(self.services.sessions, self.services.runs, s.default_timeout,
                                      max_timeout_from_env(), s.max_code_bytes, self.max_output,
-                                     self.services.processes)  # the HTTP API's background processes
+                                     self.services.processes,  # the HTTP API's background processes
+                                     self.max_resource_bytes)
         return self._core
 
     def lifespan(self) -> AbstractAsyncContextManager[None]:

@@ -11,6 +11,8 @@ import mcp_types as types
 from ..errors import SandboxError
 from ..models import ExecutionResult
 from .output_cap import DEFAULT_MAX_OUTPUT, cap_stream
+from .resource_cap import DEFAULT_MAX_RESOURCE_BYTES, TEXT_TYPES, how_to_read
+from .resource_cap import ENV as RESOURCE_ENV
 
 IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml"}
 RESULT_HOW = ("To read all of it, have main() write the value to a file (e.g. json.dump(value, open('out.json', "
@@ -89,9 +91,11 @@ def _timeout_hint(metadata: dict[str, Any]) -> str:
 
 
 def execution_result(result: ExecutionResult, session_id: str | None,
-                     notes: list[str] | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> types.CallToolResult:
+                     notes: list[str] | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
+                     max_resource_bytes: int = DEFAULT_MAX_RESOURCE_BYTES) -> types.CallToolResult:
     """stdout/stderr/exit code/result as text, the full record as structured content,
-    images inline, other artifacts as resource links (session runs) or descriptions (one-shot).
+    images inline, other artifacts as resource links (session runs) or descriptions (one-shot, or
+    larger than one resources/read gives: ``max_resource_bytes``, with how to read them instead).
     stdout, stderr and main()'s JSON result are capped at ``max_output`` characters each for the model
     (output_cap.py), in the text and the structured content alike (a capped ``result`` is its capped
     JSON text); ``output_capped`` says what was cut."""
@@ -149,12 +153,12 @@ def execution_result(result: ExecutionResult, session_id: str | None,
         lines.append(f"session_id: {session_id}")
     content: list[Any] = [types.TextContent(type="text", text="\n".join(lines))]
     for art in result.artifacts:
-        content.append(_artifact_content(art, session_id))
+        content.append(_artifact_content(art, session_id, max_resource_bytes))
     is_error = bool(result.error_code) or result.timed_out
     return types.CallToolResult(content=content, structured_content=structured, is_error=is_error)
 
 
-def _artifact_content(art: Any, session_id: str | None) -> Any:
+def _artifact_content(art: Any, session_id: str | None, max_resource_bytes: int = DEFAULT_MAX_RESOURCE_BYTES) -> Any:
     path = art.path or art.name
     if art.mime_type in IMAGE_TYPES and art.size <= MAX_INLINE_IMAGE:
         try:
@@ -163,6 +167,11 @@ def _artifact_content(art: Any, session_id: str | None) -> Any:
             data = None
         if data is not None:
             return types.ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=art.mime_type)
+    if session_id is not None and art.size > max_resource_bytes:  # a link resources/read would refuse
+        _, how = how_to_read(session_id, path, max_resource_bytes, str(art.mime_type).startswith(TEXT_TYPES))
+        return types.TextContent(type="text", text=(
+            f"artifact {art.name} ({art.mime_type}, {art.size} bytes) at {path}: over the {max_resource_bytes}-byte "
+            f"limit of one resources/read ({RESOURCE_ENV}); to read it, {how}"))
     if session_id is not None:
         return types.ResourceLink(type="resource_link", name=art.name, uri=file_uri(session_id, path),
                                   mime_type=art.mime_type, size=art.size,

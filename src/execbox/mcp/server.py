@@ -1,5 +1,8 @@
 """The MCP server: tool listing and dispatch, workspace files as resources, error mapping.
 
+A ``resources/read`` reply carries at most ``EXECBOX_MCP_MAX_RESOURCE_BYTES`` of a file; a larger
+file is refused with an error saying how to read it instead (resource_cap.py).
+
 Transport-neutral: ``resolve(ctx)`` says which core, caller and implicit-session key a request
 belongs to (stdio: the one local user; HTTP: the bearer token's tenant, see http.py).
 """
@@ -26,6 +29,7 @@ from .arguments import check_arguments
 from .budget import cap_result
 from .core import Caller, ServiceCore
 from .output_cap import DEFAULT_MAX_OUTPUT
+from .resource_cap import TEXT_TYPES, too_large
 from .results import error_result, file_uri
 from .tool_base import RUN_HANDLE, Handler
 from .tools import BY_NAME, TOOLS
@@ -35,7 +39,6 @@ log = logging.getLogger("execbox.mcp")
 Resolver = Callable[[Any], tuple[ServiceCore, Caller, str]]
 URI = re.compile(r"^execbox://sessions/(?P<sid>[^/]+)/files/(?P<path>.+)$")
 MAX_LISTED_FILES = 500
-TEXT_TYPES = ("text/", "application/json", "application/xml", "application/javascript")
 
 INSTRUCTIONS = (
     "execbox runs untrusted Python, JavaScript and bash in an isolated sandbox. Use run_code for programs "
@@ -80,25 +83,7 @@ def build_server(resolve: Resolver) -> Server[Any]:
 
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         core, caller, _ = resolve(ctx)
-        uri = str(params.uri)
-        m = URI.match(uri)
-        if m is None:
-            raise MCPError(code=types.INVALID_PARAMS,
-                           message=f"not an execbox resource: {uri!r} (execbox://sessions/<id>/files/<path>)")
-        sid, path = unquote(m.group("sid")), unquote(m.group("path"))
-        try:
-            data = await anyio.to_thread.run_sync(core.read_bytes, caller, sid, path)
-        except SandboxError as e:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"{e.code}: {e.message}") from None
-        mime = _mime(path)
-        if mime.startswith(TEXT_TYPES):
-            try:
-                return types.ReadResourceResult(contents=[types.TextResourceContents(
-                    uri=uri, mime_type=mime, text=data.decode("utf-8"))])
-            except UnicodeDecodeError:
-                pass
-        return types.ReadResourceResult(contents=[types.BlobResourceContents(
-            uri=uri, mime_type=mime, blob=base64.b64encode(data).decode())])
+        return await anyio.to_thread.run_sync(_read_resource, core, caller, str(params.uri))
 
     return Server("execbox", version=__version__, instructions=INSTRUCTIONS,
                   on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
@@ -149,6 +134,39 @@ def _mime(path: str) -> str:
     import mimetypes
 
     return mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+def _read_resource(core: ServiceCore, caller: Caller, uri: str) -> types.ReadResourceResult:
+    """A workspace file whole, as text or base64, if it is within ``core.max_resource_bytes``;
+    larger, an error naming its size, the limit and how to read it (resource_cap.py). At most the
+    limit is read to decide: a ranged read that also tells the file's size."""
+    m = URI.match(uri)
+    if m is None:
+        raise MCPError(code=types.INVALID_PARAMS,
+                       message=f"not an execbox resource: {uri!r} (execbox://sessions/<id>/files/<path>)")
+    sid, path = unquote(m.group("sid")), unquote(m.group("path"))
+    limit = core.max_resource_bytes
+    try:
+        data = core.read_bytes(caller, sid, path, length=limit)
+        size: int | None = getattr(data, "total_size", None)  # the file's size, where the provider tells it
+        if len(data) < limit:  # the end of the file came first
+            size = len(data) if size is None else size
+        elif size is None or size <= limit:  # exactly the limit, or a provider that cannot tell: one byte more?
+            size = None if core.read_bytes(caller, sid, path, offset=limit, length=1) else len(data)
+    except SandboxError as e:
+        raise MCPError(code=types.INVALID_PARAMS, message=f"{e.code}: {e.message}") from None
+    if size is None or size > limit:
+        message, details = too_large(uri, sid, path, size, limit, data)
+        raise MCPError(code=types.INVALID_PARAMS, message=message, data=details)
+    mime = _mime(path)
+    if mime.startswith(TEXT_TYPES):
+        try:
+            return types.ReadResourceResult(contents=[types.TextResourceContents(
+                uri=uri, mime_type=mime, text=data.decode("utf-8"))])
+        except UnicodeDecodeError:
+            pass
+    return types.ReadResourceResult(contents=[types.BlobResourceContents(
+        uri=uri, mime_type=mime, blob=base64.b64encode(data).decode())])
 
 
 def _list_files(core: ServiceCore, caller: Caller) -> list[types.Resource]:

@@ -24,6 +24,7 @@ from ..service.metrics import ServiceMetrics
 from ..service.sessions import SessionManager, check_name
 from .core import Caller, ServiceCore
 from .output_cap import DEFAULT_MAX_OUTPUT
+from .resource_cap import max_resource_bytes_from_env
 from .server import build_server
 
 STDIO_KEY = "stdio"
@@ -43,8 +44,13 @@ class _OneProvider:
 
 
 def serve_stdio(provider: str | None, tenant: str, max_timeout: float, workspaces: str | None = None,
-                config: dict[str, Any] | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> None:
+                config: dict[str, Any] | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
+                max_resource_bytes: int | None = None) -> None:
+    """``max_resource_bytes``: None reads EXECBOX_MCP_MAX_RESOURCE_BYTES (a bad value: SB002 before
+    anything starts)."""
     check_name(tenant, "tenant")
+    if max_resource_bytes is None:
+        max_resource_bytes = max_resource_bytes_from_env()
     raise_open_file_limit()  # before the first box starts (service/fd_limit.py)
     prov = get_sandbox(provider, config)
     settings = ServiceSettings.from_env()
@@ -52,7 +58,7 @@ def serve_stdio(provider: str | None, tenant: str, max_timeout: float, workspace
     sessions = SessionManager(_OneProvider(prov), settings, root, None)
     runs = RunService(sessions, ServiceMetrics(), OperationLog(None, settings.audit_code))
     core = ServiceCore(sessions, runs, settings.default_timeout, max_timeout, settings.max_code_bytes, max_output,
-                       ProcessTable(runs, settings.max_background_processes))
+                       ProcessTable(runs, settings.max_background_processes), max_resource_bytes)
     caller = Caller(tenant)
     server = build_server(lambda ctx: (core, caller, STDIO_KEY))
     sessions.start()

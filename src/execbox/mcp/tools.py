@@ -32,14 +32,16 @@ def run_code(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) 
         context_id = "mcp"  # Python globals, the shell's variables and cd persist across calls
     result = core.run_code(caller, sid, args["code"], language, timeout, args.get("arguments"), context_id,
                            RUN_HANDLE.get())
-    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None, core.max_output)
+    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None, core.max_output,
+                            core.max_resource_bytes)
 
 
 def run_command(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
     sid = existing_session(core, caller, key, args)
     timeout, capped = core.timeout(args.get("timeout"))
     result = core.run_command(caller, sid, args["command"], timeout, args.get("cwd"), RUN_HANDLE.get())
-    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None, core.max_output)
+    return execution_result(result, sid, [f"timeout capped to {timeout:g} s"] if capped else None, core.max_output,
+                            core.max_resource_bytes)
 
 
 def interrupt_run(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any]) -> types.CallToolResult:
@@ -78,7 +80,8 @@ def read_file(core: ServiceCore, caller: Caller, key: str, args: dict[str, Any])
         if e.details.get("reason") != "binary":
             raise
         uri = file_uri(sid, args["path"])  # MCP has no read_binary tool: its bytes are a resource
-        raise InvalidConfigError(f"{args['path']!r} looks binary: read it as the resource {uri} (resources/read)",
+        raise InvalidConfigError(f"{args['path']!r} looks binary: read it as the resource {uri} (resources/read, "
+                                 f"files of at most {core.max_resource_bytes} bytes)",
                                  details={**e.details, "resource": uri}) from None
     budget = core.max_output  # a page holds at most this many characters, a line at most max_line_chars
     shown = cap_page(page.content, page.offset, budget, line_chars(budget, args.get("max_line_chars")),
