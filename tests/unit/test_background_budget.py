@@ -84,7 +84,7 @@ def test_a_tenant_holds_at_most_its_budget_and_loses_nothing() -> None:
 
 
 def test_the_service_wide_budget_bounds_all_tenants_together() -> None:
-    t, _ = table(tenant_background_hold_bytes=1000, background_hold_bytes=250)
+    t, _ = table(tenant_background_hold_bytes=1000, background_hold_bytes=250, tenant_background_floor_bytes=0)
     boxes = [Box(write(b"x" * 3000), chunk=64) for _ in range(3)]
     procs = [start(t, box, 7 + i, tenant=f"t{i}") for i, box in enumerate(boxes)]
     time.sleep(0.5)
@@ -98,6 +98,75 @@ def test_the_service_wide_budget_bounds_all_tenants_together() -> None:
     assert all(p.out.end == 3000 for p in procs)  # every byte went through the 250-byte budget
     for box in boxes:
         box.signal_process("i1", 7)
+
+
+MiB = 1 << 20
+
+
+def test_a_tenant_gets_its_floor_while_others_fill_the_shared_budget() -> None:
+    budget = follower.Budget(256 * MiB, 64 * MiB, 8, 4 * MiB)
+    for tenant in "ABCDE":
+        budget.admit(tenant)
+    for tenant in "ABCD":  # four tenants fill their own budgets, and so the shared one
+        assert budget.take(tenant, 100 * MiB) == 64 * MiB
+    assert budget.held() == 256 * MiB and budget.room("A") == 0
+    assert budget.room("E") == 4 * MiB  # was 0: E's output stalled until A..D's clients read
+    assert budget.take("E", 3 * MiB) == 3 * MiB and budget.take("E", 3 * MiB) == 1 * MiB
+    assert budget.take("E", 1) == 0 and budget.take("A", 1) == 0  # the floor, no more
+    assert budget.take("F", 1) == 0  # a tenant running nothing has no floor
+    assert budget.held() == 260 * MiB <= budget.hold_bytes + budget.tenant_floor_bytes * 5
+    budget.charge("E", -4 * MiB)  # E's client reads: its floor is free again
+    assert budget.take("E", 5 * MiB) == 4 * MiB
+    budget.charge("A", -64 * MiB)  # A's client reads: the shared part is free again
+    assert budget.take("E", 100 * MiB) == 60 * MiB  # E up to its own budget
+    assert budget.held() == 256 * MiB
+
+
+def test_the_floors_keep_the_total_within_hold_plus_a_floor_per_holding_tenant() -> None:
+    import random
+
+    rnd = random.Random(7)
+    hold, tenant_hold, floor = 10_000, 3_000, 400
+    budget = follower.Budget(hold, tenant_hold, 8, floor)
+    tenants = [f"t{i}" for i in range(40)]
+    running: set[str] = set()
+    for _ in range(20_000):
+        tenant = rnd.choice(tenants)
+        if tenant not in running and rnd.random() < 0.5:
+            budget.admit(tenant)
+            running.add(tenant)
+        elif rnd.random() < 0.7:
+            held = budget.held(tenant)
+            want = rnd.randint(1, 900)
+            got = budget.take(tenant, want)
+            assert 0 <= got <= min(want, max(0, tenant_hold - held))
+            if tenant in running:  # up to its floor whatever the others hold
+                assert got >= min(want, floor - held)
+        else:
+            budget.charge(tenant, -rnd.randint(0, budget.held(tenant)))
+            if tenant in running and rnd.random() < 0.2:
+                budget.leave(tenant)
+                running.discard(tenant)
+        holding = sum(1 for t in tenants if budget.held(t))
+        assert budget.held() <= hold + floor * holding
+        assert all(budget.held(t) <= tenant_hold for t in tenants)
+    assert budget.held() > hold  # the floors were used on top of the shared budget
+
+
+def test_a_tenant_reads_all_its_output_while_others_fill_the_shared_budget() -> None:
+    t, _ = table(tenant_background_hold_bytes=600, background_hold_bytes=1000, tenant_background_floor_bytes=100)
+    hogs = [Box(write(b"x" * 5000), chunk=64) for _ in range(4)]
+    for i, box in enumerate(hogs):  # nobody reads these: they fill the shared budget
+        start(t, box, 7 + i, tenant=f"hog{i}")
+    until(lambda: t.budget.held() >= 1000)
+    data = bytes(range(256)) * 4
+    box = Box(write(data), chunk=64)
+    p = start(t, box, 20, tenant="e")
+    box.script.append(end(0))
+    assert read_all(p, 10) == (data, b"")  # stalled before, waiting for the others' clients
+    assert t.budget.held() <= 1000 + 100 * 5
+    for i, box in enumerate(hogs):
+        box.signal_process("i1", 7 + i)
 
 
 def test_a_busy_tenant_shares_its_budget_between_its_processes() -> None:
@@ -291,6 +360,24 @@ def test_the_limits_are_settings_with_secure_defaults() -> None:
         ServiceSettings.from_env({"SANDBOX_TENANT_MAX_BACKGROUND_PROCESSES": "0"})
     t = ProcessTable(Runs(), 8, s)  # type: ignore[arg-type]
     assert (t.budget.tenant_max_processes, t.budget.hold_bytes, t.tail) == (5, 8 << 20, 0)
+    assert t.budget.tenant_floor_bytes == 64 << 10  # unset: a sixteenth of the tenant's budget
+
+
+def test_the_tenant_floor_is_a_setting_within_the_tenant_budget() -> None:
+    assert follower.Budget.from_settings(ServiceSettings.from_env({})).tenant_floor_bytes == 4 << 20
+    s = ServiceSettings.from_env({"SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES": "1048576"})
+    assert s.tenant_background_floor_bytes == 1 << 20
+    assert follower.Budget.from_settings(s).tenant_floor_bytes == 1 << 20
+    assert follower.Budget.from_settings(ServiceSettings.from_env({
+        "SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES": "0"})).tenant_floor_bytes == 0
+    for bad in ("-1", "lots"):
+        with pytest.raises(InvalidConfigError, match="SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES"):
+            ServiceSettings.from_env({"SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES": bad})
+    with pytest.raises(InvalidConfigError, match="SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES.*"
+                                                 "SANDBOX_TENANT_BACKGROUND_HOLD_BYTES") as e:
+        ServiceSettings.from_env({"SANDBOX_TENANT_BACKGROUND_HOLD_BYTES": "1048576",
+                                  "SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES": "1048577"})
+    assert e.value.details["field"] == "SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES"
 
 
 def test_a_process_has_at_most_max_subscribers_e2b_streams() -> None:

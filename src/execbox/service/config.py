@@ -69,6 +69,10 @@ class ServiceSettings:
     all tenants together; past it output waits in the boxes until clients read."""
     tenant_background_hold_bytes: int = 64 * 1024 * 1024
     """SANDBOX_TENANT_BACKGROUND_HOLD_BYTES: the same, for one tenant."""
+    tenant_background_floor_bytes: int | None = None
+    """SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES: what a tenant running a background process may always
+    hold, even while the others fill SANDBOX_BACKGROUND_HOLD_BYTES (floors come on top of it:
+    follower.Budget); at most the tenant's budget. None: a sixteenth of it (4 MiB by default)."""
     background_ended_tail_bytes: int = 64 * 1024
     """SANDBOX_BACKGROUND_ENDED_TAIL_BYTES: unread output kept per stream of a process that ended
     (after a grace of a minute for readers still at it); the rest is dropped, and said so in reads."""
@@ -140,6 +144,7 @@ class ServiceSettings:
             "SANDBOX_TENANT_MAX_BACKGROUND_PROCESSES": ("tenant_max_background_processes", 1),
             "SANDBOX_BACKGROUND_HOLD_BYTES": ("background_hold_bytes", 65536),
             "SANDBOX_TENANT_BACKGROUND_HOLD_BYTES": ("tenant_background_hold_bytes", 65536),
+            "SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES": ("tenant_background_floor_bytes", 0),
             "SANDBOX_BACKGROUND_ENDED_TAIL_BYTES": ("background_ended_tail_bytes", 0),
         }
         for var, attr in durations.items():
@@ -173,4 +178,14 @@ class ServiceSettings:
             values["audit_code"] = parse_bool(raw, "SANDBOX_AUDIT_CODE")
         known = {f.name for f in fields(cls)}
         values.update({k: v for k, v in overrides.items() if k in known and v is not None})
+        floor = values.get("tenant_background_floor_bytes")
+        tenant_hold = values.get("tenant_background_hold_bytes", cls.tenant_background_hold_bytes)
+        if isinstance(floor, int) and isinstance(tenant_hold, int) and floor > tenant_hold:
+            from ..errors import InvalidConfigError
+
+            raise InvalidConfigError(f"SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES: must be <= "
+                                     f"SANDBOX_TENANT_BACKGROUND_HOLD_BYTES ({tenant_hold}): the floor is "
+                                     "the part of a tenant's budget it may always hold",
+                                     details={"field": "SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES", "value": floor,
+                                              "limit": tenant_hold})
         return cls(**values)  # type: ignore[arg-type]

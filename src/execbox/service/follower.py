@@ -14,7 +14,8 @@ offsets, an event stream), whether it must wait (a full buffer), how a loss read
 HTTP API, MCP and the E2B facade: the bytes of output it holds (in all, and per tenant; past
 them a follower stops taking output, which waits in the box, where the agent pauses the job once
 8 MiB wait: nothing is lost while the box lives, unless code in the box deletes it) and the
-processes a tenant runs at once.
+processes a tenant runs at once. A tenant running a process may always hold up to its floor, so a
+few tenants that fill the service-wide budget cannot stall everyone else's output.
 """
 
 from __future__ import annotations
@@ -35,10 +36,29 @@ QUIET_AFTER = 10.0  # seconds without output after which a process is polled eve
 
 class Budget:
     """Output bytes held for background processes (in all and per tenant) and processes running
-    per tenant. Thread-safe; ``take`` grants at most what fits, ``charge`` books a change."""
+    per tenant. Thread-safe; ``take`` grants at most what fits, ``charge`` books a change.
 
-    def __init__(self, hold_bytes: int, tenant_hold_bytes: int, tenant_max_processes: int) -> None:
+    What fits for a tenant: never more than ``tenant_hold_bytes`` in all; within that, what is left
+    of the shared ``hold_bytes`` (all tenants together) or, while the tenant runs a process, up to
+    ``tenant_floor_bytes`` whatever the others hold. Without a floor, a few tenants that each fill
+    their own budget (4 x 64 MiB = 256 MiB) would spend the shared one, and every other tenant's
+    output would wait in its box until they read: a denial of service across tenants.
+
+    The bound: a grant from the shared part leaves the total at most ``hold_bytes``, and one under
+    the floor raises the tenant's held bytes no higher than its floor, so (induction over grants
+    and frees) the total stays within ``hold_bytes + tenant_floor_bytes * T``, T being the tenants
+    holding output at once (only a tenant running a process gets its floor, so these run or lately
+    ran one in a session: SANDBOX_MAX_SESSIONS in all, 256 + 4 x 50 = 456 MiB at the defaults),
+    plus what ``charge`` books past it (a process's last output, as before). The floors are on top of the
+    shared budget rather than reserved inside it: a reserve could only be sized for a fixed number
+    of tenants, and the tenants who filled the shared part cannot be made to give bytes back (that
+    takes their clients reading), so a reserve would again stall the tenant one past that number.
+    """
+
+    def __init__(self, hold_bytes: int, tenant_hold_bytes: int, tenant_max_processes: int,
+                 tenant_floor_bytes: int = 0) -> None:
         self.hold_bytes, self.tenant_hold_bytes = hold_bytes, tenant_hold_bytes
+        self.tenant_floor_bytes = max(0, min(tenant_floor_bytes, tenant_hold_bytes))
         self.tenant_max_processes = tenant_max_processes
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}
@@ -48,7 +68,7 @@ class Budget:
     @classmethod
     def from_settings(cls, settings: Any) -> Budget:
         return cls(settings.background_hold_bytes, settings.tenant_background_hold_bytes,
-                   settings.tenant_max_background_processes)
+                   settings.tenant_max_background_processes, background_floor(settings))
 
     def held(self, tenant: str | None = None) -> int:
         with self._lock:
@@ -59,7 +79,11 @@ class Budget:
             return self._room(tenant)
 
     def _room(self, tenant: str) -> int:
-        return max(0, min(self.tenant_hold_bytes - self._held.get(tenant, 0), self.hold_bytes - self._total))
+        held = self._held.get(tenant, 0)
+        shared = self.hold_bytes - self._total
+        if self._running.get(tenant):  # its floor, whatever the other tenants hold
+            shared = max(shared, self.tenant_floor_bytes - held)
+        return max(0, min(self.tenant_hold_bytes - held, shared))
 
     def take(self, tenant: str, want: int) -> int:
         """Book up to ``want`` bytes for ``tenant``: how many fit."""
@@ -117,6 +141,13 @@ class Budget:
         return RateLimitError(f"too many background processes running for this tenant (max {cap}, "
                               "SANDBOX_TENANT_MAX_BACKGROUND_PROCESSES); wait for or signal one first",
                               details={"limit": cap, "reason": "tenant_max_background_processes"})
+
+
+def background_floor(settings: Any) -> int:
+    """``tenant_background_floor_bytes``, or when unset a sixteenth of the tenant's budget (4 MiB
+    at the defaults)."""
+    floor = getattr(settings, "tenant_background_floor_bytes", None)
+    return settings.tenant_background_hold_bytes // 16 if floor is None else int(floor)
 
 
 def end_status(last: dict[str, Any] | None, timed_out: bool) -> str:

@@ -70,6 +70,30 @@ def test_held_output_stays_within_the_budget_and_a_reader_gets_all_of_it(service
     assert j["status"] == "exited" and _budget(svc).held("tenant-a") == 0
 
 
+def test_a_tenant_reads_its_output_while_another_fills_the_service_budget(service_factory) -> None:
+    svc = service_factory(background_hold_bytes=128 * 1024, tenant_background_hold_bytes=512 * 1024,
+                          tenant_background_floor_bytes=32 * 1024)
+    a, b = svc.client(svc.tenant_a), svc.client(svc.tenant_b)
+    hogs = [_start(a, f"f{i}", "seq 1 400000; sleep 60").json()["pid"] for i in (1, 2)]  # 2.7 MB each, unread
+    _until(lambda: _budget(svc).held() >= 128 * 1024)  # the service-wide budget is spent
+    time.sleep(0.5)
+    assert _budget(svc).held() == 128 * 1024  # and stays so: the rest waits in the box
+    B = "/v1/sandbox/sessions/tenant-b/f1/processes"
+    pid = b.post(B, json={"command": "seq 1 50000"}).json()["pid"]  # 289 KB: more than its floor
+    out, offset, deadline = "", 0, time.monotonic() + 30
+    while True:  # tenant-a's output waits for its clients; tenant-b's goes on within its floor
+        j = b.get(f"{B}/{pid}", params={"stdout_offset": offset, "wait": 5}).json()
+        out, offset = out + j["stdout"], j["stdout_offset"]
+        if not j["running"] and not j["stdout"]:
+            break
+        assert time.monotonic() < deadline, f"stalled at {offset} bytes behind another tenant's output"
+    assert out == "".join(f"{i}\n" for i in range(1, 50001)) and j["status"] == "exited"
+    assert _budget(svc).held("tenant-a") == 128 * 1024  # still unread
+    assert _budget(svc).held() <= 128 * 1024 + 2 * 32 * 1024
+    for i, hog in zip((1, 2), hogs, strict=True):
+        a.post(f"{A}/f{i}/processes/{hog}/signal", json={"signal": "SIGKILL"})
+
+
 def test_an_ended_process_nobody_read_keeps_only_the_tail(service_factory) -> None:
     svc = service_factory(background_ended_tail_bytes=1000)
     c = svc.client(svc.tenant_a)
