@@ -17,7 +17,7 @@ from ..models import ExecutionResult, FileInfo, GrepMatch, Language, TextPage
 from ..providers.agent_files import workspace_change
 from ..providers.base import OutputCallback, SandboxProvider
 from ..service.background import ProcessTable
-from ..service.executions import FILE_LANGUAGE, RunService, RunSpec
+from ..service.executions import FILE_LANGUAGE, RunService, RunSpec, run_timeout
 from ..service.routes.sandbox import check_path  # the same early path check as the HTTP routes
 from ..service.sessions import SessionManager, check_name
 from ..service.streaming import RunHandle
@@ -127,15 +127,20 @@ class ServiceCore:
             self.end_implicit(key)
 
     # -- runs -----------------------------------------------------------------------------------
-    def timeout(self, asked: float | None) -> tuple[float, bool]:
-        """The timeout to use and whether the caller's value was capped."""
+    def timeout(self, asked: float | None) -> tuple[float | None, bool]:
+        """The caller's timeout, capped, and whether it was; None when the caller named none (the
+        run then takes the provider's own default: ``run_timeout``)."""
         if asked is None:
-            return min(self.default_timeout, self.max_timeout), False
+            return None, False
         if asked <= 0:
             raise InvalidConfigError("timeout must be a positive number of seconds", details={"field": "timeout"})
         if asked > self.max_timeout:
             return self.max_timeout, True
         return asked, False
+
+    def run_timeout(self, provider: SandboxProvider, asked: float | None) -> float:
+        """As an HTTP run's (the provider's stored ``timeout`` by default), within ``max_timeout``."""
+        return min(run_timeout(provider, asked, self.default_timeout), self.max_timeout)
 
     def check_code(self, code: str, field: str) -> None:
         size = len(code.encode("utf-8", "surrogatepass"))
@@ -144,7 +149,7 @@ class ServiceCore:
                                      details={"field": field, "limit": self.max_code_bytes})
 
     def run_code(self, caller: Caller, session_id: str | None, code: str, language: str,
-                 timeout: float, arguments: dict[str, Any] | None, context_id: str | None,
+                 timeout: float | None, arguments: dict[str, Any] | None, context_id: str | None,
                  handle: RunHandle | None = None) -> ExecutionResult:
         """``handle``: cancelling it stops this run (and only this one), as a streamed HTTP run whose
         client went away (service/streaming.py); a run it stops before it starts raises ClientGone."""
@@ -156,12 +161,13 @@ class ServiceCore:
             kwargs: dict[str, Any] = {"inline_artifacts": one_shot}
             if context_id is not None:
                 kwargs["context_id"] = context_id
-            return provider.execute_code(instance_id, code, lang, timeout, arguments, **kwargs)
+            return provider.execute_code(instance_id, code, lang, self.run_timeout(provider, timeout), arguments,
+                                         **kwargs)
 
         spec = RunSpec(caller.tenant_id, session_id, "execute_code", lang, code, caller.token_id, call)
         return self.runs.run(spec, handle=handle)
 
-    def run_command(self, caller: Caller, session_id: str | None, command: str, timeout: float,
+    def run_command(self, caller: Caller, session_id: str | None, command: str, timeout: float | None,
                     cwd: str | None, handle: RunHandle | None = None) -> ExecutionResult:
         self.check_code(command, "command")
         if not command.strip():
@@ -170,7 +176,7 @@ class ServiceCore:
 
         def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
                  on_output: OutputCallback | None) -> ExecutionResult:
-            return provider.run_command(instance_id, command, timeout, cwd=cwd)
+            return provider.run_command(instance_id, command, self.run_timeout(provider, timeout), cwd=cwd)
 
         spec = RunSpec(caller.tenant_id, session_id, "run_command", "bash", command, caller.token_id, call)
         return self.runs.run(spec, handle=handle)

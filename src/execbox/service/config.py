@@ -59,8 +59,9 @@ class ServiceSettings:
     max_request_bytes: int = 64 * 1024 * 1024
     """SANDBOX_MAX_REQUEST_BYTES: largest request body (413 beyond, checked before parsing)."""
     max_background_processes: int = 32
-    """SANDBOX_MAX_BACKGROUND_PROCESSES: processes started through the E2B endpoint (commands.run,
-    foreground or background, pty.create) running at once in one sandbox (SB008/429 beyond)."""
+    """SANDBOX_MAX_BACKGROUND_PROCESSES: background processes running at once in one session (HTTP
+    ``.../processes``, MCP ``start_process``) and, counted apart, those started through the E2B
+    endpoint (commands.run, foreground or background, pty.create) in one sandbox (SB008/429 beyond)."""
     tenant_max_background_processes: int = 64
     """SANDBOX_TENANT_MAX_BACKGROUND_PROCESSES: background processes one tenant runs at once, across
     its sessions and sandboxes (HTTP API, MCP and E2B; SB008/429 beyond)."""

@@ -26,6 +26,17 @@ from .streaming import Emit, RunHandle
 ProviderCall = Callable[[SandboxProvider, str, bool, OutputCallback | None], ExecutionResult]
 """(provider, instance_id, one_shot, on_output) -> result."""
 
+
+def run_timeout(provider: SandboxProvider, asked: float | None, fallback: float) -> float:
+    """A run's timeout: the caller's, else the provider's stored ``timeout`` (which
+    ``SANDBOX_TIMEOUT_SEC`` seeds at first boot; the admin API changes it), else ``fallback``.
+    One rule for the HTTP routes, MCP and RAGFlow's ``/run``, which each had their own."""
+    if asked is not None:
+        return asked
+    configured = provider.config.get("timeout")
+    return float(configured) if configured else fallback
+
+
 T = TypeVar("T")
 FileCall = Callable[[SandboxProvider, str], T]
 """(provider, instance_id) -> whatever the file operation returns."""

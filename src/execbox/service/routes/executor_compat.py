@@ -49,6 +49,7 @@ from ...providers.base import SandboxProvider
 from ...settings import sandbox_timeout
 from ..auth import AuthError, authenticate, bearer_token
 from ..errors import BodyLimit
+from ..executions import run_timeout
 from ..metrics import ServiceMetrics
 from .executor_results import (
     MAX_ARTIFACT_BYTES,
@@ -338,14 +339,9 @@ def _current_provider(request: Request) -> SandboxProvider:
     return holder.current()
 
 
-def _default_timeout(provider: SandboxProvider) -> float:
-    t = provider.config.get("timeout")
-    return float(t) if t else sandbox_timeout()
-
-
 def _execute(provider: SandboxProvider, instance_id: str, req: RunRequest, code: str
              ) -> tuple[ExecutionResult, list[dict[str, Any]], list[str]]:
-    timeout = req.timeout if req.timeout is not None else _default_timeout(provider)
+    timeout = run_timeout(provider, req.timeout, sandbox_timeout())
     result = provider.execute_code(instance_id, code, req.language.value, timeout, req.arguments or {},
                                    inline_artifacts=True)
     artifacts, problems = artifact_items(result)  # while the instance still exists

@@ -21,7 +21,7 @@ from ...providers.base import OutputCallback, SandboxProvider
 from .. import disconnect, egress_hook
 from ..auth import ForbiddenError, Principal, require_token
 from ..container import services
-from ..executions import ClientGone, RunService, RunSpec, result_body
+from ..executions import ClientGone, RunService, RunSpec, result_body, run_timeout
 from ..schemas import (
     ERROR_RESPONSES,
     BashRequest,
@@ -121,13 +121,6 @@ def _artifact_url(request: Request) -> str:
     return f"{prefix}/read_binary"
 
 
-def _timeout(provider: SandboxProvider, asked: float | None, default: float) -> float:
-    if asked is not None:
-        return asked
-    configured = provider.config.get("timeout")
-    return float(configured) if configured else default
-
-
 # -- execution -------------------------------------------------------------------------------------
 
 
@@ -150,7 +143,7 @@ def execute(body: ExecuteRequest, request: Request, principal: Principal = Depen
         if on_output is not None:
             kwargs["on_output"] = on_output
         return egress_hook.for_run(provider, instance_id, tenant, body.network, lambda: provider.execute_code(
-            instance_id, body.code, language, _timeout(provider, body.timeout, settings.default_timeout),
+            instance_id, body.code, language, run_timeout(provider, body.timeout, settings.default_timeout),
             body.arguments, **kwargs))  # issue 14: per-run network narrowing
 
     spec = RunSpec(tenant, body.session_id, "execute_code", language, body.code, principal.token_id, call,
@@ -170,7 +163,7 @@ def bash(body: BashRequest, request: Request, principal: Principal = Depends(req
     def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
              on_output: OutputCallback | None) -> Any:
         return egress_hook.for_run(provider, instance_id, tenant, body.network, lambda: provider.run_command(
-            instance_id, body.command, _timeout(provider, body.timeout, settings.default_timeout),
+            instance_id, body.command, run_timeout(provider, body.timeout, settings.default_timeout),
             cwd=body.cwd, env=body.env, on_output=on_output))  # issue 14: per-run network narrowing
 
     spec = RunSpec(tenant, body.session_id, "run_command", "bash", body.command, principal.token_id, call,
