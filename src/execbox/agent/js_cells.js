@@ -174,10 +174,19 @@ async function live(remote) {
   }
 }
 
+// A stack's text down to the first frame of the runner (this file's, the inspector's): the
+// frames of the code the evaluation ran. A wrapper's cell that runs the user's as a cell of its
+// own (E2B's, service/e2b_compat/cells.py) has `<cell>` frames of its own below them.
+function ranFrames(stack) {
+  const lines = String(stack).split("\n");
+  const end = lines.findIndex((l) => /^\s+at /.test(l) && (l.includes(__filename) || l.includes("(node:inspector:")));
+  return end < 0 ? lines.join("\n") : lines.slice(0, end).join("\n");
+}
+
 // Node's own form of a located syntax error (`<cell>:2`, the line, a caret), which a thrown
-// SyntaxError of an evaluation does not carry.
+// SyntaxError of an evaluation does not carry (one the cell's code threw has a frame of it).
 function locate(e, details, code) {
-  if (!(e instanceof SyntaxError) || typeof e.stack !== "string" || e.stack.includes("<cell>:")) return;
+  if (!(e instanceof SyntaxError) || typeof e.stack !== "string" || ranFrames(e.stack).includes("<cell>:")) return;
   const line = code.split("\n")[details.lineNumber];
   if (line === undefined) return;
   const column = Math.min(details.columnNumber, line.length);
@@ -213,7 +222,7 @@ function evaluate(source, group) {
 // A syntax error found before the cell ran (none of its frames is the cell's).
 function unparsed(res) {
   const e = res.exceptionDetails && res.exceptionDetails.exception;
-  return Boolean(e && e.className === "SyntaxError" && !/<cell>:\d+:\d+/.test(String(e.description)));
+  return Boolean(e && e.className === "SyntaxError" && !/<cell>:\d+:\d+/.test(ranFrames(e.description)));
 }
 
 // Run one cell; its completion value (a top-level await settled first), or the thrown value.

@@ -6,7 +6,8 @@
 // text), and the reply goes to fd 4 as one JSON
 // line {exit_code, result, error, peak_memory_kb} (error: the cell's uncaught exception as
 // {name, value, traceback}, or null; a callback's error or an unhandled rejection of the cell
-// raised before it answers counts too, see uncaught). With arguments, main(arguments) is
+// raised before it answers counts too, see uncaught; printed on stderr as well, unless the cell
+// asked otherwise, see quiet). With arguments, main(arguments) is
 // called after the cell (a main() an earlier cell defined counts) and what it returns is the result, as in a
 // one-shot run. stdout/stderr are the context's own pipes; Node writes pipes synchronously on
 // Linux, so a cell's output is in them before its reply is written.
@@ -48,14 +49,31 @@ GLOBAL.__filename = "<cell>";
 // it is no cell's `error`: it is printed on the stderr of whatever runs then (the next cell's),
 // after a line saying so.
 const cellScope = new AsyncLocalStorage();
-let running = null;  // the cell being handled until it answers: {error}
+let running = null;  // the cell being handled until it answers: {error, quiet}
+
+// The cell's error `e` (its text as printed: `text`), unless it has one already; on stderr too,
+// unless the cell is quiet and this is its error (a second one is printed: it is nowhere else).
+function failed(cell, e, text, note) {
+  const first = cell.error === null;
+  if (first) cell.error = errorOf(e, text);
+  if (!(first && cell.quiet)) process.stderr.write(`${note}${text}\n`);
+}
+
+// A cell that calls this (E2B's cell wrapper, service/e2b_compat/cells.py, as its first step)
+// has its error (thrown, rejected, or a callback's or rejection's before it answers) as its
+// reply's `error` only, not printed on stderr too: a Jupyter kernel sends a traceback as its
+// error message only, so E2B's `logs.stderr` holds what the cell wrote itself (as
+// py_cells.report does for a Python cell). What a cell prints itself is untouched.
+Object.defineProperty(GLOBAL, Symbol.for("execbox.cell.quiet"), {
+  value: () => { if (running !== null) running.quiet = true; },
+  configurable: true,
+});
 
 function uncaught(e, note) {
   const text = userStack(e, __filename);
   const cell = cellScope.getStore();
   if (running !== null && (cell === running || cell === undefined)) {
-    process.stderr.write(`${note}${text}\n`);
-    if (running.error === null) running.error = errorOf(e, text);
+    failed(running, e, text, note);
   } else {
     process.stderr.write(`execbox: an error after its cell had answered (not this cell's): ${note}${text}\n`);
   }
@@ -107,7 +125,7 @@ function peakKb() {
 }
 
 async function handle(req) {
-  const cell = { error: null };
+  const cell = { error: null, quiet: false };
   running = cell;
   try {
     await cellScope.run(cell, () => runRequest(req, cell));
@@ -150,9 +168,7 @@ async function runRequest(req, cell) {
     }
   } catch (e) {
     const stopped = e instanceof Error && e.code === "ERR_SCRIPT_EXECUTION_INTERRUPTED";
-    const text = stopped ? `Error [${e.code}]: ${e.message}` : userStack(e, __filename);
-    process.stderr.write(`${text}\n`);
-    if (cell.error === null) cell.error = errorOf(e, text);
+    failed(cell, e, stopped ? `Error [${e.code}]: ${e.message}` : userStack(e, __filename), "");
   }
   await settle();
   if (cell.error !== null) {  // the cell's uncaught error, or a callback's or rejection's of it

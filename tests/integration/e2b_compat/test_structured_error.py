@@ -53,3 +53,44 @@ def test_javascript_floating_rejection_is_its_cells_error(sbx) -> None:
     assert (ex.error, ex.logs.stderr, ex.text) == (None, [], "8"), ex
     ex = sbx.run_code("throw null", language="javascript")
     assert (ex.error.name, ex.error.value) == ("null", "null"), ex.error
+
+
+def _stderr(ex) -> str:
+    return "".join(ex.logs.stderr)
+
+
+def test_javascript_error_is_not_on_stderr_too(sbx) -> None:
+    """As a Python cell's: the error is ``execution.error`` only; ``logs.stderr`` holds what the
+    cell wrote itself (a console.error before the throw), never the stack again."""
+    if shutil.which("node") is None:
+        pytest.skip("node (JavaScript runtime) not installed")
+    for envs in (None, {"W": "1"}):
+        ex = sbx.run_code("console.error('said before');\nfunction f() { throw new RangeError('bad range') }\nf()",
+                          language="javascript", envs=envs)
+        assert (ex.error.name, ex.error.value) == ("RangeError", "bad range"), ex.error
+        assert "RangeError: bad range" in ex.error.traceback and "at f (<cell>:2:" in ex.error.traceback, ex.error
+        assert _stderr(ex) == "said before\n", (envs, ex.logs.stderr)
+    # an async cell: an awaited rejection, and a rejected promise as the cell's value
+    ex = sbx.run_code("await null;\nconsole.error('waited');\nawait Promise.reject(new TypeError('awaited'))",
+                      language="javascript")
+    assert (ex.error.name, ex.error.value, _stderr(ex)) == ("TypeError", "awaited", "waited\n"), ex
+    assert "<cell>:3" in ex.error.traceback, ex.error.traceback
+    ex = sbx.run_code("console.error('x');\n(async () => { await null; throw new Error('rejected') })()",
+                      language="javascript")
+    assert (ex.error.name, ex.error.value, _stderr(ex)) == ("Error", "rejected", "x\n"), ex
+    assert "<cell>:2" in ex.error.traceback, ex.error.traceback
+    # a rejection nobody handled, raised before the cell answers, is its error: not printed either
+    ex = sbx.run_code("Promise.reject(new Error('floating')); 7", language="javascript")
+    assert (ex.error.name, ex.error.value, _stderr(ex)) == ("Error", "floating", ""), ex
+    # what is thrown need not be an Error
+    ex = sbx.run_code("console.error('n');\nthrow 42", language="javascript")
+    assert (ex.error.name, ex.error.value, ex.error.traceback, _stderr(ex)) == ("Number", "42", "42\n", "n\n"), ex
+    # a cell that does not parse
+    ex = sbx.run_code("let a = 1;\nlet b = ;", language="javascript")
+    assert (ex.error.name, _stderr(ex)) == ("SyntaxError", ""), ex
+    assert ex.error.traceback.startswith("<cell>:2\nlet b = ;\n"), ex.error.traceback
+    # a block is a block (not an object literal that fails to parse), wrapped as every cell is
+    assert sbx.run_code("{ let blk = 5; blk }", language="javascript").text == "5"
+    # the context lives on, and a cell that fails nothing has neither
+    ex = sbx.run_code("console.error('fine'); [1, 2].length", language="javascript")
+    assert (ex.error, ex.text, _stderr(ex)) == (None, "2", "fine\n"), ex

@@ -31,10 +31,13 @@ carries its hash). The launcher imports nothing and calls no builtin function by
 provider's AST policy (``enable_ast_analysis``) has nothing to object to in it; the interpreter
 checks the user's own code against that policy instead (interpreter.py), as the provider would.
 
-A JavaScript cell with envs or a ``cwd`` is wrapped likewise (``js_cell``): the wrapper sets
-them, runs the source as a cell of its own (``<cell>``, the user's line numbers, top-level
-``await`` and ``import``, through the agent's cell runner) in the context's global scope, and
-puts the run's envs back once the value (awaited if a Promise) is settled.
+A JavaScript cell is wrapped likewise (``js_cell``): the wrapper first asks the agent
+(js_context.js's ``execbox.cell.quiet``) to report the cell's error (thrown, rejected, or a
+callback's or unhandled rejection's before the cell answers) as the run's ``error`` only, not on
+stderr too, as the Python driver does; it sets the envs and ``cwd``, runs the source as a cell
+of its own (``<cell>``, the user's line numbers, top-level ``await`` and ``import``, through the
+agent's cell runner) in the context's global scope, and puts the run's envs back once the value
+(awaited if a Promise) is settled.
 """
 
 from __future__ import annotations
@@ -206,9 +209,18 @@ def python_cell(code: str, env: dict[str, str] | None = None, cwd: str | None = 
     return program if show else program + _GUARD
 
 
+# Sent with every JavaScript cell, so without comments (a cell's source is parsed each time):
+# - `quiet` (the agent's, js_context.js): the cell's error is the run's error only, not on stderr
+#   too (an older agent has none: it is printed as before);
+# - the context's first cell sets the sandbox's envs for good; the run's envs hold until the
+#   cell's value is settled, then are put back unless the cell changed them itself;
+# - `execbox.cell.run` (the agent's, js_cells.js) runs the source as a cell of its own: top-level
+#   await, imports, the user's line numbers.
 _JS_WRAPPER = """(function (src, startEnv, env, cwd) {
+  const quiet = globalThis[Symbol.for("execbox.cell.quiet")];
+  if (typeof quiet === "function") quiet();
   const started = Symbol.for("execbox.e2b.started");
-  if (!globalThis[started]) {  // this context's first cell: the sandbox's envs, for good
+  if (!globalThis[started]) {
     globalThis[started] = true;
     Object.assign(process.env, startEnv);
   }
@@ -216,14 +228,14 @@ _JS_WRAPPER = """(function (src, startEnv, env, cwd) {
   for (const k of Object.keys(env)) { before[k] = process.env[k]; process.env[k] = env[k]; }
   const restore = () => {
     for (const k of Object.keys(env)) {
-      if (process.env[k] !== env[k]) continue;  // the cell changed it itself
+      if (process.env[k] !== env[k]) continue;
       if (before[k] === undefined) delete process.env[k]; else process.env[k] = before[k];
     }
   };
   let value;
   try {
     if (cwd) { process.chdir(cwd); globalThis.__dirname = process.cwd(); }
-    value = globalThis[Symbol.for("execbox.cell.run")](src);  // the agent's (js_cells.js): await, import
+    value = globalThis[Symbol.for("execbox.cell.run")](src);
   } catch (e) { restore(); throw e; }
   if (value && typeof value.then === "function") return Promise.resolve(value).finally(restore);
   restore();
@@ -233,10 +245,8 @@ _JS_WRAPPER = """(function (src, startEnv, env, cwd) {
 
 def js_cell(code: str, env: dict[str, str] | None = None, cwd: str | None = None,
             start_env: dict[str, str] | None = None) -> str:
-    """``code`` for a JavaScript context, wrapped to apply the envs and ``cwd`` when it has any
-    (as ``python_cell``)."""
-    if not env and not cwd and not start_env:
-        return code
+    """``code`` for a JavaScript context, wrapped (as ``python_cell``, always: its error must not
+    be printed on stderr, see the module docstring) to apply the envs and ``cwd``."""
     return _JS_WRAPPER % (json.dumps(code), json.dumps(dict(start_env or {})), json.dumps(dict(env or {})),
                           json.dumps(cwd or None))
 
