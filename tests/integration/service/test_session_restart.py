@@ -91,12 +91,23 @@ def test_restart_keeps_files_reports_lost_contexts_cleans_orphans_and_marks_lost
     assert set(os.listdir(os.path.join(ws, "t1", "keep"))) & {"f", ".execbox-workspace.img"}
     shutil.rmtree(os.path.join(ws, "t1", "gone"))  # its disk is lost while the service is down
     os.makedirs(os.path.join(ws, "t1", "stray"))  # a workspace no registry row knows
+    with open_store(data_dir=os.path.join(base, "data")) as store:  # a first request cut off by kill -9:
+        store.sessions.create("t1", "cutoff", provider="jail", runtime=None, owner="r-restart", lease_ttl=30,
+                              tenant_limit=100, global_limit=100)  # its row "creating", no box ever started
+    os.makedirs(os.path.join(ws, "t1", "cutoff"))
 
     proc, url = _serve(env)
     try:
         _wait_ready(proc, url)
         c = httpx.Client(base_url=url, headers=auth, timeout=60)
         assert not os.path.exists(os.path.join(ws, "t1", "stray"))
+        # the cut-off creation ended as a failed one does: row and workspace gone, not a session
+        # nobody was told of that holds a slot (it stayed "creating" in the store, "running" in the API)
+        assert not os.path.exists(os.path.join(ws, "t1", "cutoff"))
+        r = c.get("/v1/sandbox/sessions/t1/cutoff", headers={"X-Execbox-Create-Session": "false"})
+        assert r.status_code == 404, r.text
+        with open_store(data_dir=os.path.join(base, "data")) as store:
+            assert store.sessions.get("t1", "cutoff") is None
         info = c.get("/v1/sandbox/sessions/t1/keep").json()
         assert info["state"] == "running" and info["contexts_lost"] is True
         r = c.post("/v1/sandbox/execute", json={"session_id": "keep", "context_id": "c",

@@ -108,9 +108,13 @@ def test_dead_box_is_reported_once_then_recreated_with_its_workspace(service: Se
     assert r.status_code == 503
     err = error_of(r)
     assert err["code"] == "SB009" and err["details"]["box_died"] and err["details"]["recreated_on_next_use"]
+    assert c.get("/v1/sandbox/sessions/tenant-a/phoenix").json()["contexts_lost"] is True  # the row says so
     r = c.post("/v1/sandbox/execute", json={"code": "print(open('keep.txt').read())", "session_id": "phoenix"})
     assert r.status_code == 200 and r.json()["stdout"] == "survives\n"
     assert r.json()["metadata"]["instance_id"] != first_instance
+    assert r.json()["metadata"]["session"]["contexts_lost"] is True  # reported once, by the first run after
+    r = c.post("/v1/sandbox/execute", json={"code": "print(2)", "session_id": "phoenix"})
+    assert "contexts_lost" not in (r.json()["metadata"].get("session") or {})
     assert service.app.state.services.sessions.get("tenant-a", "phoenix").boxes_started == 2
 
 
@@ -119,9 +123,14 @@ def test_box_dying_mid_run_is_sb009_once(service: Service) -> None:
     c.post("/v1/sandbox/write", json={"session_id": "crash", "path": "keep.txt", "content": "still here"})
     s = service.app.state.services.sessions.get("tenant-a", "crash")
     box = s.provider._instances[s.instance_id].box
+    ctx = c.post("/v1/sandbox/execute", json={"code": "x = 41", "session_id": "crash", "context_id": "nb"})
+    assert ctx.status_code == 200
     threading.Timer(0.5, box.kill).start()
     r = c.post("/v1/sandbox/execute", json={"code": "import time; time.sleep(20)", "session_id": "crash"})
     assert r.status_code == 503 and error_of(r)["code"] == "SB009"
+    r = c.post("/v1/sandbox/execute", json={"code": "print(x + 1)", "session_id": "crash", "context_id": "nb"})
+    assert r.status_code == 200 and r.json()["error"]["name"] == "NameError"  # the context died with its box,
+    assert r.json()["metadata"]["session"]["contexts_lost"] is True  # and the first run after says so
     r = c.post("/v1/sandbox/execute", json={"code": "print(open('keep.txt').read())", "session_id": "crash"})
     assert r.status_code == 200 and r.json()["stdout"] == "still here\n"
 

@@ -36,10 +36,7 @@ class BoxesMixin:
                 s.instance_id = None
             elif not self._alive(prov, s.instance_id):
                 dead = s.instance_id
-                self._destroy_instance(prov, dead)
-                s.instance_id = None
-                if self.metrics is not None:
-                    self.metrics.boxes_died.inc()
+                self._box_died(s, prov, dead)
                 raise ProviderUnavailableError(
                     f"the box of session {s.tenant_id}/{s.session_id} died; it is recreated on next use"
                     + (" with its workspace intact" if s.workspace else ""),
@@ -152,10 +149,17 @@ class BoxesMixin:
         if s.provider is None or s.instance_id is None:
             return
         if not self._alive(s.provider, s.instance_id):
-            self._destroy_instance(s.provider, s.instance_id)
-            s.instance_id = None
-            if self.metrics is not None:
-                self.metrics.boxes_died.inc()
+            self._box_died(s, s.provider, s.instance_id)
+
+    def _box_died(self: SessionManager, s: Session, prov: SandboxProvider, instance_id: str) -> None:
+        """Tear down a session's dead box; its contexts (interpreter state) went with it, which the
+        next run reports once (``contexts_lost``), as after a restart or a pause."""
+        self._destroy_instance(prov, instance_id)
+        s.instance_id = None
+        s.contexts_lost = True
+        self.registry.update(s.tenant_id, s.session_id, contexts_lost=True)
+        if self.metrics is not None:
+            self.metrics.boxes_died.inc()
 
     @staticmethod
     def _destroy_instance(prov: SandboxProvider, instance_id: str) -> None:

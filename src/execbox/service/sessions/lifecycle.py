@@ -64,6 +64,17 @@ class LifecycleMixin:
                                  box_handle={"workspace": rec.box_handle.get("workspace")})
         return s
 
+    def _drop_abandoned_creation(self: SessionManager, rec: SessionRecord) -> None:
+        """A session whose first box never started (the service stopped in its first request,
+        which got no answer): ended as a failed creation is, row and empty workspace removed,
+        rather than kept as a session nobody was told of that holds one of the tenant's slots."""
+        log.info("session %s/%s: its creation was cut off before its first box started; removing it",
+                 rec.tenant_id, rec.session_id)
+        self.registry.delete(rec.tenant_id, rec.session_id)
+        path = self.record_workspace(rec)
+        if os.path.isdir(path) and not mounted(path):
+            remove_workspace(path)
+
     def _reattach(self: SessionManager, s: Session, rec: SessionRecord) -> None:
         try:
             prov = self.providers.current()
@@ -96,6 +107,9 @@ class LifecycleMixin:
             with self._lock:
                 if key in self._sessions:
                     continue
+            if rec.state == "creating" and not rec.box_handle.get("instance_id"):
+                self._drop_abandoned_creation(rec)
+                continue
             s = self.adopt_record(rec)
             if s is not None:
                 with self._lock:
