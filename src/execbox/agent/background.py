@@ -8,7 +8,8 @@ would have to drain while it is busy, and no file of the process's own that the 
 limit would end after 512 MiB of output in total), its stdin is a pipe the agent keeps the write
 end of. The host then polls (``proc.poll``: new output from an
 offset, and the exit once all output was read), writes stdin (``proc.input``, ``proc.close_stdin``),
-signals (``proc.signal``) and lists (``proc.list``). These ops are answered even while an ``exec``
+signals (``proc.signal``) and lists (``proc.list``: also for a host that did not start them, see
+``bg_record``). These ops are answered even while an ``exec``
 runs (see ``protocol.INLINE_OPS``). Background children are kept out of the one-shot runs'
 clean-up (``Children._keep_pids``) and die with the box like every other child.
 """
@@ -19,6 +20,7 @@ import os
 import time
 
 from . import bg_output, privsep, procs
+from .bg_record import BgProc, check_meta, describe
 from .lean import b64decode, b64encode, signal
 
 TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annotations only
@@ -41,27 +43,6 @@ class BackgroundError(Exception):
     def __init__(self, message: str, status: int = 400, code: str = "SB002", **details: Any) -> None:
         super().__init__(message)
         self.status, self.code, self.details = status, code, details
-
-
-class BgProc:
-    # A plain class, not a dataclass: the agent's imports are on every box's start-up path.
-    __slots__ = ("pid", "command", "out_path", "err_path", "stdin_w", "started", "status", "ctl_w", "paused",
-                 "discard", "punched", "relay", "relay_ctl", "seg", "report_r", "final", "ended_at")
-
-    def __init__(self, pid: int, command: str, out_path: str, err_path: str, stdin_w: int | None,
-                 started: float, ctl_w: int | None = None, relay: int | None = None,
-                 relay_ctl: int | None = None, report_r: int | None = None) -> None:
-        self.pid, self.command, self.out_path, self.err_path = pid, command, out_path, err_path  # path prefixes
-        self.stdin_w, self.started, self.ctl_w = stdin_w, started, ctl_w
-        self.relay, self.relay_ctl = relay, relay_ctl  # the output relay (None: a PTY relay writes the output)
-        self.report_r = report_r  # the relay's report of the bytes it wrote, read once it is reaped
-        self.final: tuple[int, int] | None = None  # the streams' final sizes, once the writer is gone
-        self.ended_at = 0.0  # time.monotonic() of the reap of the process
-        self.seg = bg_output.SEGMENT if relay is not None else 0  # 0: one file, never rotated
-        self.status: int | None = None  # wait status once reaped
-        self.paused = False  # stopped by us until the host reads its backlog
-        self.discard = False  # killed by the host: its exit is reported without draining the output
-        self.punched = (0, 0)  # bytes of stdout/stderr already freed
 
 
 class Background:
@@ -106,6 +87,7 @@ class Background:
         pty = req.get("pty")
         if pty is not None and not isinstance(pty, dict):
             raise BackgroundError("pty must be an object {cols, rows}", field="pty")
+        meta = check_meta(req.get("meta"), BackgroundError)
         env = dict(os.environ)
         env.update(env_in)
         stamp = f"{time.monotonic_ns()}"
@@ -118,13 +100,24 @@ class Background:
         if pty is None:  # stdout/stderr: pipes to a relay that writes the files (bg_output)
             os.close(out_fd)
             os.close(err_fd)
-            relay, relay_ctl, report_r, out_fd, err_fd = self._start_relay(out_path, err_path)
+            try:
+                relay, relay_ctl, report_r, out_fd, err_fd = self._start_relay(out_path, err_path)
+            except procs.NoRoomForProcess:
+                for path in (out_path, err_path):
+                    bg_output.remove(path)
+                raise
         want_stdin = bool(req.get("stdin")) or pty is not None
         in_r, in_w = os.pipe() if want_stdin else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None)
         ctl_r, ctl_w = os.pipe() if pty is not None else (-1, None)
         argv = [agent.bash, "--noprofile", "--norc", "-c", command]
         sync_r, sync_w = os.pipe()  # both CLOEXEC: EOF on sync_r once the child exec'd bash
-        pid = os.fork()
+        try:
+            pid = procs.fork("the background process", tuple(fd for fd in (out_fd, err_fd, in_r, sync_r, sync_w, ctl_r)
+                                                              if fd >= 0))
+        except procs.NoRoomForProcess:  # its relay and files go too
+            self._forget(BgProc(-1, command, out_path, err_path, in_w, time.time(), ctl_w=ctl_w, relay=relay,
+                                relay_ctl=relay_ctl, report_r=report_r))
+            raise
         if pid == 0:  # the child: becomes `bash -c CMD` with the sandbox user's rights
             try:
                 agent.child_prepare()
@@ -158,7 +151,7 @@ class Background:
             failure += chunk
         os.close(sync_r)
         proc = BgProc(pid, command, out_path, err_path, in_w, time.time(), ctl_w=ctl_w, relay=relay,
-                      relay_ctl=relay_ctl, report_r=report_r)
+                      relay_ctl=relay_ctl, report_r=report_r, meta=meta)
         if failure:
             self._stray.add(pid)  # its exit status is of no use: popped once reaped
             self._forget(proc)
@@ -176,7 +169,8 @@ class Background:
         err_r, err_w = os.pipe()
         ctl_r, ctl_w = os.pipe()
         report_r, report_w = os.pipe()
-        relay = os.fork()
+        relay = procs.fork("the background process's output relay",
+                           (out_r, out_w, err_r, err_w, ctl_r, ctl_w, report_r, report_w))
         if relay == 0:
             try:
                 self.agent.child_prepare()
@@ -302,9 +296,10 @@ class Background:
         return {"signalled": ok}
 
     def list(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Every process not yet polled to its end, with what a host that did not start it needs
+        to follow it (``bg_record.describe``)."""
         self.reap()
-        return {"processes": [{"pid": p.pid, "command": p.command, "started": p.started,
-                               "running": p.status is None} for p in self.procs.values()]}
+        return {"processes": [describe(p) for p in self.procs.values()]}
 
     # -- bookkeeping ------------------------------------------------------------------------
     def reap(self) -> None:

@@ -118,7 +118,8 @@ def spawn(agent: Any, context_id: str, cwd: str, start_env: dict[str, str]) -> B
         quiet = os.open(os.devnull, os.O_WRONLY)
         return [cmd_r, quiet, quiet, req_r, rep_w, err_w, out_w]
 
-    pid = js_contexts.fork_exec(agent, fds, [agent.bash, "--noprofile", "--norc", "--noediting", "-i"], env, cwd)
+    pid = js_contexts.fork_exec(agent, fds, [agent.bash, "--noprofile", "--norc", "--noediting", "-i"], env, cwd,
+                                (cmd_r, cmd_w, out_r, out_w, err_r, err_w, req_r, req_w, rep_r, rep_w))
     for fd in (cmd_r, out_w, err_w, req_r, rep_w):
         os.close(fd)
     for fd in (out_r, err_r, req_w, cmd_w):

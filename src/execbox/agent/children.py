@@ -318,7 +318,12 @@ class Children(Spares):
         import socket  # noqa: PLC0415 - contexts only: kept off the box's start-up path
 
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pid = os.fork()
+        try:
+            pid = procs.fork("a context")
+        except procs.NoRoomForProcess:
+            parent.close()
+            child.close()
+            raise
         if pid == 0:
             try:
                 self.child_prepare(ignore_sigint=True)  # an interrupt before any cell is nothing

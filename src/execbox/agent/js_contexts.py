@@ -41,10 +41,12 @@ class JsContext:
         return (self.out_r, self.err_r, self.req_w, self.rep_r)
 
 
-def fork_exec(agent: Any, fds: Callable[[], list[int]], argv: list[str], env: dict[str, str], cwd: str) -> int:
+def fork_exec(agent: Any, fds: Callable[[], list[int]], argv: list[str], env: dict[str, str], cwd: str,
+              pipes: tuple[int, ...] = ()) -> int:
     """A context's process: the sandbox user (child_prepare), ``fds()[i]`` as fd i and nothing
-    else open, the agent's rlimits, ``argv`` exec'd; its pid. ``fds`` runs in the child."""
-    pid = os.fork()
+    else open, the agent's rlimits, ``argv`` exec'd; its pid. ``fds`` runs in the child;
+    ``pipes`` (the caller's, for the child) are closed if the box has no room for it."""
+    pid = procs.fork("a context", pipes)
     if pid == 0:
         try:
             agent.child_prepare()
@@ -75,7 +77,8 @@ def spawn(agent: Any, context_id: str) -> JsContext:
     if heap:
         argv.append(f"--max-old-space-size={int(heap // (1024 * 1024) * 3 // 4)}")
     pid = fork_exec(agent, lambda: [os.open(os.devnull, os.O_RDONLY), out_w, err_w, req_r, rep_w],
-                    [*argv, JS_CONTEXT], dict(os.environ), agent.ws)
+                    [*argv, JS_CONTEXT], dict(os.environ), agent.ws,
+                    (out_r, out_w, err_r, err_w, req_r, req_w, rep_r, rep_w))
     for fd in (out_w, err_w, req_r, rep_w):
         os.close(fd)
     for fd in (out_r, err_r, req_w):

@@ -186,7 +186,7 @@ class Agent(Children):
                 raise RequestError(f"unknown operation {op!r}", field="op")
             value = handler(self, rid, req)
             self.send({"id": rid, "ok": True, "value": value})
-        except (RequestError, fileops.FileOpError, background.BackgroundError) as e:
+        except (RequestError, fileops.FileOpError, background.BackgroundError, procs.NoRoomForProcess) as e:
             self.send({"id": rid, "ok": False, "error": {
                 "code": e.code, "status": e.status, "message": str(e), "details": e.details}})
         except Exception as e:  # noqa: BLE001 - report, keep serving

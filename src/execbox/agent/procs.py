@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import time
@@ -30,6 +31,37 @@ def request_env_and_cwd(ws: str, req: dict, error: type[Exception]) -> tuple[dic
     if not os.path.isdir(cwd):
         raise error(f"cwd {req.get('cwd')!r} is not a directory", field="cwd")
     return env, cwd
+
+
+class NoRoomForProcess(Exception):
+    """A fork the box's own limits refused: its processes fill the pids limit (EAGAIN) or its
+    memory (ENOMEM). The box's code did that, so it is the caller's limit (SB008, 429), not an
+    agent failure; the request fails, the agent and the session go on."""
+
+    code, status = "SB008", 429
+
+    def __init__(self, what: str, err: OSError) -> None:
+        reason = ("its process limit (pids_limit) is reached" if err.errno == errno.EAGAIN
+                  else "it is out of memory" if err.errno == errno.ENOMEM else err.strerror or str(err))
+        super().__init__(f"cannot start {what}: the box has no room for another process ({reason}); "
+                         "end processes still running in it (background processes, contexts) or reset the session")
+        self.details = {"reason": "box_process_limit", "errno": errno.errorcode.get(err.errno or 0, str(err.errno))}
+
+
+def fork(what: str, close_on_failure: tuple[int, ...] = ()) -> int:
+    """``os.fork()``; a refusal by the box's limits becomes :class:`NoRoomForProcess`, and the
+    caller's ``close_on_failure`` fds (the pipes made for the child) are closed, not leaked."""
+    try:
+        return os.fork()
+    except OSError as e:
+        for fd in close_on_failure:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if e.errno in (errno.EAGAIN, errno.ENOMEM):
+            raise NoRoomForProcess(what, e) from None
+        raise
 
 
 def _prctl(option: int, arg: int) -> bool:

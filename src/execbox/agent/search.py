@@ -287,13 +287,7 @@ def _text(data: bytes) -> str:
 def in_child(fn: Callable[[], Any], timeout: float, what: str) -> Any:
     """``fn()``'s JSON value, computed in a forked child killed after ``timeout`` seconds."""
     r, w = os.pipe()  # both close-on-exec
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(r)
-        os.close(w)
-        raise FileOpError(f"cannot run {what}: the box has no room for another process", status=503,
-                          code="SB009") from None
+    pid = procs.fork(what, (r, w))
     if pid == 0:  # pragma: no cover - the child; measured through the parent's answers
         _child(fn, r, w)
     os.close(w)

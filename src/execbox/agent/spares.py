@@ -81,7 +81,10 @@ class Spares:
         ends of a run in flight, nor a context's.
         """
         if self.spare is None:
-            self.spare = self._fork_child()
+            try:
+                self.spare = self._fork_child()
+            except procs.NoRoomForProcess:  # the box's own processes fill it: the run that
+                pass  # needs a child forks it itself (_take_spare) and says why it cannot
 
     def _fork_child(self) -> Spare:
         out_r, out_w = os.pipe()
@@ -92,7 +95,8 @@ class Spares:
         if self.figures_preloaded:
             ready_r, ready_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         started = time.monotonic()
-        pid = os.fork()
+        pid = procs.fork("the run's process", (out_r, out_w, err_r, err_w, res_r, res_w, ctl_r, ctl_w)
+                         + ((ready_r, ready_w) if ready_r >= 0 else ()))
         if pid == 0:  # the spare child
             try:
                 self.child_prepare()
@@ -169,10 +173,8 @@ class Spares:
         for: on a box's CPU quota it would also slow the fresh child that takes its place."""
         if self.spare_figures() == "warming":
             self._discard_spare()
-        self.make_spare()
         spare, self.spare = self.spare, None
-        assert spare is not None
-        return spare
+        return spare if spare is not None else self._fork_child()
 
     def _discard_spare(self) -> None:
         spare, self.spare = self.spare, None

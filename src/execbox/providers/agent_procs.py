@@ -50,15 +50,18 @@ class BackgroundProcesses:
 
     def start_process(self, instance_id: str, command: str, *, cwd: str | None = None,
                       env: dict[str, str] | None = None, stdin: bool = False,
-                      pty: tuple[int, int] | None = None) -> int:
+                      pty: tuple[int, int] | None = None, meta: dict[str, Any] | None = None) -> int:
         """Start ``bash -c command`` in the box; returns its pid there at once.
 
         ``pty=(cols, rows)`` runs it on a pseudo-terminal: its output is one stream (stdout) and
-        stdin is the terminal's input.
+        stdin is the terminal's input. ``meta`` (a JSON object, at most 8 KiB) is kept by the agent
+        and listed with the process, for a later service to adopt it (service/background.py).
         """
         params: dict[str, Any] = {"command": command, "cwd": cwd, "env": env or {}, "stdin": bool(stdin)}
         if pty is not None:
             params["pty"] = {"cols": int(pty[0]), "rows": int(pty[1])}
+        if meta is not None:
+            params["meta"] = meta
         return int(self._proc(instance_id, "proc.start", params)["pid"])
 
     def resize_process(self, instance_id: str, pid: int, cols: int, rows: int) -> None:

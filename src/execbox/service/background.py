@@ -20,11 +20,21 @@ status and unread output) while their box lives, the last ``KEEP_ENDED`` per ses
 ``KEEP_ENDED_SECONDS``, but only the last ``background_ended_tail_bytes`` of each stream's unread
 output are kept (at once when no client read it lately, else after ``READER_GRACE``); reads say
 how much was dropped (``stdout_dropped``), and their ``*_skipped`` count it too.
+
+Processes outlive the service that started them when their box does (a Docker container is left
+running at a restart and re-attached; another replica takes a session over). The first time this
+replica deals with a session's box (``adopt``, before any listing, read or start there) it asks
+the agent for its processes (``proc.list``) and follows each one this API started (``proc.start``
+was given ``start_meta``, which the agent keeps and lists verbatim) as if it had started it: same
+pid, command, cwd, start time, timeout and stdin, its output from the first byte the box still
+holds (what the box already freed is counted as dropped), counted against the tenant's cap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +49,8 @@ from .config import ServiceSettings
 from .executions import RunService, RunSpec
 from .follower import Budget
 
+log = logging.getLogger("execbox.service.background")
+
 HOLD = 1024 * 1024  # unacknowledged bytes kept per stream
 READ_CHUNK = 1024 * 1024  # bytes of each stream one read returns at most
 KEEP_ENDED = 64
@@ -50,6 +62,28 @@ RELIEVE_EVERY = 1.0
 OPERATION = "background_command"
 SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 """What the agent delivers (agent/background.py SIGNALS)."""
+META_API = "http"
+"""``meta.api`` of the processes this API starts (the E2B facade's carry none): only those are adopted."""
+ADOPT_WAIT = 35.0
+"""Seconds a request waits for another one's adoption of the same box (longer than one agent call)."""
+ADOPT_MAX = 64
+"""Processes adopted from one box at most (the agent runs at most 64)."""
+BOXES_KEPT = 4096
+"""Boxes remembered as adopted; past it the oldest is forgotten (its next request lists it again)."""
+_AUDIT_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def no_call(*_: Any) -> Any:
+    """The ``call`` of a process's RunSpec: a process request runs no code."""
+    raise AssertionError("a process request runs no code")
+
+
+def start_meta(tenant_id: str, session_id: str, cwd: str | None, stdin: bool, timeout: float | None,
+               started_at: float, audit_key: str | None) -> dict[str, Any]:
+    """What ``proc.start`` leaves with the agent for a later service to adopt the process by
+    (returned verbatim by ``proc.list``; the agent bounds it at 8 KiB as JSON)."""
+    return {"api": META_API, "tenant": tenant_id, "session": session_id, "cwd": cwd, "stdin": bool(stdin),
+            "timeout": timeout, "started_at": started_at, "audit": audit_key}
 
 
 def supports(provider: SandboxProvider) -> bool:
@@ -87,6 +121,9 @@ class BgProcess:
     forgotten: bool = False  # out of the table: holds nothing more
     last_read: float = 0.0  # time.monotonic() of the last read (0: never)
     trimmed: bool = False  # ended, and only the tail of its unread output kept
+    adopted: bool = False  # started by an earlier service (or replica) and adopted from the box's agent
+    over_cap: bool = False  # adopted while its tenant ran as many as it may: not counted (``ProcessTable._over``)
+    promoted: bool = False  # adopted over the cap, counted since a place freed: the table lets it leave
     box_sizes: tuple[int, int] | None = None
     """Final sizes of stdout and stderr once the box reported the process over (the agent's poll
     ``ended``) while this replica has not taken all its output yet: it is not ``ended`` here until
@@ -113,6 +150,10 @@ class BgProcess:
                    "timeout": self.timeout, "started_at": self.started_at, "ended_at": self.ended_at}
             if self.box_sizes is not None and not self.ended:
                 out.update(exited_in_box=True, stdout_size=self.box_sizes[0], stderr_size=self.box_sizes[1])
+            if self.adopted:
+                out["adopted"] = True
+                if self.over_cap:
+                    out["over_tenant_cap"] = True
             return out
 
     def saw_poll(self, poll: dict[str, Any]) -> None:
@@ -221,6 +262,8 @@ class ProcessTable:
         self._lock = threading.Lock()
         self._procs: dict[tuple[str, str], dict[int, BgProcess]] = {}
         self._relieved = 0.0
+        self._boxes: dict[tuple[str, str, str], threading.Event] = {}  # boxes adopted (set: done)
+        self._over: dict[str, list[BgProcess]] = {}  # adopted past the tenant's cap, not counted yet
 
     def of_box(self, tenant_id: str, session_id: str, instance_id: str) -> list[BgProcess]:
         """The session's processes in its current box (those of an earlier box are forgotten)."""
@@ -249,7 +292,9 @@ class ProcessTable:
 
     def running(self, tenant_id: str, session_id: str, instance_id: str) -> int:
         """Processes running in the session's box. Raises SB008 (429) first when the tenant runs
-        as many as it may (``tenant_max_background_processes``): a start checks this."""
+        as many as it may (``tenant_max_background_processes``), adopted ones over the cap
+        included: a start checks this."""
+        self._promote(tenant_id)  # whatever still waits for a place holds the budget at its cap
         self.budget.check(tenant_id)
         return sum(1 for p in self.of_box(tenant_id, session_id, instance_id) if not p.ended)
 
@@ -273,9 +318,151 @@ class ProcessTable:
             table[proc.pid] = proc  # a reused pid: the new one
         if old is not None:
             old.forget()
+        self._follow(proc, spec, counted=True)
+
+    def _follow(self, proc: BgProcess, spec: RunSpec, counted: bool) -> None:
         follower = HttpFollower(self, proc, spec)
-        follower.budget, follower.tenant = self.budget, proc.tenant_id
+        if counted:  # it leaves the budget when it ends (an uncounted adoptee: ``finished``)
+            follower.budget, follower.tenant = self.budget, proc.tenant_id
         follower.start(f"execbox-proc-{proc.pid}")
+
+    # -- adoption ------------------------------------------------------------------------------
+    def adopt(self, provider: SandboxProvider, tenant_id: str, session_id: str, instance_id: str) -> None:
+        """The first time this replica deals with the session's box: track and follow the
+        processes an earlier service (this replica before a restart, or the session's previous
+        owner) started there through this API and the box still runs or has not reported ended.
+        Later calls for the box return at once (a concurrent one waits for the first). A box
+        that cannot be listed now is listed again at the next request. The adopted ones are
+        counted against ``tenant_max_background_processes``; those past it are adopted anyway
+        (said by ``over_tenant_cap`` and a warning) and keep new starts refused until enough end."""
+        key = (tenant_id, session_id, instance_id)
+        with self._lock:
+            done = self._boxes.get(key)
+            mine = done is None
+            if done is None:
+                for other in [k for k in self._boxes if k[:2] == key[:2]]:
+                    del self._boxes[other]  # the session's earlier box
+                while len(self._boxes) >= BOXES_KEPT:
+                    del self._boxes[next(iter(self._boxes))]
+                done = self._boxes[key] = threading.Event()
+        if not mine:
+            done.wait(ADOPT_WAIT)
+            return
+        try:
+            listing = getattr(provider, "list_processes", None)
+            entries = listing(instance_id) if supports(provider) and listing is not None else []
+        except Exception as e:  # noqa: BLE001 - the request goes on; its own agent call says what is wrong
+            log.warning("listing the processes of box %s of session %s/%s failed: %s", instance_id,
+                        tenant_id, session_id, e)
+            with self._lock:
+                if self._boxes.get(key) is done:
+                    del self._boxes[key]
+            done.set()
+            return
+        try:
+            for entry in entries[:ADOPT_MAX]:
+                got = self._adoptee(provider, tenant_id, session_id, instance_id, entry)
+                if got is not None:
+                    self._take_over(*got)
+        finally:
+            done.set()
+
+    def _adoptee(self, provider: SandboxProvider, tenant_id: str, session_id: str, instance_id: str,
+                 entry: Any) -> tuple[BgProcess, RunSpec] | None:
+        """The record of one ``proc.list`` entry to adopt, or None: not started through this API
+        (the E2B facade's, or listed by an agent that keeps no ``meta``), another session's (never
+        adopted: the box is one session's), or not well formed (the box is not trusted)."""
+        meta = entry.get("meta") if isinstance(entry, dict) else None
+        if not isinstance(meta, dict) or meta.get("api") != META_API:
+            return None
+        if meta.get("tenant") != tenant_id or meta.get("session") != session_id:
+            log.warning("box %s of session %s/%s lists process %r of another session; not adopted",
+                        instance_id, tenant_id, session_id, entry.get("pid"))
+            return None
+        try:
+            pid, command = int(entry["pid"]), str(entry["command"])
+            started_at = float(meta.get("started_at") or entry.get("started") or time.time())
+            timeout = None if meta.get("timeout") is None else float(meta["timeout"])
+            firsts = max(0, int(entry.get("stdout_from") or 0)), max(0, int(entry.get("stderr_from") or 0))
+        except (KeyError, TypeError, ValueError):
+            return None
+        cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
+        now, mono = time.time(), time.monotonic()
+        proc = BgProcess(pid, command, cwd, tenant_id, session_id, provider, instance_id, bool(entry.get("stdin")),
+                         timeout, started_at=started_at, started_mono=mono - max(0.0, now - started_at),
+                         adopted=True)
+        proc.stdin_closed = bool(meta.get("stdin")) and not proc.stdin  # an earlier request closed it
+        for stream, first in ((proc.out, firsts[0]), (proc.err, firsts[1])):
+            stream.base = stream.dropped = first  # freed by the box once an earlier service took it
+        audit = meta.get("audit")
+        spec = RunSpec(tenant_id, session_id, OPERATION, "bash", command, None, no_call,
+                       inflight=audit if isinstance(audit, str) and _AUDIT_KEY.fullmatch(audit) else None)
+        return proc, spec
+
+    def _take_over(self, proc: BgProcess, spec: RunSpec) -> None:
+        """Track and follow an adopted process, unless this replica follows it already. One it
+        tracks as ended is replaced: the box still lists it, so this replica lost it (a box it let
+        go of and took back) or the pid was reused."""
+        tenant = proc.tenant_id
+        try:
+            self.budget.admit(tenant)
+            counted = True
+        except SandboxError:
+            counted = False
+        with self._lock:
+            table = self._procs.setdefault((tenant, proc.session_id), {})
+            old = table.get(proc.pid)
+            known = old is not None and not old.ended
+            if not known:
+                table[proc.pid] = proc
+                proc.budget = self.budget
+                if not counted:
+                    proc.over_cap = True
+                    self._over.setdefault(tenant, []).append(proc)
+        if known:
+            if counted:
+                self.budget.leave(tenant)
+            return
+        if old is not None:
+            old.forget()
+        if not counted:
+            log.warning("tenant %s runs more background processes than it may (%d) with process %d adopted "
+                        "from session %s; new ones are refused until enough end", tenant,
+                        self.budget.tenant_max_processes, proc.pid, proc.session_id)
+        self._follow(proc, spec, counted)
+
+    def finished(self, proc: BgProcess, lost: bool = False) -> None:
+        """A followed process ended (before its readers hear of it): an adoptee past the cap
+        frees its place in the queue, one counted since leaves the budget, and the next waiting
+        adoptee of the tenant may be counted. ``lost`` (following it failed): the next request
+        for its box lists the box again (what it still runs is adopted anew)."""
+        with self._lock:
+            if lost:
+                self._boxes.pop((proc.tenant_id, proc.session_id, proc.instance_id), None)
+            over = self._over.get(proc.tenant_id, [])
+            if proc in over:
+                over.remove(proc)
+                proc.over_cap = False
+                if not over:
+                    self._over.pop(proc.tenant_id, None)
+            elif proc.promoted:
+                proc.promoted = False
+                self.budget.leave(proc.tenant_id)
+        self._promote(proc.tenant_id)
+
+    def _promote(self, tenant_id: str) -> None:
+        """Count adoptees that were past the tenant's cap, as far as the cap now allows."""
+        with self._lock:
+            over = self._over.get(tenant_id)
+            while over:
+                try:
+                    self.budget.admit(tenant_id)
+                except SandboxError:
+                    break
+                p = over.pop(0)
+                p.over_cap, p.promoted = False, True
+            if over is not None and not over:
+                self._over.pop(tenant_id, None)
 
     def sweep(self) -> None:
         """Forget ended processes whose box is gone (their session ended) or that ended long ago,

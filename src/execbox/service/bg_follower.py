@@ -113,6 +113,7 @@ class HttpFollower(Follower):
 
     def ended(self) -> None:
         p = self.p
+        self.table.finished(p, lost=self.error is not None)  # before a reader hears of the end
         with p.cond:
             p.error = self.error
             if not p.ended:

@@ -5,19 +5,19 @@ Both work on one ``ProcessTable`` per replica, so a process started through one 
 fed and signalled through the other; they differ only in how a request arrives (a body, a tool's
 arguments) and how the answer is shaped. Here: the session's box for one operation (never creating
 the session, except to start a process), the checks, the agent calls and the audit rows. The
-in-box agent runs the process; nothing here runs code.
+in-box agent runs the process; nothing here runs code. Every operation first lets the table adopt
+the processes an earlier service left in the box (``ProcessTable.adopt``: once per box).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidConfigError, PayloadTooLargeError, RateLimitError, SandboxError
-from ..models import ExecutionResult
 from ..providers.base import SandboxProvider
-from .background import OPERATION, BgProcess, ProcessTable, supports
+from .background import OPERATION, BgProcess, ProcessTable, no_call, start_meta, supports
 from .executions import RunService, RunSpec
 from .routes.sandbox import check_path
 from .sessions import notes
@@ -43,10 +43,6 @@ def require_support(provider: SandboxProvider) -> None:
             details={"provider": provider.name, "reason": "background_processes_unsupported"})
 
 
-def _no_call(*_: Any) -> ExecutionResult:
-    raise AssertionError("a process request runs no code")
-
-
 @dataclass
 class ProcessOps:
     """One replica's process requests: its sessions, audit and process table."""
@@ -69,24 +65,28 @@ class ProcessOps:
             if timeout is not None and limit and timeout > float(limit):
                 raise InvalidConfigError(f"timeout {timeout:g}s exceeds this provider's maximum of {limit}s",
                                          details={"field": "timeout", "max": limit})
+            self.table.adopt(provider, tenant, session_id, iid)
             cap = self.table.max_per_session
             if self.table.running(tenant, session_id, iid) >= cap:
                 raise RateLimitError(f"too many background processes running in this session (max {cap}, "
                                      "SANDBOX_MAX_BACKGROUND_PROCESSES); wait for or signal one first",
                                      details={"limit": cap, "reason": "max_background_processes"})
-            spec = RunSpec(tenant, session_id, OPERATION, "bash", command, token_id, _no_call)
-            started = time.monotonic()
+            spec = RunSpec(tenant, session_id, OPERATION, "bash", command, token_id, no_call)
+            started, started_at = time.monotonic(), time.time()
             where = None if cwd in (None, "", ".") else cwd
-            try:
-                pid = provider.start_process(iid, command, cwd=where, env=env, stdin=stdin)
-            except SandboxError as e:
-                self.runs.record(spec, provider.name, iid, started, "error", None, e.code)
-                raise
+            # filed as started before it starts: the box keeps the key, so whoever adopts the
+            # process later ends this filing with its audit row
             spec.inflight = self.runs.oplog.begin(
                 tenant_id=tenant, session_id=session_id, provider=provider.name, operation=OPERATION,
                 instance_id=iid, language="bash", code=command, token_id=token_id)
+            meta = start_meta(tenant, session_id, cwd, stdin, timeout, started_at, spec.inflight)
+            try:
+                pid = provider.start_process(iid, command, cwd=where, env=env, stdin=stdin, meta=meta)
+            except SandboxError as e:
+                self.runs.record(spec, provider.name, iid, started, "error", None, e.code)
+                raise
             proc = BgProcess(pid, command, cwd, tenant, session_id, provider, iid, stdin, timeout,
-                             started_mono=started)
+                             started_at=started_at, started_mono=started)
             self.table.add(proc, spec)
         return proc
 
@@ -99,6 +99,7 @@ class ProcessOps:
         with notes.collecting(create=False, refusal=NOT_CREATED), \
                 self.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
             require_support(provider)
+            self.table.adopt(provider, tenant, session_id, iid)
             return self.table.of_box(tenant, session_id, iid)
 
     def _paused(self, tenant: str, session_id: str) -> bool:
@@ -115,6 +116,7 @@ class ProcessOps:
         with notes.collecting(create=False, refusal=NOT_CREATED), \
                 self.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
             require_support(provider)
+            self.table.adopt(provider, tenant, session_id, iid)
             proc = self.table.get(tenant, session_id, iid, pid)
         if proc is None:
             raise InvalidConfigError(f"no background process {pid} in session {session_id}", http_status=404,
@@ -123,7 +125,7 @@ class ProcessOps:
 
     def _record(self, proc: BgProcess, operation: str, what: str, token_id: str | None, started: float,
                 status: str, error_code: str | None = None) -> None:
-        spec = RunSpec(proc.tenant_id, proc.session_id, operation, PROCESS_LANGUAGE, what, token_id, _no_call)
+        spec = RunSpec(proc.tenant_id, proc.session_id, operation, PROCESS_LANGUAGE, what, token_id, no_call)
         self.runs.record(spec, proc.provider.name, proc.instance_id, started, status, None, error_code)
 
     def write_input(self, tenant: str, session_id: str, token_id: str | None, pid: int, data: bytes,
