@@ -184,9 +184,14 @@ function ranFrames(stack) {
 }
 
 // Node's own form of a located syntax error (`<cell>:2`, the line, a caret), which a thrown
-// SyntaxError of an evaluation does not carry (one the cell's code threw has a frame of it).
+// SyntaxError of an evaluation does not carry. Only for the cell's own source, which did not
+// parse: its error has no frames above the runner's. One with frames was thrown by running
+// code: the cell's (JSON.parse; it has a `<cell>` frame) or Node's, for a module the cell
+// imports, whose location is not the cell's, and whose error object Node keeps and throws again
+// at every import of that module (so it is never changed here).
 function locate(e, details, code) {
-  if (!(e instanceof SyntaxError) || typeof e.stack !== "string" || ranFrames(e.stack).includes("<cell>:")) return;
+  if (!(e instanceof SyntaxError) || typeof e.stack !== "string" || /\n\s+at /.test(ranFrames(e.stack))
+      || ranFrames(e.stack).includes("<cell>:")) return;
   const line = code.split("\n")[details.lineNumber];
   if (line === undefined) return;
   const column = Math.min(details.columnNumber, line.length);

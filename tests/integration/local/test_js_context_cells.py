@@ -95,6 +95,20 @@ def test_errors_of_awaiting_and_importing_cells_are_the_users(sb, workspace):
     assert value(cell(sb, "'alive'", "errors")) == "alive"
 
 
+def test_a_syntax_error_in_an_imported_module_is_not_placed_in_the_cell(sb, workspace):
+    # Node keeps the module's SyntaxError and throws that same object at every import of it: it
+    # was once located at the importing cell's own line, and the next import showed that line
+    # again, from another cell (`await import('./bad.mjs')` under `const m = ...`)
+    cell(sb, "require('fs').writeFileSync('bad.mjs', 'export const a = 1;\\nlet q = ;\\n')", "badimport")
+    for code in ("await import('./bad.mjs')", "const m = await import('./bad.mjs');"):
+        r = cell(sb, code, "badimport")
+        assert r.exit_code == 1 and r.error["name"] == "SyntaxError", (r.stderr, r.error)
+        assert "<cell>" not in r.stderr and "await import" not in r.stderr, r.stderr
+    r = cell(sb, "JSON.parse('{')", "badimport")  # thrown by the cell's code: its own frame shows where
+    assert r.error["name"] == "SyntaxError" and "<cell>:1" in r.stderr, r.stderr
+    assert value(cell(sb, "'alive'", "badimport")) == "alive"
+
+
 def test_arguments_call_a_main_that_awaited(sb):
     r = cell(sb, "const base = await Promise.resolve(2);\nasync function main(a) { return a.n * base }",
              "args", arguments={"n": 21})
