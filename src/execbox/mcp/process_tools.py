@@ -19,7 +19,8 @@ from .results import data_result, process_result, process_state
 from .tool_base import PATH, SESSION_ID, ToolDef, current_session, existing_session, obj
 
 PID = {"type": "integer", "minimum": 1, "maximum": 2**31 - 1,
-       "description": "The process's pid, from start_process or list_processes."}
+       "description": "The process's pid, from start_process or list_processes (its id in the session: its pid in "
+                      "the box, box_pid, unless that number was taken)."}
 OFFSET = {"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0}
 WAIT = {"type": "number", "minimum": 0, "maximum": processes.MAX_WAIT}
 
@@ -44,6 +45,9 @@ def start_process(core: ServiceCore, caller: Caller, key: str, args: dict[str, A
         notes = ["it has already exited in the box: read_process_output reads the rest of its output"]
     elif got["running"]:
         notes = ["it keeps running after this call: read_process_output reads its output, kill_process stops it"]
+    if got["pid"] != got["box_pid"]:  # its pid in the box names another process here (one of an earlier box)
+        notes = [*(notes or []), f"its pid in the box is {got['box_pid']}, but pid {got['box_pid']} in this session "
+                                 f"names another process (of the session's earlier box): use pid={got['pid']}"]
     return process_result(got, sid, notes)
 
 

@@ -60,7 +60,8 @@ def listing(core: ServiceCore, caller: Caller, session_id: str) -> list[BgProces
 
 
 def find(core: ServiceCore, caller: Caller, session_id: str, pid: int) -> BgProcess:
-    """The session's process ``pid``; 404 naming ``pid`` for one it does not have."""
+    """The session's process whose public id (``pid``, not always ``box_pid``) is ``pid``; 404
+    naming ``pid`` for one it does not have."""
     return _ops(core).find(caller.tenant_id, session_id, pid)
 
 

@@ -16,32 +16,45 @@ A tenant runs at most ``tenant_max_background_processes`` at once (429 SB008). W
 passes the follower kills the whole job (SIGKILL to its process tree) and the process ends as
 ``timed_out``. Its end is audited like a run (``RunService.record``; it was filed as started, so
 a replica that dies meanwhile leaves an ``interrupted`` row). Ended processes stay readable (exit
-status and unread output) while their box lives, the last ``KEEP_ENDED`` per session, for
+status and unread output) while their session lives, the last ``KEEP_ENDED`` per session, for
 ``KEEP_ENDED_SECONDS``, but only the last ``background_ended_tail_bytes`` of each stream's unread
 output are kept (at once when no client read it lately, else after ``READER_GRACE``); reads say
 how much was dropped (``stdout_dropped``), and their ``*_skipped`` count it too.
 
-Processes outlive the service that started them when their box does (a Docker container is left
-running at a restart and re-attached; another replica takes a session over). The first time this
-replica deals with a session's box (``adopt``, before any listing, read or start there) it asks
-the agent for its processes (``proc.list``) and follows each one this API started (``proc.start``
-was given ``start_meta``, which the agent keeps and lists verbatim) as if it had started it: same
-pid, command, cwd, start time, timeout and stdin, its output from the first byte the box still
-holds (what the box already freed is counted as dropped), counted against the tenant's cap.
+When a session's box ends under its processes (it died, was stopped for a pause, or replaced),
+they are kept as ended, ``lost`` with an ``error`` saying so (a tombstone), under the same rules
+as other ended processes, so a client that polls one learns what became of it, while its session
+lives on this replica (a new session of the name is another: ``_incarnation``). Processes an
+earlier service left in a live box are adopted (``bg_adopt.py``, with the public ids: ``pid`` is
+the pid in the box unless another id of the session's table holds it, ``box_pid`` always is).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SandboxError
 from ..providers.base import SandboxProvider
+from .bg_adopt import (  # noqa: F401 - re-exported
+    ADOPT_MAX,
+    ADOPT_WAIT,
+    ALIAS_BASE,
+    BOX_ENDED,
+    BOXES_KEPT,
+    META_API,
+    OPERATION,
+    ProcessAdoption,
+    no_call,
+    public_id,
+    start_meta,
+    supports,
+)
 from .bg_follower import HttpFollower
 from .bg_stream import Stream as _Stream
 from .bg_stream import partial_utf8 as _partial_utf8  # noqa: F401 - re-exported
@@ -59,40 +72,15 @@ READER_GRACE = 65.0
 """Seconds a client that read a process lately (a long-poll waits at most 60 s) keeps all its
 unread output after the end, before only the tail is kept."""
 RELIEVE_EVERY = 1.0
-OPERATION = "background_command"
 SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 """What the agent delivers (agent/background.py SIGNALS)."""
-META_API = "http"
-"""``meta.api`` of the processes this API starts (the E2B facade's carry none): only those are adopted."""
-ADOPT_WAIT = 35.0
-"""Seconds a request waits for another one's adoption of the same box (longer than one agent call)."""
-ADOPT_MAX = 64
-"""Processes adopted from one box at most (the agent runs at most 64)."""
-BOXES_KEPT = 4096
-"""Boxes remembered as adopted; past it the oldest is forgotten (its next request lists it again)."""
-_AUDIT_KEY = re.compile(r"[0-9a-f]{32}")
-
-
-def no_call(*_: Any) -> Any:
-    """The ``call`` of a process's RunSpec: a process request runs no code."""
-    raise AssertionError("a process request runs no code")
-
-
-def start_meta(tenant_id: str, session_id: str, cwd: str | None, stdin: bool, timeout: float | None,
-               started_at: float, audit_key: str | None) -> dict[str, Any]:
-    """What ``proc.start`` leaves with the agent for a later service to adopt the process by
-    (returned verbatim by ``proc.list``; the agent bounds it at 8 KiB as JSON)."""
-    return {"api": META_API, "tenant": tenant_id, "session": session_id, "cwd": cwd, "stdin": bool(stdin),
-            "timeout": timeout, "started_at": started_at, "audit": audit_key}
-
-
-def supports(provider: SandboxProvider) -> bool:
-    return bool(getattr(provider, "supports_background_processes", False))
 
 
 @dataclass(eq=False)
 class BgProcess:
     pid: int
+    """The id clients know it by: ``box_pid``, or an alias (bg_adopt.py) while the session's table
+    holds another process under that number; ``ProcessTable.add`` sets it."""
     command: str
     cwd: str | None
     tenant_id: str
@@ -123,11 +111,20 @@ class BgProcess:
     trimmed: bool = False  # ended, and only the tail of its unread output kept
     adopted: bool = False  # started by an earlier service (or replica) and adopted from the box's agent
     over_cap: bool = False  # adopted while its tenant ran as many as it may: not counted (``ProcessTable._over``)
-    promoted: bool = False  # adopted over the cap, counted since a place freed: the table lets it leave
+    counted: bool = False  # holds a place in the tenant's count: ``ProcessTable.finished`` frees it, once
+    box_pid: int = 0
+    """Its pid in the box, which every agent call names (0 when made: ``pid``)."""
+    session: Any = None
+    """The life of its session it belongs to (``ProcessTable._incarnation``): a session closed and
+    made again under the name is another, whose table starts empty."""
     box_sizes: tuple[int, int] | None = None
     """Final sizes of stdout and stderr once the box reported the process over (the agent's poll
     ``ended``) while this replica has not taken all its output yet: it is not ``ended`` here until
     then, but it is no longer running (review 32, F7)."""
+
+    def __post_init__(self) -> None:
+        if not self.box_pid:
+            self.box_pid = self.pid
 
     @property
     def status(self) -> str:
@@ -144,8 +141,8 @@ class BgProcess:
         (its exit status comes with the last of it); before that, once the box reported it over, it
         says ``exited_in_box: true`` and the streams' final sizes (``stdout_size``, ``stderr_size``)."""
         with self.cond:
-            out = {"pid": self.pid, "command": self.command, "cwd": self.cwd, "running": not self.ended,
-                   "status": self.status, "exit_code": self.exit_code, "signal": self.signal,
+            out = {"pid": self.pid, "box_pid": self.box_pid, "command": self.command, "cwd": self.cwd,
+                   "running": not self.ended, "status": self.status, "exit_code": self.exit_code, "signal": self.signal,
                    "timed_out": self.timed_out, "error": self.error, "stdin": self.stdin and not self.ended,
                    "timeout": self.timeout, "started_at": self.started_at, "ended_at": self.ended_at}
             if self.box_sizes is not None and not self.ended:
@@ -247,35 +244,49 @@ def _settle(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class ProcessTable:
+class ProcessTable(ProcessAdoption):
     """This replica's background processes, per session, and their followers, and the budget of
-    what they hold (shared with the E2B facade's processes)."""
+    what they hold (shared with the E2B facade's processes). Adoption, public ids and places
+    under the tenant's cap: ``ProcessAdoption`` (bg_adopt.py)."""
 
     def __init__(self, runs: RunService, max_per_session: int, settings: ServiceSettings | None = None) -> None:
         self.runs = runs
         self.max_per_session = max_per_session
+        sessions = getattr(runs, "sessions", None)
         if settings is None:  # the session manager's (routes and MCP pass only the per-session cap)
-            found = getattr(getattr(runs, "sessions", None), "settings", None)
+            found = getattr(sessions, "settings", None)
             settings = found if isinstance(found, ServiceSettings) else ServiceSettings()
+        self._sessions = sessions if callable(getattr(sessions, "get", None)) else None
         self.budget = Budget.from_settings(settings)
         self.tail = settings.background_ended_tail_bytes
         self._lock = threading.Lock()
-        self._procs: dict[tuple[str, str], dict[int, BgProcess]] = {}
+        self._procs: dict[tuple[str, str], dict[int, BgProcess]] = {}  # by public id
         self._relieved = 0.0
         self._boxes: dict[tuple[str, str, str], threading.Event] = {}  # boxes adopted (set: done)
         self._over: dict[str, list[BgProcess]] = {}  # adopted past the tenant's cap, not counted yet
+        self._aliases: OrderedDict[tuple[str, str], int] = OrderedDict()  # the last alias per session
 
     def of_box(self, tenant_id: str, session_id: str, instance_id: str) -> list[BgProcess]:
-        """The session's processes in its current box (those of an earlier box are forgotten)."""
+        """The session's processes: those in its current box, and those of its earlier boxes,
+        ended (``lost`` when the box ended under them). Those of an earlier life of the session
+        (closed and made again) are forgotten."""
         key = (tenant_id, session_id)
+        life = self._incarnation(tenant_id, session_id)
+        with self._lock:
+            table = self._procs.get(key, {})
+            lost = [p for p in table.values() if p.instance_id != instance_id and p.session is life and not p.ended]
+        for p in lost:
+            self.lose(p, BOX_ENDED)
         now = time.time()
         gone: list[BgProcess] = []
         with self._lock:
             table = self._procs.get(key, {})
             for pid, p in list(table.items()):
                 stale = p.ended and p.ended_at is not None and now - p.ended_at > KEEP_ENDED_SECONDS
-                if p.instance_id != instance_id or stale:
+                if stale or (p.instance_id != instance_id and p.session is not life):
                     gone.append(table.pop(pid))
+                elif p.instance_id == instance_id:
+                    p.session = life  # in the session's box: its (a box taken back is the same one)
             ended = sorted((p for p in table.values() if p.ended), key=lambda p: p.ended_at or 0)
             for p in ended[:max(0, len(ended) - KEEP_ENDED)]:
                 gone.append(table.pop(p.pid))
@@ -288,6 +299,7 @@ class ProcessTable:
         return procs
 
     def get(self, tenant_id: str, session_id: str, instance_id: str, pid: int) -> BgProcess | None:
+        """The session's process whose public id is ``pid``."""
         return next((p for p in self.of_box(tenant_id, session_id, instance_id) if p.pid == pid), None)
 
     def running(self, tenant_id: str, session_id: str, instance_id: str) -> int:
@@ -298,180 +310,45 @@ class ProcessTable:
         self.budget.check(tenant_id)
         return sum(1 for p in self.of_box(tenant_id, session_id, instance_id) if not p.ended)
 
-    def add(self, proc: BgProcess, spec: RunSpec) -> None:
-        """Track and follow a process just started; SB008 (429, the process killed) when its
-        tenant already runs as many as it may (a start that raced another)."""
+    def add(self, proc: BgProcess, spec: RunSpec, plan: dict[str, Any] | None = None) -> None:
+        """Track and follow a process just started (``plan``: the ``id_plan`` its start was given:
+        its public id is the alias there when its pid is taken); SB008 (429, the process killed)
+        when its tenant already runs as many as it may (a start that raced another)."""
         try:
             self.budget.admit(proc.tenant_id)
         except SandboxError as e:
             try:
-                proc.provider.signal_process(proc.instance_id, proc.pid, "SIGKILL")
+                proc.provider.signal_process(proc.instance_id, proc.box_pid, "SIGKILL")
             except SandboxError:
                 pass
             self.runs.record(spec, proc.provider.name, proc.instance_id, proc.started_mono, "error", None, e.code)
             raise
-        proc.budget = self.budget
+        proc.pid = public_id(proc.box_pid, plan)
+        proc.budget, proc.counted = self.budget, True
+        proc.session = self._incarnation(proc.tenant_id, proc.session_id)
         self.sweep()
         with self._lock:
             table = self._procs.setdefault((proc.tenant_id, proc.session_id), {})
             old = table.get(proc.pid)
-            table[proc.pid] = proc  # a reused pid: the new one
+            table[proc.pid] = proc  # an id the plan did not know was taken (none should be): the new one
         if old is not None:
+            self.lose(old, BOX_ENDED)
             old.forget()
-        self._follow(proc, spec, counted=True)
+        self._follow(proc, spec)
 
-    def _follow(self, proc: BgProcess, spec: RunSpec, counted: bool) -> None:
-        follower = HttpFollower(self, proc, spec)
-        if counted:  # it leaves the budget when it ends (an uncounted adoptee: ``finished``)
-            follower.budget, follower.tenant = self.budget, proc.tenant_id
-        follower.start(f"execbox-proc-{proc.pid}")
-
-    # -- adoption ------------------------------------------------------------------------------
-    def adopt(self, provider: SandboxProvider, tenant_id: str, session_id: str, instance_id: str) -> None:
-        """The first time this replica deals with the session's box: track and follow the
-        processes an earlier service (this replica before a restart, or the session's previous
-        owner) started there through this API and the box still runs or has not reported ended.
-        Later calls for the box return at once (a concurrent one waits for the first). A box
-        that cannot be listed now is listed again at the next request. The adopted ones are
-        counted against ``tenant_max_background_processes``; those past it are adopted anyway
-        (said by ``over_tenant_cap`` and a warning) and keep new starts refused until enough end."""
-        key = (tenant_id, session_id, instance_id)
-        with self._lock:
-            done = self._boxes.get(key)
-            mine = done is None
-            if done is None:
-                for other in [k for k in self._boxes if k[:2] == key[:2]]:
-                    del self._boxes[other]  # the session's earlier box
-                while len(self._boxes) >= BOXES_KEPT:
-                    del self._boxes[next(iter(self._boxes))]
-                done = self._boxes[key] = threading.Event()
-        if not mine:
-            done.wait(ADOPT_WAIT)
-            return
-        try:
-            listing = getattr(provider, "list_processes", None)
-            entries = listing(instance_id) if supports(provider) and listing is not None else []
-        except Exception as e:  # noqa: BLE001 - the request goes on; its own agent call says what is wrong
-            log.warning("listing the processes of box %s of session %s/%s failed: %s", instance_id,
-                        tenant_id, session_id, e)
-            with self._lock:
-                if self._boxes.get(key) is done:
-                    del self._boxes[key]
-            done.set()
-            return
-        try:
-            for entry in entries[:ADOPT_MAX]:
-                got = self._adoptee(provider, tenant_id, session_id, instance_id, entry)
-                if got is not None:
-                    self._take_over(*got)
-        finally:
-            done.set()
-
-    def _adoptee(self, provider: SandboxProvider, tenant_id: str, session_id: str, instance_id: str,
-                 entry: Any) -> tuple[BgProcess, RunSpec] | None:
-        """The record of one ``proc.list`` entry to adopt, or None: not started through this API
-        (the E2B facade's, or listed by an agent that keeps no ``meta``), another session's (never
-        adopted: the box is one session's), or not well formed (the box is not trusted)."""
-        meta = entry.get("meta") if isinstance(entry, dict) else None
-        if not isinstance(meta, dict) or meta.get("api") != META_API:
-            return None
-        if meta.get("tenant") != tenant_id or meta.get("session") != session_id:
-            log.warning("box %s of session %s/%s lists process %r of another session; not adopted",
-                        instance_id, tenant_id, session_id, entry.get("pid"))
-            return None
-        try:
-            pid, command = int(entry["pid"]), str(entry["command"])
-            started_at = float(meta.get("started_at") or entry.get("started") or time.time())
-            timeout = None if meta.get("timeout") is None else float(meta["timeout"])
-            firsts = max(0, int(entry.get("stdout_from") or 0)), max(0, int(entry.get("stderr_from") or 0))
-        except (KeyError, TypeError, ValueError):
-            return None
-        cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
-        now, mono = time.time(), time.monotonic()
-        proc = BgProcess(pid, command, cwd, tenant_id, session_id, provider, instance_id, bool(entry.get("stdin")),
-                         timeout, started_at=started_at, started_mono=mono - max(0.0, now - started_at),
-                         adopted=True)
-        proc.stdin_closed = bool(meta.get("stdin")) and not proc.stdin  # an earlier request closed it
-        for stream, first in ((proc.out, firsts[0]), (proc.err, firsts[1])):
-            stream.base = stream.dropped = first  # freed by the box once an earlier service took it
-        audit = meta.get("audit")
-        spec = RunSpec(tenant_id, session_id, OPERATION, "bash", command, None, no_call,
-                       inflight=audit if isinstance(audit, str) and _AUDIT_KEY.fullmatch(audit) else None)
-        return proc, spec
-
-    def _take_over(self, proc: BgProcess, spec: RunSpec) -> None:
-        """Track and follow an adopted process, unless this replica follows it already. One it
-        tracks as ended is replaced: the box still lists it, so this replica lost it (a box it let
-        go of and took back) or the pid was reused."""
-        tenant = proc.tenant_id
-        try:
-            self.budget.admit(tenant)
-            counted = True
-        except SandboxError:
-            counted = False
-        with self._lock:
-            table = self._procs.setdefault((tenant, proc.session_id), {})
-            old = table.get(proc.pid)
-            known = old is not None and not old.ended
-            if not known:
-                table[proc.pid] = proc
-                proc.budget = self.budget
-                if not counted:
-                    proc.over_cap = True
-                    self._over.setdefault(tenant, []).append(proc)
-        if known:
-            if counted:
-                self.budget.leave(tenant)
-            return
-        if old is not None:
-            old.forget()
-        if not counted:
-            log.warning("tenant %s runs more background processes than it may (%d) with process %d adopted "
-                        "from session %s; new ones are refused until enough end", tenant,
-                        self.budget.tenant_max_processes, proc.pid, proc.session_id)
-        self._follow(proc, spec, counted)
-
-    def finished(self, proc: BgProcess, lost: bool = False) -> None:
-        """A followed process ended (before its readers hear of it): an adoptee past the cap
-        frees its place in the queue, one counted since leaves the budget, and the next waiting
-        adoptee of the tenant may be counted. ``lost`` (following it failed): the next request
-        for its box lists the box again (what it still runs is adopted anew)."""
-        with self._lock:
-            if lost:
-                self._boxes.pop((proc.tenant_id, proc.session_id, proc.instance_id), None)
-            over = self._over.get(proc.tenant_id, [])
-            if proc in over:
-                over.remove(proc)
-                proc.over_cap = False
-                if not over:
-                    self._over.pop(proc.tenant_id, None)
-            elif proc.promoted:
-                proc.promoted = False
-                self.budget.leave(proc.tenant_id)
-        self._promote(proc.tenant_id)
-
-    def _promote(self, tenant_id: str) -> None:
-        """Count adoptees that were past the tenant's cap, as far as the cap now allows."""
-        with self._lock:
-            over = self._over.get(tenant_id)
-            while over:
-                try:
-                    self.budget.admit(tenant_id)
-                except SandboxError:
-                    break
-                p = over.pop(0)
-                p.over_cap, p.promoted = False, True
-            if over is not None and not over:
-                self._over.pop(tenant_id, None)
+    def _follow(self, proc: BgProcess, spec: RunSpec) -> None:
+        HttpFollower(self, proc, spec).start(f"execbox-proc-{proc.pid}")
 
     def sweep(self) -> None:
-        """Forget ended processes whose box is gone (their session ended) or that ended long ago,
-        with their unread output, whichever session they were in."""
+        """Forget ended processes that ended long ago, or whose box is gone with their session
+        (it ended, or is another life of the name now), with their unread output, whichever
+        session they were in. One whose box is gone while its session lives is kept (``lost``)."""
         now = time.time()
         with self._lock:
             ended = [(key, p) for key, table in self._procs.items() for p in table.values() if p.ended]
         gone = [(key, p) for key, p in ended
-                if now - (p.ended_at or now) > KEEP_ENDED_SECONDS or not _alive(p.provider, p.instance_id)]
+                if now - (p.ended_at or now) > KEEP_ENDED_SECONDS
+                or (p.session is not self._incarnation(*key) and not _alive(p.provider, p.instance_id))]
         with self._lock:
             for key, p in gone:
                 table = self._procs.get(key, {})

@@ -1,6 +1,9 @@
 """The HTTP API's follower of a background process (``background.py``; the loop is ``follower.py``,
 shared with the E2B facade): it polls the agent into the process's buffers, waits while a
-stream holds its share or the budget is spent, and applies the tail rule at the end."""
+stream holds its share or the budget is spent, and applies the tail rule at the end. It names the
+process to the agent by its pid in the box (``box_pid``), never by its public id. The process's
+place under its tenant's cap is the table's to free (``ProcessTable.finished``, once), so a process
+the table ended as ``lost`` (its box ended under it) is not counted twice."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ class HttpFollower(Follower):
 
     def __init__(self, table: ProcessTable, p: BgProcess, spec: RunSpec) -> None:
         deadline = None if p.timeout is None else p.started_mono + p.timeout
-        super().__init__(p.provider, p.instance_id, p.pid, deadline, table.runs, spec, p.started_mono)
+        super().__init__(p.provider, p.instance_id, p.box_pid, deadline, table.runs, spec, p.started_mono)
         self.table, self.p = table, p
         self.draining = False  # skipped to the tail of an ended process: take the rest, as the budget allows
         self.ends: tuple[int, int] | None = None  # the streams' final sizes the box reported at the skip
@@ -43,12 +46,20 @@ class HttpFollower(Follower):
             self.table.relieve(p.tenant_id)
         return out_end, err_end, full
 
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:  # a follower that failed frees its place too (a no-op after ``ended``)
+            self.table.finished(self.p)
+
     def take(self, poll: dict[str, Any]) -> None:
         p = self.p
         p.saw_poll(poll)  # what the box says of the end, for info() while output still waits
         out, err, last = poll["stdout"], poll["stderr"], bool(poll.get("exited"))
+        if last:  # it leaves its tenant's count before a reader hears of the end: a new start fits
+            self.table.finished(p)
         with p.cond:
-            if p.forgotten:
+            if p.forgotten or p.ended:  # ended by the table (lost): nothing more is its output
                 return
             if self.ends is not None:  # never past the sizes the box reported at its end
                 out = out[:max(0, self.ends[0] - p.out.end)]
@@ -96,10 +107,13 @@ class HttpFollower(Follower):
         if not isinstance(e, SandboxError):
             return f"following the process failed: {type(e).__name__}"
         if e.http_status == 404:
-            return f"the box no longer knows process {self.pid}"
+            return f"the box no longer knows process {self.p.pid}"
         return f"the process was lost with its box ({e.code}: {e.message})"
 
     def dropped(self) -> str | None:
+        with self.p.cond:
+            if self.p.ended:  # the table ended it as lost: its box ended under it
+                return self.p.error or "the session's box changed"
         return None if self.table.tracked(self.p) else "the session's box changed"
 
     def expire(self) -> None:
@@ -115,11 +129,11 @@ class HttpFollower(Follower):
         p = self.p
         self.table.finished(p, lost=self.error is not None)  # before a reader hears of the end
         with p.cond:
-            p.error = self.error
-            if not p.ended:
+            if not p.ended:  # else it ended with its last poll, or the table ended it as lost
+                p.error = self.error
                 p.ended, p.ended_at = True, time.time()
             p.changed()
             if not p.reader_active(time.monotonic()):
                 p.keep_tail(self.table.tail)
         if self.error is not None:
-            self.table.sweep()  # its box is likely gone with its session: nothing keeps it readable
+            self.table.sweep()  # its box is likely gone: what a session that ended left goes with it

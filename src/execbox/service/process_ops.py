@@ -79,15 +79,18 @@ class ProcessOps:
             spec.inflight = self.runs.oplog.begin(
                 tenant_id=tenant, session_id=session_id, provider=provider.name, operation=OPERATION,
                 instance_id=iid, language="bash", code=command, token_id=token_id)
-            meta = start_meta(tenant, session_id, cwd, stdin, timeout, started_at, spec.inflight)
+            # its public id: its pid in the box, or an alias when that pid is an id the session's
+            # table holds (a process of its earlier box): the plan goes in the meta for an adopter
+            plan = self.table.id_plan(tenant, session_id)
+            meta = start_meta(tenant, session_id, cwd, stdin, timeout, started_at, spec.inflight, plan)
             try:
-                pid = provider.start_process(iid, command, cwd=where, env=env, stdin=stdin, meta=meta)
+                box_pid = provider.start_process(iid, command, cwd=where, env=env, stdin=stdin, meta=meta)
             except SandboxError as e:
                 self.runs.record(spec, provider.name, iid, started, "error", None, e.code)
                 raise
-            proc = BgProcess(pid, command, cwd, tenant, session_id, provider, iid, stdin, timeout,
+            proc = BgProcess(box_pid, command, cwd, tenant, session_id, provider, iid, stdin, timeout,
                              started_at=started_at, started_mono=started)
-            self.table.add(proc, spec)
+            self.table.add(proc, spec, plan)
         return proc
 
     def listing(self, tenant: str, session_id: str) -> list[BgProcess]:
@@ -112,7 +115,8 @@ class ProcessOps:
         return row is not None and row.state == "paused"
 
     def find(self, tenant: str, session_id: str, pid: int) -> BgProcess:
-        """The session's process ``pid``: 404 naming ``pid`` for one it does not have."""
+        """The session's process whose public id is ``pid``: 404 naming ``pid`` for one it does not
+        have. The agent calls on it name its ``box_pid``."""
         with notes.collecting(create=False, refusal=NOT_CREATED), \
                 self.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
             require_support(provider)
@@ -138,15 +142,16 @@ class ProcessOps:
         with self.sessions.execution_slot(tenant):
             proc = self.find(tenant, session_id, pid)
             if not proc.info()["stdin"]:
-                why = ("has ended" if proc.ended else "has its stdin closed" if proc.stdin_closed
+                why = (f"has ended{f' ({proc.error})' if proc.error else ''}" if proc.ended
+                       else "has its stdin closed" if proc.stdin_closed
                        else "was started without stdin (start it with stdin: true)")
                 raise InvalidConfigError(f"process {pid} {why}", http_status=409, details={"field": "pid", "pid": pid})
             started = time.monotonic()
             try:
                 if data:
-                    proc.provider.process_input(proc.instance_id, pid, data)
+                    proc.provider.process_input(proc.instance_id, proc.box_pid, data)
                 if close:
-                    proc.provider.close_process_input(proc.instance_id, pid)
+                    proc.provider.close_process_input(proc.instance_id, proc.box_pid)
                     with proc.cond:
                         proc.stdin, proc.stdin_closed = False, True
             except SandboxError as e:
@@ -171,7 +176,7 @@ class ProcessOps:
                 over = proc.ended or proc.killed  # a SIGKILL was delivered: it is gone, its end not yet seen
             if not over:
                 try:
-                    signalled = proc.provider.signal_process(proc.instance_id, pid, sig)
+                    signalled = proc.provider.signal_process(proc.instance_id, proc.box_pid, sig)
                 except SandboxError as e:
                     if e.http_status != 404:  # 404: it ended (and was read to its end) just now
                         self._record(proc, "process_signal", f"{sig} pid {pid}", token_id, started, "error", e.code)

@@ -13,6 +13,10 @@ session. Only ``POST .../processes`` creates a session that does not exist; the 
 for one. A request for a session another replica owns is forwarded there like any session request
 (the owner keeps the process's output). Providers without background processes (the remote and
 cloud ones) answer 501 SB002 naming the provider.
+
+``{pid}`` is a process's public id (``pid`` in its answers): its pid in the box (``box_pid``),
+unless the session's table held that number already (a process of the session's earlier box,
+kept as ``lost``), when it is an alias above 2**22 (service/bg_adopt.py).
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def _name() -> Any:
 
 
 def _pid() -> Any:
-    return Path(ge=1, le=2**31 - 1, description="The process's pid in the box (from POST .../processes)")
+    return Path(ge=1, le=2**31 - 1, description="The process's id, `pid` in the answer of POST .../processes (its pid "
+                                                "in the box, `box_pid`, unless that was taken in the session)")
 
 
 # -- shapes ----------------------------------------------------------------------------------------
@@ -91,7 +96,10 @@ class SignalIn(BaseModel):
 
 
 class ProcessOut(BaseModel):
-    pid: int
+    model_config = ConfigDict(extra="allow")  # what a state adds (adopted, over_tenant_cap, exited_in_box, ...)
+    pid: int = Field(description="The id of the process in the session, for the other routes: its pid in the box, "
+                                 "or an alias above 2**22 when that pid is an id the session still holds")
+    box_pid: int = Field(description="Its pid in the box (equal to pid unless pid is an alias)")
     command: str
     cwd: str | None = None
     running: bool
@@ -99,7 +107,7 @@ class ProcessOut(BaseModel):
     exit_code: int | None = Field(description="Once ended: the exit code, -N for a process killed by signal N")
     signal: int | None = None
     timed_out: bool
-    error: str | None = Field(default=None, description="Why the process was lost (its box ended)")
+    error: str | None = Field(default=None, description="Why the process was lost (its box ended under it)")
     stdin: bool = Field(description="Whether stdin takes input now")
     timeout: float | None = None
     started_at: float
