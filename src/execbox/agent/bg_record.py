@@ -6,7 +6,7 @@ that took the session over) learns them from ``proc.list``. So each entry says w
 needs to follow the process as if it had started it: whether its stdin takes input now, the first
 byte of each stream still held (what lies before it was read by an earlier host and freed:
 ``Background._free_read``), and the ``meta`` object the host passed to ``proc.start``, kept
-verbatim (at most ``META_MAX`` bytes as JSON; the agent never looks inside it). Stdlib only.
+verbatim (at most ``META_MAX`` bytes as UTF-8 JSON; the agent never looks inside it). Stdlib only.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ TYPE_CHECKING = False  # importing typing costs ~2 ms of every box start; annota
 if TYPE_CHECKING:
     from typing import Any
 
-META_MAX = 8192
-"""Bytes (as JSON) of the opaque ``meta`` object ``proc.start`` keeps for ``proc.list``."""
+META_MAX = 32 * 1024
+"""Bytes (UTF-8 JSON) of the opaque ``meta`` object ``proc.start`` keeps for ``proc.list``: room
+for what the service puts there, a cwd of 4096 characters of any script included (<= 16 KiB)."""
 
 
 class BgProc:
@@ -52,7 +53,7 @@ def check_meta(value: Any, error: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise error("meta must be an object", field="meta")
-    if len(dumps(value)) > META_MAX:  # ASCII JSON: never fewer bytes than the UTF-8 form
+    if len(dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")) > META_MAX:
         raise error(f"meta is over {META_MAX} bytes as JSON", field="meta")
     return value
 

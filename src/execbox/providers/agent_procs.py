@@ -54,7 +54,7 @@ class BackgroundProcesses:
         """Start ``bash -c command`` in the box; returns its pid there at once.
 
         ``pty=(cols, rows)`` runs it on a pseudo-terminal: its output is one stream (stdout) and
-        stdin is the terminal's input. ``meta`` (a JSON object, at most 8 KiB) is kept by the agent
+        stdin is the terminal's input. ``meta`` (a JSON object, at most 32 KiB) is kept by the agent
         and listed with the process, for a later service to adopt it (service/background.py).
         """
         params: dict[str, Any] = {"command": command, "cwd": cwd, "env": env or {}, "stdin": bool(stdin)}

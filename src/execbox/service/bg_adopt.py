@@ -75,7 +75,7 @@ def supports(provider: SandboxProvider) -> bool:
 def start_meta(tenant_id: str, session_id: str, cwd: str | None, stdin: bool, timeout: float | None,
                started_at: float, audit_key: str | None, ids: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``proc.start`` leaves with the agent for a later service to adopt the process by
-    (returned verbatim by ``proc.list``; the agent bounds it at 8 KiB as JSON). ``ids``: the
+    (returned verbatim by ``proc.list``; the agent bounds it at 32 KiB as UTF-8 JSON). ``ids``: the
     start's ``id_plan`` (``alias`` and ``taken``), when it has one."""
     return {"api": META_API, "tenant": tenant_id, "session": session_id, "cwd": cwd, "stdin": bool(stdin),
             "timeout": timeout, "started_at": started_at, "audit": audit_key, **(ids or {})}

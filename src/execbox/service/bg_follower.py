@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SandboxError
+from .bg_adopt import BOX_ENDED
 from .executions import RunSpec
 from .follower import QUIET_AFTER, Follower
 
@@ -107,6 +108,8 @@ class HttpFollower(Follower):
         if not isinstance(e, SandboxError):
             return f"following the process failed: {type(e).__name__}"
         if e.http_status == 404:
+            if not _box_alive(self.p):  # destroyed under it (a pause, a close): not the box forgetting it
+                return BOX_ENDED
             return f"the box no longer knows process {self.p.pid}"
         return f"the process was lost with its box ({e.code}: {e.message})"
 
@@ -137,3 +140,11 @@ class HttpFollower(Follower):
                 p.keep_tail(self.table.tail)
         if self.error is not None:
             self.table.sweep()  # its box is likely gone: what a session that ended left goes with it
+
+
+def _box_alive(p: Any) -> bool:
+    probe = getattr(p.provider, "instance_alive", None)
+    try:
+        return True if probe is None else bool(probe(p.instance_id))
+    except Exception:  # noqa: BLE001 - a provider that cannot tell: as before
+        return True

@@ -229,6 +229,18 @@ def test_refusals_say_what_happened(a: httpx.Client) -> None:
         assert r.status_code == 404 and said in r.json()["error"]["message"], (suffix, r.text)
 
 
+def test_a_process_starts_in_the_deepest_non_ascii_cwd_a_run_may_use(a: httpx.Client) -> None:
+    # the cwd travels to the agent in the start's meta (kept for a later service to adopt the
+    # process); 1,500 non-ASCII characters were once refused as "meta is over 8192 bytes"
+    deep = "/".join(["é" * 100] * 15)
+    r = a.post("/v1/sandbox/execute", json={"session_id": "deepcwd", "language": "bash",
+                                            "code": f"mkdir -p '{deep}' && echo made"})
+    assert r.status_code == 200 and r.json()["stdout"] == "made\n", r.text
+    pid = _start(a, "deepcwd", "pwd", cwd=deep)
+    out, _, info = _read_all(a, "deepcwd", pid)
+    assert out.rstrip("\n").endswith(deep) and info["cwd"] == deep, (out[-200:], info)
+
+
 def test_a_process_past_its_timeout_is_killed_with_its_job(a: httpx.Client) -> None:
     pid = _start(a, "to", "sleep 1000 & echo $! > bg.pid; echo started; while true; do sleep 0.05; done", timeout=1.5)
     out, _, end = _read_all(a, "to", pid)

@@ -165,3 +165,18 @@ def test_a_new_service_life_adopts_the_aliased_process_under_its_alias(service: 
     finally:
         svc.processes = earlier
         c.post(f"{A}/{session}/close")
+
+
+def test_a_process_of_a_paused_box_reads_lost_because_its_box_ended(service: Service) -> None:
+    # its follower's poll meets the destroyed box first (a 404): that is still the box ending
+    # under it, not the box forgetting the process
+    from execbox.service.bg_adopt import BOX_ENDED
+
+    c, session = service.a, "paused-proc"
+    p = _start(c, session, "while sleep 0.2; do echo TICK; done")["pid"]
+    _read_until(c, session, p, "TICK")
+    assert c.post(f"{A}/{session}/pause").status_code == 200
+    assert c.post(f"{A}/{session}/resume").status_code == 200
+    r = c.get(f"{A}/{session}/processes/{p}", params={"stdout_offset": 0})
+    assert r.status_code == 200, r.text
+    assert (r.json()["status"], r.json()["error"]) == ("lost", BOX_ENDED), r.json()
