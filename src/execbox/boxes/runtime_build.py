@@ -58,13 +58,52 @@ def check_specs(pip: list[str], npm: list[str]) -> None:
 
 
 def check_index_url(url: str | None, field: str) -> str | None:
+    """``url`` when it is an http(s) URL with a host and no credentials; else SB002 naming ``field``
+    and at most the URL's scheme, host and port: never the value, whose userinfo (or path) may
+    hold a token (GitLab ``https://__token__:PAT@...``, Azure Artifacts, Artifactory)."""
     if not url:
         return None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
-        raise RuntimeNotUsable(f"{field} {url!r} must be an http(s) URL without credentials",
-                               details={"field": field, "value": url[:200]})
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and "@" not in parts.netloc
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parts, ok = None, False
+    if not ok:
+        where = _shown_host(parts)
+        raise RuntimeNotUsable(f"{field}{f' ({where})' if where else ''} must be an http(s) URL with a host "
+                               "and without credentials (user:password@)", details={"field": field})
     return url
+
+
+def _shown_host(parts: Any) -> str:
+    """``scheme://host[:port]/…`` of a parsed URL (no userinfo, path or query), or '' if it has none."""
+    try:
+        host, port = parts.hostname, parts.port
+    except (AttributeError, ValueError):
+        return ""
+    if not host or parts.scheme not in ("http", "https"):
+        return ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}/…"
+
+
+def check_index_settings() -> None:
+    """``EXECBOX_PIP_INDEX_URL`` and ``EXECBOX_NPM_REGISTRY`` as ``execbox serve`` checks them at
+    start (SB002 naming the variable, never its value), so a tenant's install never meets them."""
+    pip_index_url()
+    npm_registry()
+
+
+def tenant_index_urls() -> tuple[str | None, str | None]:
+    """The pip index and npm registry for a tenant's in-session install. A misconfigured one (the
+    service checked them at start, so the environment changed under it, or this is a library
+    caller) is SB002 saying that the operator's setting is invalid, naming the variable only."""
+    try:
+        return pip_index_url(), npm_registry()
+    except RuntimeNotUsable as e:
+        field = e.details.get("field", "the package index setting")
+        raise RuntimeNotUsable(f"the operator's package index setting {field} is invalid; ask the operator to "
+                               "fix it", details={"field": field}) from None
 
 
 def pip_index_url(override: str | None = None) -> str | None:

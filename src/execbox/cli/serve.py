@@ -28,6 +28,7 @@ def serve(
     """Start the sandbox service (uvicorn). Tokens: `execbox token create --tenant T [--admin]`."""
     import uvicorn
 
+    from ..boxes.runtime_build import check_index_settings
     from ..service.app import create_app
     from ..service.config import ServiceSettings
     from ..service.container import state_services
@@ -43,6 +44,7 @@ def serve(
 
     raise_open_file_limit()  # before the first box starts (service/fd_limit.py)
     try:
+        check_index_settings()  # EXECBOX_PIP_INDEX_URL / EXECBOX_NPM_REGISTRY: SB002 here, never a tenant's
         settings = ServiceSettings.from_env()
         store = open_store()
         if store.tokens.count() == 0:

@@ -6,6 +6,8 @@ module only classifies SDK failures and keeps credentials out of error messages.
 
 from __future__ import annotations
 
+from ..redaction import scrub
+
 _CONNECT_MARKERS = ("connection refused", "failed to establish a new connection", "name or service not known",
                     "tcp connect error", "temporary failure in name resolution", "network is unreachable",
                     "no route to host")
@@ -26,8 +28,6 @@ def is_connect_error(err: BaseException) -> bool:
 
 
 def mask_secrets(text: str, secrets_: list[str | None]) -> str:
-    """Replace secrets (long enough to be real ones) by their last 4 characters."""
-    for secret in secrets_:
-        if secret and len(secret) >= 6:
-            text = text.replace(secret, f"...{secret[-4:]}")
-    return text
+    """``text`` with each secret (any length) shown as its redacted form: ``****`` plus the last 4
+    characters of a secret of 12 or more, nothing of a shorter one (redaction.scrub)."""
+    return scrub(text, [s for s in secrets_ if s])

@@ -44,7 +44,9 @@ from .docker_config import (
     check_box_seccomp,
     config_schema,
     docker_client,
+    docker_host_problem,
     engine_availability,
+    engine_error,
     host_checks,
     runsc_host_pids,
 )
@@ -97,6 +99,9 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
             parse_size(config.get("max_memory") or "512m")
         except ValueError as e:
             return False, f"max_memory: {e}"
+        problem = docker_host_problem(config.get("docker_host"))
+        if problem:
+            return False, problem
         ok, message = gpu_config_error(config)
         if not ok:
             return ok, message
@@ -139,8 +144,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
             self.docker = docker_client(cfg.get("docker_host") or "")
             info = self.docker.info()
         except Exception as e:  # noqa: BLE001
-            raise ProviderUnavailableError(f"docker engine not reachable: {e}",
-                                           details={"provider": self.name}) from None
+            raise ProviderUnavailableError(engine_error(e), details={"provider": self.name}) from None
         runtimes = info.get("Runtimes") or {}
         wanted = cfg.get("runtime") or ""
         self._notes = []

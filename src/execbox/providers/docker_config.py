@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..boxes import docker_uid, oci_seccomp, quota
 from ..boxes.images import DEFAULT_IMAGE
 from ..egress.schema import NETWORK_SCHEMA
 from ..errors import ProviderUnavailableError
+from ..redaction import redact_url_credentials
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA
 from .gpu_config import GPU_SCHEMA
 
@@ -76,9 +78,45 @@ def config_schema() -> dict[str, dict[str, Any]]:
                                    "comma-separated list ('auto,torch')."},
         "docker_host": {"type": "string", "default": "", "label": "Docker host",
                         "placeholder": "unix:///var/run/docker.sock",
-                        "description": "Engine URL; empty = DOCKER_HOST or the local socket."},
+                        "description": "Engine URL (unix://, tcp://, ssh://user@host or npipe://; no password, "
+                                       "query or fragment); empty = DOCKER_HOST or the local socket."},
         **POLICY_SCHEMA,
     }
+
+
+DOCKER_HOST_SCHEMES = ("unix", "tcp", "ssh", "npipe", "http", "https")
+"""What docker-py connects to (http/https are its aliases of tcp)."""
+
+
+def docker_host_problem(value: Any) -> str | None:
+    """Why ``value`` is not a usable ``docker_host``, or None; like the other URL fields
+    (schema.url_problem), the message never echoes the value: it is shown whole in the config,
+    errors and logs, so a password in it would be a secret where none may be."""
+    raw = str(value or "").strip()
+    if not raw:
+        return None
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return "docker_host must be a unix://, tcp://, ssh:// or npipe:// URL"
+    if parts.scheme not in DOCKER_HOST_SCHEMES or "://" not in raw:
+        return "docker_host must be a unix://, tcp://, ssh:// or npipe:// URL"
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rsplit("@", 1)[0]
+        if ":" in userinfo or parts.scheme != "ssh":
+            return "docker_host must not carry credentials (only ssh://user@host names a user; no password)"
+    if parts.query or parts.fragment:
+        return "docker_host must not carry a query or fragment"
+    if parts.scheme in ("tcp", "ssh", "http", "https") and not parts.hostname:
+        return f"docker_host must name a host ({parts.scheme}://HOST[:PORT])"
+    return None
+
+
+def engine_error(e: BaseException, doing: str = "not reachable") -> str:
+    """``docker engine <doing>: <why>`` with the userinfo of any URL in docker-py's text hidden
+    (it quotes DOCKER_HOST / docker_host whole when it refuses one)."""
+    return f"docker engine {doing}: {redact_url_credentials(str(e))}"
 
 
 def engine_availability() -> tuple[bool, str]:
@@ -96,7 +134,7 @@ def _probe() -> tuple[bool, str]:
     try:
         client = docker_client(timeout=3)
     except Exception as e:  # noqa: BLE001
-        return False, f"docker engine not reachable: {e}"
+        return False, engine_error(e)
     try:
         info = client.info()
         if "runsc" not in (info.get("Runtimes") or {}):
@@ -108,7 +146,7 @@ def _probe() -> tuple[bool, str]:
             return False, f"image {DEFAULT_IMAGE} is missing: run `execbox image build python`"
         return True, f"docker {info.get('ServerVersion')} with runsc; image {DEFAULT_IMAGE}"
     except Exception as e:  # noqa: BLE001
-        return False, f"docker engine not usable: {e}"
+        return False, engine_error(e, "not usable")
     finally:
         client.close()
 

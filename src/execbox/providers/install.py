@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..boxes.runtime import SESSION_SITE, WORKSPACE_IN_BOX
-from ..boxes.runtime_build import check_specs, npm_registry, pip_index_args, pip_index_url
+from ..boxes.runtime_build import check_specs, pip_index_args, tenant_index_urls
 from ..egress.policy import EgressPolicy, parse_entry
 from ..errors import (
     ConnectionFailedError,
@@ -267,7 +267,7 @@ def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: lis
     if not pip and not npm:
         raise InvalidConfigError("install needs at least one pip or npm package", details={"field": "pip"})
     check_specs(pip, npm)
-    pip_url, npm_url = pip_index_url(), npm_registry()
+    pip_url, npm_url = tenant_index_urls()
     inst = provider._get(instance_id)
     link = egress_link(inst.box)
     if link is None:

@@ -29,11 +29,12 @@ from ..errors import (
 )
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from ..policy import AstPolicy
+from ..redaction import scrub
 from ..sdk.bounded import MAX_RESPONSE_BYTES, clamp_transport, deadline, read_body
 from ..sdk.wire import typed_error
 from .base import OutputCallback, SandboxProvider, check_run_inputs
 from .schema import check_config, url_problem
-from .self_managed_native import API_EXECBOX, API_RUN, ExecboxApiMixin
+from .self_managed_native import API_EXECBOX, API_RUN, ExecboxApiMixin, relayed_error
 from .self_managed_wire import (  # noqa: F401 - the /run wire shape, re-exported for its users
     RESOURCE_LIMIT_TYPES,
     RUNTIME_ERROR_TYPES,
@@ -208,8 +209,8 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
         wall = time.monotonic() - started
         body = self._run_body(status, content)
         if "status" not in body:
-            if isinstance(body.get("error"), dict):
-                raise typed_error(body["error"], status)
+            if isinstance(body.get("error"), dict) and status not in (401, 403):  # those: no body relayed
+                raise relayed_error(typed_error(body["error"], status), self.config.get("api_key"))
             raise self._http_error(status, body)
         result = run_response_to_result(body, provider=self.name, instance_id=instance_id, wall=wall,
                                         default_isolation=self.isolation.value, http_status=status)
@@ -242,7 +243,7 @@ class SelfManagedProvider(ExecboxApiMixin, SandboxProvider):
             return ConnectionFailedError(
                 f"{REMOTE} refused the request (HTTP {status}): check self_managed.api_key", details=details)
         if status == 422:
-            detail = str(body.get("detail"))[:500]
+            detail = scrub(str(body.get("detail")), [self.config.get("api_key")])[:500]
             return InvalidConfigError(f"{REMOTE} rejected the request: {detail}", details={**details, "detail": detail})
         return ProviderUnavailableError(f"{REMOTE} answered HTTP {status}", details=details)
 

@@ -10,14 +10,44 @@ remote agent's, by construction, and nothing is re-implemented here.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ..errors import SessionNotFoundError
+from ..errors import (
+    ERRORS_BY_CODE,
+    ConnectionFailedError,
+    ProviderUnavailableError,
+    SandboxError,
+    SessionNotFoundError,
+)
 from ..models import ExecutionResult, FileInfo, GrepMatch, TextPage
+from ..redaction import scrub
 from .base import OutputCallback
 
 API_RUN = "run"
 API_EXECBOX = "execbox"
+REMOTE = "the remote executor"
+
+
+def relayed_error(err: SandboxError, api_key: str | None) -> SandboxError:
+    """An error the remote answered, as tenants may see it: the remote may quote the credentials
+    it received (some APIs and proxies do), so ``api_key`` (any length) is scrubbed from the
+    message and every string in the details; a 401/403 is SB003 naming self_managed.api_key,
+    without the remote's body; an unknown or missing code is SB009, never SB000 (a bug here)."""
+    status = err.http_status
+    if status in (401, 403):
+        return ConnectionFailedError(f"{REMOTE} refused self_managed.api_key (HTTP {status})",
+                                     details={"http_status": status})
+    secrets = [api_key] if api_key else []
+    message = scrub(err.message, secrets)
+    details = scrub(err.details, secrets) if isinstance(err.details, dict) else {}
+    if err.code not in ERRORS_BY_CODE:
+        return ProviderUnavailableError(message or f"{REMOTE} failed without saying why", details=details)
+    if message == err.message and details == err.details:
+        return err
+    cls = type(err) if type(err).__init__ is SandboxError.__init__ else ERRORS_BY_CODE[err.code]
+    return cls(message, details=details, http_status=err.http_status)
 
 
 class ExecboxApiMixin:
@@ -55,6 +85,17 @@ class ExecboxApiMixin:
         sb.close()  # DELETE with an admin token; otherwise the remote idle reaper frees the session
         return True
 
+    @contextmanager
+    def _relaying(self) -> Iterator[None]:
+        """Every error of a call to the remote as ``relayed_error`` makes it (no api_key, no SB000)."""
+        try:
+            yield
+        except SandboxError as e:
+            out = relayed_error(e, self.config.get("api_key"))
+            if out is e:
+                raise
+            raise out from None
+
     def _session(self, instance_id: str, op: str) -> Any:
         if not self.native:
             raise self._unsupported(f"{op} (set api: execbox when the endpoint is an execbox service; "
@@ -69,8 +110,9 @@ class ExecboxApiMixin:
                         arguments: dict[str, Any] | None, context_id: str | None,
                         on_output: OutputCallback | None) -> ExecutionResult:
         sb = self._session(instance_id, "execute_code")
-        r = sb.run_code(code, language, timeout=timeout, arguments=arguments, context_id=context_id,
-                        on_output=on_output)
+        with self._relaying():
+            r = sb.run_code(code, language, timeout=timeout, arguments=arguments, context_id=context_id,
+                            on_output=on_output)
         r.metadata.setdefault("remote_provider", r.metadata.get("provider"))
         r.metadata.update(provider=self.name, instance_id=instance_id, remote_session_id=sb.session_id)
         return r
@@ -78,29 +120,37 @@ class ExecboxApiMixin:
     def run_command(self, instance_id: str, command: str, timeout: int = 30, *, cwd: str | None = None,
                     env: dict[str, str] | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
         sb = self._session(instance_id, "run_command")
-        r = sb.run_command(command, timeout=timeout, cwd=cwd, env=env, on_output=on_output)
+        with self._relaying():
+            r = sb.run_command(command, timeout=timeout, cwd=cwd, env=env, on_output=on_output)
         r.metadata.setdefault("remote_provider", r.metadata.get("provider"))
         r.metadata.update(provider=self.name, instance_id=instance_id, remote_session_id=sb.session_id)
         return r
 
     def read_file(self, instance_id: str, path: str, offset: int = 0, limit: int = 2000) -> TextPage:
-        return self._session(instance_id, "read_file").files.read(path, offset, limit)
+        with self._relaying():
+            return self._session(instance_id, "read_file").files.read(path, offset, limit)
 
     def read_bytes(self, instance_id: str, path: str, offset: int | None = None, length: int | None = None) -> bytes:
-        return self._session(instance_id, "read_bytes").files.read_bytes(path, offset=offset, length=length)
+        with self._relaying():
+            return self._session(instance_id, "read_bytes").files.read_bytes(path, offset=offset, length=length)
 
     def write_file(self, instance_id: str, path: str, content: str | bytes, mode: str = "overwrite") -> FileInfo:
-        return self._session(instance_id, "write_file").files.write(path, content, mode)
+        with self._relaying():
+            return self._session(instance_id, "write_file").files.write(path, content, mode)
 
     def write_files(self, instance_id: str, files: dict[str, str | bytes]) -> list[FileInfo]:
-        return self._session(instance_id, "write_files").files.write_many(files)
+        with self._relaying():
+            return self._session(instance_id, "write_files").files.write_many(files)
 
     def list_files(self, instance_id: str, path: str = ".", recursive: bool = False) -> list[FileInfo]:
-        return self._session(instance_id, "list_files").files.list(path, recursive)
+        with self._relaying():
+            return self._session(instance_id, "list_files").files.list(path, recursive)
 
     def glob(self, instance_id: str, pattern: str, max_results: int = 1000) -> list[str]:
-        return self._session(instance_id, "glob").files.glob(pattern, max_results)
+        with self._relaying():
+            return self._session(instance_id, "glob").files.glob(pattern, max_results)
 
     def grep(self, instance_id: str, pattern: str, path: str = ".", glob: str | None = None,
              max_results: int = 100) -> list[GrepMatch]:
-        return self._session(instance_id, "grep").files.grep(pattern, path, glob, max_results)
+        with self._relaying():
+            return self._session(instance_id, "grep").files.grep(pattern, path, glob, max_results)

@@ -23,6 +23,7 @@ import httpx
 from ..errors import ConnectionFailedError, ExecutionTimeoutError, NotTextError, SandboxError
 from ..models import ExecutionResult, FileBytes, FileInfo, GlobResult, GrepResult, TextPage
 from ..providers.base import OutputCallback
+from ..redaction import redact_url_credentials, strip_userinfo
 from .bounded import CALL_DEADLINE, MAX_RESPONSE_BYTES, LineSplitter, bounded_lines, clamp_client, deadline, read_body
 from .commands import Commands, RunFn, StopFn
 from .file_results import file_bytes, range_fields, read_bytes_hint
@@ -142,8 +143,9 @@ class RemoteSandbox:
         self.tenant_id = tenant_id
         self.session_id = session_id or f"s-{uuid.uuid4().hex[:16]}"
         self.max_response_bytes = max_response_bytes
-        self._where = display_name or f"execbox at {self.url}"
-        self._where_details: dict[str, Any] = {} if display_name else {"url": self.url}
+        shown = strip_userinfo(self.url)  # errors end up in logs: never a user:password@ of the URL
+        self._where = display_name or f"execbox at {shown}"
+        self._where_details: dict[str, Any] = {} if display_name else {"url": shown}
         self._req = _Requests(tenant_id, self.session_id)
         self._owns_client = http_client is None
         self._http = clamp_client(http_client or httpx.Client(base_url=self.url, headers=_headers(token),
@@ -183,7 +185,8 @@ class RemoteSandbox:
     def _transport_error(self, dl: Any, e: httpx.HTTPError, doing: str) -> SandboxError:
         if dl.expired:
             return dl.failure()
-        why = f"{type(e).__name__}: {e}" if self._where_details else type(e).__name__  # display_name: no URL
+        why = (f"{type(e).__name__}: {redact_url_credentials(str(e))}" if self._where_details
+               else type(e).__name__)  # display_name: no URL
         return ConnectionFailedError(f"{doing} {self._where}: {why}", details=dict(self._where_details))
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

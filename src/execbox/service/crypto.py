@@ -28,12 +28,12 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import InvalidConfigError
+from ..redaction import REDACTED_PREFIX, redact, scrub  # noqa: F401 - one rule, re-exported here
 
 PREFIX = "enc:v1:"
 KEY_FILE = "secret.key"
 PENDING_KEY_FILE = "secret.key.new"
 PREVIOUS_KEY_FILE = "secret.key.previous"  # the key a rotation replaced (decrypt only)
-REDACTED_PREFIX = "****"
 _REDACTED = re.compile(r"^\*{4}.{0,4}$", re.DOTALL)
 
 
@@ -72,14 +72,6 @@ def generate_key() -> bytes:
 
 def key_id(key: bytes) -> str:
     return hashlib.sha256(key).hexdigest()[:8]
-
-
-def redact(value: str | None) -> str:
-    """What anyone outside the process sees of a secret: the last 4 characters at most."""
-    if not value:
-        return ""
-    tail = value[-4:] if len(value) >= 12 else ""
-    return REDACTED_PREFIX + tail
 
 
 def is_redacted(value: Any) -> bool:

@@ -5,12 +5,14 @@ provider and never touches the manager's state.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from ..errors import SandboxError, operator_message
 from ..providers import registry
 from ..providers.base import SandboxProvider
+from ..redaction import scrub
 
 PROBE_CODE = "import sys\nprint('execbox-probe', 6 * 7)\nprint('probe-stderr', file=sys.stderr)\n"
 PROBE_BASH = "echo execbox-probe $((6 * 7)); echo probe-stderr >&2"
@@ -46,13 +48,22 @@ def probe(name: str, config: dict[str, Any], timeout: int = 30) -> dict[str, Any
             finally:
                 provider.shutdown()
     latency_ms = round((time.perf_counter() - started) * 1000, 1)
-    return {"success": ok, "message": _scrub(message, config), "latency_ms": latency_ms,
-            "details": {k: _scrub(v, config) if isinstance(v, str) else v for k, v in details.items()}}
+    secrets = secret_values(name, config)
+    return {"success": ok, "message": scrub(message, secrets), "latency_ms": latency_ms,
+            "details": scrub(details, secrets)}
 
 
-def _scrub(text: str, config: dict[str, Any]) -> str:
-    """Remove any configured value long enough to be a credential from a message."""
-    for v in config.values():
-        if isinstance(v, str) and len(v) >= 8 and v in text:
-            text = text.replace(v, "****" + v[-4:])
-    return text
+def secret_values(name: str, config: dict[str, Any]) -> list[Any]:
+    """The values of ``config``'s secret fields (``secret: true`` in the provider's schema; nested
+    ones such as network_credentials' header values are found by redaction.scrub). Non-secret
+    fields (URLs, names) stay readable in the message. A provider with no schema here: every field
+    whose name looks like a credential."""
+    try:
+        schema = registry.get_provider_class(name).get_config_schema()
+        fields = [k for k, spec in schema.items() if spec.get("secret")]
+    except Exception:  # noqa: BLE001 - an unknown provider: guess by the field names
+        fields = [k for k in config if _CREDENTIAL_NAME.search(str(k))]
+    return [config.get(k) for k in fields if config.get(k)]
+
+
+_CREDENTIAL_NAME = re.compile(r"key|secret|token|pass|credential|auth", re.IGNORECASE)

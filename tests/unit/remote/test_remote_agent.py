@@ -157,8 +157,9 @@ def test_argv_encodings_quote_every_element():
 
 
 def test_mask_secrets_and_connect_error_detection():
-    assert mask_secrets("key e2b_abcdef123456 failed", ["e2b_abcdef123456"]) == "key ...3456 failed"
-    assert mask_secrets("a message about a", ["a"]) == "a message about a"  # too short to be a real secret
+    assert mask_secrets("key e2b_abcdef123456 failed", ["e2b_abcdef123456"]) == "key ****3456 failed"
+    # a short secret is masked where it stands alone, not inside other words (redaction.scrub)
+    assert mask_secrets("a message about a, abc", ["a"]) == "**** message about ****, abc"
     try:
         try:
             raise ConnectionRefusedError(111, "Connection refused")

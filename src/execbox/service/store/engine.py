@@ -277,6 +277,15 @@ def open_store(data_dir: str | os.PathLike[str] | None = None, url: str | None =
     path = data_dir_path(data_dir)
     full_url = database_url(path, url)
     try:
+        make_url(full_url)
+    except Exception:  # noqa: BLE001 - ArgumentError, ValueError (a port that is not a number), ...
+        # never the parser's text: it quotes a fragment of the URL, e.g. the tail of a password
+        # with an unescaped '@' (review 36, F6)
+        raise InvalidConfigError(f"EXECBOX_DATABASE_URL {redact_url(full_url)!r} is not a valid database URL "
+                                 "(dialect+driver://user:password@host:port/database): percent-encode special "
+                                 "characters such as @ : / # ? % in the user name and password",
+                                 details={"field": "EXECBOX_DATABASE_URL"}) from None
+    try:
         engine = _make_engine(full_url)
     except (SQLAlchemyError, ImportError, ValueError) as e:
         raise InvalidConfigError(f"EXECBOX_DATABASE_URL {redact_url(full_url)!r} is not usable: "

@@ -28,6 +28,7 @@ from ..crypto import (
     KEY_FILE,
     PENDING_KEY_FILE,
     PREVIOUS_KEY_FILE,
+    REDACTED_PREFIX,
     KeyRing,
     SecretKeyError,
     ciphertext_key_id,
@@ -137,6 +138,20 @@ def _key_source_identity(data_dir: Path) -> tuple[Any, ...]:
             out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(out)
 
+
+
+STRUCTURED_SECRETS = frozenset({"network_credentials"})
+"""Secret fields holding a JSON document ({host: {header: value}}): the last 4 characters of the
+text would be a fragment of some value (of any length) and JSON punctuation, so they show as
+``****`` only."""
+
+
+def shown_secret(field: str, value: str) -> str:
+    """A stored secret as people see it (and send back to keep it): ``crypto.redact``, or just
+    ``****`` for a structured one."""
+    if field in STRUCTURED_SECRETS:
+        return REDACTED_PREFIX if value else ""
+    return redact(value)
 
 class SandboxSettings:
     """The provider rows of the store, with secrets encrypted at rest.
@@ -300,7 +315,7 @@ class SandboxSettings:
         values.update({k: v for k, v in self.decrypted(provider).items() if k in schema})
         for k, spec in schema.items():
             if spec.get("secret"):
-                values[k] = redact(values.get(k) or "")
+                values[k] = shown_secret(k, values.get(k) or "")
         return values
 
     # -- writing ---------------------------------------------------------------------------
@@ -331,7 +346,7 @@ class SandboxSettings:
                 if current is None:
                     current = self.decrypted(provider)
                 stored = current.get(key)
-                if not stored or (value is not None and redact(stored) != value):
+                if not stored or (value is not None and shown_secret(key, stored) != value):
                     if value is not None:
                         errors[key] = "is a redacted placeholder that matches no stored secret; send the full value"
                     continue
