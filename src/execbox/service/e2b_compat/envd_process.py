@@ -16,6 +16,7 @@ output waits in the box meanwhile. A stream that ends (the client went away) sto
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import shlex
 import threading
@@ -227,7 +228,9 @@ class ProcessService:
             proc.publish(None)
             procs_of(sb).pop(proc.pid, None)
 
-        threading.Thread(target=work, name=f"execbox-e2b-proc-{proc.pid}", daemon=True).start()
+        # on the request's context: what the request set there (sessions.notes) holds for the run
+        threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"execbox-e2b-proc-{proc.pid}",
+                         daemon=True).start()
         return proc.pid, queue
 
     async def connect(self, request: pb.ConnectRequest, ctx: Any):  # noqa: ANN201

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import json
 import logging
 import posixpath
@@ -302,7 +303,9 @@ class Interpreter:
                 handle.done.set()
                 push(None)
 
-        threading.Thread(target=work, name="execbox-e2b-execute", daemon=True).start()
+        # on the request's context: what the request set there (sessions.notes) holds for the run
+        threading.Thread(target=contextvars.copy_context().run, args=(work,), name="execbox-e2b-execute",
+                         daemon=True).start()
         finished = False
         try:
             while True:

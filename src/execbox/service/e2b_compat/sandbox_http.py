@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...errors import SandboxError
+from ..sessions import notes
 from ..sessions.model import SessionOwnedElsewhere
 from . import forward
 from .registry import E2BSandbox, Registry
@@ -94,8 +95,9 @@ class SandboxRouter:
         sid, port = target
         marker = forward.forwarded_here(scope)
         sb, owner = await anyio.to_thread.run_sync(self._lookup, sid, marker is None)  # may read the store
-        if sb is None:  # E2B's edge answers 502 for a sandbox that is gone; the SDK reads it so
-            await _send_response(envd_error(502, f"sandbox {clip(sid)} not found (killed or timed out)"),
+        if sb is None:  # E2B's edge answers 502 "The sandbox X was not found" for a sandbox that is gone;
+            # the Python SDK raises SandboxNotRunningException only on those words (else "state unknown")
+            await _send_response(envd_error(502, f"The sandbox {clip(sid)} was not found (killed or timed out)"),
                                  scope, receive, send)
             return
         token = _header(scope, b"x-access-token") or _header(scope, b"e2b-traffic-access-token")
@@ -119,7 +121,8 @@ class SandboxRouter:
                                                  f"(execbox serves envd {ENVD_PORT} and the code "
                                                  f"interpreter {JUPYTER_PORT})"), scope, receive, send)
             return
-        await app(scope, receive, send)
+        with notes.recreating_dead_boxes():  # the SDKs have no "box died, made again on next use"
+            await app(scope, receive, send)
 
     def _lookup(self, sid: str, may_forward: bool) -> tuple[E2BSandbox | None, str | None]:
         """In one thread hop: the sandbox, and the URL of the live replica that owns its session

@@ -37,11 +37,12 @@ class BoxesMixin:
             elif not self._alive(prov, s.instance_id):
                 dead = s.instance_id
                 self._box_died(s, prov, dead)
-                raise ProviderUnavailableError(
-                    f"the box of session {s.tenant_id}/{s.session_id} died; it is recreated on next use"
-                    + (" with its workspace intact" if s.workspace else ""),
-                    details={"box_died": True, "instance_id": dead, "recreated_on_next_use": True,
-                             "tenant_id": s.tenant_id, "session_id": s.session_id})
+                if not notes.dead_box_recreated_quietly():
+                    raise ProviderUnavailableError(
+                        f"the box of session {s.tenant_id}/{s.session_id} died; it is recreated on next use"
+                        + (" with its workspace intact" if s.workspace else ""),
+                        details={"box_died": True, "instance_id": dead, "recreated_on_next_use": True,
+                                 "tenant_id": s.tenant_id, "session_id": s.session_id})
         if s.instance_id is None and s.pending_handle is not None:
             rec, s.pending_handle = s.pending_handle, None
             self._reattach(s, rec)

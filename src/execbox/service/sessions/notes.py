@@ -88,3 +88,25 @@ def note_forgotten(tenant_id: str, session_id: str) -> None:
     for notes in _active.get():
         notes.created[:] = [e for e in notes.created
                             if (e["tenant_id"], e["session_id"]) != (tenant_id, session_id)]
+
+
+_recreate_dead: ContextVar[bool] = ContextVar("execbox_recreate_dead_boxes", default=False)
+
+
+@contextmanager
+def recreating_dead_boxes() -> Iterator[None]:
+    """In the block, a session whose box is found dead gets a new box at once, instead of the one
+    SB009 that tells an HTTP client its box (and its contexts) died (boxes._ensure_instance). For
+    the E2B facade: an E2B sandbox has no state "alive, its box to be made again", so the SDKs
+    read that SB009 as a sandbox that is gone (the JS SDK: "not running anymore") and the call
+    that met it would have been lost; requests in flight when the box died still get their own."""
+    token = _recreate_dead.set(True)
+    try:
+        yield
+    finally:
+        _recreate_dead.reset(token)
+
+
+def dead_box_recreated_quietly() -> bool:
+    return _recreate_dead.get()
+
