@@ -6,7 +6,9 @@ files and other commands go on beside it. One follower thread per process (``ser
 shared with the HTTP API; idle polls here back off to 50 ms, and to 1 s after 10 s of quiet)
 fans its output out to every Start / Connect stream (``Proc``, ``Subscription``); when the
 deadline (the SDK's request timeout, at most the sandbox's end) passes, it kills the process's
-whole job.
+whole job. Clients know a process by its public pid (``Proc.pid``), the agent by its pid in the
+box (``Proc.box_pid``); they differ when the box pid was already handed out in the sandbox
+(``envd_process.ProcTable``).
 
 Memory is bounded as for the HTTP API: the follower takes no more output while the slowest stream
 has ``SUBSCRIBER_HOLD`` bytes queued (its share of the tenant's budget when the tenant runs many
@@ -100,7 +102,8 @@ class _Follower(Follower):
     log = logging.getLogger("execbox.service.e2b")
 
     def __init__(self, state: Any, proc: Any, deadline: float, spec: RunSpec, forget: Callable[[], None]) -> None:
-        super().__init__(proc.provider, proc.instance_id, proc.pid, deadline, state.runs, spec, time.monotonic())
+        box_pid = getattr(proc, "box_pid", None) or proc.pid  # the agent knows it by its pid in the box
+        super().__init__(proc.provider, proc.instance_id, box_pid, deadline, state.runs, spec, time.monotonic())
         self.proc, self.forget = proc, forget
         self.out_off = self.err_off = 0
 
@@ -138,7 +141,7 @@ class _Follower(Follower):
 
 @dataclass
 class Proc:
-    pid: int
+    pid: int  # the public pid (what clients see; envd_process.ProcTable)
     config: pb.ProcessConfig
     tag: str | None
     provider: SandboxProvider | None = None
@@ -153,6 +156,10 @@ class Proc:
     tenant: str = ""
     charged: int = 0
     drained: threading.Condition = field(default_factory=threading.Condition)
+    box_pid: int = 0  # an agent background process's pid in the box (every agent call uses it); 0: ``pid``
+
+    def __post_init__(self) -> None:
+        self.box_pid = self.box_pid or self.pid
 
     def subscribe(self) -> Subscription:
         sub = Subscription(self, asyncio.get_running_loop())

@@ -8,6 +8,17 @@ metrics, audit) holding the session, without stdin or PTY. Output events fan out
 stream and to any Connect stream. A PTY process runs behind the agent's pty relay; its output is
 sent as pty data, SendInput's stdin/pty bytes are its terminal input and Update resizes it.
 
+Pids (``ProcTable``). A process is known by its pid in the box, except when that pid was already
+handed out in the sandbox: a box that dies is replaced by a fresh pid namespace whose first
+processes get the same small pids as the dead box's (review 38, F3). The sandbox remembers the
+pids of its last ``ENDED_KEPT`` ended processes (those lost with their box included) for its life,
+and a new process whose box pid is one of them, or one of a running process, gets an alias above
+the kernel's pid range (``bg_adopt.ALIAS_BASE`` + n, as the HTTP API's table does), so a pid never
+names two processes: Connect, SendSignal, SendInput, StreamInput, CloseStdin and Update on an
+ended pid answer NOT_FOUND, as envd does for a process it no longer runs (the SDKs: `kill` returns
+False, `connect` raises NotFoundException), and List shows running processes only. Every agent
+call uses the box pid (``Proc.box_pid``).
+
 A stream that does not keep up holds the process's output back, as envd's fan-out does: the
 follower takes no more while the slowest stream has ``envd_bg.SUBSCRIBER_HOLD`` bytes queued, and
 what the queues hold is booked on the replica's budget of held output (``follower.Budget``); the
@@ -21,7 +32,8 @@ import itertools
 import shlex
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -32,6 +44,7 @@ from protobuf import Oneof
 from ...errors import SandboxError
 from ...models import ExecutionResult
 from ...providers.base import OutputCallback, SandboxProvider
+from ..bg_adopt import ALIAS_BASE, MAX_ID
 from ..executions import RunSpec
 from . import envd_bg
 from .envd_bg import Proc, Subscription
@@ -72,12 +85,76 @@ def shell_command(cfg: pb.ProcessConfig) -> str:
     return shlex.join([cfg.cmd, *args])
 
 
-def procs_of(sb: E2BSandbox) -> dict[int, Proc]:
-    procs = getattr(sb, "_procs", None)
-    if procs is None:
-        procs = {}
-        sb._procs = procs  # type: ignore[attr-defined]
-    return procs
+ENDED_KEPT = 256
+"""Pids of ended processes a sandbox remembers (the last ones): a new process whose box pid is one
+of them gets an alias."""
+_tables_lock = threading.Lock()
+
+
+class ProcTable:
+    """A sandbox's envd processes by public pid: those not yet forgotten (running, or ending), and
+    the pids of the last ``ENDED_KEPT`` that ended, which no later process is given."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[int, Proc] = {}
+        self._ended: OrderedDict[int, None] = OrderedDict()
+        self._alias = ALIAS_BASE
+
+    def add(self, box_pid: int, make: Callable[[int], Proc]) -> Proc:
+        """Put in the process ``make(public pid)`` that has ``box_pid`` in the box (or that id)."""
+        with self._lock:
+            pid = box_pid
+            if pid in self._live or pid in self._ended:
+                pid = self._alias + 1
+                while pid > MAX_ID or pid in self._live or pid in self._ended:
+                    pid = ALIAS_BASE + 1 if pid > MAX_ID else pid + 1  # two billion aliases: count again
+                self._alias = pid
+            proc = make(pid)
+            self._live[pid] = proc
+            return proc
+
+    def ended(self, proc: Proc) -> None:
+        """``proc`` ended (or was lost with its box): forgotten, its pid remembered."""
+        with self._lock:
+            if self._live.get(proc.pid) is proc:
+                del self._live[proc.pid]
+            self._ended[proc.pid] = None
+            self._ended.move_to_end(proc.pid)
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
+
+    def running(self) -> list[Proc]:
+        with self._lock:
+            return [p for p in self._live.values() if not p.done]
+
+    def find(self, selector: pb.ProcessSelector | None) -> Proc:
+        """The running process ``selector`` names; NOT_FOUND, as envd answers, for any other."""
+        sel = selector.selector if selector is not None else None
+        if sel is not None and sel.field == "pid":
+            with self._lock:
+                proc, ended = self._live.get(sel.value), sel.value in self._ended
+            if proc is not None and not proc.done:
+                return proc
+            raise ConnectError(Code.NOT_FOUND, f"process with pid {sel.value} not found"
+                               + (" (it ended)" if ended or proc is not None else ""))
+        if sel is not None and sel.field == "tag":
+            for p in self.running():
+                if p.tag == sel.value:
+                    return p
+            raise ConnectError(Code.NOT_FOUND, f"process with tag {sel.value} not found")
+        raise ConnectError(Code.INVALID_ARGUMENT, "a process selector (pid or tag) is required")
+
+
+def procs_of(sb: E2BSandbox) -> ProcTable:
+    """The sandbox's process table (for its life on this replica)."""
+    table = getattr(sb, "_procs", None)
+    if table is None:
+        with _tables_lock:
+            table = getattr(sb, "_procs", None)
+            if table is None:
+                table = sb._procs = ProcTable()  # type: ignore[attr-defined]
+    return table
 
 
 def _data(stream: str, text: str) -> pb.ProcessEvent:
@@ -120,24 +197,17 @@ class ProcessService:
 
     async def list(self, request: pb.ListRequest, ctx: Any) -> pb.ListResponse:
         sb = sandbox_for(self.reg, ctx)
-        return pb.ListResponse(processes=[p.info() for p in list(procs_of(sb).values()) if not p.done])
+        return pb.ListResponse(processes=[p.info() for p in procs_of(sb).running()])
 
     def _find(self, sb: E2BSandbox, selector: pb.ProcessSelector | None) -> Proc:
-        sel = selector.selector if selector is not None else None
-        for p in list(procs_of(sb).values()):
-            if p.done:
-                continue
-            if (sel is not None and sel.field == "pid" and p.pid == sel.value) or \
-                    (sel is not None and sel.field == "tag" and p.tag == sel.value):
-                return p
-        raise ConnectError(Code.NOT_FOUND, "process not found")
+        return procs_of(sb).find(selector)
 
     def _reserve(self, sb: E2BSandbox) -> None:
         """Count one more process starting in ``sb``; RESOURCE_EXHAUSTED (SB008) at the cap.
         Called on the event loop with no await between the count and the reservation."""
         cap = self.svc.settings.max_background_processes
         starting = getattr(sb, "_starting", 0)
-        running = sum(1 for p in list(procs_of(sb).values()) if not p.done)
+        running = len(procs_of(sb).running())
         if running + starting >= cap:
             raise ConnectError(Code.RESOURCE_EXHAUSTED,
                                f"SB008: too many processes running in this sandbox (max {cap}, "
@@ -155,7 +225,7 @@ class ProcessService:
             yield response
 
     async def _launch(self, sb: E2BSandbox, request: pb.StartRequest, ctx: Any) -> tuple[int, Subscription]:
-        """Start the process (in procs_of once this returns): its pid and its event queue."""
+        """Start the process (in procs_of once this returns): its public pid and its event queue."""
         cfg = request.process or pb.ProcessConfig()
         try:
             cwd = to_workspace(cfg.cwd) if cfg.cwd else None
@@ -180,30 +250,26 @@ class ProcessService:
             except SandboxError as e:
                 raise connect_error(e) from None
             try:
-                pid = await anyio.to_thread.run_sync(lambda: provider.start_process(
+                box_pid = await anyio.to_thread.run_sync(lambda: provider.start_process(
                     instance_id, command, cwd=None if cwd in (None, ".") else cwd, env=env, stdin=stdin, pty=pty))
             except BaseException as e:
                 budget.leave(sb.tenant_id)
                 if isinstance(e, SandboxError):
                     raise connect_error(e) from None
                 raise
-            bg = Proc(pid, cfg, request.tag, provider, instance_id, background=True, pty=pty is not None,
-                      stdin=stdin or pty is not None, budget=budget, tenant=sb.tenant_id)
+            table = procs_of(sb)
+            bg = table.add(box_pid, lambda pid: Proc(
+                pid, cfg, request.tag, provider, instance_id, background=True, pty=pty is not None,
+                stdin=stdin or pty is not None, budget=budget, tenant=sb.tenant_id, box_pid=box_pid))
             events = bg.subscribe()
-            procs_of(sb)[pid] = bg
             spec = RunSpec(sb.tenant_id, sb.session_id, "run_command", "bash", command, sb.token_id, None)  # type: ignore[arg-type]
-
-            def forget() -> None:
-                if procs_of(sb).get(pid) is bg:  # never a later process that got the same pid
-                    procs_of(sb).pop(pid, None)
-
-            envd_bg.start_follower(self.svc, sb, bg, time.monotonic() + timeout, spec, forget)
-            return pid, events
+            envd_bg.start_follower(self.svc, sb, bg, time.monotonic() + timeout, spec, lambda: table.ended(bg))
+            return bg.pid, events
         if pty is not None:
             raise ConnectError(Code.UNIMPLEMENTED, "PTY needs an agent-backed provider (jail, Docker, Kubernetes)")
-        proc = Proc(next(_pids), cfg, request.tag)
+        table = procs_of(sb)
+        proc = table.add(next(_pids), lambda pid: Proc(pid, cfg, request.tag))
         queue = proc.subscribe()
-        procs_of(sb)[proc.pid] = proc
 
         def call(provider: SandboxProvider, instance_id: str, one_shot: bool,
                  out: OutputCallback | None) -> ExecutionResult:
@@ -226,7 +292,7 @@ class ProcessService:
                 error = str(e)
             proc.publish(_end(result, error))
             proc.publish(None)
-            procs_of(sb).pop(proc.pid, None)
+            table.ended(proc)
 
         # on the request's context: what the request set there (sessions.notes) holds for the run
         threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"execbox-e2b-proc-{proc.pid}",
@@ -254,8 +320,10 @@ class ProcessService:
             raise ConnectError(Code.UNIMPLEMENTED, "stdin is not supported by this sandbox's provider")
         fn = getattr(proc.provider, method)
         try:
-            return await anyio.to_thread.run_sync(lambda: fn(proc.instance_id, proc.pid, *args))
+            return await anyio.to_thread.run_sync(lambda: fn(proc.instance_id, proc.box_pid, *args))
         except SandboxError as e:
+            if not await anyio.to_thread.run_sync(_box_alive, proc):  # its box died; the follower will see it
+                raise ConnectError(Code.NOT_FOUND, f"process with pid {proc.pid} not found (its box ended)") from None
             raise connect_error(e) from None
 
     async def _input(self, proc: Proc, data: bytes) -> None:
@@ -315,6 +383,14 @@ class ProcessService:
         await self._bg(proc, "close_process_input")
         proc.stdin = False
         return pb.CloseStdinResponse()
+
+
+def _box_alive(proc: Proc) -> bool:
+    try:
+        return bool(proc.provider is not None and proc.instance_id is not None
+                    and proc.provider.instance_alive(proc.instance_id))
+    except Exception:  # noqa: BLE001 - cannot tell: the request's own error stands
+        return True
 
 
 def _no_stdin(pid: int) -> str:
