@@ -120,6 +120,13 @@ def report(e: BaseException, traceback: str) -> None:
     _reported = (e, traceback)
 
 
+def reported(e: BaseException) -> bool:
+    """Whether ``e`` is the exception the cell's wrapper reported: E2B's driver reports a
+    ``MemoryError`` and raises it on (so the run says the allocation failed); it is the run's
+    error as reported, with the cell's frames only, and not printed on stderr."""
+    return _reported is not None and _reported[0] is e
+
+
 def take_reported() -> tuple[BaseException, str] | None:
     """What ``report`` was given during the cell that just ran (None if nothing), once."""
     global _reported

@@ -242,7 +242,8 @@ def run_python(code: str, arguments: dict[str, Any] | None, globs: dict[str, Any
     except BaseException as e:  # noqa: BLE001 - the user's exception is reported, not raised
         if isinstance(e, MemoryError) and (not e.args or type(e).__name__ == "_ArrayMemoryError"):
             write_result(result_fd, {"oom": True})  # an allocation failed (numpy's says so with a message)
-        raised = (e, report_exception(e))
+        if not py_cells.reported(e):  # one a wrapper's cell reported (E2B's MemoryError) is not printed
+            raised = (e, report_exception(e))
         exit_code = 1
     raised = py_cells.take_reported() or raised  # a wrapper's cell reports the user's error itself
     if raised is not None:

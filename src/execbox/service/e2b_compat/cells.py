@@ -24,7 +24,8 @@ program runs as a script (no implicit ``main()`` call). A failed cell hands the 
 traceback text to the agent's ``py_cells.report`` (the run's ``error``: name, value, traceback,
 as for any cell) without printing it on stderr (a Jupyter kernel sends a traceback as the error
 message only, so E2B's ``logs.stderr`` holds what the cell printed itself), and ends the run with
-exit code 1.
+exit code 1. A ``MemoryError`` is reported the same way, then raised on, so the agent can say the
+run's allocation failed (its ``oom``); the agent does not print a reported error again.
 
 The driver is compiled once per context process (kept in ``sys.modules`` under a name that
 carries its hash). The launcher imports nothing and calls no builtin function by name, so a
@@ -121,7 +122,14 @@ def _run(src, start_env, env, cwd, show, key, g):
             cell.exec_cell(compile(body, name, "exec", cell.FLAGS, dont_inherit=True), g)
             value = g.pop(cell.OUT, None) if kept else None
             out = None if value is None else _display(value)
-        except MemoryError:
+        except MemoryError as e:
+            # the cell's error, as any other (its frames only, not on stderr); raised on, so the
+            # agent can tell an allocation failed (its ``oom``). No memory left to format it: the
+            # agent reports it instead (its short form)
+            try:
+                _report(e, _traceback(e))
+            except MemoryError:
+                pass
             raise
         except SystemExit as e:
             import traceback

@@ -8,6 +8,20 @@ and remove end the old context's process in the box, and first stop a cell runni
 A cell runs until it ends, or until its client goes away (the SDK's ``timeout`` closes the
 stream): then it is cancelled (the agent kills it, and the context with it), so a cell the
 caller gave up on never holds the sandbox.
+
+A sandbox's cells take turns here, in the order they came (``Turns``, a kernel's queue), before
+they ask the run service: a cell waiting its turn holds none of the tenant's execution slots
+(the run service takes its slot before it waits for the session, which is the HTTP API's
+contract). What is not the cell's code failing never comes back as the cell's error:
+
+- refused before it ran (SB008 quota, SB009 / SB004 no box): the HTTP status of the error,
+  before the 200 stream starts, so the SDK raises its own exception (429: ``SandboxException``
+  "429 ..."; a sandbox gone: 502, ``TimeoutException``);
+- once the stream started (a cell that waited its turn, a box that died under the cell, a cell
+  the service cut off because the sandbox was killed or timed out): a line on stderr saying why,
+  then the stream is broken off without its end, so the SDK raises (for a killed sandbox its own
+  "The sandbox was killed while the request was in progress", as on E2B, whose stream dies with
+  the sandbox).
 """
 
 from __future__ import annotations
@@ -21,19 +35,32 @@ import posixpath
 import secrets
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from ...errors import InvalidConfigError, SandboxError, SessionNotFoundError
+from ...errors import CodeBlockedError, InvalidConfigError, OutOfMemoryError, SandboxError, SessionNotFoundError
 from ...models import ExecutionResult, Language
 from ...providers.agent_backed import AgentBackedProvider
 from ...providers.base import OutputCallback, SandboxProvider
 from ..executions import RunSpec
-from ..streaming import RunHandle
 from . import envd_bg
+from .cell_flow import (
+    BREAK,
+    CUT_OFF,
+    GO,
+    QUIET_BROKEN,
+    BrokenOff,
+    CellHandle,
+    CellStream,
+    CutOff,
+    Refused,
+    Turns,
+    refusal,
+)
 from .cells import display_result, error_from_stderr, js_cell, python_cell
 from .registry import E2BSandbox
 from .sandbox_http import TooLarge, clip, envd_error, read_json
@@ -53,6 +80,12 @@ context processes per box, all languages together (docs/e2b-compat.md)."""
 MAX_CWD = 4096
 STOP_WAIT = 10.0
 """Seconds restart/remove wait for a cell running in the context to stop once cancelled."""
+GONE_WAIT = 10.0
+"""Seconds a cell cut off by its sandbox's kill waits for the sandbox to be gone before its stream
+breaks (the SDK then asks ``is_running()``: it must say no)."""
+CODE_ERRORS = (CodeBlockedError, OutOfMemoryError)
+"""Service errors about the cell's code (the AST policy refused it; it took the box's memory):
+the cell's error, as a kernel would report them, not a failure of the request."""
 
 
 @dataclass
@@ -111,14 +144,6 @@ def _cwd(value: Any) -> str:
         raise ValueError(f"cwd: {e}") from None
 
 
-class CellHandle(RunHandle):
-    """A running cell: RunHandle (cancel it, wait for it) plus why it was stopped, if it was."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stopped_by: str | None = None  # "restarted" / "removed": its context was, meanwhile
-
-
 def _envs(value: Any) -> dict[str, str]:
     """A run's ``env_vars``: names to string values (what ``os.environ`` / ``process.env`` take)."""
     if value is None:
@@ -144,6 +169,10 @@ def _line(kind: str, **fields: Any) -> bytes:
 class Interpreter:
     def __init__(self, services: Services) -> None:
         self.svc = services
+        self.turns = Turns()
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        if QUIET_BROKEN not in uvicorn_log.filters:
+            uvicorn_log.addFilter(QUIET_BROKEN)
 
     async def __call__(self, sb: E2BSandbox, request: Request) -> Response:
         path, method = request.url.path.rstrip("/") or "/", request.method
@@ -269,36 +298,80 @@ class Interpreter:
             raise ValueError("code is not valid UTF-8 text (it holds a lone UTF-16 surrogate)") from None
         if size > settings.max_code_bytes:
             return envd_error(413, f"code is larger than {settings.max_code_bytes} bytes")
-        return StreamingResponse(self._stream(sb, ctx, code, envs), media_type="application/x-ndjson")
+        return await self._execute(sb, ctx, code, envs)
 
-    async def _stream(self, sb: E2BSandbox, ctx: Ctx, code: str, envs: dict[str, str]):  # noqa: ANN202
+    async def _execute(self, sb: E2BSandbox, ctx: Ctx, code: str, envs: dict[str, str]) -> Response:
+        """Start the cell on a worker thread; answer once it reached its box or waits its turn
+        (the 200 stream), or was refused before it ran (that error's status)."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
         handle = CellHandle()
         ctx.running.add(handle)
+        streaming = False
+        lock = threading.Lock()
 
-        def push(item: bytes | None) -> None:
+        def push(item: Any) -> None:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
             except RuntimeError:  # the loop is closed: the server is stopping
                 handle.cancel()
 
+        def go() -> None:
+            nonlocal streaming
+            with lock:  # output callbacks may come from another thread
+                if streaming:
+                    return
+                streaming = True
+            push(GO)
+
+        def out(item: Any) -> None:
+            go()
+            push(item)
+
         def on_output(stream: str, text: str) -> None:
             if stream in ("stdout", "stderr") and text:
-                push(_line(stream, text=text, timestamp=time.time_ns() // 1000))
+                out(_line(stream, text=text, timestamp=time.time_ns() // 1000))
+
+        def broken(why: str) -> None:
+            """The request failed, not the code: say why on stderr, then break the stream off."""
+            log.info("e2b sandbox %s: a cell's stream is broken off: %s", sb.sandbox_id, why)
+            on_output("stderr", f"execbox: {why}; this request ends without a result\n")
+            push(BREAK)
 
         def work() -> None:
+            handle.on_start = go
+            took = False
             try:
+                took = self.turns.take(sb.sandbox_id, handle, go, lambda: self._alive(sb))
+                if not took:
+                    if handle.stopped_by:
+                        out(_stopped_line(handle))
+                    elif not handle.cancelled.is_set():  # the sandbox went while the cell waited
+                        broken("the sandbox was killed or timed out before this cell ran")
+                    return
                 for line in self._run(sb, ctx, code, envs, on_output, handle):
-                    push(line)
+                    out(line)
+            except CutOff as e:
+                if e.reason == "destroyed":
+                    self._wait_gone(sb)
+                broken(CUT_OFF.get(e.reason, f"this cell was stopped ({e.reason})"))
             except SandboxError as e:
-                push(_line("error", name=type(e).__name__, value=f"{e.code}: {e.message}", traceback=""))
+                if isinstance(e, CODE_ERRORS) and handle.reached_box:  # about the code: its error
+                    out(_line("error", name=type(e).__name__, value=f"{e.code}: {e.message}", traceback=""))
+                elif handle.reached_box or streaming:
+                    what = "this cell was cut short" if handle.reached_box else "this cell did not run"
+                    broken(f"{what}: {e.code}: {e.message}")
+                else:
+                    push(Refused(refusal(sb, e)))
             except Exception as e:  # noqa: BLE001 - reported to the client, the server stays up
                 if handle.cancelled.is_set():
-                    push(_stopped_line(handle))
+                    out(_stopped_line(handle))
                 else:
-                    push(_line("error", name=type(e).__name__, value=str(e), traceback=""))
+                    log.exception("e2b sandbox %s: a cell failed unexpectedly", sb.sandbox_id)
+                    broken(f"the cell could not be run ({type(e).__name__})")
             finally:
+                if took:
+                    self.turns.release(sb.sandbox_id, handle)
                 ctx.running.discard(handle)
                 handle.done.set()
                 push(None)
@@ -306,6 +379,17 @@ class Interpreter:
         # on the request's context: what the request set there (sessions.notes) holds for the run
         threading.Thread(target=contextvars.copy_context().run, args=(work,), name="execbox-e2b-execute",
                          daemon=True).start()
+        try:
+            first = await queue.get()
+        except BaseException:  # the server stops (the request is cancelled): so does the cell
+            handle.cancel()
+            raise
+        if isinstance(first, Refused):
+            return first.response
+        return CellStream(self._relay(queue, handle), media_type="application/x-ndjson")
+
+    @staticmethod
+    async def _relay(queue: asyncio.Queue[Any], handle: CellHandle) -> AsyncIterator[bytes]:
         finished = False
         try:
             while True:
@@ -313,10 +397,38 @@ class Interpreter:
                 if item is None:
                     finished = True
                     return
-                yield item
+                if item is BREAK:
+                    finished = True
+                    raise BrokenOff
+                if item is not GO:
+                    yield item
         finally:
             if not finished:  # the client went away (the SDK's timeout): stop the cell
                 handle.cancel()
+
+    def _alive(self, sb: E2BSandbox) -> bool:
+        """Whether the sandbox still exists (not killed, not timed out); yes when that cannot be told."""
+        registry = getattr(self.svc, "e2b", None)
+        if registry is None:
+            return True
+        try:
+            return registry.get(sb.sandbox_id) is not None
+        except Exception:  # noqa: BLE001 - the run service's own checks decide then
+            log.debug("looking up e2b sandbox %s failed", sb.sandbox_id, exc_info=True)
+            return True
+
+    def _wait_gone(self, sb: E2BSandbox) -> None:
+        """Until the sandbox whose kill cut a cell off is gone (GONE_WAIT at most): the kill
+        destroys the session first (which stops the cell) and forgets the sandbox after."""
+        registry = getattr(self.svc, "e2b", None)
+        deadline = time.monotonic() + GONE_WAIT
+        while registry is not None and time.monotonic() < deadline:
+            try:
+                if registry.get(sb.sandbox_id, fresh=True) is None:
+                    return
+            except Exception:  # noqa: BLE001 - then it cannot be told: break the stream all the same
+                return
+            time.sleep(0.02)
 
     def _run(self, sb: E2BSandbox, ctx: Ctx, code: str, envs: dict[str, str], on_output: OutputCallback,
              handle: CellHandle) -> list[bytes]:
@@ -352,7 +464,15 @@ class Interpreter:
                                          None, **kwargs)
 
         spec = RunSpec(sb.tenant_id, sb.session_id, "execute_code", language, code, sb.token_id, call)
-        result = self.svc.runs.run(spec, on_output, handle)
+        try:
+            result = self.svc.runs.run(spec, on_output, handle)
+        except SandboxError as e:
+            if spec.cancelled_reason and not isinstance(e, CODE_ERRORS):
+                raise CutOff(spec.cancelled_reason) from e  # the box went with the sandbox
+            raise
+        reason = result.metadata.get("cancelled_reason") if result.metadata.get("cancelled") else None
+        if reason:  # the service stopped it (a kill, the expiry, a drain): no error of the code's
+            raise CutOff(str(reason))
         if not handle.stopped_by:  # a cell its restart stopped does not count in the new kernel
             ctx.executions += 1
         lines: list[bytes] = []
