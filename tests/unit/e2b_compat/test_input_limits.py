@@ -17,7 +17,7 @@ import pytest
 
 from execbox.errors import InvalidConfigError
 from execbox.service.config import ServiceSettings
-from execbox.service.e2b_compat.interpreter import _cwd
+from execbox.service.e2b_compat.code_contexts import _cwd
 from execbox.service.e2b_compat.registry import E2BSandbox, Registry
 from execbox.service.e2b_compat.sandbox_http import clip, parse_json, sandbox_of
 from execbox.service.e2b_compat.templates import TemplateRefused, runtime_for
