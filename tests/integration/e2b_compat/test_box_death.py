@@ -78,3 +78,19 @@ def test_a_killed_sandbox_is_not_running_for_the_sdk(e2b_env: Server) -> None:
         sandbox.commands.run("echo hi")
     with pytest.raises(e2b.exceptions.SandboxNotRunningException):
         sandbox.files.read("/home/user/x")
+
+
+def test_the_first_cell_after_a_box_death_says_earlier_state_is_gone(e2b_env: Server) -> None:
+    from execbox.service.e2b_compat.interpreter import CONTEXTS_LOST
+
+    sandbox = ci.Sandbox.create(timeout=120)
+    try:
+        assert sandbox.run_code("rows = 41").error is None
+        _kill_box(sandbox)
+        execution = sandbox.run_code("rows + 1")
+        assert execution.error is not None and execution.error.name == "NameError"  # the state went with its box
+        assert CONTEXTS_LOST in "".join(execution.logs.stderr), execution.logs  # and the cell is told why
+        again = sandbox.run_code("rows = 1; rows + 1")
+        assert again.text == "2" and not "".join(again.logs.stderr), again.logs  # said once
+    finally:
+        sandbox.kill()

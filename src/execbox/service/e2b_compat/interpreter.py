@@ -69,6 +69,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..container import Services
 
 EXEC_TIMEOUT = 300.0
+CONTEXTS_LOST = ("execbox: this sandbox's box was started again before this cell (the old one died, or the "
+                 "sandbox was paused or its server restarted): variables, imports and shell state of earlier "
+                 "cells are gone; files are kept\n")
+"""The stderr line of the first cell after that (``metadata.session.contexts_lost``): a bare
+``NameError`` would read as a bug in the code (a kernel's restart is shown, too)."""
 GONE_WAIT = 10.0
 """Seconds a cell cut off by its sandbox's kill waits for the sandbox to be gone before its stream
 breaks (the SDK then asks ``is_running()``: it must say no)."""
@@ -329,6 +334,8 @@ class Interpreter(ContextRoutes):
         note = _truncation_note(result, cap[0] if cap else 0)
         if note:
             on_output("stderr", note)
+        if (result.metadata.get("session") or {}).get("contexts_lost"):  # said once, by this cell
+            on_output("stderr", CONTEXTS_LOST)
         lines.extend(self._figures(sb, result))
         main = display_result(result.result)
         if main is not None:
