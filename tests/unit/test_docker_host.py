@@ -66,6 +66,36 @@ def test_sweep_unpins_only_uids_whose_box_is_gone_and_nobody_holds(root):
     assert uids.acquire(uids.UidRange(300000, 1)).uid == 300000
 
 
+def test_sweep_leaves_pins_and_host_dirs_of_another_engine_alone(root, tmp_path, monkeypatch):
+    """Host dirs and pins are host-wide; a sweep only knows its own engine's containers (review 40)."""
+    mine, theirs = "a" * 16, "b" * 16
+    _pin_left_by_a_dead_process(300020, docker_uid.pin_text("docker-1-aa", mine))
+    _pin_left_by_a_dead_process(300021, docker_uid.pin_text("docker-1-bb", theirs))
+    _pin_left_by_a_dead_process(300022, docker_uid.pin_text("docker-1-cc"))  # from before engines were noted
+    boxes = tmp_path / "boxes"
+    boxes.mkdir()
+    monkeypatch.setattr(docker_host, "boxes_root", lambda: str(boxes))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for name, engine in (("aa", mine), ("bb", theirs), ("cc", None)):
+        d = boxes / f"docker-{dead}-{name}"
+        d.mkdir()
+        if engine:
+            (d / docker_host.ENGINE_FILE).write_text(engine)
+    assert docker_host.sweep(Client(), engine=mine) == 2
+    assert sorted(p.name for p in boxes.iterdir()) == [f"docker-{dead}-bb"]
+    assert uids.pinned() == [300021]
+    assert docker_uid.parse_note(uids.pin_note(300021) or "") == ("docker-1-bb", theirs)
+
+
+def test_the_engine_key_tells_engines_on_one_host_apart():
+    """dockerd 20.10 derives its ID from the host's key.json: two engines on a host had the same."""
+    a = docker_uid.engine_key({"ID": "44OP:AFKV", "DockerRootDir": "/var/lib/docker"})
+    b = docker_uid.engine_key({"ID": "44OP:AFKV", "DockerRootDir": "/tmp/xbd1/root"})
+    assert a and b and a != b and " " not in a
+    assert docker_uid.engine_key({}) == ""
+
+
 def test_take_over_leases_the_recorded_uid_or_refuses(root):
     _pin_left_by_a_dead_process(300010)
     lease = docker_uid.take_over({docker_uid.RUN_AS_LABEL: "300010"})

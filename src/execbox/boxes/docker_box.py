@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from .box import AGENT_BOOT, READY_TIMEOUT, Box, agent_source_dir
 from .docker_attach import AttachTransport
 from .docker_host import HostSide
 from .docker_oom import at_memory_limit, engine_oom, exit_state, oom_file
+from .docker_removals import Removals
 from .images import AGENT_ROOT, PYTHON, SANDBOX_UID, WORKSPACE
 from .oom_counter import OomCounter
 from .runtime import PIP_MOUNT, RUNTIME_MOUNT, SESSION_SITE
@@ -182,6 +184,29 @@ class DockerBox(Box):
         self.claimed_by: dict[str, str] = {}
         self.warm_context: str | None = None  # an unused pre-forked Python child (see provider)
         self.net: Any = None  # boxes/jail_net.JailNet when the box has egress
+        self.removals: Removals | None = None  # retries a failed removal (docker_removals.py)
+        self._remove_lock = threading.Lock()
+        self._removed = False
+        transport.probe = self._running
+
+    def alive(self) -> bool:
+        """Not destroyed, and its agent's stream still open. A pooled box is never read while it
+        waits, so a container killed (or lost with a dockerd restart) meanwhile showed only here:
+        ``ended()`` looks without waiting and without taking bytes from the agent client."""
+        if not super().alive():
+            return False
+        if self.transport.ended():
+            self.client.dead = self.client.dead or "stream closed"
+            return False
+        return True
+
+    def _running(self) -> bool:
+        """Does the engine say the container runs? (Asked by a stalled send; True when it cannot tell.)"""
+        try:
+            state = self.docker.api.inspect_container(self.container_id).get("State") or {}
+        except Exception as e:  # noqa: BLE001
+            return "no such container" not in str(e).lower()
+        return bool(state.get("Running"))
 
     def oom_events(self) -> int:
         """OOM kills in the container's memory cgroup; from container state once it has exited."""
@@ -205,23 +230,39 @@ class DockerBox(Box):
 
     def remove(self) -> None:
         """Remove the container, then its host side (workspace mounts, uid lease); idempotent.
-        A container that could not be removed keeps its uid and workspace."""
-        if self._oom is not None:
-            self._oom.close()
-        net, self.net = self.net, None
-        if net is not None:
-            net.detach()
-        if remove_container(self.docker.api, self.container_id, self.name):
+        A container that could not be removed keeps its uid and workspace (``removals`` retries)."""
+        try:
+            self.try_remove()
+        except Exception:  # noqa: BLE001 - logged by try_remove
+            pass
+
+    def try_remove(self) -> None:
+        """``remove``, raising the engine's error when the container could not be removed."""
+        with self._remove_lock:
+            if self._removed:
+                return
+            if self._oom is not None:
+                self._oom.close()
+            net, self.net = self.net, None
+            if net is not None:
+                net.detach()
+            failed = try_remove_container(self.docker.api, self.container_id, self.name)
+            if failed is not None:
+                raise failed
+            self._removed = True
             self.host.release()
 
     def destroy(self) -> None:
-        """Close the stream and remove the container (in the background when a remover is set)."""
+        """Close the stream and remove the container: in the background, retried until it succeeds,
+        when ``removals`` is set (else by ``remover``, else at once)."""
         with self._destroy_lock:
             if self.destroyed:
                 return
             self.destroyed = True
         self.client.close()
-        if self.remover is not None:
+        if self.removals is not None:
+            self.removals.add(self.container_id, self.try_remove, self.host.caller_dir, self.name)
+        elif self.remover is not None:
             self.remover(self.remove)
         else:
             self.remove()
@@ -259,19 +300,26 @@ def remove_volume(api: Any, name: str, patience: float = VOLUME_PATIENCE) -> boo
 
 def remove_container(api: Any, container_id: str, name: str) -> bool:
     """Force-remove a container; True once it is gone (also when it already was)."""
+    return try_remove_container(api, container_id, name) is None
+
+
+def try_remove_container(api: Any, container_id: str, name: str) -> Exception | None:
+    """Force-remove a container; None once it is gone (also when it already was), else the
+    engine's error (logged)."""
     try:
         api.remove_container(container_id, force=True, v=True)
     except Exception as e:  # noqa: BLE001
         if "No such container" not in str(e):
             log.warning("removing container %s failed: %s", name, e)
-            return False
-    return True
+            return e
+    return None
 
 
 def start_container(docker_client: Any, spec: ContainerSpec, host: HostSide,
-                    ready_timeout: float = READY_TIMEOUT) -> DockerBox:
+                    ready_timeout: float = READY_TIMEOUT, removals: Removals | None = None) -> DockerBox:
     """Create, attach, start and wait for the agent's ready frame; clean up on any failure,
-    ``host`` (released once the container is gone) included."""
+    ``host`` (released once the container is gone) included. A container the engine would not
+    remove then is left to ``removals`` (retried; its host side released after)."""
     api = docker_client.api
     if spec.egress is not None and spec.egress.mode != "none" and spec.egress_ca is None:
         from .jail_net import new_ca
@@ -307,9 +355,23 @@ def start_container(docker_client: Any, spec: ContainerSpec, host: HostSide,
             spec.egress_ca.close()
         if transport is not None:
             transport.close()
-        if container_id is None or remove_container(api, container_id, spec.name):
+        if container_id is None:
+            host.release()
+        elif removals is not None:
+            removals.add(container_id, _remover(api, container_id, spec.name, host), host.caller_dir, spec.name,
+                         background=False)
+        elif remove_container(api, container_id, spec.name):
             host.release()
         raise
+
+
+def _remover(api: Any, container_id: str, name: str, host: HostSide) -> Callable[[], None]:
+    def attempt() -> None:
+        failed = try_remove_container(api, container_id, name)
+        if failed is not None:
+            raise failed
+        host.release()
+    return attempt
 
 
 def reattach_container(docker_client: Any, container_id: str, workspace: str | None,

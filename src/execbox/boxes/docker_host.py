@@ -19,6 +19,13 @@ The host dir ``<jail dir>/docker-boxes/docker-<pid>-<id>`` (root only) holds the
 fresh image and the box's passwd/group; the container carries its path as the label
 ``execbox.host_dir``, so a restarted service, or the sweep of a dead one's leftovers, can undo it.
 The engine must see this process's mounts (dockerd in the host's mount namespace, the default).
+
+Several engines on one host share the host dirs and uid pins (they are host-wide), but each sweep
+asks only its own engine which containers still need them: so the host dir names its engine
+(file ``engine``: ``docker_uid.engine_key``, a hash of the engine's ID and data root; the uid's pin
+names it too), and a sweep leaves another engine's entries alone (review 40: a service on a second
+engine unmounted a live session's workspace and unpinned its uid). Entries that name no engine
+(made before this) are judged as before, by this engine alone.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ log = logging.getLogger("execbox.docker")
 
 HOST_DIR_LABEL = "execbox.host_dir"
 PREFIX = "docker-"
+ENGINE_FILE = "engine"
 
 
 def boxes_root() -> str:
@@ -59,9 +67,10 @@ class HostSide:
         self.pts: str | None = None  # the box's capped devpts on the host, bound on /dev/pts (runc)
 
     @classmethod
-    def prepare(cls, caller_dir: str | None, size_bytes: int, ptys: bool = False) -> HostSide:
+    def prepare(cls, caller_dir: str | None, size_bytes: int, ptys: bool = False, engine: str = "") -> HostSide:
         """Lease a uid and set up /workspace for a new box (nothing is left behind on failure);
-        with ``ptys`` (a runtime on the host's kernel: runc) also mount the box's capped devpts."""
+        with ``ptys`` (a runtime on the host's kernel: runc) also mount the box's capped devpts.
+        ``engine``: which Docker engine the box's container runs on (``engine_id``)."""
         if caller_dir is not None:
             os.makedirs(caller_dir, exist_ok=True)
         if not docker_uid.per_box_uids():
@@ -75,8 +84,12 @@ class HostSide:
         os.makedirs(host_dir, mode=0o755)
         lease: uids.UidLease | None = None
         ws = quota.Workspace(host_dir, caller_dir)
+        engine = docker_uid.clean_engine(engine)
         try:
-            lease = docker_uid.lease(os.path.basename(host_dir))
+            if engine:
+                with open(os.path.join(host_dir, ENGINE_FILE), "w", encoding="utf-8") as f:
+                    f.write(engine)
+            lease = docker_uid.lease(os.path.basename(host_dir), engine)
             assert lease is not None
             side = cls(caller_dir, lease, host_dir, ws)
             side.nss = docker_uid.write_nss(host_dir, lease.uid)
@@ -191,11 +204,30 @@ def release_removed(labels: dict[str, str]) -> None:
     docker_uid.release_label(labels)
 
 
-def sweep(client: Any) -> int:
-    """Undo host dirs of dead execbox processes that no container refers to, then unpin uids whose
-    box is gone. Returns how many dirs went."""
+def engine_id(client: Any) -> str:
+    """What names the engine in host dirs and pins (``docker_uid.engine_key``; "" if unknown)."""
+    return docker_uid.client_engine(client)
+
+
+def engine_of(host_dir: str) -> str | None:
+    """The engine a host dir's box ran on; None for a dir without one (made before engines were noted)."""
+    try:
+        with open(os.path.join(host_dir, ENGINE_FILE), encoding="utf-8") as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""  # unreadable: not provably ours, so not swept
+
+
+def sweep(client: Any, engine: str | None = None) -> int:
+    """Undo host dirs of dead execbox processes that no container of this engine refers to, then
+    unpin uids whose box is gone. Only this engine's entries (``engine``: its ID, asked when None),
+    and those that name no engine. Returns how many dirs went."""
     if not docker_uid.per_box_uids():
         return 0
+    if engine is None:
+        engine = engine_id(client)
     root = boxes_root()
     try:
         names = os.listdir(root)
@@ -212,9 +244,12 @@ def sweep(client: Any) -> int:
             continue
         if os.path.realpath(path) in referenced:
             continue
+        owner = engine_of(path)
+        if owner is not None and owner != engine:
+            continue  # another engine's box: only that engine knows whether it still runs
         undo(path)
         gone += 1
     if gone:
         log.info("docker: removed %d host dirs of boxes whose execbox process died", gone)
-    docker_uid.sweep_pins(client)
+    docker_uid.sweep_pins(client, engine)
     return gone

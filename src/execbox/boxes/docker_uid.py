@@ -21,6 +21,7 @@ its own (read-only binds) naming it ``sandbox`` with HOME ``/workspace``, so ``w
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from typing import Any
@@ -34,6 +35,8 @@ log = logging.getLogger("execbox.docker")
 RUN_AS_LABEL = "execbox.run_as"
 HOST_DIR_LABEL = "execbox.host_dir"  # docker_host.HOST_DIR_LABEL (that module imports this one)
 PIN_NOTE = "docker:"
+ENGINE_NOTE = " engine="
+"""A pin's note is ``docker:<host dir name>`` plus `` engine=<engine ID>`` (docker_host.py says why)."""
 
 
 def per_box_uids() -> bool:
@@ -41,14 +44,52 @@ def per_box_uids() -> bool:
     return os.geteuid() == 0
 
 
-def lease(name: str) -> uids.UidLease | None:
+def clean_engine(engine: str) -> str:
+    """An engine ID as notes hold it: one word."""
+    return "".join(engine.split())
+
+
+def engine_key(info: dict[str, Any]) -> str:
+    """Which engine on this host a ``docker info`` describes: its ``ID`` with its data root.
+
+    Not the ID alone: dockerd 20.10 derives it from the host's ``/etc/docker/key.json``, so every
+    engine on a host had the same one (seen here); two engines never share a data root. ""
+    when the engine says neither."""
+    ident, root = str(info.get("ID") or ""), str(info.get("DockerRootDir") or "")
+    if not ident and not root:
+        return ""
+    return hashlib.sha256(f"{ident}\0{root}".encode()).hexdigest()[:16]
+
+
+def client_engine(client: Any) -> str:
+    """``engine_key`` of the engine ``client`` talks to; "" when it does not answer."""
+    try:
+        return engine_key(client.info() or {})
+    except Exception:  # noqa: BLE001 - unknown: only entries that name no engine are judged then
+        return ""
+
+
+def pin_text(name: str, engine: str = "") -> str:
+    """The note of the pin of a box with host dir ``name`` on engine ``engine``."""
+    engine = clean_engine(engine)
+    return PIN_NOTE + name + (ENGINE_NOTE + engine if engine else "")
+
+
+def parse_note(note: str) -> tuple[str, str | None]:
+    """(host dir name, engine ID or None) of a docker pin's note."""
+    body = note[len(PIN_NOTE):] if note.startswith(PIN_NOTE) else note
+    name, _, engine = body.partition(ENGINE_NOTE)
+    return name.strip(), (engine.strip() or None)
+
+
+def lease(name: str, engine: str = "") -> uids.UidLease | None:
     """A pinned uid for a new box (None when not root: it runs as SANDBOX_UID). SB008 when the
     range is used up."""
     if not per_box_uids():
         return None
     held = uids.acquire()
     try:
-        uids.pin(held, PIN_NOTE + name)
+        uids.pin(held, pin_text(name, engine))
     except BaseException:
         held.release()
         raise
@@ -100,23 +141,28 @@ def release_label(labels: dict[str, str]) -> None:
     if held is None:
         return
     note = uids.pin_note(held.uid)
-    if note is not None and note != PIN_NOTE + os.path.basename(labels.get(HOST_DIR_LABEL, "")):
+    if note is not None and (not note.startswith(PIN_NOTE)
+                             or parse_note(note)[0] != os.path.basename(labels.get(HOST_DIR_LABEL, ""))):
         held.release()  # a newer box's pin: it keeps the uid
         return
     release(held)
 
 
-def sweep_pins(client: Any) -> list[int]:
+def sweep_pins(client: Any, engine: str | None = None) -> list[int]:
     """Unpin uids whose Docker box is gone and that no live process holds (a crash between the
-    lease and the container, a container removed behind execbox's back). Returns those uids."""
+    lease and the container, a container removed behind execbox's back). Only pins of this engine
+    (``engine``: its ID, asked when None) and pins that name none: another engine's containers
+    are not in this one's list. Returns those uids."""
     if not per_box_uids():
         return []
+    if engine is None:
+        engine = client_engine(client)
     live = set()
     for c in client.containers.list(all=True, filters={"label": RUN_AS_LABEL}, ignore_removed=True):
         live.add((c.labels or {}).get(RUN_AS_LABEL, ""))
     freed = []
     for uid in uids.pinned():
-        if str(uid) in live or not _pinned_by_docker(uid):
+        if str(uid) in live or not _pinned_by_docker(uid, engine):
             continue
         held = uids.try_acquire(uid)
         if held is None:
@@ -128,12 +174,16 @@ def sweep_pins(client: Any) -> list[int]:
     return freed
 
 
-def _pinned_by_docker(uid: int) -> bool:
+def _pinned_by_docker(uid: int, engine: str | None = None) -> bool:
+    """A Docker box's pin (with ``engine``: of that engine's, or of no engine's)."""
     try:
         note = uids.pin_note(uid)
     except OSError:
         return False
-    return note is not None and note.startswith(PIN_NOTE)
+    if note is None or not note.startswith(PIN_NOTE):
+        return False
+    owner = parse_note(note)[1]
+    return engine is None or owner is None or owner == clean_engine(engine)
 
 
 def write_nss(directory: str, uid: int) -> dict[str, str]:

@@ -16,7 +16,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..boxes import docker_masks, host_tables, netns
+from ..boxes import docker_masks, docker_uid, host_tables, netns, quota
 from ..boxes.docker_box import ContainerSpec, DockerBox, start_container
 from ..boxes.docker_host import HostSide
 from ..boxes.docker_owner import (
@@ -25,6 +25,7 @@ from ..boxes.docker_owner import (
     owner_is_gone,
     safe_name,
 )
+from ..boxes.docker_removals import Removals, engine_unavailable, engine_unreachable
 from ..boxes.gpu import GpuPlan, parse_gpu
 from ..boxes.oci_seccomp import is_gvisor
 from ..boxes.pool import BoxPool
@@ -89,6 +90,8 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         self._pending = 0
         self._pending_lock = threading.Condition()
         self._kept: set[str] = set()  # session containers detached at shutdown, left running
+        self.engine_id = ""  # names this engine in host dirs and uid pins (docker_uid.engine_key)
+        self._removals: Removals | None = None  # removals retried until the engine lets them
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
@@ -146,6 +149,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         except Exception as e:  # noqa: BLE001
             raise ProviderUnavailableError(engine_error(e), details={"provider": self.name}) from None
         runtimes = info.get("Runtimes") or {}
+        self.engine_id = docker_uid.engine_key(info)
         wanted = cfg.get("runtime") or ""
         self._notes = []
         if wanted and wanted not in runtimes:
@@ -196,6 +200,7 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
             self._masked = docker_masks.masked_paths(docker_masks.engine_defaults(self.docker, cfg["image"],
                                                                                   probe_labels))
         self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-reaper")
+        self._removals = Removals(self._remove_later)
         self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="execbox-docker-warmer")
         self.remove_stale()
         if self.network_enabled and os.geteuid() == 0:  # names and kernel-route chains of a crashed execbox
@@ -285,15 +290,19 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
 
     def start_box(self, workspace: str | None = None, labels: dict[str, str] | None = None,
                   image: str | None = None, **ids: str) -> DockerBox:
+        if workspace is not None:
+            self._settle_workspace(workspace)
         # runc: a capped devpts of the box's own (runsc's sentry has its own, drawing on no host pty)
-        host = HostSide.prepare(workspace, self.disk_bytes(), ptys=not is_gvisor(self.runtime))
+        host = HostSide.prepare(workspace, self.disk_bytes(), ptys=not is_gvisor(self.runtime),
+                                engine=self.engine_id)
         try:
             spec = self.container_spec(labels=labels, image=image, host=host, **ids)
         except BaseException:
             host.release()
             raise
-        box = start_container(self.docker, spec, host)
+        box = start_container(self.docker, spec, host, removals=self._removals)
         box.remover = self._remove_later
+        box.removals = self._removals
         if workspace is None and not ids:  # a pool box: worth preparing off the hot path
             try:
                 self._prewarm(box)
@@ -301,6 +310,19 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
                 box.destroy()
                 raise
         return box
+
+    def _settle_workspace(self, workspace: str) -> None:
+        """Before a session's new box: its previous boxes' removals, which hold its workspace, are
+        finished now (docker_removals.py). While the engine does not answer, a quick SB009 instead
+        of waiting out the mount (docker_host.wait_unmounted)."""
+        if self._removals is not None:
+            self._removals.settle(workspace, self.name)
+        if os.path.exists(workspace) and quota.is_mounted(workspace):
+            try:
+                self.docker.ping()
+            except Exception as e:  # noqa: BLE001
+                if engine_unreachable(e):
+                    raise engine_unavailable(self.name) from None
 
     def _remove_later(self, job: Any) -> None:
         reaper = self._reaper
@@ -343,6 +365,9 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
             except SandboxError:
                 raise
             except Exception as e:  # noqa: BLE001
+                if engine_unreachable(e):
+                    log.warning("docker: could not start a container: %s", e)
+                    raise engine_unavailable(self.name) from e
                 raise box_start_failed(self.name, e, "a container") from e
             return self._register(Instance(instance_id, box, tenant_id, session_id, runtime=runtime),
                                   workspace is not None)
@@ -412,6 +437,8 @@ class DockerProvider(DockerSessionsMixin, DockerSparesMixin, DockerHygieneMixin,
         if self._reaper is not None:
             self._reaper.shutdown(wait=True)
             self._reaper = None
+        if self._removals is not None:
+            self._removals.close()  # one last try of what failed; the next start sweeps the rest
         if self.docker is not None:
             self.remove_leftovers()
             self.docker.close()

@@ -32,7 +32,7 @@ class DockerHygieneMixin:
         host dirs and uid pins no container needs any more (boxes/docker_host.sweep)."""
         removed = remove_stale(self.docker, self.owner)
         try:
-            docker_host.sweep(self.docker)
+            docker_host.sweep(self.docker, getattr(self, "engine_id", "") or None)  # this engine's only
         except Exception as e:  # noqa: BLE001 - leftovers only cost disk and uids
             log.warning("docker: sweeping host dirs of dead boxes failed: %s", e)
         return removed

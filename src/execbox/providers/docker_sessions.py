@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..boxes.docker_box import reattach_container, remove_container
+from ..boxes.docker_box import reattach_container, try_remove_container
 from ..boxes.docker_host import release_removed
 from ..boxes.docker_owner import REGISTRY_LABEL
+from ..boxes.docker_removals import Removals, engine_unreachable
 from ..models import SandboxInstance, make_instance_id
 from .agent_backed import Instance
 
@@ -23,6 +24,7 @@ log = logging.getLogger("execbox.docker")
 class DockerSessionsMixin:
     docker: Any
     _kept: set[str]
+    _removals: Removals | None
 
     def adopt_instance(self, handle: dict[str, Any], *, tenant_id: str, session_id: str,
                        workspace: str | None) -> SandboxInstance | None:
@@ -38,6 +40,7 @@ class DockerSessionsMixin:
             self.remove_box(handle)
             return None
         box.remover = self._remove_later  # type: ignore[attr-defined]
+        box.removals = self._removals
         self._kept.discard(box.container_id)
         instance_id = str(handle.get("instance_id") or make_instance_id(tenant_id, session_id))
         inst = Instance(instance_id, box, tenant_id, session_id)
@@ -57,16 +60,34 @@ class DockerSessionsMixin:
         return True
 
     def remove_box(self, handle: dict[str, Any]) -> None:
-        """Remove a session's container by id, then its host side (workspace mounts, uid pin)."""
+        """Remove a session's container by id, then its host side (workspace mounts, uid pin); a
+        removal the engine refuses now (it is down) is retried (boxes/docker_removals.py)."""
         container = str(handle.get("container_id") or "")
         if not container:
             return
-        try:
-            labels = (self.docker.api.inspect_container(container).get("Config") or {}).get("Labels") or {}
-        except Exception:  # noqa: BLE001 - gone already: its host side was swept or released
-            labels = {}
-        if remove_container(self.docker.api, container, container[:12]):
-            release_removed(labels)
+        api = self.docker.api
+        found: list[dict[str, str]] = []
+
+        def attempt() -> None:
+            if not found:
+                try:
+                    found.append((api.inspect_container(container).get("Config") or {}).get("Labels") or {})
+                except Exception as e:  # noqa: BLE001 - gone already: its host side was swept or released
+                    if engine_unreachable(e):
+                        raise
+                    found.append({})
+            failed = try_remove_container(api, container, container[:12])
+            if failed is not None:
+                raise failed
+            release_removed(found[0])
+
+        if self._removals is None:
+            try:
+                attempt()
+            except Exception:  # noqa: BLE001 - logged
+                pass
+            return
+        self._removals.add(container, attempt, handle.get("workspace"), container[:12], background=False)
 
     def remove_orphans(self, keep: set[str], registry: str) -> int:
         """Remove session containers of this registry that no registry row refers to."""

@@ -1,0 +1,106 @@
+"""A second, private dockerd for tests that stop or restart the engine (never the shared one).
+
+It runs on its own socket, data root and exec root under a temporary directory (its own containerd
+too), without a bridge or iptables, with the host's daemon.json (runc, runsc). The worker image
+is imported from the rootfs tarball the shared engine's fixture cached (``images.build_image``,
+~6 s here); nothing is pulled. ``close`` removes every container on it, undoes their host side,
+stops it and deletes its directories.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+
+
+class PrivateEngine:
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="xbd", dir="/tmp")  # short: containerd's socket path is bounded
+        self.sock = os.path.join(self.dir, "docker.sock")
+        self.url = f"unix://{self.sock}"
+        self.proc: subprocess.Popen | None = None
+        self.client = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        argv = ["dockerd", "-H", self.url, "--data-root", os.path.join(self.dir, "root"),
+                "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", os.path.join(self.dir, "docker.pid"),
+                "--bridge=none", "--iptables=false", "--ip-masq=false", "--shutdown-timeout", "2"]
+        if os.path.exists(DAEMON_JSON):
+            argv += ["--config-file", DAEMON_JSON]
+        log = open(os.path.join(self.dir, "dockerd.log"), "ab")  # noqa: SIM115 - the daemon's, closed by close()
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+        log.close()
+        import docker
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client = docker.DockerClient(base_url=self.url, timeout=60)
+                client.ping()
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"private dockerd did not come up: {self.log_tail()}") from None
+                time.sleep(0.1)
+        if self.client is not None:
+            self.client.close()
+        self.client = client
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM, as an operator's restart does; waits until the daemon has exited."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def import_image(self, flavor: str = "python") -> str:
+        from execbox.boxes import images
+
+        return images.build_image(self.client, images.image_for(flavor))[0]
+
+    def log_tail(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "dockerd.log"), encoding="utf-8", errors="replace") as f:
+                return f.read()[-2000:]
+        except OSError:
+            return "(no log)"
+
+    def close(self) -> None:
+        from execbox.boxes import docker_host
+
+        if self.proc is not None and self.proc.poll() is None and self.client is not None:
+            try:
+                for c in self.client.containers.list(all=True, ignore_removed=True):
+                    labels = c.labels or {}
+                    c.remove(force=True)
+                    docker_host.release_removed(labels)
+            except Exception:  # noqa: BLE001 - best effort: the daemon goes next
+                pass
+        self.stop()
+        if self.client is not None:
+            self.client.close()
+        # dockerd unmounts its overlays on a clean stop; anything a killed one left goes lazily
+        for mp in sorted(_mounts_under(self.dir), reverse=True):
+            subprocess.run(["umount", "-l", mp], capture_output=True, check=False)  # noqa: S603,S607
+        from execbox.agent.fileops import remove_tree
+
+        remove_tree(self.dir)
+
+
+def _mounts_under(root: str) -> list[str]:
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            mp = line.split()[4].encode().decode("unicode_escape")
+            if mp == root or mp.startswith(root + "/"):
+                found.append(mp)
+    return found
