@@ -5,6 +5,9 @@ E2B_API_KEY, exactly as a user would.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,3 +43,34 @@ def module_sandbox(server: Server, create: Callable[[], Any]) -> Iterator[Any]:
             yield sandbox
         finally:
             sandbox.kill()
+
+
+def kill_box(sandbox) -> None:  # noqa: ANN001
+    """SIGKILL every process of the sandbox's box, found by a marker file in its /workspace."""
+    marker = f".box-of-{sandbox.sandbox_id}"
+    sandbox.files.write(f"/home/user/{marker}", "x")
+    pids = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.path.exists(f"/proc/{name}/root/workspace/{marker}"):
+                pids.append(int(name))
+        except OSError:
+            pass
+    assert pids, "the sandbox's box was not found"
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") and not _zombie(pid) for pid in pids):
+        assert time.monotonic() < deadline, "the box did not die"
+        time.sleep(0.05)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

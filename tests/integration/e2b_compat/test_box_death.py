@@ -9,61 +9,26 @@ error for code that never ran."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
 
-from .conftest import Server
+from .conftest import Server, kill_box
 
 ci = pytest.importorskip("e2b_code_interpreter")
 e2b = pytest.importorskip("e2b")
-
-
-def _kill_box(sandbox) -> None:  # noqa: ANN001
-    """SIGKILL every process of the sandbox's box, found by a marker file in its /workspace."""
-    marker = f".box-of-{sandbox.sandbox_id}"
-    sandbox.files.write(f"/home/user/{marker}", "x")
-    pids = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.path.exists(f"/proc/{name}/root/workspace/{marker}"):
-                pids.append(int(name))
-        except OSError:
-            pass
-    assert pids, "the sandbox's box was not found"
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{pid}") and not _zombie(pid) for pid in pids):
-        assert time.monotonic() < deadline, "the box did not die"
-        time.sleep(0.05)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_the_first_call_after_a_box_death_runs_on_a_new_box(e2b_env: Server) -> None:
     sandbox = ci.Sandbox.create(timeout=120)
     try:
         sandbox.files.write("/home/user/keep.txt", "kept")
-        _kill_box(sandbox)
+        kill_box(sandbox)
         assert sandbox.commands.run("cat /home/user/keep.txt").stdout == "kept"  # no error, files intact
 
-        _kill_box(sandbox)
+        kill_box(sandbox)
         execution = sandbox.run_code("6 * 7")
         assert execution.error is None and execution.text == "42", execution
 
-        _kill_box(sandbox)
+        kill_box(sandbox)
         sandbox.files.write("/home/user/after.txt", "written")  # not dropped
         assert sandbox.files.read("/home/user/after.txt") == "written"
         assert sandbox.is_running()
@@ -86,7 +51,7 @@ def test_the_first_cell_after_a_box_death_says_earlier_state_is_gone(e2b_env: Se
     sandbox = ci.Sandbox.create(timeout=120)
     try:
         assert sandbox.run_code("rows = 41").error is None
-        _kill_box(sandbox)
+        kill_box(sandbox)
         execution = sandbox.run_code("rows + 1")
         assert execution.error is not None and execution.error.name == "NameError"  # the state went with its box
         assert CONTEXTS_LOST in "".join(execution.logs.stderr), execution.logs  # and the cell is told why

@@ -11,49 +11,15 @@ raises NotFoundException).
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
 
 from execbox.service.bg_adopt import ALIAS_BASE
 
-from .conftest import Server
+from .conftest import Server, kill_box
 
 e2b = pytest.importorskip("e2b")
-
-
-def _kill_box(sandbox) -> None:  # noqa: ANN001
-    """SIGKILL every process of the sandbox's box, found by a marker file in its /workspace (as
-    test_box_death.py does)."""
-    marker = f".box-of-{sandbox.sandbox_id}"
-    sandbox.files.write(f"/home/user/{marker}", "x")
-    pids = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.path.exists(f"/proc/{name}/root/workspace/{marker}"):
-                pids.append(int(name))
-        except OSError:
-            pass
-    assert pids, "the sandbox's box was not found"
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{pid}") and not _zombie(pid) for pid in pids):
-        assert time.monotonic() < deadline, "the box did not die"
-        time.sleep(0.05)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def _box_pid(sandbox, name: str) -> int:  # noqa: ANN001
@@ -87,7 +53,7 @@ def test_a_pid_of_a_dead_box_never_names_a_process_of_the_next_one(e2b_env: Serv
     try:
         old = _start(sandbox, "pid-old")
         assert _box_pid(sandbox, "pid-old") == old.pid  # the box pid, while nothing collides
-        _kill_box(sandbox)
+        kill_box(sandbox)
         with pytest.raises(e2b.CommandExitException):
             old.wait()
 
