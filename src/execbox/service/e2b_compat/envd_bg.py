@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal as signal_module
 import threading
 import time
 from collections.abc import Callable
@@ -77,13 +78,23 @@ def signal_name(sig: int) -> str:
     return "SIGTERM" if sig == pb.Signal.SIGTERM.value else "SIGKILL"
 
 
+def signal_description(sig: int) -> str:
+    """A signal as envd's status says it (Go's ``syscall.Signal.String()``: "killed", "broken
+    pipe", "segmentation fault"), which is the C library's description in lower case."""
+    try:
+        text = signal_module.strsignal(sig)
+    except ValueError:
+        text = None
+    return text.lower() if text else f"signal {sig}"
+
+
 def end_event(poll: dict[str, Any] | None, timed_out: bool, error: str | None) -> pb.ProcessEvent:
     if poll is None:
         end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status="error", error=error)
     elif timed_out:
         end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status="timeout", error="command timed out")
     elif poll.get("signal"):
-        name = {9: "killed", 15: "terminated", 2: "interrupt", 1: "hangup"}.get(poll["signal"], str(poll["signal"]))
+        name = signal_description(int(poll["signal"]))
         end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status=f"signal: {name}", error=name)
     else:
         code = int(poll.get("exit_code", -1))
