@@ -1,7 +1,10 @@
 """A second, private dockerd for tests that stop or restart the engine (never the shared one).
 
 It runs on its own socket, data root and exec root under a temporary directory (its own containerd
-too), without a bridge or iptables, with the host's daemon.json (runc, runsc). The worker image
+too), on a bridge of its own and without iptables, with the host's daemon.json (runc, runsc). Not
+``--bridge=none``: a dockerd started so deletes the host's ``docker0`` (moby's
+``removeDefaultBridgeInterface``), which the shared engine's containers need (in CI every later
+test of a bridged container failed "could not find bridge docker0"). The worker image
 is imported from the rootfs tarball the shared engine's fixture cached (``images.build_image``,
 ~6 s here); nothing is pulled. ``close`` removes every container on it, undoes their host side,
 stops it and deletes its directories.
@@ -25,11 +28,14 @@ class PrivateEngine:
         self.url = f"unix://{self.sock}"
         self.proc: subprocess.Popen | None = None
         self.client = None
+        self.bridge = "xbd" + os.path.basename(self.dir)[3:11]  # <= 15 characters, as a link name must be
+        self.bridge_made = False
 
     def start(self, timeout: float = 60.0) -> None:
+        self._make_bridge()
         argv = ["dockerd", "-H", self.url, "--data-root", os.path.join(self.dir, "root"),
                 "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", os.path.join(self.dir, "docker.pid"),
-                "--bridge=none", "--iptables=false", "--ip-masq=false", "--shutdown-timeout", "2"]
+                "--bridge", self.bridge, "--iptables=false", "--ip-masq=false", "--shutdown-timeout", "2"]
         if os.path.exists(DAEMON_JSON):
             argv += ["--config-file", DAEMON_JSON]
         log = open(os.path.join(self.dir, "dockerd.log"), "ab")  # noqa: SIM115 - the daemon's, closed by close()
@@ -50,6 +56,16 @@ class PrivateEngine:
         if self.client is not None:
             self.client.close()
         self.client = client
+
+    def _make_bridge(self) -> None:
+        if self.bridge_made:
+            return
+        subnet = 1 + int.from_bytes(os.urandom(1), "big") % 250  # 10.213.N.0/24: boxes here use no network
+        for argv in (["ip", "link", "add", "name", self.bridge, "type", "bridge"],
+                     ["ip", "addr", "add", f"10.213.{subnet}.1/24", "dev", self.bridge],
+                     ["ip", "link", "set", self.bridge, "up"]):
+            subprocess.run(argv, check=True, capture_output=True)  # noqa: S603
+        self.bridge_made = True
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM, as an operator's restart does; waits until the daemon has exited."""
@@ -91,6 +107,8 @@ class PrivateEngine:
         # dockerd unmounts its overlays on a clean stop; anything a killed one left goes lazily
         for mp in sorted(_mounts_under(self.dir), reverse=True):
             subprocess.run(["umount", "-l", mp], capture_output=True, check=False)  # noqa: S603,S607
+        if self.bridge_made:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)  # noqa: S603,S607
         from execbox.agent.fileops import remove_tree
 
         remove_tree(self.dir)

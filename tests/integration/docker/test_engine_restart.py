@@ -38,6 +38,7 @@ def engine(docker_engine):
     """A private dockerd with the worker image (the shared engine's fixture built or cached it)."""
     require(os.geteuid() == 0, "root (a second dockerd)")
     require(subprocess.run(["which", "dockerd"], capture_output=True).returncode == 0, "dockerd")  # noqa: S607
+    shared_bridge = os.path.exists("/sys/class/net/docker0")
     e = PrivateEngine()
     try:
         e.start()
@@ -45,6 +46,8 @@ def engine(docker_engine):
         yield e
     finally:
         e.close()
+    # the shared engine's bridge is still there (a dockerd started with --bridge=none deletes it)
+    assert os.path.exists("/sys/class/net/docker0") or not shared_bridge, "the private engine deleted docker0"
 
 
 def _provider(url: str, pool: int):
