@@ -23,8 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from .conftest import Server, module_sandbox
-from .test_box_death import _kill_box
+from .conftest import Server, kill_box, module_sandbox
 
 e2b = pytest.importorskip("e2b")
 ci = pytest.importorskip("e2b_code_interpreter")
@@ -112,7 +111,7 @@ def test_a_cell_refused_for_the_tenants_quota_is_an_sdk_exception(e2b_env: Serve
 def test_a_box_death_under_a_running_cell_fails_the_request_not_the_code(sbx) -> None:
     stderr: list = []
     cell, out = _running_cell(sbx, "print('started', flush=True)\nimport time\ntime.sleep(30)", stderr)
-    _kill_box(sbx)
+    kill_box(sbx)
     cell.join(30)
     assert not cell.is_alive()
     assert "value" not in out, f"the box death came back as the cell's result: {out['value'].error}"
