@@ -26,6 +26,7 @@ def _stopped(engine, container_id: str) -> bool:
     return not engine.api.inspect_container(container_id)["State"]["Running"]
 
 
+@pytest.mark.parametrize("provider", ["runc"], indirect=True)  # runc only: see below
 def test_a_box_killed_mid_upload_fails_the_write_at_once(provider, docker_engine):
     """The write used to hang 78-108 s in a blocking send (dockerd stops draining a dead
     container's stdin long before it drops the connection), holding the box's write lock.
@@ -33,8 +34,6 @@ def test_a_box_killed_mid_upload_fails_the_write_at_once(provider, docker_engine
     The container is paused first, so the upload is surely in flight (stalled) when it is killed.
     runc only: killing a paused runsc container takes the engine ~10 s, and the stream handling
     under test is the same for both runtimes."""
-    if provider.runtime != "runc":
-        pytest.skip("runc only (see the docstring)")
     inst = provider.create_instance(tenant_id="t", session_id="upload-kill")
     box = provider._instances[inst.instance_id].box
     provider.write_file(inst.instance_id, "big.bin", b"old")
