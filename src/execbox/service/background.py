@@ -50,6 +50,7 @@ from .bg_adopt import (  # noqa: F401 - re-exported
     META_API,
     OPERATION,
     ProcessAdoption,
+    box_alive,
     no_call,
     public_id,
     start_meta,
@@ -231,14 +232,6 @@ class BgProcess:
                 self.waiters = [w for w in self.waiters if w[1] is not fut]
 
 
-def _alive(provider: SandboxProvider, instance_id: str) -> bool:
-    check = getattr(provider, "instance_alive", None)
-    try:
-        return True if check is None else bool(check(instance_id))
-    except Exception:  # noqa: BLE001 - a provider that cannot tell: keep the record for now
-        return True
-
-
 def _settle(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -348,7 +341,7 @@ class ProcessTable(ProcessAdoption):
             ended = [(key, p) for key, table in self._procs.items() for p in table.values() if p.ended]
         gone = [(key, p) for key, p in ended
                 if now - (p.ended_at or now) > KEEP_ENDED_SECONDS
-                or (p.session is not self._incarnation(*key) and not _alive(p.provider, p.instance_id))]
+                or (p.session is not self._incarnation(*key) and not box_alive(p.provider, p.instance_id))]
         with self._lock:
             for key, p in gone:
                 table = self._procs.get(key, {})

@@ -68,6 +68,16 @@ def no_call(*_: Any) -> Any:
     raise AssertionError("a process request runs no code")
 
 
+def box_alive(provider: SandboxProvider, instance_id: str) -> bool:
+    """Whether the box still runs; a provider that cannot tell counts as yes (keep what we have).
+    One check for the process table's sweep and both followers (HTTP and the E2B facade)."""
+    check = getattr(provider, "instance_alive", None)
+    try:
+        return True if check is None else bool(check(instance_id))
+    except Exception:  # noqa: BLE001 - cannot tell
+        return True
+
+
 def supports(provider: SandboxProvider) -> bool:
     return bool(getattr(provider, "supports_background_processes", False))
 

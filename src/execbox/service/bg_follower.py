@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SandboxError
-from .bg_adopt import BOX_ENDED
+from .bg_adopt import BOX_ENDED, box_alive
 from .executions import RunSpec
 from .follower import QUIET_AFTER, Follower
 
@@ -108,7 +108,8 @@ class HttpFollower(Follower):
         if not isinstance(e, SandboxError):
             return f"following the process failed: {type(e).__name__}"
         if e.http_status == 404:
-            if not _box_alive(self.p):  # destroyed under it (a pause, a close): not the box forgetting it
+            # destroyed under it (a pause, a close): not the box forgetting the process
+            if not box_alive(self.p.provider, self.p.instance_id):
                 return BOX_ENDED
             return f"the box no longer knows process {self.p.pid}"
         return f"the process was lost with its box ({e.code}: {e.message})"
@@ -141,10 +142,3 @@ class HttpFollower(Follower):
         if self.error is not None:
             self.table.sweep()  # its box is likely gone: what a session that ended left goes with it
 
-
-def _box_alive(p: Any) -> bool:
-    probe = getattr(p.provider, "instance_alive", None)
-    try:
-        return True if probe is None else bool(probe(p.instance_id))
-    except Exception:  # noqa: BLE001 - a provider that cannot tell: as before
-        return True

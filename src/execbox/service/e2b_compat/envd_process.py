@@ -44,7 +44,7 @@ from protobuf import Oneof
 from ...errors import SandboxError
 from ...models import ExecutionResult
 from ...providers.base import OutputCallback, SandboxProvider
-from ..bg_adopt import ALIAS_BASE, MAX_ID
+from ..bg_adopt import ALIAS_BASE, MAX_ID, box_alive
 from ..executions import RunSpec
 from . import envd_bg
 from .envd_bg import Proc, Subscription
@@ -386,11 +386,7 @@ class ProcessService:
 
 
 def _box_alive(proc: Proc) -> bool:
-    try:
-        return bool(proc.provider is not None and proc.instance_id is not None
-                    and proc.provider.instance_alive(proc.instance_id))
-    except Exception:  # noqa: BLE001 - cannot tell: the request's own error stands
-        return True
+    return proc.provider is not None and proc.instance_id is not None and box_alive(proc.provider, proc.instance_id)
 
 
 def _no_stdin(pid: int) -> str:
