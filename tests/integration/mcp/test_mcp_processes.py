@@ -80,6 +80,11 @@ def test_output_is_read_incrementally_from_offsets_and_stdin_reaches_the_process
             out: dict[str, Any] = {}
             first = out["first"] = await c.call_tool("start_process", {"session_id": sid, "command": big, "wait": 5})
             pid, reads, got = first.structured_content["pid"], [first], first.structured_content
+            for _ in range(200):  # until the box has reported it over, so the next read is cut by the cap
+                [listed] = (await c.call_tool("list_processes", {"session_id": sid})).structured_content["processes"]
+                if listed.get("exited_in_box") or not listed["running"]:
+                    break
+                await asyncio.sleep(0.05)
             while got["running"] or got["stdout_waiting"]:
                 reads.append(await c.call_tool("read_process_output", {
                     "session_id": sid, "pid": pid, "stdout_offset": got["stdout_offset"],
@@ -116,9 +121,15 @@ def test_output_is_read_incrementally_from_offsets_and_stdin_reaches_the_process
     whole = "".join(r["stdout"] for r in reads)
     assert whole == "".join(f"{i}\n" for i in range(1, 30001))  # nothing lost, nothing repeated
     assert len(reads) >= 6 and all(len(r["stdout"]) <= DEFAULT_MAX_OUTPUT for r in reads)
-    assert reads[0]["stdout_waiting"] > 0 and "more bytes of stdout are waiting" in _text(out["first"])
+    # the first reply returns with the first output the service has, so how much waits behind it
+    # depends on timing; the second read comes after the box reported the process over: cut by the cap
     assert (f"next read: read_process_output pid={reads[0]['pid']} stdout_offset={reads[0]['stdout_offset']} "
             "stderr_offset=0") in _text(out["first"])  # how to read on, in the model's text
+    second = reads[1]
+    assert len(second["stdout"]) > DEFAULT_MAX_OUTPUT - 8 and second["stdout_waiting"] > 0, second
+    assert f"[{second['stdout_waiting']} more bytes of stdout are waiting: read on]" in _text(out["reads"][1])
+    assert (f"next read: read_process_output pid={second['pid']} stdout_offset={second['stdout_offset']} "
+            f"stderr_offset={second['stderr_offset']}") in _text(out["reads"][1])
     assert reads[-1]["status"] == "exited" and reads[-1]["exit_code"] == 0
     assert "exited with code 0" in _text(out["reads"][-1])
     assert out["again"].structured_content["stdout"] == "" and "(no new output)" in _text(out["again"])
