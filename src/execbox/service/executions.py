@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -92,7 +92,7 @@ class RunService:
                 yield pair
         else:
             with notes.collecting() as seen, self.sessions.session(spec.tenant_id, spec.session_id, template,
-                                                                   **_rt(spec)) as s:
+                                                                   count_execution=True, **_rt(spec)) as s:
                 assert s.provider is not None and s.instance_id is not None
                 spec.notices.update(notes.created_notice(seen, spec.tenant_id, spec.session_id))
                 s.running += 1
@@ -111,7 +111,9 @@ class RunService:
         """Run and record; SB errors propagate after being counted and logged."""
         provider_name, instance_id = "", None
         started = time.monotonic()
-        with self.sessions.execution_slot(spec.tenant_id):
+        # a one-shot counts as an execution from the start; a session run once it holds its session
+        # (``_box``): one waiting its turn behind the session's current run is not running
+        with self.sessions.execution_slot(spec.tenant_id) if spec.session_id is None else nullcontext():
             try:
                 with self._box(spec) as (provider, instance_id):
                     provider_name = provider.name
@@ -172,8 +174,7 @@ class RunService:
             return call(provider, iid)
 
         try:
-            with self.sessions.execution_slot(tenant_id), \
-                    self.sessions.box_for_operation(tenant_id, session_id) as (provider, iid):
+            with self.sessions.box_for_operation(tenant_id, session_id, count_execution=True) as (provider, iid):
                 out = filed(provider, iid)
         except Exception as e:  # an SB error, or a protocol error raised by the caller's call
             code = e.code if isinstance(e, SandboxError) else None

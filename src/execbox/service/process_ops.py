@@ -58,8 +58,7 @@ class ProcessOps:
         if not command.strip() or "\x00" in command:
             raise InvalidConfigError("command must be a non-empty string without NUL", details={"field": "command"})
         check_path(cwd, "cwd")
-        with self.sessions.execution_slot(tenant), \
-                self.sessions.box_for_operation(tenant, session_id, "bash") as (provider, iid):
+        with self.sessions.box_for_operation(tenant, session_id, "bash", count_execution=True) as (provider, iid):
             require_support(provider)
             limit = provider.config.get("max_timeout")
             if timeout is not None and limit and timeout > float(limit):

@@ -85,18 +85,18 @@ def test_a_cell_refused_for_the_tenants_quota_is_an_sdk_exception(e2b_env: Serve
     hold = f"hold-{time.monotonic_ns()}"
     headers = {"Authorization": f"Bearer {e2b_env.token_a}"}
 
-    def run(code: str) -> httpx.Response:
+    def run(code: str, session: str | None = hold) -> httpx.Response:
         return httpx.post(f"{e2b_env.url}/v1/sandbox/execute", headers=headers, timeout=60,
-                          json={"session_id": hold, "language": "python", "code": code})
+                          json={"session_id": session, "language": "python", "code": code})
 
     try:
         assert run("pass").status_code == 200  # the session's box is up
         with ThreadPoolExecutor(10) as pool:
-            # the HTTP API's requests queued on one session hold their slots (that API's contract):
-            # one sleeps, nine wait for it, and the tenant's 10 executions are in use
+            # the tenant's 10 executions in use: a session run and nine one-shots (which count
+            # from their arrival; runs queued on one session would not)
             first = pool.submit(run, "import time; time.sleep(4)")
             time.sleep(0.5)
-            rest = [pool.submit(run, "pass") for _ in range(9)]
+            rest = [pool.submit(run, "import time; time.sleep(4)", None) for _ in range(9)]
             time.sleep(1.0)
             with pytest.raises(e2b.SandboxException) as caught:
                 sbx.run_code("1 + 1", timeout=30)

@@ -98,6 +98,39 @@ def test_executions_in_one_session_are_serialized(service: Service) -> None:
     assert out == ["ok\n"] * 3  # an overlapping run would have failed to create 'lock'
 
 
+def test_runs_waiting_their_turn_on_a_session_hold_no_execution_slot(service_factory) -> None:
+    """Six runs queued on one session with a limit of two executions: all run, one after the
+    other (only the one holding the session counts); two other sessions busy at once still
+    meet the limit."""
+    svc: Service = service_factory(tenant_max_executions=2)
+    code = "import time; time.sleep(0.3); print('ok')"
+    out: list[int] = []
+
+    def post(session: str, run: str = code) -> None:
+        out.append(svc.a.post("/v1/sandbox/execute", json={"code": run, "session_id": session}).status_code)
+
+    for session in ("queue", "busy0", "busy1"):  # their boxes made beforehand
+        assert svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": session}).status_code == 200
+    threads = [threading.Thread(target=post, args=("queue",)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == [200] * 6
+    sessions = svc.app.state.services.sessions
+    assert sessions._running.get("tenant-a") is None  # every slot given back
+    slow = [threading.Thread(target=post, args=(f"busy{i}", "import time; time.sleep(2)")) for i in range(2)]
+    out.clear()
+    for t in slow:
+        t.start()
+    assert _wait(lambda: sessions._running.get("tenant-a") == 2, 10)
+    r = svc.a.post("/v1/sandbox/execute", json={"code": "print(1)", "session_id": "third"})
+    assert r.status_code == 429 and error_of(r)["details"]["reason"] == "tenant_max_executions"
+    for t in slow:
+        t.join()
+    assert out == [200, 200]
+
+
 def test_dead_box_is_reported_once_then_recreated_with_its_workspace(service: Service) -> None:
     c = service.a
     c.post("/v1/sandbox/write", json={"session_id": "phoenix", "path": "keep.txt", "content": "survives"})

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from ...errors import (
     OutOfMemoryError,
@@ -275,7 +275,8 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
 
     @contextmanager
     def session(self, tenant_id: str, session_id: str, template: str = "python",
-                runtime: str | None = None, beside: Callable[[], bool] | None = None) -> Iterator[Session]:
+                runtime: str | None = None, beside: Callable[[], bool] | None = None,
+                count_execution: bool = False) -> Iterator[Session]:
         """The session with a live instance, held exclusively for the duration of the block.
 
         Requests queued on a busy session hold a worker thread each, so a tenant may only have
@@ -283,6 +284,8 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         starve the others of threads. A paused session is resumed by its next use. ``beside``:
         while the session is held, asked every ``BESIDE_RECHECK`` s; once it says so, the wait
         ends with ``SessionBusy`` (a file operation that can go beside a run that has started).
+        ``count_execution``: take the tenant's execution slot once the session is held, so a
+        request waiting its turn on a busy session is not counted as an execution running.
         """
         check_name(tenant_id, "tenant_id")
         check_name(session_id, "session_id")
@@ -290,7 +293,7 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         self._refuse_if_fenced()
         with self._counters.slot(self._inflight, tenant_id, self.settings.tenant_max_requests,
                                  "tenant_max_requests", "requests", "session requests in flight"):
-            with self._held(tenant_id, session_id, beside) as s:
+            with self._held(tenant_id, session_id, beside) as s, self._execution(tenant_id, count_execution):
                 if s.state == "paused":
                     self._mark_running(s)
                 pick_runtime(s, runtime)
@@ -302,9 +305,12 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
                     raise
                 s.operations += 1
 
+    def _execution(self, tenant_id: str, count: bool) -> AbstractContextManager[None]:
+        return self.execution_slot(tenant_id) if count else nullcontext()
+
     @contextmanager
-    def box_for_operation(self, tenant_id: str, session_id: str,
-                          template: str = "python") -> Iterator[tuple[SandboxProvider, str]]:
+    def box_for_operation(self, tenant_id: str, session_id: str, template: str = "python",
+                          count_execution: bool = False) -> Iterator[tuple[SandboxProvider, str]]:
         """(provider, instance id) of the session's box for one short operation (a file
         operation, a background process's start or signal): beside a run that holds the session
         (never waiting it out), else with the session held for the block. A run may take the
@@ -313,11 +319,13 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         while True:
             beside = self.beside_run(tenant_id, session_id)
             if beside is not None:
-                yield beside
+                with self._execution(tenant_id, count_execution):
+                    yield beside
                 return
             try:
                 with self.session(tenant_id, session_id, template,
-                                  beside=lambda: self.beside_run(tenant_id, session_id) is not None) as s:
+                                  beside=lambda: self.beside_run(tenant_id, session_id) is not None,
+                                  count_execution=count_execution) as s:
                     assert s.provider is not None and s.instance_id is not None
                     yield s.provider, s.instance_id
                 return
