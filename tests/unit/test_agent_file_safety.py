@@ -156,3 +156,24 @@ def test_catastrophic_regex_is_stopped_by_the_time_limit(ws: Path) -> None:
     with pytest.raises(fileops.FileOpError) as missing:  # errors in the worker come back typed
         search.grep(str(ws), "x", "nope")
     assert missing.value.status == 404
+
+
+@pytest.mark.parametrize("path", ["dir/", "sub/dir/", "config.json/", "new\\"])
+def test_a_write_to_a_path_ending_in_a_slash_is_refused_and_changes_nothing(ws: Path, path: str) -> None:
+    """``dir/`` names a directory (open(2) refuses it with EISDIR): writing a file ``dir`` instead
+    would surprise, and over an existing file would replace what was meant as a directory's parent."""
+    for mode in ("overwrite", "append", "create"):
+        with pytest.raises(fileops.FileOpError) as e:
+            writes.write(str(ws), path, b"x", mode)
+        assert e.value.status == 400 and "names a directory" in str(e.value) and repr(path) in str(e.value)
+    with pytest.raises(fileops.FileOpError):
+        writes.write_many(str(ws), [{"path": "ok.txt", "content": "a"}, {"path": path, "content": "b"}])
+    assert sorted(os.listdir(ws)) == ["config.json"] and (ws / "config.json").read_text() == "OLD"
+
+
+def test_a_nul_in_a_path_is_named_once_escaped() -> None:
+    from execbox.agent import paths
+
+    with pytest.raises(paths.PathViolation) as e:
+        paths.check_syntax("a\x00b")
+    assert str(e.value) == "invalid path 'a\\x00b': NUL byte in path"

@@ -32,7 +32,7 @@ def check_syntax(path: str) -> str:
     if not isinstance(path, str):
         raise PathViolation(repr(path), "path must be a string")
     if "\x00" in path:
-        raise PathViolation(path.replace("\x00", "\\0"), "NUL byte in path")
+        raise PathViolation(path, "NUL byte in path")  # repr shows it as \x00
     if not is_utf8(path):  # os.fsencode would turn '\udcff' into the byte 0xff: a name no reply can show
         raise PathViolation(path.encode("utf-8", "backslashreplace").decode(), "path is not valid UTF-8")
     if len(path) > MAX_PATH_LEN:
