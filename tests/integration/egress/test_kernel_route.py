@@ -347,19 +347,37 @@ except Exception as e:
     print("third refused", e)
 for s in held: s.close()
 time.sleep(1)  # the two closed connections leave the connection count
+def tcp():
+    lines = open("/proc/net/netstat").read().splitlines()
+    pairs = (zip(lines[i].split()[1:], lines[i + 1].split()[1:]) for i in range(0, len(lines), 2))
+    return {{k: int(v) for pair in pairs for k, v in pair}}
+before, t0 = tcp(), time.monotonic()
 try:
     n = len(urllib.request.urlopen("http://{fakenet.server_ip}/bytes/{8 * 1024 * 1024}", timeout=10).read())
     print("downloaded", n)
 except Exception as e:
     print("cut", type(e).__name__)
+after = tcp()
+took = round(time.monotonic() - t0, 3)
+print("tcp", took, {{k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}})
 """, "python", 60)
         assert "third refused" in r.stdout and "403" in r.stdout, r  # the gateway refuses it (audited)
-        # cut with a reset at the cap, not left to stall until the client's timeout
-        assert "cut ConnectionResetError" in r.stdout, r
+        # cut with a reset at the cap, not left to stall until the client's timeout (a CI run once
+        # saw TimeoutError here, not reproduced since: the message carries what would explain it)
+        if "cut ConnectionResetError" not in r.stdout:  # pytest.fail: an assertion's message is cut short
+            pytest.fail(f"not cut with a reset:\n{r.stdout}\n{_cut_counters(p, iid)}")
         recs = audited(lambda x: x.decision == "limited", session_id="kroute-caps")
         assert any(x.decision == "limited" and "byte cap" in x.reason for x in recs), recs
     finally:
         p.shutdown()
+
+
+def _cut_counters(p, iid) -> str:
+    """The box namespace's and the host's rule counters, for a cut that did not end in a reset."""
+    net = p._get(iid).box.net.net
+    ns = subprocess.run(["ip", "netns", "exec", net.name, "iptables", "-w", "-S", "-v"], capture_output=True, text=True)
+    host = subprocess.run(["iptables", "-w", "-S", "-v"], capture_output=True, text=True)
+    return "\n".join([ns.stdout, ns.stderr, *(line for line in host.stdout.splitlines() if net.route.chain in line)])
 
 
 def test_connections_after_the_byte_quota_is_spent_are_refused_on_record(fakenet, monkeypatch):
