@@ -253,11 +253,12 @@ def test_docker_host_with_credentials_or_junk_is_refused_without_echo(value):
 def test_the_engine_error_hides_url_userinfo(monkeypatch):
     from execbox.errors import ProviderUnavailableError
     from execbox.providers import docker as docker_provider
+    from execbox.providers import docker_prepare
 
     def refuse(base_url="", timeout=30.0):
         raise ValueError(f"Invalid bind address format: {base_url}")  # what docker-py says
 
-    monkeypatch.setattr(docker_provider, "docker_client", refuse)
+    monkeypatch.setattr(docker_prepare, "docker_client", refuse)  # prepare() reaches the engine there
     p = docker_provider.DockerProvider()
     p.config = {"docker_host": "tcp://u:DOCKERpass12@10.0.0.1:2376"}  # stored before validation existed
     with pytest.raises(ProviderUnavailableError) as e:
