@@ -119,8 +119,10 @@ class BoxPool:
                 self._ready.append(box)
                 self._cond.notify_all()
 
-    def take(self, wait: float = 0.0) -> PooledBox | None:
-        """A ready, live box, waiting up to ``wait`` seconds; None if none came."""
+    def take(self, wait: float = 0.0, give_up: Callable[[], bool] | None = None) -> PooledBox | None:
+        """A ready, live box, waiting up to ``wait`` seconds; None if none came. ``give_up`` is asked
+        (with the pool's lock held: it must only read) whenever the wait finds no box; True ends it
+        (a refill that failed for a reason no retry within ``wait`` will cure)."""
         deadline = time.monotonic() + wait
         with self._cond:
             while True:
@@ -136,7 +138,7 @@ class BoxPool:
                         return box
                     threading.Thread(target=box.destroy, daemon=True).start()
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._closed or not self.size:
+                if remaining <= 0 or self._closed or not self.size or (give_up is not None and give_up()):
                     return None
                 self._waiting += 1
                 self._cond.notify_all()  # a refill holding off starts now

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -289,14 +290,25 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
                 raise box_start_failed(self.name, e, "a container") from e
             return self._register(Instance(instance_id, box, tenant_id, session_id, runtime=runtime),
                                   workspace is not None)
-        wait = float(self.config.get("pool_wait") or 0)
-        box = self._pool.take(wait)
+        wait, pool, since = float(self.config.get("pool_wait") or 0), self._pool, time.time()
+        if not pool.status()["ready"] and _engine_down(pool, 0.0) and not self._engine_answers():
+            raise engine_unavailable(self.name)  # the refill keeps failing: no use waiting pool_wait
+        box = pool.take(wait, give_up=lambda: _engine_down(pool, since))
         if box is None:
-            raise self._no_pooled_box(self._pool, wait)
+            if _engine_down(pool, since):
+                raise engine_unavailable(self.name)
+            raise self._no_pooled_box(pool, wait)
         instance_id = make_instance_id(tenant_id, session_id)
         assert isinstance(box, DockerBox)
         self._claim_later(box, tenant_id, session_id or "", instance_id)
         return self._register(Instance(instance_id, box, tenant_id, session_id, from_pool=True), False)
+
+    def _engine_answers(self) -> bool:
+        try:
+            self.docker.api.ping()
+        except Exception as e:  # noqa: BLE001
+            return not engine_unreachable(e)
+        return True
 
     def _no_pooled_box(self, pool: BoxPool, wait: float) -> InstanceCreationError:
         """SB004 for a caller the pool had no container for within ``wait`` s: every pooled one is
@@ -361,6 +373,14 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
             self.remove_leftovers()
             self.docker.close()
             self.docker = None
+
+
+def _engine_down(pool: BoxPool, since: float) -> bool:
+    """The pool's refills fail, the newest (at or after ``since``, epoch s) because the engine does
+    not answer."""
+    e, at = pool.last_exception, pool.last_error_at
+    return bool(pool.consecutive_failures) and e is not None and at is not None and at >= since \
+        and engine_unreachable(e)
 
 
 def runtime_image(client: Any, name: str) -> tuple[str, str]:

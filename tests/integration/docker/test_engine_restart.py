@@ -7,7 +7,9 @@ the shared engine is never stopped.
   quick SB009 "the Docker engine is unavailable" (it used to wait 30 s for the mount, then SB009
   "previous owner"); the first request after the engine is back gets a fresh box with the files,
   and a session nobody uses is unmounted in the background.
-* The warm pool's boxes from before the restart are dead: none is handed out.
+* The warm pool's boxes from before the restart are dead: none is handed out. While the engine is
+  down a one-shot gets the same quick SB009 instead of waiting ``pool_wait`` for a refill that
+  cannot start (and then SB004).
 * A provider on another engine leaves this engine's live boxes' host dirs and uid pins alone.
 """
 
@@ -95,6 +97,12 @@ def test_a_session_whose_box_died_with_the_engine_recovers_once_it_is_back(engin
         with pytest.raises(ProviderUnavailableError) as ei:  # a new session: the same answer
             p.create_instance(tenant_id="t1", session_id="new", workspace=str(tmp_path / "new"))
         assert ei.value.details["reason"] == "docker_engine_unavailable"
+        for _ in range(2):  # a one-shot: the pool's box died with the engine and no refill can start
+            t0 = time.monotonic()
+            with pytest.raises(ProviderUnavailableError) as ei:
+                p.create_instance(tenant_id="t1", session_id=None)
+            assert time.monotonic() - t0 < 5, "waited pool_wait (60 s) for a refill that could not start"
+            assert ei.value.details["reason"] == "docker_engine_unavailable"
 
         engine.start()
         t0 = time.monotonic()
