@@ -12,6 +12,9 @@ is refused with 429 SB008 and a Retry-After, never by ending another of its sess
 take a live client's conversation, and its workspace, from under it). An MCP session that has not
 made a tool call (or read a resource) ends after ``EXECBOX_MCP_UNUSED_SESSION_TIMEOUT`` (300 s)
 without a request; one that has lives for ``SANDBOX_IDLE_TIMEOUT`` as before.
+
+A POST body over ``EXECBOX_MCP_MAX_REQUEST_BYTES`` (4 MiB) is refused with a JSON-RPC 413 naming
+the limit before the SDK reads it (body_limit.py); the SDK is given the same limit.
 """
 
 from __future__ import annotations
@@ -19,14 +22,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
@@ -35,6 +36,7 @@ from ..errors import RateLimitError, SandboxError
 from ..service.auth import AuthError, Principal, authenticate
 from ..service.container import Services
 from ..settings import parse_duration, parse_int
+from .body_limit import declared_length, drain, max_request_bytes_from_env, read_bounded, refusal
 from .core import DEFAULT_MAX_TIMEOUT, Caller, ServiceCore
 from .output_cap import max_output_from_env
 from .resource_cap import max_resource_bytes_from_env
@@ -101,10 +103,12 @@ class McpHttpApp:
         self.max_resource_bytes = max_resource_bytes_from_env()
         self.max_sessions = max_sessions_from_env()
         self.unused_timeout = unused_timeout_from_env(services.settings.idle_timeout)
+        self.max_request_bytes = max_request_bytes_from_env(services.settings.max_request_bytes)
         self._core: ServiceCore | None = None
         self.server = build_server(self._resolve)
         self.manager = StreamableHTTPSessionManager(app=self.server, json_response=False,
-                                                    session_idle_timeout=services.settings.idle_timeout)
+                                                    session_idle_timeout=services.settings.idle_timeout,
+                                                    max_request_body_size=self.max_request_bytes)
         self._live: dict[str, _Live] = {}  # Mcp-Session-Id -> who opened it, whether it was used
         self._opening: dict[Owner, int] = {}  # initialize requests being served, per principal
 
@@ -144,10 +148,16 @@ class McpHttpApp:
                         [(b"www-authenticate", b'Bearer realm="execbox"')] if e.http_status == 401 else [])
             return
         scope[PRINCIPAL] = principal
+        body: bytes | None = None
+        if scope["method"] == "POST":
+            bounded = await self._within_limit(scope, receive, send)
+            if bounded is None:
+                return
+            body, receive = bounded
         # the first header, as the SDK and Starlette read it (a second one must not pass the check)
         raw = next((v for k, v in scope.get("headers") or [] if k == SESSION_HEADER), None)
         if raw is None:  # no MCP session yet: an initialize opens one, owned by this principal
-            await self._open(principal, scope, receive, send)
+            await self._open(principal, scope, receive, send, body)
             return
         session = raw.decode("latin-1")
         live = self._live.get(session)
@@ -159,13 +169,32 @@ class McpHttpApp:
         await self.manager.handle_request(scope, receive, send)
         self._unused_expiry(session)
 
-    async def _open(self, principal: Principal, scope: Scope, receive: Receive, send: Send) -> None:
-        """A request without Mcp-Session-Id. A handshake-era initialize (the only one that opens an
-        MCP session) counts against the principal's EXECBOX_MCP_MAX_SESSIONS; past it, 429 SB008."""
+    async def _within_limit(self, scope: Scope, receive: Receive, send: Send) -> tuple[bytes, Receive] | None:
+        """The POST body and a receive that replays it; or, past EXECBOX_MCP_MAX_REQUEST_BYTES
+        (declared or counted), None once the 413 is sent."""
+        limit = self.max_request_bytes
+        declared = declared_length(scope.get("headers") or [])
+        read = 0
+        if declared is None or declared <= limit:
+            body, read, replay = await read_bounded(receive, limit)
+            if body is not None:
+                return body, replay
+        with anyio.move_on_after(15):  # let a client still sending read the answer, not a reset
+            try:
+                await drain(receive, 4 * limit - read)
+            except Exception:  # noqa: BLE001 - past SANDBOX_MAX_REQUEST_BYTES too (its check raises): stop
+                pass
+        await _json(send, 413, refusal(limit, declared), [(b"connection", b"close")])
+        return None
+
+    async def _open(self, principal: Principal, scope: Scope, receive: Receive, send: Send,
+                    body: bytes | None) -> None:
+        """A request without Mcp-Session-Id (``body``: a POST's, already read). A handshake-era
+        initialize (the only one that opens an MCP session) counts against the principal's
+        EXECBOX_MCP_MAX_SESSIONS; past it, 429 SB008."""
         owner = _owner(principal)
         opening = _Opening()
         if scope["method"] == "POST" and _handshake_era(scope) and self.max_sessions > 0:
-            body, receive = await _peek(receive, DEFAULT_MAX_REQUEST_BODY_SIZE)
             if _is_initialize(body):
                 self._forget_ended()
                 held = sum(1 for live in self._live.values() if live.owner == owner) + self._opening.get(owner, 0)
@@ -279,30 +308,6 @@ def _handshake_era(scope: Scope) -> bool:
     MCP-Protocol-Version header, or a handshake-era one (StreamableHTTPSessionManager's routing)."""
     raw = next((v for k, v in scope.get("headers") or [] if k == VERSION_HEADER), None)
     return raw is None or raw.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS
-
-
-async def _peek(receive: Receive, limit: int) -> tuple[bytes | None, Callable[[], Awaitable[Message]]]:
-    """The request body (None when it is over ``limit`` or the client left first), and a receive
-    that hands the SDK the same messages again."""
-    held: list[Message] = []
-    size = 0
-    complete = False
-    while True:
-        message = await receive()
-        held.append(message)
-        if message["type"] != "http.request":
-            break
-        size += len(message.get("body", b""))
-        if size > limit:
-            break
-        if not message.get("more_body", False):
-            complete = True
-            break
-    body = b"".join(m.get("body", b"") for m in held) if complete else None
-
-    async def replay() -> Message:
-        return held.pop(0) if held else await receive()
-    return body, replay
 
 
 def _is_initialize(body: bytes | None) -> bool:

@@ -289,7 +289,10 @@ TOOLS: list[ToolDef] = [
             read_file, read_only=True, idempotent=True),
     ToolDef("write_file", "Write a file",
             "Write a file into the workspace atomically (parent directories are created). Text by default; "
-            "set encoding='base64' for binary content. mode 'append' adds to an existing file.",
+            "set encoding='base64' for binary content. mode 'append' adds to an existing file. Over HTTP "
+            "one call holds at most the server's request limit (4 MiB by default, base64 included; a larger "
+            "call is refused with SB002 naming it): write a larger file in pieces, the first with mode "
+            "'overwrite' and the rest with mode 'append' (cut base64 text at a multiple of 4 characters).",
             obj({"path": PATH, "content": {"type": "string"}, "session_id": SESSION_ID,
                   "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
                   "mode": {"type": "string", "enum": ["overwrite", "append"], "default": "overwrite"}},
