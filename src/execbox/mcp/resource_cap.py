@@ -24,7 +24,8 @@ DEFAULT_MAX_RESOURCE_BYTES = 4 * 1024 * 1024
 (results.MAX_INLINE_IMAGE), under the ~5 MB models take per image, and ~5.6 MB of base64 JSON."""
 REASON = "resource_too_large"
 TEXT_TYPES = ("text/", "application/json", "application/xml", "application/javascript")
-"""MIME types a resource is sent as text (when it is UTF-8), and read_file is named for when it is too large."""
+"""MIME types of a run's artifact too large to link that read_file is named for (results.py: its
+content is not at hand to test; a resource read tests the content, ``looks_text``)."""
 
 
 def max_resource_bytes_from_env() -> int:

@@ -1,7 +1,10 @@
 """The MCP server: tool listing and dispatch, workspace files as resources, error mapping.
 
 A ``resources/read`` reply carries at most ``EXECBOX_MCP_MAX_RESOURCE_BYTES`` of a file; a larger
-file is refused with an error saying how to read it instead (resource_cap.py).
+file is refused with an error saying how to read it instead (resource_cap.py). A file comes back as
+text when read_file would page it and it is UTF-8 (``looks_text``), whatever its name; otherwise as
+a base64 blob. ``resources/list`` offers only what a read can read (resource_list.py: no symlink
+that leads out of the workspace).
 
 Transport-neutral: ``resolve(ctx)`` says which core, caller and implicit-session key a request
 belongs to (stdio: the one local user; HTTP: the bearer token's tenant, see http.py).
@@ -29,7 +32,8 @@ from .arguments import check_arguments
 from .budget import cap_result
 from .core import Caller, ServiceCore
 from .output_cap import DEFAULT_MAX_OUTPUT
-from .resource_cap import TEXT_TYPES, too_large
+from .resource_cap import looks_text, too_large
+from .resource_list import readable_files
 from .results import error_result, file_uri
 from .tool_base import RUN_HANDLE, Handler
 from .tools import BY_NAME, TOOLS
@@ -143,7 +147,8 @@ def _read_resource(core: ServiceCore, caller: Caller, uri: str) -> types.ReadRes
     m = URI.match(uri)
     if m is None:
         raise MCPError(code=types.INVALID_PARAMS,
-                       message=f"not an execbox resource: {uri!r} (execbox://sessions/<id>/files/<path>)")
+                       message=f"SB002: not an execbox resource: {uri!r} (execbox://sessions/<id>/files/<path>)",
+                       data={"code": "SB002", "uri": uri})
     sid, path = unquote(m.group("sid")), unquote(m.group("path"))
     limit = core.max_resource_bytes
     try:
@@ -159,12 +164,14 @@ def _read_resource(core: ServiceCore, caller: Caller, uri: str) -> types.ReadRes
         message, details = too_large(uri, sid, path, size, limit, data)
         raise MCPError(code=types.INVALID_PARAMS, message=message, data=details)
     mime = _mime(path)
-    if mime.startswith(TEXT_TYPES):
+    if looks_text(data):  # read_file's test (no NUL in the first 8 KiB), and UTF-8: the name does not decide
         try:
-            return types.ReadResourceResult(contents=[types.TextResourceContents(
-                uri=uri, mime_type=mime, text=data.decode("utf-8"))])
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             pass
+        else:
+            return types.ReadResourceResult(contents=[types.TextResourceContents(
+                uri=uri, mime_type="text/plain" if mime == "application/octet-stream" else mime, text=text)])
     return types.ReadResourceResult(contents=[types.BlobResourceContents(
         uri=uri, mime_type=mime, blob=base64.b64encode(data).decode())])
 
@@ -181,9 +188,7 @@ def _list_files(core: ServiceCore, caller: Caller) -> list[types.Resource]:
             continue
         if files is None:
             continue
-        for f in files:
-            if f.is_dir:
-                continue
+        for f in readable_files(files):
             out.append(types.Resource(name=f"{sid}/{f.path}", uri=file_uri(sid, f.path), size=f.size,
                                       mime_type=_mime(f.path)))
             if len(out) >= MAX_LISTED_FILES:
