@@ -52,16 +52,16 @@ from ..errors import BodyLimit
 from ..executions import run_timeout
 from ..metrics import ServiceMetrics
 from .executor_results import (
-    MAX_ARTIFACT_BYTES,
     RUNNER_ERROR_EXIT,
     artifact_items,
     classify,
+    max_artifact_bytes_from_env,
     result_to_response,
     runner_error_response,
     validation_response,
 )
 
-__all__ = ["LOOPBACK_HOSTS", "MAX_ARTIFACT_BYTES", "RUNNER_ERROR_EXIT", "ExecutorAuth", "RunRequest",
+__all__ = ["LOOPBACK_HOSTS", "RUNNER_ERROR_EXIT", "ExecutorAuth", "RunRequest",
            "StaticProviders", "classify", "create_executor_app", "is_loopback", "result_to_response", "router",
            "runner_error_response"]
 
@@ -216,6 +216,8 @@ class ExecutorDeps:
     store: Any = None
     """Token store for per-tenant tokens; None in the standalone app."""
     max_code_bytes: int | None = None
+    max_artifact_bytes: int = field(default_factory=max_artifact_bytes_from_env)
+    """EXECBOX_EXECUTOR_MAX_ARTIFACT_BYTES, read when the app is built (executor_results.py)."""
 
 
 def executor_deps(request: Request) -> ExecutorDeps:
@@ -339,28 +341,29 @@ def _current_provider(request: Request) -> SandboxProvider:
     return holder.current()
 
 
-def _execute(provider: SandboxProvider, instance_id: str, req: RunRequest, code: str
+def _execute(provider: SandboxProvider, instance_id: str, req: RunRequest, code: str, max_artifact_bytes: int
              ) -> tuple[ExecutionResult, list[dict[str, Any]], list[str]]:
     timeout = run_timeout(provider, req.timeout, sandbox_timeout())
     result = provider.execute_code(instance_id, code, req.language.value, timeout, req.arguments or {},
                                    inline_artifacts=True)
-    artifacts, problems = artifact_items(result)  # while the instance still exists
+    artifacts, problems = artifact_items(result, max_artifact_bytes)  # while the instance still exists
     return result, artifacts, problems
 
 
-def run_once(provider: SandboxProvider, req: RunRequest, tenant_id: str) -> dict[str, Any]:
+def run_once(provider: SandboxProvider, req: RunRequest, tenant_id: str,
+             max_artifact_bytes: int) -> dict[str, Any]:
     """One-shot: create an instance, run, read artifacts, always destroy."""
     code = base64.b64decode(req.code_b64).decode("utf-8")
     inst = provider.create_instance(template=req.language.value, tenant_id=tenant_id)
     try:
-        result, artifacts, problems = _execute(provider, inst.instance_id, req, code)
+        result, artifacts, problems = _execute(provider, inst.instance_id, req, code, max_artifact_bytes)
     finally:
         provider.destroy_instance(inst.instance_id)
     return result_to_response(result, artifacts, problems)
 
 
 def run_in_service(runs: Any, req: RunRequest, tenant_id: str, token_id: str | None,
-                   max_code_bytes: int | None) -> dict[str, Any]:
+                   max_code_bytes: int | None, max_artifact_bytes: int) -> dict[str, Any]:
     """Inside `execbox serve`: the service's one-shot path (quota slot, metrics, audit log)."""
     from ..executions import RunSpec
 
@@ -371,7 +374,8 @@ def run_in_service(runs: Any, req: RunRequest, tenant_id: str, token_id: str | N
     read: dict[str, Any] = {}
 
     def call(provider: SandboxProvider, instance_id: str, one_shot: bool, on_output: Any) -> ExecutionResult:
-        result, read["artifacts"], read["problems"] = _execute(provider, instance_id, req, code)
+        result, read["artifacts"], read["problems"] = _execute(provider, instance_id, req, code,
+                                                               max_artifact_bytes)
         return result
 
     spec = RunSpec(tenant_id, None, "execute_code", req.language.value, code, token_id, call)
@@ -431,10 +435,10 @@ async def run(request: Request) -> JSONResponse:
     try:
         if deps.runs is not None:
             body = await run_in_threadpool(run_in_service, deps.runs, req, tenant_id, token_id,
-                                           deps.max_code_bytes)
+                                           deps.max_code_bytes, deps.max_artifact_bytes)
         else:
             provider = _current_provider(request)
-            body = await run_in_threadpool(run_once, provider, req, tenant_id)
+            body = await run_in_threadpool(run_once, provider, req, tenant_id, deps.max_artifact_bytes)
     except SandboxError as e:
         return runner_error_response(e)
     except Exception as e:  # noqa: BLE001 - report, never drop: a runner bug is still an answer

@@ -2,11 +2,19 @@
 the structured result, and the bodies for runner failures and bad requests.
 
 Kept apart from the routes so the mapping can be read (and tested) as one table.
+
+Artifacts come back inline (base64) up to ``EXECBOX_EXECUTOR_MAX_ARTIFACT_BYTES`` in total per
+call (default 10 MiB: RAGFlow's own executor returns no file over 10 MiB, and its code component
+turns artifacts into chart and table attachments). Each call holds its artifacts several times
+over (bytes, base64, JSON) until answered, so concurrent calls multiply the cap in server memory.
+An artifact that does not fit is left out without being read, and named (with its size, the cap
+and the setting) in ``detail``, as other artifacts that cannot be returned are.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import signal
 from typing import Any
 
@@ -14,8 +22,11 @@ from fastapi.responses import JSONResponse
 
 from ...errors import CodeBlockedError, InvalidConfigError, SandboxError
 from ...models import ExecutionResult
+from ...settings import parse_int
 
-MAX_ARTIFACT_BYTES = 64 * 1024 * 1024  # total artifact bytes returned inline by one /run
+ARTIFACT_BYTES_ENV = "EXECBOX_EXECUTOR_MAX_ARTIFACT_BYTES"
+DEFAULT_MAX_ARTIFACT_BYTES = 10 * 1024 * 1024
+"""Total artifact bytes (before base64) one /run returns inline by default."""
 RUNNER_ERROR_EXIT = -999  # RAGFlow's exit_code for a runner (not program) failure
 
 _NETWORK_MARKERS = ("Network is unreachable", "ENETUNREACH", "Temporary failure in name resolution",
@@ -72,21 +83,40 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
-def artifact_items(result: ExecutionResult) -> tuple[list[dict[str, Any]], list[str]]:
-    items, problems, budget = [], [], MAX_ARTIFACT_BYTES
+def max_artifact_bytes_from_env() -> int:
+    """EXECBOX_EXECUTOR_MAX_ARTIFACT_BYTES (a whole number of bytes; ``0``: no artifact inline), or
+    the default; a bad value is SB002 naming it (read when the app is built: a bad one stops start)."""
+    raw = os.environ.get(ARTIFACT_BYTES_ENV, "").strip()
+    return parse_int(raw, ARTIFACT_BYTES_ENV, 0) if raw else DEFAULT_MAX_ARTIFACT_BYTES
+
+
+def artifact_items(result: ExecutionResult, limit: int = DEFAULT_MAX_ARTIFACT_BYTES
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The artifacts returned inline, at most ``limit`` bytes together (in the run's order), and a
+    note for each one left out: too large for what is left of ``limit`` (not read at all), or
+    unreadable."""
+    items, problems, budget = [], [], limit
     for a in result.artifacts:
+        if a.size > budget:  # never read (or fetched from the box) just to be dropped
+            problems.append(_skipped(a.name, a.size, limit))
+            continue
         try:
             data = a.read_bytes()  # inline bytes, or fetched while the instance still exists
         except SandboxError as e:
             problems.append(f"{a.name}: {e.message}")
             continue
         if len(data) > budget:
-            problems.append(f"{a.name}: skipped, artifacts exceed {MAX_ARTIFACT_BYTES} bytes in total")
+            problems.append(_skipped(a.name, len(data), limit))
             continue
         budget -= len(data)
         items.append({"name": a.name, "mime_type": a.mime_type, "size": len(data),
                       "content_b64": base64.b64encode(data).decode("ascii")})
     return items, problems
+
+
+def _skipped(name: str, size: int, limit: int) -> str:
+    return (f"{name}: skipped ({size} bytes), artifacts returned inline are at most {limit} bytes in total "
+            f"({ARTIFACT_BYTES_ENV})")
 
 
 def result_to_response(result: ExecutionResult, artifacts: list[dict[str, Any]] | None = None,
