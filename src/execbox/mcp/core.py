@@ -269,16 +269,18 @@ class ServiceCore:
         spec = RunSpec(caller.tenant_id, session_id, "list_files", FILE_LANGUAGE, ".", caller.token_id, _no_run)
         provider_name, instance_id, started = "", None, time.monotonic()
         try:
-            with self.sessions.execution_slot(caller.tenant_id):
-                beside = self.sessions.beside_run(caller.tenant_id, session_id)
-                if beside is not None:  # a run holds the session and its box serves files beside it
-                    provider_name, instance_id = beside[0].name, beside[1]
+            # the slot once the box is in hand: waiting for the session holds none (as runs do)
+            beside = self.sessions.beside_run(caller.tenant_id, session_id)
+            if beside is not None:  # a run holds the session and its box serves files beside it
+                provider_name, instance_id = beside[0].name, beside[1]
+                with self.sessions.execution_slot(caller.tenant_id):
                     out = beside[0].list_files(beside[1], ".", True)
-                else:
-                    with self.sessions.if_running(caller.tenant_id, session_id) as s:
-                        if s is None or s.provider is None or s.instance_id is None:
-                            return None
-                        provider_name, instance_id = s.provider.name, s.instance_id
+            else:
+                with self.sessions.if_running(caller.tenant_id, session_id) as s:
+                    if s is None or s.provider is None or s.instance_id is None:
+                        return None
+                    provider_name, instance_id = s.provider.name, s.instance_id
+                    with self.sessions.execution_slot(caller.tenant_id):
                         out = s.provider.list_files(s.instance_id, ".", True)
         except Exception as e:
             code = e.code if isinstance(e, SandboxError) else None

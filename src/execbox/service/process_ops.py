@@ -138,8 +138,8 @@ class ProcessOps:
         if len(data) > MAX_STDIN_BYTES:
             raise PayloadTooLargeError(f"stdin data is {len(data)} bytes; the limit is {MAX_STDIN_BYTES} per request",
                                        details={"field": field, "size": len(data), "limit": MAX_STDIN_BYTES})
+        proc = self.find(tenant, session_id, pid)  # may wait for the session: no slot held meanwhile
         with self.sessions.execution_slot(tenant):
-            proc = self.find(tenant, session_id, pid)
             if not proc.info()["stdin"]:
                 why = (f"has ended{f' ({proc.error})' if proc.error else ''}" if proc.ended
                        else "has its stdin closed" if proc.stdin_closed
@@ -167,8 +167,8 @@ class ProcessOps:
         """Send ``sig`` to the process's job; (the process, whether a signal was delivered: False for
         one that had ended or been SIGKILLed already). After a SIGKILL, waits up to ``KILL_SETTLE``
         for its end to be seen."""
+        proc = self.find(tenant, session_id, pid)  # may wait for the session: no slot held meanwhile
         with self.sessions.execution_slot(tenant):
-            proc = self.find(tenant, session_id, pid)
             signalled = False
             started = time.monotonic()
             with proc.cond:

@@ -6,6 +6,8 @@ import os
 import threading
 import time
 
+import httpx
+
 from .conftest import Service, error_of
 
 
@@ -129,6 +131,62 @@ def test_runs_waiting_their_turn_on_a_session_hold_no_execution_slot(service_fac
     for t in slow:
         t.join()
     assert out == [200, 200]
+
+
+def test_a_run_refused_for_the_executions_limit_leaves_no_session(service_factory) -> None:
+    """Refused before it waits or creates anything: no row for the named session, nothing held
+    against SANDBOX_TENANT_MAX_SESSIONS (review 43 F1)."""
+    svc: Service = service_factory(tenant_max_executions=1, tenant_max_sessions=3)
+    sessions = svc.app.state.services.sessions
+    busy = threading.Thread(target=lambda: svc.a.post("/v1/sandbox/execute", json={
+        "code": "import time; time.sleep(3)", "session_id": "s1"}))
+    busy.start()
+    assert _wait(lambda: sessions._running.get("tenant-a") == 1, 10)
+    for name in ("n1", "n2"):
+        r = svc.a.post("/v1/sandbox/execute", json={"code": "print(1)", "session_id": name})
+        assert r.status_code == 429 and error_of(r)["details"]["reason"] == "tenant_max_executions"
+        assert sessions.registry.get("tenant-a", name) is None
+    busy.join()
+    r = svc.a.post("/v1/sandbox/execute", json={"code": "print(3)", "session_id": "n3"})
+    assert r.status_code == 200 and r.json()["stdout"] == "3\n", r.text
+
+
+def test_process_calls_waiting_for_a_held_session_hold_no_execution_slot(service_factory) -> None:
+    """A stdin write or signal that waits while its session is held by something other than a run
+    (a package install, a resume) holds none of the tenant's executions meanwhile (review 43 F2)."""
+    svc: Service = service_factory(tenant_max_executions=2)  # the two waiting calls would fill it
+    sessions = svc.app.state.services.sessions
+    base = "/v1/sandbox/sessions/tenant-a/p/processes"
+    r = svc.a.post(base, json={"command": "trap '' USR1; cat", "stdin": True})  # USR1: ignored
+    assert r.status_code == 201, r.text
+    pid = r.json()["pid"]
+    assert svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": "other"}).status_code == 200
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # as an install holds the session
+        with sessions.session("tenant-a", "p"):
+            held.set()
+            release.wait(20)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    waited: list[httpx.Response] = []
+    calls = [threading.Thread(target=lambda: waited.append(svc.a.post(f"{base}/{pid}/stdin", json={"data": "x\n"}))),
+             threading.Thread(target=lambda: waited.append(svc.a.post(f"{base}/{pid}/signal",
+                                                                       json={"signal": "SIGUSR1"})))]
+    for t in calls:
+        t.start()
+    time.sleep(0.5)  # both wait for the session now
+    try:
+        r = svc.a.post("/v1/sandbox/execute", json={"code": "print(2)", "session_id": "other"})
+        assert r.status_code == 200 and r.json()["stdout"] == "2\n", r.text
+    finally:
+        release.set()
+        holder.join()
+        for t in calls:
+            t.join()
+    assert sorted(w.status_code for w in waited) == [200, 200], [w.text for w in waited]
 
 
 def test_dead_box_is_reported_once_then_recreated_with_its_workspace(service: Service) -> None:

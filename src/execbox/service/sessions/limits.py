@@ -80,12 +80,7 @@ class TenantCounters:
              what: str) -> Iterator[None]:
         """Count one against ``limit`` for the block; SB008 (429) when the tenant is at it."""
         with self._lock:
-            current = counter.get(tenant_id, 0)
-            if current >= limit:
-                self._on_reject(label)
-                raise RateLimitError(f"tenant {tenant_id!r} already has {current} {what} (limit {limit})",
-                                     details={"reason": reason, "limit": limit, "tenant_id": tenant_id})
-            counter[tenant_id] = current + 1
+            counter[tenant_id] = self._below(counter, tenant_id, limit, reason, label, what) + 1
         try:
             yield
         finally:
@@ -95,3 +90,18 @@ class TenantCounters:
                     counter[tenant_id] = left
                 else:
                     counter.pop(tenant_id, None)
+
+    def check(self, counter: dict[str, int], tenant_id: str, limit: int, reason: str, label: str,
+              what: str) -> None:
+        """SB008 as ``slot`` gives it when the tenant is at ``limit`` now; counts nothing."""
+        with self._lock:
+            self._below(counter, tenant_id, limit, reason, label, what)
+
+    def _below(self, counter: dict[str, int], tenant_id: str, limit: int, reason: str, label: str,
+               what: str) -> int:
+        current = counter.get(tenant_id, 0)
+        if current >= limit:
+            self._on_reject(label)
+            raise RateLimitError(f"tenant {tenant_id!r} already has {current} {what} (limit {limit})",
+                                 details={"reason": reason, "limit": limit, "tenant_id": tenant_id})
+        return current

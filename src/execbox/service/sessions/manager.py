@@ -92,9 +92,11 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
     @contextmanager
     def execution_slot(self, tenant_id: str) -> Iterator[None]:
         """Count one running execution against the tenant's concurrency limit (SB008 beyond)."""
-        with self._counters.slot(self._running, tenant_id, self.settings.tenant_max_executions,
-                                 "tenant_max_executions", "executions", "executions running"):
+        with self._counters.slot(self._running, tenant_id, *self._executions_limit()):
             yield
+
+    def _executions_limit(self) -> tuple[int, str, str, str]:
+        return self.settings.tenant_max_executions, "tenant_max_executions", "executions", "executions running"
 
     def _rejected(self, limit: str) -> None:
         if self.metrics is not None:
@@ -285,12 +287,16 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
         while the session is held, asked every ``BESIDE_RECHECK`` s; once it says so, the wait
         ends with ``SessionBusy`` (a file operation that can go beside a run that has started).
         ``count_execution``: take the tenant's execution slot once the session is held, so a
-        request waiting its turn on a busy session is not counted as an execution running.
+        request waiting its turn on a busy session is not counted as an execution running; one that
+        arrives while the tenant is at its limit is refused at once, before it waits, loads or
+        creates anything (a refused run leaves no session behind).
         """
         check_name(tenant_id, "tenant_id")
         check_name(session_id, "session_id")
         self._refuse_if_draining()
         self._refuse_if_fenced()
+        if count_execution:
+            self._counters.check(self._running, tenant_id, *self._executions_limit())
         with self._counters.slot(self._inflight, tenant_id, self.settings.tenant_max_requests,
                                  "tenant_max_requests", "requests", "session requests in flight"):
             with self._held(tenant_id, session_id, beside) as s, self._execution(tenant_id, count_execution):
