@@ -95,6 +95,12 @@ def verify(secret: str, header: str, method: str, path: str, body: bytes, now: f
     return hmac.compare_digest(mac, sign(secret, replica, stamp, method, path, body))
 
 
+NEVER_FORWARDED = frozenset({"/mcp"})
+"""Paths whose answers never name another replica (MCP's tool errors are inside JSON-RPC replies), so
+their bodies are not buffered here: /mcp reads its own, within its own smaller limit and time
+(mcp/body_limit.py), which buffering here first would defeat (a stalled or 64 MiB body held)."""
+
+
 class ForwardToOwner:
     """ASGI middleware: buffer the body, run the request here, and when the answer is "owned by
     replica X" (header x-execbox-forward-to), answer with X's response instead."""
@@ -106,7 +112,7 @@ class ForwardToOwner:
         self.watch = watch
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in NEVER_FORWARDED:
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []

@@ -137,3 +137,28 @@ def test_a_bad_limit_stops_the_start(sci_jail, monkeypatch, value: str) -> None:
     monkeypatch.setenv(ENV, value)
     with pytest.raises(InvalidConfigError, match=ENV):
         start_service(sci_jail)
+
+
+def test_a_body_declared_over_the_limit_and_stalled_is_answered_not_held(service) -> None:
+    """The /mcp limit is the first reader of an MCP body: a client that declares more than the limit,
+    sends a little and stalls gets the 413 once the bounded drain gives up (15 s), instead of being
+    held for ever while the service's replica forwarding buffered the body (review 43, F3)."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    u = urlsplit(service.url)
+    head = (f"POST /mcp HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nAuthorization: Bearer {service.tenant_a}\r\n"
+            f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {DEFAULT + 1000}\r\n\r\n").encode()
+    with socket.create_connection((u.hostname, u.port), timeout=40) as s:
+        s.sendall(head + b"{" + b" " * 999)
+        t0 = time.monotonic()
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            got = s.recv(65536)
+            if not got:
+                break
+            reply += got
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert time.monotonic() - t0 < 30
