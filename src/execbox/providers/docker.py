@@ -55,6 +55,7 @@ from .gpu_config import docker_device_ids, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
 log = logging.getLogger("execbox.provider.docker")
+PING_TIMEOUT = 2  # s: the check made before a one-shot waits for a pool whose refills fail
 
 __all__ = ["DockerProvider", "docker_client", "owner_id", "owner_is_gone", "runsc_host_pids"]
 
@@ -88,6 +89,7 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
         self._kept: set[str] = set()  # session containers detached at shutdown, left running
         self.engine_id = ""  # names this engine in host dirs and uid pins (docker_uid.engine_key)
         self._removals: Removals | None = None  # removals retried until the engine lets them
+        self._pinger: Any = None  # a client with a short timeout, for _engine_answers
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
@@ -304,8 +306,12 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
         return self._register(Instance(instance_id, box, tenant_id, session_id, from_pool=True), False)
 
     def _engine_answers(self) -> bool:
+        """A ping with a short timeout of its own (a hung engine must not hold a request for the
+        client's 30 s)."""
         try:
-            self.docker.api.ping()
+            if self._pinger is None:
+                self._pinger = docker_client(self.config.get("docker_host") or "", timeout=PING_TIMEOUT)
+            self._pinger.api.ping()
         except Exception as e:  # noqa: BLE001
             return not engine_unreachable(e)
         return True
@@ -373,14 +379,20 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
             self.remove_leftovers()
             self.docker.close()
             self.docker = None
+        if self._pinger is not None:
+            self._pinger.close()
+            self._pinger = None
 
 
 def _engine_down(pool: BoxPool, since: float) -> bool:
-    """The pool's refills fail, the newest (at or after ``since``, epoch s) because the engine does
-    not answer."""
+    """The pool's refills fail, the newest (at or after ``since``, epoch s) because the engine is not
+    there (connection refused, no socket). A refill that timed out is not that: a slow engine may
+    still start the next one within the caller's wait."""
+    import requests
+
     e, at = pool.last_exception, pool.last_error_at
     return bool(pool.consecutive_failures) and e is not None and at is not None and at >= since \
-        and engine_unreachable(e)
+        and engine_unreachable(e) and not isinstance(e, (requests.exceptions.Timeout, TimeoutError))
 
 
 def runtime_image(client: Any, name: str) -> tuple[str, str]:
