@@ -3,8 +3,8 @@
 Three phases, so a refused or failed write leaves the workspace as it was:
 
 1. plan (touches nothing): resolve each path, refuse the workspace root, a path ending in ``/``
-   (it names a directory: writing the file ``dir`` for ``dir/`` would surprise), names over NAME_MAX and
-   paths over PATH_MAX (``paths``), a target that is a directory, a parent that is a file (on
+   or ``/.`` (``paths.names_directory``: writing the file ``dir`` for ``dir/`` would surprise),
+   names over NAME_MAX and paths over PATH_MAX (``paths``), a target that is a directory, a parent that is a file (on
    disk, or another file of the same batch: ``f`` and ``f/g``), ``create`` over an existing file;
 2. stage: make the missing parent directories (remembering which), write each file's content to
    a temp file beside its target and fsync it;
@@ -133,9 +133,9 @@ def _plan(ws: str, entries: list[tuple[str, bytes]], mode: str) -> list[_Item]:
         real = _resolve(ws, path)
         if real == root:
             raise FileOpError("cannot write to the workspace root itself", field="path", path=path)
-        if isinstance(path, str) and path.replace("\\", "/").endswith("/"):  # "dir/" names a directory, as open(2) says
-            raise FileOpError(f"cannot write {path!r}: a path ending in '/' names a directory; name the file",
-                              field="path", path=path)
+        if paths.names_directory(path):  # "d/" or "d/." names a directory, as open(2) says (EISDIR)
+            raise FileOpError(f"cannot write {path!r}: a path ending in '/' or '/.' names a directory; "
+                              "name the file", field="path", path=path)
         if JOURNAL in os.path.relpath(real, root).split(os.sep):
             raise FileOpError(f"cannot write {path!r}: {JOURNAL} is execbox's own (the write journal)",
                               field="path", path=path)

@@ -136,7 +136,7 @@ class EnvdFiles:
         for item in items:
             if item.size is None or item.size > limit:
                 return form, envd_error(413, f"file is larger than the limit of {limit} bytes")
-            files[to_workspace((target if target and len(items) == 1 else item.filename) or "")] = item
+            files[to_workspace((target if target and len(items) == 1 else item.filename) or "", write=True)] = item
         return form, None
 
     async def upload(self, sb: E2BSandbox, request: Request) -> Response:
@@ -161,7 +161,7 @@ class EnvdFiles:
                     return envd_error(413, f"file is larger than the limit of {limit} bytes")
                 except zlib.error as e:
                     return envd_error(400, f"gzip body is corrupt: {e}")
-                files[to_workspace(target)] = data
+                files[to_workspace(target, write=True)] = data
 
             def put(prov: Any, instance_id: str) -> None:
                 batch: dict[str, bytes] = {}  # small files go together; at most ~BATCH_BYTES held
