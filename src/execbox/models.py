@@ -239,7 +239,12 @@ class FileInfo:
     is_dir: bool
     modified: float
     symlink_target: str | None = None
-    """A symlink's own text (never followed: size and modified are the link's); None otherwise."""
+    """A symlink's own text (never followed: size and modified are the link's); None otherwise, and
+    for a link whose text is not valid UTF-8 (``kind`` says ``symlink``)."""
+    kind: str | None = None
+    """What the entry is (lstat): ``file`` (regular), ``dir``, ``symlink``, ``fifo``, ``socket``,
+    ``device`` or ``other``; None where the provider does not say (an older box agent). Not in the
+    HTTP API's replies (their schema is unchanged)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -263,8 +263,13 @@ def _bounded(lines: list[str]) -> tuple[list[str], bool]:
     return page, False
 
 
+_KINDS = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "fifo"),
+          (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device"))
+
+
 def info(ws: str, real: str) -> dict[str, Any]:
-    """An entry as it is (lstat: a symlink is never followed); a symlink's text is in
+    """An entry as it is (lstat: a symlink is never followed): ``kind`` says what it is (``file``,
+    ``dir``, ``symlink``, ``fifo``, ``socket``, ``device``, ``other``); a symlink's text is in
     ``symlink_target`` (left out when it is not valid UTF-8: no reply could carry it)."""
     st = os.lstat(real)
     out = {
@@ -272,6 +277,7 @@ def info(ws: str, real: str) -> dict[str, Any]:
         "size": st.st_size,
         "is_dir": stat.S_ISDIR(st.st_mode),
         "modified": st.st_mtime,
+        "kind": next((name for test, name in _KINDS if test(st.st_mode)), "other"),
     }
     if stat.S_ISLNK(st.st_mode):
         try:

@@ -3,8 +3,8 @@
 A ``resources/read`` reply carries at most ``EXECBOX_MCP_MAX_RESOURCE_BYTES`` of a file; a larger
 file is refused with an error saying how to read it instead (resource_cap.py). A file comes back as
 text when read_file would page it and it is UTF-8 (``looks_text``), whatever its name; otherwise as
-a base64 blob. ``resources/list`` offers only what a read can read (resource_list.py: no symlink
-that leads out of the workspace).
+a base64 blob. ``resources/list`` offers only what a read can read (resource_list.py: regular files,
+no symlink that leads out of the workspace), with bounded work.
 
 Transport-neutral: ``resolve(ctx)`` says which core, caller and implicit-session key a request
 belongs to (stdio: the one local user; HTTP: the bearer token's tenant, see http.py).
@@ -33,7 +33,7 @@ from .budget import cap_result
 from .core import Caller, ServiceCore
 from .output_cap import DEFAULT_MAX_OUTPUT
 from .resource_cap import looks_text, too_large
-from .resource_list import readable_files
+from .resource_list import Steps, iter_readable
 from .results import error_result, file_uri
 from .tool_base import RUN_HANDLE, Handler
 from .tools import BY_NAME, TOOLS
@@ -177,7 +177,11 @@ def _read_resource(core: ServiceCore, caller: Caller, uri: str) -> types.ReadRes
 
 
 def _list_files(core: ServiceCore, caller: Caller) -> list[types.Resource]:
+    """At most MAX_LISTED_FILES readable files of the caller's running sessions, within one
+    ``Steps`` budget for all (resource_list.py). A mimeType comes from the name only (a file whose
+    name has none says ``application/octet-stream``); a read decides by the content."""
     out: list[types.Resource] = []
+    steps = Steps()
     for s in core.list_sessions(caller):
         sid = s["session_id"]
         if s.get("state") != "running":  # paused or not started: listing must not resume or start a box
@@ -188,7 +192,7 @@ def _list_files(core: ServiceCore, caller: Caller) -> list[types.Resource]:
             continue
         if files is None:
             continue
-        for f in readable_files(files):
+        for f in iter_readable(files, steps):
             out.append(types.Resource(name=f"{sid}/{f.path}", uri=file_uri(sid, f.path), size=f.size,
                                       mime_type=_mime(f.path)))
             if len(out) >= MAX_LISTED_FILES:
