@@ -2,9 +2,10 @@
 
 The channel is a direct TCP connection from the gateway to the pod's relay port (see
 agent/tcp_relay.py and docs/kubernetes.md for why not exec/attach); the API server is only on
-the lifecycle path (create, poll, patch, delete). Every API failure becomes an SB error here:
-403/401 (RBAC) and timeouts are SB009, a pod that cannot start is SB004 with the pod's own reason,
-and a pod that failed to start is deleted before the error is raised.
+the lifecycle path (create, poll, patch, delete; boxes/k8s_api.py). Every API failure becomes an
+SB error there: 403/401 (RBAC) and timeouts are SB009; a pod that cannot start is SB004 here with
+the pod's own reason (and its Warning events, e.g. FailedMount, when they can be read), and a pod
+that failed to start is deleted before the error is raised.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from ..agent.tcp_relay import auth_mac
 from ..errors import InstanceCreationError, ProviderUnavailableError, SandboxError
 from .agent_client import AgentClient, wait_readable
 from .box import Box
+from .k8s_api import PodApi, api_error
+
+__all__ = ["PodApi", "PodBox", "api_error", "connect_agent", "pod_addresses", "pod_failure", "pod_ready",
+           "start_pod"]
 
 log = logging.getLogger("execbox.kubernetes")
 
@@ -29,95 +34,6 @@ POLL = 0.2
 CHALLENGE_MAX_FRAME = 4096
 """The largest pre-auth frame read from a pod's relay: its challenge is ~70 bytes of JSON (a nonce
 of 32 hex digits). Whatever answers at the pod's address is not authenticated yet."""
-
-
-class PodApi:
-    """The few CoreV1 calls the provider makes, each with a request timeout and SB error mapping."""
-
-    def __init__(self, core: Any, namespace: str, timeout: float) -> None:
-        self.core = core
-        self.ns = namespace
-        self.timeout = timeout
-
-    def _do(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return fn(*args, _request_timeout=self.timeout, **kwargs)
-        except ApiException as e:
-            raise api_error(what, self.ns, e) from None
-        except Exception as e:  # noqa: BLE001 - urllib3 timeouts, refused connections, DNS
-            raise ProviderUnavailableError(
-                f"kubernetes API unreachable or too slow ({what} in namespace {self.ns}): {type(e).__name__}: {e}",
-                details={"provider": "kubernetes", "operation": what}) from None
-
-    def create_pod(self, body: dict[str, Any]) -> Any:
-        return self._do("create pods", self.core.create_namespaced_pod, self.ns, body)
-
-    def get_pod(self, name: str) -> Any | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.core.read_namespaced_pod(name, self.ns, _request_timeout=self.timeout)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise api_error("get pods", self.ns, e) from None
-        except Exception as e:  # noqa: BLE001
-            raise ProviderUnavailableError(f"kubernetes API unreachable or too slow (get pods): {e}",
-                                           details={"provider": "kubernetes"}) from None
-
-    def list_pods(self, selector: str) -> list[Any]:
-        return list(self._do("list pods", self.core.list_namespaced_pod, self.ns, label_selector=selector).items)
-
-    def patch_pod(self, name: str, body: dict[str, Any]) -> Any:
-        return self._do("patch pods", self.core.patch_namespaced_pod, name, self.ns, body)
-
-    def delete_pod(self, name: str) -> bool:
-        """Delete now (grace 0: a box has nothing to flush); False if it was already gone."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0, _request_timeout=self.timeout)
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise api_error("delete pods", self.ns, e) from None
-        except Exception as e:  # noqa: BLE001
-            raise ProviderUnavailableError(f"kubernetes API unreachable or too slow (delete pods): {e}",
-                                           details={"provider": "kubernetes"}) from None
-
-    def ensure_configmap(self, body: dict[str, Any]) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        name = body["metadata"]["name"]
-        try:
-            self.core.read_namespaced_config_map(name, self.ns, _request_timeout=self.timeout)
-            return
-        except ApiException as e:
-            if e.status != 404:
-                raise api_error("get configmaps", self.ns, e) from None
-        except Exception as e:  # noqa: BLE001
-            raise ProviderUnavailableError(f"kubernetes API unreachable or too slow (get configmaps): {e}",
-                                           details={"provider": "kubernetes"}) from None
-        try:
-            self._do("create configmaps", self.core.create_namespaced_config_map, self.ns, body)
-        except ProviderUnavailableError as e:
-            if "409" not in e.message:  # created meanwhile by another replica: fine
-                raise
-
-
-def api_error(what: str, namespace: str, e: Any) -> SandboxError:
-    reason = (getattr(e, "reason", "") or "").strip()
-    if e.status in (401, 403):
-        return ProviderUnavailableError(
-            f"kubernetes API refused to {what} in namespace {namespace} (HTTP {e.status} {reason}); check the "
-            "gateway's ServiceAccount and Role (deploy/kubernetes/base/rbac.yaml)",
-            details={"provider": "kubernetes", "operation": what, "status": e.status})
-    return ProviderUnavailableError(f"kubernetes API error on {what} in namespace {namespace}: HTTP {e.status} "
-                                    f"{reason}", details={"provider": "kubernetes", "operation": what,
-                                                          "status": e.status})
 
 
 class TcpTransport:
@@ -245,6 +161,7 @@ class PodBox(Box):
         self.remover: Callable[[Callable[[], None]], None] | None = None
         self.claimed: dict[str, str] = {}
         self.pod_status: str | None = None  # why the pod ended, once known
+        self.on_delete_failed: Callable[[str, SandboxError], None] | None = None  # the provider retries it
         self.created_at = time.time()
 
     def alive(self) -> bool:
@@ -288,7 +205,10 @@ class PodBox(Box):
         try:
             self.api.delete_pod(self.name)
         except SandboxError as e:
-            log.warning("deleting pod %s failed (the sweeper retries): %s", self.name, e.message)
+            if self.on_delete_failed is not None:
+                self.on_delete_failed(self.name, e)
+            else:
+                log.warning("deleting pod %s failed; it is left until its expiry: %s", self.name, e.message)
 
     def destroy(self) -> None:
         with self._destroy_lock:
@@ -321,6 +241,8 @@ def wait_pod_ready(api: PodApi, name: str, timeout: float) -> Any:
             return pod
         last = pending_note(pod)
         if time.monotonic() > deadline:
+            events = api.warning_events(name)  # FailedMount, FailedScheduling: not in the pod's status
+            last += "".join(f", {e}" for e in events[-3:])
             raise InstanceCreationError(f"pod {name} did not become ready within {timeout:.0f}s ({last})",
                                         details={"pod": name})
         time.sleep(POLL)

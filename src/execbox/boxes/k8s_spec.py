@@ -29,6 +29,9 @@ L_TEMPLATE, L_STATE, L_TENANT, L_SESSION, L_INSTANCE = (f"{GROUP}/{k}" for k in
 A_TENANT, A_SESSION, A_INSTANCE, A_EXPIRES, A_OWNER = (f"{GROUP}/{k}" for k in
                                                        ("tenant-id", "session-id", "instance-id", "expires-at",
                                                         "owner"))
+A_READY_BY = f"{GROUP}/ready-by"
+"""Unix time by which the creating replica gives up on a pod that is not Ready (its own
+``ready_timeout``): any replica's sweeper counts a pod as stuck from that time, not its own."""
 L_EGRESS, A_EGRESS = f"{GROUP}/egress", f"{GROUP}/egress-policy"
 """``execbox.dev/egress: "on"`` only on a claimed pod whose policy is not none (the sandbox
 NetworkPolicy opens the path to the gateway's egress proxy for those pods only); the policy
@@ -36,7 +39,8 @@ itself is the annotation (JSON ``{"network", "allow"}``), read by any gateway re
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "npm_config_proxy",
              "npm_config_https_proxy")
 NO_PROXY = "localhost,127.0.0.1,::1"  # the box's own loopback (a server it runs) stays direct
-WARM, CLAIMED = "warm", "claimed"
+WARM, CLAIMED, ENDED = "warm", "claimed", "ended"
+"""``ended``: the session is gone but deleting its pod failed; any replica's sweeper deletes it."""
 AGENT_PORT = 7070
 AGENT_CONTAINER = "agent"
 AGENT_FILES = SHIPPED_SUFFIXES

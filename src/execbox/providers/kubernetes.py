@@ -24,6 +24,7 @@ from typing import Any
 
 from ..boxes import k8s_spec as ks
 from ..boxes.agent_client import BoxDied
+from ..boxes.k8s_api import core_api
 from ..boxes.k8s_box import PodApi, PodBox, connect_agent, pod_addresses, pod_failure, pod_ready, start_pod
 from ..boxes.pool import BoxPool
 from ..errors import (
@@ -36,13 +37,15 @@ from ..errors import (
 from ..models import Isolation, SandboxInstance, make_instance_id
 from .agent_backed import AGENT_GRACE, AgentBackedProvider, Instance
 from .kubernetes_egress import KubernetesEgressMixin
+from .kubernetes_handover import KubernetesHandoverMixin
+from .kubernetes_netpol import isolation_warnings
 from .kubernetes_schema import SECRET_ENV, config_problem, config_schema
 from .kubernetes_sweep import PodSweeperMixin
 from .preload import effective_preload
 
 log = logging.getLogger("execbox.provider.kubernetes")
 
-class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProvider):
+class KubernetesProvider(KubernetesHandoverMixin, KubernetesEgressMixin, PodSweeperMixin, AgentBackedProvider):
     name = "kubernetes"
     display_name = "Kubernetes pods"
     description = "Hardened pods on a cluster (gVisor with runtime_class=gvisor), warm pool per template."
@@ -86,32 +89,14 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
             return False
         try:
             self.api.list_pods(f"{ks.L_TEMPLATE}={self.config['template']},{ks.L_STATE}=none")
+            self.ensure_agent_configmap()  # gone (namespace wiped): every pod would wait in ContainerCreating
             return True
         except SandboxError:
             return False
 
     # -- lifecycle --------------------------------------------------------------------------
     def _core(self) -> Any:
-        try:
-            from kubernetes import client as k8s
-            from kubernetes import config as kconfig
-        except ImportError:
-            raise ProviderUnavailableError("the kubernetes provider needs the `kubernetes` package "
-                                           "(pip install 'execbox[kubernetes]')",
-                                           details={"provider": self.name}) from None
-        c = self.config
-        try:
-            if not c["kubeconfig"] and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                conf = k8s.Configuration()
-                kconfig.load_incluster_config(client_configuration=conf)
-                api_client = k8s.ApiClient(conf)
-            else:
-                api_client = kconfig.new_client_from_config(config_file=c["kubeconfig"] or None,
-                                                            context=c["context"] or None)
-        except Exception as e:  # noqa: BLE001 - missing file, bad context, no service account
-            raise ProviderUnavailableError(f"kubernetes: cannot load the cluster configuration: {e}",
-                                           details={"provider": self.name}) from None
-        return k8s.CoreV1Api(api_client)
+        return core_api(self.config["kubeconfig"], self.config["context"])
 
     def prepare(self) -> None:
         c = self.config
@@ -123,15 +108,16 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
                                "replica's sessions")
         self._secret = secret.encode()
         self.api = PodApi(self._core(), c["namespace"], float(c["api_timeout"]))
-        cm = ks.agent_configmap(c["namespace"])
-        self.api.ensure_configmap(cm)  # first API call: RBAC and reachability fail here, at initialize
-        self.configmap = cm["metadata"]["name"]
+        self._configmap_body = ks.agent_configmap(c["namespace"])
+        self.api.ensure_configmap(self._configmap_body)  # first API call: RBAC and reachability fail here
+        self.configmap = self._configmap_body["metadata"]["name"]
         # One PodTemplate per template: the top-level keys ("default") plus each entry of `templates`
         # (its keys override the top level); each gets its own warm pool and template label.
         self.templates = {"default": self._pod_template(c["template"], c)}
         for tname, overrides in (c.get("templates") or {}).items():
             self.templates[tname] = self._pod_template(f"{c['template']}-{tname}", {**c, **overrides})
         self.template = self.templates["default"]
+        self._notes += isolation_warnings(self.api, [t.name for t in self.templates.values()])
         self._prepare_egress()  # the provider's network policy; serves the egress proxy (kubernetes_egress.py)
         for t in self.templates.values():
             t.egress_proxy = self.egress_proxy_address
@@ -197,7 +183,8 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
                      annotations: dict[str, str] | None = None, deadline: int | None = None,
                      template: str = "default") -> dict[str, Any]:
         now = int(time.time())
-        ann = {ks.A_OWNER: self.owner, ks.A_EXPIRES: str(now + int(self.config["warm_ttl"])), **(annotations or {})}
+        ann = {ks.A_OWNER: self.owner, ks.A_EXPIRES: str(now + int(self.config["warm_ttl"])),
+               ks.A_READY_BY: str(now + int(float(self.config["ready_timeout"]))), **(annotations or {})}
         return ks.pod_manifest(self.templates[template], name=name, token=ks.pod_token(self._secret, name),
                                configmap=self.configmap, labels={ks.L_STATE: ks.WARM, **(labels or {})},
                                annotations=ann, deadline=deadline, egress_token=self.egress_token(name))
@@ -207,12 +194,26 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
             raise InvalidConfigError("the kubernetes provider has no host workspaces: a box's workspace is the "
                                      "pod's emptyDir", details={"provider": self.name, "field": "workspace"})
         assert self.api is not None
-        name = f"execbox-{self.templates[template].name}-{uuid.uuid4().hex[:12]}"[:63]
+        # The template label is a DNS label (<= 63, config_problem); the pod name may be 253 long.
+        name = f"execbox-{self.templates[template].name}-{uuid.uuid4().hex[:12]}"
         body = self.pod_manifest(name, template=template, **claim)
-        box = start_pod(self.api, body, ks.pod_token(self._secret, name), int(self.config["agent_port"]),
-                        float(self.config["ready_timeout"]))
+        try:
+            box = start_pod(self.api, body, ks.pod_token(self._secret, name), int(self.config["agent_port"]),
+                            float(self.config["ready_timeout"]))
+        except InstanceCreationError as e:
+            if "did not become ready" in e.message and self._configmap_recreated():
+                raise InstanceCreationError(f"{e.message}; the agent ConfigMap was missing (now re-created): "
+                                            "retry", details=e.details) from None
+            raise
         box.remover = self._remove_later
+        box.on_delete_failed = self._delete_failed
         return box
+
+    def _configmap_recreated(self) -> bool:
+        try:
+            return self.ensure_agent_configmap()
+        except SandboxError:
+            return False
 
     def _claim(self, inst: Instance, *, background: bool) -> None:
         """Record the owner on the pod (labels + annotations); a one-shot also gets a short deadline."""
@@ -238,7 +239,10 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
             try:  # with the egress policy current when the patch is sent (kubernetes_egress.py)
                 self.patch_with_egress(inst, patch)
             except SandboxError as e:
-                log.warning("claiming pod %s failed: %s", box.name, e.message)
+                if not background:
+                    raise
+                log.warning("claiming pod %s failed; retried at every sweep: %s", box.name, e.message)
+                self._unclaimed[box.name] = (inst, patch)
 
         if background:
             self._remove_later(run)
@@ -265,7 +269,12 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
                 raise InstanceCreationError(f"kubernetes: could not start a pod: {e}",
                                             details={"provider": self.name}) from e
             inst = Instance(instance_id, box, tenant_id, session_id)
-        self._claim(inst, background=inst.from_pool)
+        try:
+            self._claim(inst, background=inst.from_pool)
+        except SandboxError as e:  # an unclaimed pod is a warm one to every replica's sweeper: give it up
+            box.destroy()
+            raise ProviderUnavailableError(f"kubernetes: could not claim the new pod; nothing was created: "
+                                           f"{e.message}", details={**e.details, "provider": self.name}) from None
         with self._lock:
             self._instances[instance_id] = inst
         return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
@@ -300,6 +309,7 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
                 assert self.api is not None
                 box = PodBox(pod.metadata.name, client, self.api, pod.status.pod_ip, pod_addresses(pod))
                 box.remover = self._remove_later
+                box.on_delete_failed = self._delete_failed
                 box.claimed = {"tenant": ann.get(ks.A_TENANT, ""), "session": ann.get(ks.A_SESSION, ""),
                                "instance": instance_id}
                 inst = Instance(instance_id, box, ann.get(ks.A_TENANT, ""), ann.get(ks.A_SESSION) or None,
@@ -313,10 +323,19 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
         return super()._get(instance_id)
 
     def destroy_instance(self, instance_id: str) -> bool:
+        """Delete the instance's pod; a delete the API refuses or misses is retried (sweep, shutdown)."""
+        inst = self._instances.get(instance_id)
         if super().destroy_instance(instance_id):
+            self._egress_cache.pop(getattr(inst.box if inst else None, "name", ""), None)  # its grant ends
             return True
         pod = self._find_pod(instance_id) if self.initialized else None
-        return bool(pod is not None and self.api is not None and self.api.delete_pod(pod.metadata.name))
+        if pod is None or self.api is None:
+            return False
+        try:
+            return self.api.delete_pod(pod.metadata.name)
+        except SandboxError as e:
+            self._delete_failed(pod.metadata.name, e)
+            return True
 
     def instance_alive(self, instance_id: str) -> bool:
         try:
@@ -366,6 +385,10 @@ class KubernetesProvider(KubernetesEgressMixin, PodSweeperMixin, AgentBackedProv
         if self._sweeper is not None:
             self._sweeper.join(timeout=5)
             self._sweeper = None
+        left = self.retry_deletes()  # gone sessions' pods whose delete failed
+        if left:
+            log.error("kubernetes: could not delete pods %s at shutdown (marked ended where the API let us: "
+                      "any replica's sweeper deletes those)", left)
         if self.api is not None:
             try:  # pods this replica started that are still warm (a start racing shutdown)
                 for pod in self.api.list_pods(f"app.kubernetes.io/managed-by=execbox,{ks.L_STATE}={ks.WARM}"):

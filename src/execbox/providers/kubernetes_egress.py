@@ -91,6 +91,7 @@ class KubernetesEgressMixin(AgentBackedProvider):
     api: Any
     _secret: bytes
     templates: dict[str, ks.PodTemplate]
+    _undeleted: dict[str, bool]  # kubernetes_sweep.py: pods of gone sessions whose delete failed
 
     def __init__(self) -> None:
         super().__init__()
@@ -209,6 +210,8 @@ class KubernetesEgressMixin(AgentBackedProvider):
 
     def egress_lookup(self, pod_name: str) -> Grant | None:
         """The egress proxy's question (from a worker thread): may this pod go out, under what policy?"""
+        if pod_name in getattr(self, "_undeleted", ()):
+            return None  # its session is gone; only the pod's delete failed (kubernetes_sweep.py)
         now = time.monotonic()
         hit = self._egress_cache.get(pod_name)
         if hit is not None and now - hit[0] < EGRESS_TTL:
@@ -233,6 +236,8 @@ class KubernetesEgressMixin(AgentBackedProvider):
             return None  # not a box pod of this provider's templates
         if pod.metadata.deletion_timestamp is not None or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
             return None
+        if labels.get(ks.L_STATE) == ks.ENDED:
+            return None  # a gone session's pod that is still to be deleted
         addresses = pod_addresses(pod)
         if not addresses:
             return None  # no IP yet: nothing it sends can come from it

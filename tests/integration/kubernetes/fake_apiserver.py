@@ -1,7 +1,10 @@
 """An in-test Kubernetes API server: only the endpoints the provider uses, pods run as real containers.
 
-Implements /version, ConfigMaps (get, create) and Pods (create, get, list by label selector,
-merge patch, delete) under /api/v1/namespaces/<ns>/, with bearer-token auth. Each created pod
+Implements /version, ConfigMaps (get, create), Pods (create, get, list by label selector,
+merge patch, delete) and Events (list by involvedObject.name) under /api/v1/namespaces/<ns>/,
+and NetworkPolicies (list; set by the test) under /apis/networking.k8s.io/v1/namespaces/<ns>/,
+with bearer-token auth. A pod whose agent ConfigMap is missing waits in ContainerCreating with a
+FailedMount event until the ConfigMap exists, as on a kubelet. Each created pod
 becomes a Docker container of the pod's image with the pod spec translated (user, read-only
 root, dropped capabilities, no-new-privileges, memory/CPU limits, emptyDirs as tmpfs, the
 ConfigMap as a read-only bind), on the bridge network, so the pod IP is real and every run in a
@@ -77,6 +80,8 @@ class FakeApiServer:
         self.hold_pending = False
         self.pod_pids_limit = 128
         self.requests: list[tuple[str, str]] = []
+        self.events: list[dict[str, Any]] = []
+        self.network_policies: dict[str, list[dict[str, Any]]] = {}  # namespace -> NetworkPolicy objects
         self.created: list[dict[str, Any]] = []
         self.tmp = tempfile.mkdtemp(prefix="execbox-fk8s-")
         os.chmod(self.tmp, 0o755)
@@ -201,10 +206,26 @@ class FakeApiServer:
             with pod.lock:
                 self._set_waiting(pod, "ErrImagePull", f'failed to pull image "{c["image"]}": not found')
             return
+        cms = [v["configMap"]["name"] for v in spec.get("volumes") or [] if "configMap" in v]
+        while not pod.deleted and any((ns, cm) not in self.configmaps for cm in cms):
+            with pod.lock:
+                if not pod.body["status"].get("containerStatuses"):
+                    self._set_waiting(pod, "ContainerCreating", "")
+                    missing = next(cm for cm in cms if (ns, cm) not in self.configmaps)
+                    self.events.append({"metadata": {"name": f"{pod.body['metadata']['name']}.{uuid.uuid4().hex[:6]}",
+                                                     "namespace": ns},
+                                        "involvedObject": {"kind": "Pod", "name": pod.body["metadata"]["name"]},
+                                        "type": "Warning", "reason": "FailedMount",
+                                        "message": f'MountVolume.SetUp failed for volume "agent" : configmap '
+                                                   f'"{missing}" not found'})
+            time.sleep(0.2)
+        if pod.deleted:
+            return
         kwargs = self._docker_kwargs(ns, pod.body)
         with pod.lock:
             if pod.deleted:
                 return
+            pod.body["status"].pop("containerStatuses", None)
             pod.container = self.docker.containers.create(**kwargs)
             pod.body["status"]["startTime"] = _now()
         pod.container.start()
@@ -326,7 +347,8 @@ def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
     return True
 
 
-POD = re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|configmaps)(?:/([^/]+))?$")
+POD = re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|configmaps|events)(?:/([^/]+))?$")
+NETPOL = re.compile(r"^/apis/networking\.k8s\.io/v1/namespaces/([^/]+)/(networkpolicies)(?:/([^/]+))?$")
 VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "DELETE": "delete"}
 
 
@@ -360,7 +382,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(401, _status(401, "Unauthorized", "Unauthorized"))
         if path.rstrip("/") == "/version":
             return self._reply(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
-        m = POD.match(path)
+        m = POD.match(path) or NETPOL.match(path)
         if not m:
             return self._reply(404, _status(404, "NotFound", f"the fake API server does not serve {path}"))
         ns, resource, name = m.group(1), m.group(2), m.group(3)
@@ -372,6 +394,13 @@ class _Handler(BaseHTTPRequestHandler):
                                             f'"system:serviceaccount:execbox:gateway" cannot {verb} resource '
                                             f'"{resource}" in API group "" in the namespace "{ns}"'))
         body = json.loads(raw) if raw else {}
+        if resource in ("events", "networkpolicies") and verb == "list":
+            field = unquote(params.get("fieldSelector", ""))
+            items = (fake.network_policies.get(ns, []) if resource == "networkpolicies" else
+                     [e for e in fake.events if e["metadata"]["namespace"] == ns and
+                      (not field or field == f"involvedObject.name={e['involvedObject']['name']}")])
+            kind = "NetworkPolicyList" if resource == "networkpolicies" else "EventList"
+            return self._reply(200, {"kind": kind, "metadata": {}, "items": items})
         if resource == "configmaps":
             if verb == "create":
                 key = (ns, body["metadata"]["name"])

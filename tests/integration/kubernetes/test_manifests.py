@@ -89,11 +89,13 @@ def test_kustomize_output_is_valid_and_hardened(target):
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
     (role,) = by_kind(docs, "Role")
     assert role["metadata"]["namespace"] == SANDBOX_NS
-    allowed = {"pods": {"create", "get", "list", "watch", "patch", "delete"}, "configmaps": {"create", "get"}}
+    allowed = {("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},
+               ("", "configmaps"): {"create", "get"}, ("", "events"): {"list"},  # events: read-only, reports
+               ("networking.k8s.io", "networkpolicies"): {"list"}}  # the isolation check at start
     for rule in role["rules"]:
-        assert rule["apiGroups"] == [""]
+        (group,) = rule["apiGroups"]
         for res in rule["resources"]:
-            assert res in allowed and set(rule["verbs"]) <= allowed[res], rule
+            assert (group, res) in allowed and set(rule["verbs"]) <= allowed[group, res], rule
     (binding,) = by_kind(docs, "RoleBinding")
     assert binding["metadata"]["namespace"] == SANDBOX_NS
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],

@@ -185,12 +185,15 @@ def test_pod_that_never_becomes_ready_is_sb004_and_deleted(k8s_provider_factory,
     assert _mine(fake_apiserver, p) == []
 
 
-def test_rbac_refusal_is_sb009_naming_the_role(k8s_provider_factory, fake_apiserver):
+def test_rbac_refusal_is_sb009_naming_the_role(k8s_provider_factory, fake_apiserver, caplog):
+    """The tenant's message names the operation and RBAC; the log also names the namespace and the Role."""
     p = k8s_provider_factory()
     fake_apiserver.forbidden.add(("create", "pods"))
     with pytest.raises(ProviderUnavailableError) as e:
         p.create_instance(tenant_id="t1")
-    assert e.value.code == "SB009" and "refused to create pods" in e.value.message and "Role" in e.value.message
+    assert e.value.code == "SB009" and "refused to create pods" in e.value.message and "RBAC" in e.value.message
+    assert NS not in e.value.message and "serviceaccount" not in e.value.message
+    assert "rbac.yaml" in caplog.text and "system:serviceaccount:execbox:gateway" in caplog.text
     fake_apiserver.forbidden.add(("create", "configmaps"))
     fake_apiserver.configmaps.clear()
     with pytest.raises(ProviderUnavailableError, match="refused to create configmaps"):

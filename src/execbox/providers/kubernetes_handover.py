@@ -1,0 +1,161 @@
+"""What the session registry needs from the Kubernetes provider to keep sessions across restarts,
+hand them over between replicas and clean up after dead ones (the Docker provider's counterpart is
+docker_sessions.py; the service side is service/sessions/lifecycle.py, admin.py and drain.py).
+
+A session's box handle names its pod (``box_id``, from the instance metadata) and its instance id,
+which the pod carries as a label and annotation. On SIGTERM the service *detaches* (closes its agent
+connection, leaves the pod running); the next start, or any replica that takes the session over,
+*adopts* it (finds the pod by instance, and the agent's relay lets the new connection take over
+with its contexts intact). A session box started for a persistent registry is *marked* with that
+registry (annotations); pods so marked that no registry row refers to are removed at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..boxes import k8s_spec as ks
+from ..boxes.k8s_box import PodApi, PodBox
+from ..errors import SandboxError
+from ..models import SandboxInstance
+from .agent_backed import Instance
+
+if TYPE_CHECKING:
+    import threading
+
+log = logging.getLogger("execbox.provider.kubernetes")
+
+A_REGISTRY, A_REPLICA, A_REGISTERED = (f"{ks.GROUP}/{k}" for k in ("registry", "replica", "registered-at"))
+"""Annotations of a session pod started for a persistent session registry: which registry (the
+service's workspaces root, whose last part is the database's identity), which replica, and when."""
+
+
+class KubernetesHandoverMixin:
+    api: PodApi | None
+    name: str
+    templates: dict[str, ks.PodTemplate]
+    _instances: dict[str, Instance]
+    _lock: threading.Lock
+    orphan_grace = 120.0
+    """Seconds after its marking before a pod no registry row names counts as an orphan: the
+    service writes the row's handle just after the box starts, and a replica starting meanwhile
+    must not take a session being created for an orphan."""
+
+    if TYPE_CHECKING:
+        def _require_initialized(self) -> None: ...
+        def _get(self, instance_id: str) -> Instance: ...
+        def _remove_later(self, job: Callable[[], None]) -> None: ...
+        def destroy_instance(self, instance_id: str) -> bool: ...
+
+    def _instance_metadata(self, inst: Instance) -> dict[str, Any]:
+        meta = super()._instance_metadata(inst)  # type: ignore[misc]
+        if isinstance(inst.box, PodBox) and inst.session_id is not None:
+            meta["box_id"] = inst.box.name  # recorded in the session's box handle
+        return meta
+
+    def mark_box(self, instance_id: str, labels: dict[str, str]) -> None:
+        """Record on a session's pod the registry (and replica) it was started for, so that
+        ``remove_orphans`` of a service on that registry, and only of one, may remove it."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+        if inst is None or not isinstance(inst.box, PodBox) or self.api is None:
+            return
+        box, api = inst.box, self.api
+        ann = {A_REGISTRY: labels.get("execbox.registry", ""), A_REPLICA: labels.get("execbox.replica", ""),
+               A_REGISTERED: str(int(time.time()))}
+
+        def run() -> None:
+            if box.destroyed:
+                return
+            try:
+                api.patch_pod(box.name, {"metadata": {"annotations": ann}})
+            except SandboxError as e:  # unmarked, it is never taken for an orphan; it expires instead
+                log.warning("kubernetes: marking pod %s with its registry failed: %s", box.name, e.message)
+
+        self._remove_later(run)  # in the background, as the claim of a pooled pod is
+
+    def adopt_instance(self, handle: dict[str, Any], *, tenant_id: str, session_id: str,
+                       workspace: str | None = None) -> SandboxInstance | None:
+        """Reconnect to the session's running pod (a restart, or a replica taking over); None, and
+        the pod deleted, when it is gone, ended or its agent does not answer."""
+        self._require_initialized()
+        instance_id = str(handle.get("instance_id") or "")
+        if not instance_id or not handle.get("box_id"):
+            return None
+        try:
+            inst = self._get(instance_id)  # finds the pod by its instance label and connects
+        except SandboxError as e:
+            if e.http_status == 503:  # the API does not answer: nothing to tell about the pod
+                raise
+            log.info("kubernetes: cannot adopt %s: %s", instance_id, e.message)
+            self.remove_box(handle)
+            return None
+        if inst.tenant_id != tenant_id or (inst.session_id or "") != session_id:
+            log.warning("kubernetes: pod of %s belongs to %s/%s, not %s/%s", instance_id, inst.tenant_id,
+                        inst.session_id, tenant_id, session_id)
+            self.detach_instance(instance_id)
+            return None
+        return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
+
+    def detach_instance(self, instance_id: str) -> bool:
+        """Leave a session's pod running for the next start or another replica (False: not a
+        session pod here: the caller destroys it). A connection that is gone counts too: another
+        replica that took the session over took the pod's agent connection with it; a pod that
+        ended is the sweeper's, or deleted by whoever adopts the session next."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is None or inst.session_id is None or not isinstance(inst.box, PodBox):
+                return False
+            del self._instances[instance_id]
+        with inst.box._destroy_lock:  # no teardown: only our agent connection goes
+            inst.box.destroyed = True
+        inst.box.client.close()
+        return True
+
+    def remove_box(self, handle: dict[str, Any]) -> None:
+        """Delete a session's pod by its handle (a dead replica's session destroyed or reaped). An
+        API that refuses or does not answer raises, so the caller keeps its row and tries again."""
+        instance_id = str(handle.get("instance_id") or "")
+        pod = str(handle.get("box_id") or "")
+        if instance_id and self.destroy_instance(instance_id):  # a local box (or one found by instance)
+            return
+        if pod and self.api is not None:
+            found = self.api.get_pod(pod)
+            ann = (found.metadata.annotations or {}) if found is not None else {}
+            if found is not None and ann.get(ks.A_INSTANCE, instance_id) in (instance_id, ""):
+                self.api.delete_pod(pod)
+                log.info("kubernetes: deleted pod %s of %s", pod, instance_id or "an unknown instance")
+
+    def remove_orphans(self, keep: set[str], registry: str) -> int:
+        """Delete session pods marked with this ``registry`` that no registry row refers to
+        (``keep``: the box ids of every row, any replica's). Pods of other registries, unmarked
+        pods (one-shots, or sessions of a service without a shared registry), warm pods and pods
+        marked less than ``orphan_grace`` s ago are left alone."""
+        if self.api is None or not registry:
+            return 0
+        labels = {t.name for t in self.templates.values()}
+        with self._lock:
+            local = {getattr(i.box, "name", "") for i in self._instances.values()}
+        now = time.time()
+        removed = 0
+        for pod in self.api.list_pods(f"app.kubernetes.io/managed-by=execbox,{ks.L_STATE}={ks.CLAIMED}"):
+            name = pod.metadata.name
+            ann = pod.metadata.annotations or {}
+            if (pod.metadata.labels or {}).get(ks.L_TEMPLATE) not in labels or ann.get(A_REGISTRY) != registry:
+                continue
+            if name in keep or ann.get(ks.A_INSTANCE) in keep or name in local or not ann.get(ks.A_SESSION):
+                continue
+            try:
+                marked = float(ann.get(A_REGISTERED) or now)
+            except ValueError:
+                marked = now
+            if now - marked < self.orphan_grace:
+                continue
+            if self.api.delete_pod(name):
+                removed += 1
+                log.info("kubernetes: deleted pod %s of %s: no session in the registry", name,
+                         ann.get(ks.A_INSTANCE))
+        return removed
