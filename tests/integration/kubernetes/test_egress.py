@@ -266,5 +266,6 @@ def test_service_session_policy_and_audit_api(egress_provider, fakenet):
             time.sleep(0.1)
         assert [x["decision"] for x in rows][:3] == ["denied", "denied", "allowed"], rows
         assert all(x["box"].startswith("execbox-default-") and x["host"] == www for x in rows[:3])
-    finally:
+    finally:  # a stop would leave the session's pod for the next start (kubernetes_handover.py)
+        svc.root.delete("/v1/sandbox/sessions/tenant-a/kn1")
         svc.stop()

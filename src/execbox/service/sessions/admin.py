@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ProviderUnavailableError, SandboxError, SessionNotFoundError
+from .model import box_ref
 from .workspace import check_name, mounted, remove_workspace
 
 if TYPE_CHECKING:
@@ -246,12 +247,12 @@ class AdminMixin:
         return {**record_out(rec), "state": "closed"}
 
     def _remove_remnants(self: SessionManager, rec: SessionRecord) -> bool:
-        """A session's box (a Docker container, by its handle) and workspace, from its row alone
+        """A session's box (a Docker container or a pod, by its handle) and workspace, from its row alone
         (which this replica holds ``closing``); False when the workspace was left (``remove_workspace``).
         A container while the provider is still starting: raises, so the row stays ``closing``
         and is finished later (its row must not go before the container it names)."""
         current = self._current_or_none()
-        if rec.box_handle.get("container_id"):
+        if box_ref(rec.box_handle):
             if current is None:
                 raise ProviderUnavailableError(
                     f"the provider is not ready to remove session {rec.tenant_id}/{rec.session_id}'s box; "

@@ -78,8 +78,10 @@ class BoxesMixin:
                 raise InvalidConfigError(f"provider {prov.name!r} does not support runtime templates "
                                          f"(runtime={s.runtime!r})", details={"field": "runtime"})
             kwargs["runtime"] = s.runtime
-        if self.registry.persistent and accepts(prov, "labels"):
-            kwargs["labels"] = {"execbox.registry": self.workspaces_root, "execbox.replica": self.replica}
+        labels = ({"execbox.registry": self.workspaces_root, "execbox.replica": self.replica}
+                  if self.registry.persistent else None)
+        if labels and accepts(prov, "labels"):
+            kwargs["labels"] = labels
         try:
             inst = prov.create_instance(template=template, **kwargs)
         except BaseException as e:
@@ -105,9 +107,18 @@ class BoxesMixin:
         s.boxes_started += 1
         s.state = "running"
         handle = {"instance_id": inst.instance_id, "workspace": s.workspace}
-        container = (inst.metadata or {}).get("container_id") or (inst.metadata or {}).get("container")
-        if container:
+        meta = inst.metadata or {}
+        container = meta.get("container_id") or meta.get("container")
+        if container:  # a Docker container (its provider reads this key: older rows have only it)
             handle["container_id"] = container
+        elif meta.get("box_id"):  # any other provider's box that outlives this process (a pod)
+            handle["box_id"] = meta["box_id"]
+        mark = getattr(prov, "mark_box", None)
+        if labels and "labels" not in kwargs and mark is not None:  # labels it could not take at create
+            try:
+                mark(inst.instance_id, labels)
+            except Exception:  # noqa: BLE001 - unmarked, the box is only never taken for an orphan
+                log.exception("marking the box of %s/%s failed", s.tenant_id, s.session_id)
         self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=s.runtime,
                              box_handle=handle, contexts_lost=s.contexts_lost, expires_at=None,
                              owner=self.replica, lease_expires=time.time() + self.settings.lease_ttl)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import SessionNotFoundError
 from .fence import CHECK_EVERY, HEARTBEAT_EVERY
 from .fence import now as fence_now
+from .model import box_ref
 from .registry import SessionRecord
 from .workspace import check_name, mounted, remove_workspace, workspace_dirs
 
@@ -39,7 +40,7 @@ class LifecycleMixin:
     # -- restart: re-adoption -----------------------------------------------------------------
     def adopt_record(self: SessionManager, rec: SessionRecord) -> Session | None:
         """A local Session for a registry row this replica now owns; None (and the row ``lost``)
-        when its workspace is gone. A box still running (a Docker container) is re-attached with
+        when its workspace is gone. A box still running (a Docker container, a pod) is re-attached with
         its contexts; otherwise the box restarts lazily and ``contexts_lost`` says so."""
         from .model import Session
 
@@ -53,7 +54,7 @@ class LifecycleMixin:
         state = rec.state if rec.state in ("running", "paused") else "running"
         s = Session(rec.tenant_id, rec.session_id, path, created_at=rec.created_at, state=state,
                     contexts_lost=rec.contexts_lost, expires_at=rec.expires_at, runtime=rec.runtime)
-        if state == "running" and rec.box_handle.get("container_id"):
+        if state == "running" and box_ref(rec.box_handle):
             if self._current_or_none() is None:  # provider still starting: re-attach on first use
                 s.pending_handle = rec
                 return s
@@ -140,8 +141,8 @@ class LifecycleMixin:
             return None
 
     def _box_ids(self: SessionManager) -> set[str]:
-        """Container ids the registry still refers to (any replica's)."""
-        return {str(r.box_handle["container_id"]) for r in self.registry.list() if r.box_handle.get("container_id")}
+        """Box ids (containers, pods) the registry still refers to (any replica's)."""
+        return {ref for r in self.registry.list() if (ref := box_ref(r.box_handle))}
 
     # -- pause / resume ---------------------------------------------------------------------
     def pause(self: SessionManager, tenant_id: str, session_id: str) -> dict[str, Any]:
@@ -283,7 +284,7 @@ class LifecycleMixin:
             try:
                 if pause:
                     remover = getattr(self._current_or_none(), "remove_box", None)
-                    if remover is not None and rec.box_handle.get("container_id"):
+                    if remover is not None and box_ref(rec.box_handle):
                         remover(rec.box_handle)
                     self.registry.update(rec.tenant_id, rec.session_id, state="paused", contexts_lost=True,
                                          expires_at=now + self.settings.paused_retention,

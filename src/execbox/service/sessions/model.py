@@ -92,6 +92,13 @@ class Session:
         }
 
 
+def box_ref(handle: dict[str, Any]) -> str:
+    """What identifies a session's running box in its registry handle ("" when none): ``box_id``
+    (a Kubernetes pod), or ``container_id`` (a Docker container: the key its provider and every
+    stored Docker row use, kept as it is)."""
+    return str(handle.get("box_id") or handle.get("container_id") or "")
+
+
 def accepts(provider: SandboxProvider, name: str) -> bool:
     try:
         return name in inspect.signature(provider.create_instance).parameters
