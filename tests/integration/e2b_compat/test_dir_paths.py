@@ -65,3 +65,21 @@ def test_reads_lists_and_mkdir_take_a_trailing_slash(sbx) -> None:
     assert [e.name for e in sbx.files.list("made/")] == ["f.txt"]
     assert sbx.files.read("made/./f.txt") == "in"
     assert sbx.files.exists("~/made/")
+
+
+def test_a_rename_to_a_directory_form_that_is_no_directory_fails_and_moves_nothing(sbx) -> None:
+    """``files.rename(f, "m/")`` with no directory ``m``: refused as rename(2) would (ENOTDIR), not a
+    rename to a file ``m`` (normalising dropped the slash); onto an existing directory, as without it."""
+    sbx.files.write("/home/user/mv-src.txt", "data")
+    for dest in ("/home/user/mv-to/", "mv-to/."):
+        with pytest.raises(e2b.SandboxException) as e:
+            sbx.files.rename("/home/user/mv-src.txt", dest)
+        assert "names a directory" in str(e.value), e.value
+    assert "mv-to" not in _names(sbx) and sbx.files.read("/home/user/mv-src.txt") == "data"
+    sbx.files.make_dir("/home/user/mv-dir")
+    for dest in ("/home/user/mv-dir/", "/home/user/mv-dir"):  # a file over a directory: refused either way
+        with pytest.raises(e2b.SandboxException) as e:
+            sbx.files.rename("/home/user/mv-src.txt", dest)
+        assert "is a directory" in str(e.value), e.value
+    sbx.files.rename("/home/user/mv-src.txt", "/home/user/mv-dir/in.txt")
+    assert sbx.files.read("/home/user/mv-dir/in.txt") == "data"

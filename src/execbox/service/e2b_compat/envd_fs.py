@@ -28,6 +28,7 @@ from connectrpc.errors import ConnectError
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
+from ...agent.paths import names_directory
 from ...errors import FileNotFoundInSandbox, PathError, SandboxError
 from ...models import FileInfo
 from .envd_gen.filesystem import filesystem_pb as pb
@@ -150,7 +151,9 @@ class FilesystemService:
     async def move(self, request: pb.MoveRequest, ctx: Any) -> pb.MoveResponse:
         sb = sandbox_for(self.reg, ctx)
         dest = _rel(request.destination)
-        await self._call(sb, "move_path", _rel(request.source), dest)
+        # "m/" must be a directory (rename(2)): the agent decides that from the form, lost by normalising
+        asked = dest + "/" if names_directory(request.destination) and dest != "." else dest
+        await self._call(sb, "move_path", _rel(request.source), asked)
         return pb.MoveResponse(entry=_entry(await self._stat(sb, dest)))
 
     async def remove(self, request: pb.RemoveRequest, ctx: Any) -> pb.RemoveResponse:
