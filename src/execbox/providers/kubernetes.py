@@ -101,11 +101,10 @@ class KubernetesProvider(KubernetesHandoverMixin, KubernetesEgressMixin, PodSwee
     def prepare(self) -> None:
         c = self.config
         secret = c["agent_secret"] or os.environ.get(SECRET_ENV, "")
-        self._notes = []
+        self._notes, self.shared_secret = [], bool(secret)
         if not secret:
             secret = secrets.token_hex(32)
-            self._notes.append(f"no agent_secret/{SECRET_ENV}: other gateway replicas cannot take over this "
-                               "replica's sessions")
+            self.no_shared_secret(self._notes, SECRET_ENV)  # kubernetes_handover.py
         self._secret = secret.encode()
         self.api = PodApi(self._core(), c["namespace"], float(c["api_timeout"]))
         self._configmap_body = ks.agent_configmap(c["namespace"])
@@ -161,7 +160,7 @@ class KubernetesProvider(KubernetesHandoverMixin, KubernetesEgressMixin, PodSwee
         return t
 
     def warnings(self) -> list[str]:
-        return list(self._notes)
+        return list(self._notes) + self.queue_warnings()  # kubernetes_sweep.py
 
     def applied_limits(self) -> dict[str, Any]:
         c = self.config

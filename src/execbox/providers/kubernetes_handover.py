@@ -7,7 +7,8 @@ which the pod carries as a label and annotation. On SIGTERM the service *detache
 connection, leaves the pod running); the next start, or any replica that takes the session over,
 *adopts* it (finds the pod by instance, and the agent's relay lets the new connection take over
 with its contexts intact). A session box started for a persistent registry is *marked* with that
-registry (annotations); pods so marked that no registry row refers to are removed at start.
+registry (annotations) once its row names it; pods so marked that no registry row refers to are
+removed at start and then every few minutes (service/sessions/boxes.py ``remove_orphan_boxes``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..boxes import k8s_spec as ks
-from ..boxes.k8s_box import PodApi, PodBox
-from ..errors import SandboxError
+from ..boxes.k8s_box import PodApi, PodBox, pod_failure, pod_ready
+from ..errors import InstanceCreationError, ProviderUnavailableError, SandboxError, SessionNotFoundError
 from ..models import SandboxInstance
 from .agent_backed import Instance
 
@@ -39,14 +40,22 @@ class KubernetesHandoverMixin:
     templates: dict[str, ks.PodTemplate]
     _instances: dict[str, Instance]
     _lock: threading.Lock
+    config: dict[str, Any]
     orphan_grace = 120.0
-    """Seconds after its marking before a pod no registry row names counts as an orphan: the
-    service writes the row's handle just after the box starts, and a replica starting meanwhile
-    must not take a session being created for an orphan."""
+    """Seconds after its marking before a pod no registry row names counts as an orphan: a replica
+    that read the rows just before a session's row was written must not take its pod for one."""
+    shared_secret = True
+    """False when ``agent_secret`` is random per process: no pod an earlier process (or another
+    replica) started can be authenticated to, so none can be re-attached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._unanswered: dict[str, float] = {}  # pod -> when an adoption first found it silent
 
     if TYPE_CHECKING:
         def _require_initialized(self) -> None: ...
         def _get(self, instance_id: str) -> Instance: ...
+        def _find_pod(self, instance_id: str) -> Any | None: ...
         def _remove_later(self, job: Callable[[], None]) -> None: ...
         def destroy_instance(self, instance_id: str) -> bool: ...
 
@@ -77,28 +86,67 @@ class KubernetesHandoverMixin:
 
         self._remove_later(run)  # in the background, as the claim of a pooled pod is
 
+    def no_shared_secret(self, notes: list[str], env: str) -> None:
+        """``agent_secret`` is random per process: say (initialize's warnings, the log) that sessions
+        survive neither this replica's restart nor a hand-over: their pods are deleted instead."""
+        self.shared_secret = False
+        note = (f"no agent_secret/{env}: sessions do not survive a restart of this replica (their pods are "
+                "deleted at its next start) and other gateway replicas cannot take them over")
+        notes.append(note)
+        log.warning("kubernetes: %s", note)
+
     def adopt_instance(self, handle: dict[str, Any], *, tenant_id: str, session_id: str,
                        workspace: str | None = None) -> SandboxInstance | None:
-        """Reconnect to the session's running pod (a restart, or a replica taking over); None, and
-        the pod deleted, when it is gone, ended or its agent does not answer."""
+        """Reconnect to the session's running pod (a restart, or a replica taking over). None, and
+        the pod deleted, when it is gone or ended, or cannot be authenticated to (no shared
+        ``agent_secret``). Raises SB009 while nothing can be told: the API does not answer, or
+        the pod runs but is not Ready or its agent does not answer; the caller keeps the handle
+        and tries again on the session's next use. A pod still silent ``ready_timeout`` s after
+        this replica first found it so is taken for dead (deleted, None)."""
         self._require_initialized()
         instance_id = str(handle.get("instance_id") or "")
-        if not instance_id or not handle.get("box_id"):
+        name = str(handle.get("box_id") or "")
+        if not instance_id or not name:
             return None
+        with self._lock:
+            local = instance_id in self._instances
+        pod = None if local else self._find_pod(instance_id)  # no answer: raises, nothing known yet
+        why = None if local else ("its pod is gone" if pod is None else pod_failure(pod) or (
+            "its pod was ended" if (pod.metadata.labels or {}).get(ks.L_STATE) == ks.ENDED else None))
+        if not local and not why and not self.shared_secret:
+            why = "no shared agent_secret: its agent cannot be authenticated to"
         try:
-            inst = self._get(instance_id)  # finds the pod by its instance label and connects
+            if why:
+                raise SessionNotFoundError(why)
+            if not local and not pod_ready(pod):
+                raise ProviderUnavailableError("its pod is not Ready")
+            inst = self._get(instance_id)  # connects to the pod's agent
         except SandboxError as e:
-            if e.http_status == 503:  # the API does not answer: nothing to tell about the pod
-                raise
+            if isinstance(e, ProviderUnavailableError) and e.details.get("operation"):
+                raise  # the API did not answer or refused: nothing to tell about the pod
+            if isinstance(e, (ProviderUnavailableError, InstanceCreationError)) and not self._dead(name):
+                raise ProviderUnavailableError(
+                    f"the box of session {tenant_id}/{session_id} does not answer yet ({e.message}); retry",
+                    details={"tenant_id": tenant_id, "session_id": session_id, "retry_after": 5}) from None
             log.info("kubernetes: cannot adopt %s: %s", instance_id, e.message)
+            self._unanswered.pop(name, None)
             self.remove_box(handle)
             return None
+        self._unanswered.pop(name, None)
         if inst.tenant_id != tenant_id or (inst.session_id or "") != session_id:
             log.warning("kubernetes: pod of %s belongs to %s/%s, not %s/%s", instance_id, inst.tenant_id,
                         inst.session_id, tenant_id, session_id)
             self.detach_instance(instance_id)
             return None
         return SandboxInstance(instance_id, self.name, "running", self._instance_metadata(inst))
+
+    def _dead(self, pod: str) -> bool:
+        """Whether a pod that runs but does not answer has done so for ``ready_timeout`` s (since
+        this replica first found it so): then it is taken for dead."""
+        first = self._unanswered.setdefault(pod, time.monotonic())
+        if len(self._unanswered) > 10000:  # bounded: pods never looked at again
+            self._unanswered.pop(next(iter(self._unanswered)), None)
+        return time.monotonic() - first >= float(self.config["ready_timeout"])
 
     def detach_instance(self, instance_id: str) -> bool:
         """Leave a session's pod running for the next start or another replica (False: not a
@@ -116,8 +164,11 @@ class KubernetesHandoverMixin:
         return True
 
     def remove_box(self, handle: dict[str, Any]) -> None:
-        """Delete a session's pod by its handle (a dead replica's session destroyed or reaped). An
-        API that refuses or does not answer raises, so the caller keeps its row and tries again."""
+        """Delete a session's pod by its handle (a dead replica's session destroyed or reaped). A
+        pod this replica holds, or finds by its instance, goes as ``destroy_instance`` deletes it:
+        a delete the API refuses or misses there is queued (retried at every sweep, the pod marked
+        ended) and this returns. Otherwise an API that refuses or does not answer (the pod's
+        lookup or its delete) raises, so the caller keeps its row and tries again."""
         instance_id = str(handle.get("instance_id") or "")
         pod = str(handle.get("box_id") or "")
         if instance_id and self.destroy_instance(instance_id):  # a local box (or one found by instance)

@@ -25,6 +25,13 @@ from .agent_backed import AgentBackedProvider, Instance
 log = logging.getLogger("execbox.provider.kubernetes")
 
 
+UNDELETED_CAP = 1000
+"""Most failed deletes kept for retrying; past it another is only logged (the pod expires at its
+deadline, or any replica deletes it once its ``ended`` mark landed)."""
+RETRIES_PER_SWEEP = 50
+"""Most failed deletes one sweep sends again."""
+
+
 class PodSweeperMixin(AgentBackedProvider):
     api: PodApi | None
     templates: dict[str, ks.PodTemplate]
@@ -44,9 +51,13 @@ class PodSweeperMixin(AgentBackedProvider):
     # -- what the API did not do the first time ------------------------------------------
     def _delete_failed(self, name: str, err: SandboxError) -> None:
         """A gone session's pod the API did not delete: retried at every sweep and at shutdown."""
-        log.warning("kubernetes: deleting pod %s failed; retried at every sweep and at shutdown: %s", name,
-                    err.message)
-        self._undeleted.setdefault(name, False)
+        if name not in self._undeleted and len(self._undeleted) >= UNDELETED_CAP:
+            log.error("kubernetes: deleting pod %s failed and %d failed deletes are queued already (the API "
+                      "refuses deletes: check the Role); not retried: %s", name, len(self._undeleted), err.message)
+        else:
+            log.warning("kubernetes: deleting pod %s failed; retried at every sweep and at shutdown: %s", name,
+                        err.message)
+            self._undeleted.setdefault(name, False)
         self._egress_cache.pop(name, None)  # its egress grant ends with the session
         self._mark_ended(name)
 
@@ -62,15 +73,28 @@ class PodSweeperMixin(AgentBackedProvider):
         if name in self._undeleted:
             self._undeleted[name] = True
 
-    def retry_deletes(self) -> list[str]:
-        """Delete the pods whose delete failed before; the names still left."""
-        for name, marked in list(self._undeleted.items()):
+    def queue_warnings(self) -> list[str]:
+        """The failed deletes still queued, as a warning (``warnings()``; ``pool_status`` counts them)."""
+        n = len(self._undeleted)
+        return [f"{n} session pods whose delete the API refused or missed are queued for retrying"] if n else []
+
+    def pool_status(self) -> dict[str, Any] | None:
+        status = super().pool_status()
+        if self._undeleted:
+            status = {**(status or {}), "undeleted_pods": len(self._undeleted)}
+        return status
+
+    def retry_deletes(self, limit: int | None = None) -> list[str]:
+        """Delete the pods whose delete failed before (at most ``limit`` of them); the names still left."""
+        for name, marked in list(self._undeleted.items())[:limit]:
             try:
                 if self.api is not None:
                     self.api.delete_pod(name)
             except SandboxError as e:
                 if not marked:
                     self._mark_ended(name)
+                if name in self._undeleted:  # to the back: the next sweep's ``limit`` reaches the others
+                    self._undeleted[name] = self._undeleted.pop(name, marked)
                 if e.details.get("status") is None:
                     break  # no answer: the API is down, the rest would only wait as long
                 continue
@@ -107,7 +131,7 @@ class PodSweeperMixin(AgentBackedProvider):
         """Delete this template's ended, expired and stuck pods (any replica's); mark lost local boxes dead."""
         if self.api is None:
             return 0
-        self.retry_deletes()
+        self.retry_deletes(RETRIES_PER_SWEEP)
         self.retry_claims()
         try:
             self.ensure_agent_configmap()

@@ -345,6 +345,8 @@ class AdminMixin:
                 if s.provider is not None and s.instance_id is not None:
                     self._destroy_instance(s.provider, s.instance_id)
                     s.instance_id = None
+                elif s.pending_handle is not None:  # not re-attached yet: its box goes by the row's handle
+                    self._remove_pending_box(s)
                 if remove:
                     removed = remove_workspace(s.workspace or "", proceed)
         finally:

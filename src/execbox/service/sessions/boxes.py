@@ -24,11 +24,14 @@ from .workspace import MOUNT_WAIT_SECONDS, make_workspace_dirs, remove_workspace
 if TYPE_CHECKING:
     from .manager import SessionManager
     from .model import Session
+    from .registry import SessionRecord
 
 log = logging.getLogger("execbox.service.sessions")
 
 
 class BoxesMixin:
+    _orphans_due = 0.0  # time.monotonic() of the next periodic remove_orphan_boxes
+
     def _ensure_instance(self: SessionManager, s: Session, template: str) -> None:
         prov = s.provider
         if s.instance_id is not None and prov is not None:
@@ -45,11 +48,35 @@ class BoxesMixin:
                                  "tenant_id": s.tenant_id, "session_id": s.session_id})
         if s.instance_id is None and s.pending_handle is not None:
             rec, s.pending_handle = s.pending_handle, None
-            self._reattach(s, rec)
+            self._reattach(s, rec, retry=False)  # a box not answering yet: raises, the handle kept
             if s.instance_id is None:
                 s.contexts_lost = True
         if s.instance_id is None:
             self._create_instance(s, template)
+
+    def _reattach(self: SessionManager, s: Session, rec: SessionRecord, retry: bool = True) -> None:
+        """Re-attach the session to the box its row names (lifecycle.py ``adopt_record``). When
+        that cannot be told yet (no provider yet, its API or the box does not answer: it raises),
+        the row's handle is kept and the session's next use tries again (``pending_handle``);
+        that use itself (``retry`` False) raises to its caller."""
+        try:
+            prov = self.providers.current()  # none yet (still starting): as a box that cannot tell yet
+            adopt = getattr(prov, "adopt_instance", None)
+            if adopt is None or prov.name != rec.provider:
+                return
+            inst = adopt(rec.box_handle, tenant_id=rec.tenant_id, session_id=rec.session_id,
+                         workspace=s.workspace)
+        except Exception as e:
+            log.warning("re-attaching %s/%s failed; tried again on its next use: %s", rec.tenant_id,
+                        rec.session_id, e)
+            s.pending_handle = rec
+            if not retry:
+                raise
+            return
+        if inst is not None:
+            s.provider, s.instance_id = prov, inst.instance_id
+            s.boxes_started = 1
+            log.info("re-attached session %s/%s to its running box", rec.tenant_id, rec.session_id)
 
     @contextmanager
     def _leased(self: SessionManager) -> Iterator[SandboxProvider]:
@@ -104,8 +131,6 @@ class BoxesMixin:
             if s.boxes_started == 0 and s.state == "creating":
                 self._forget(s)
             raise
-        s.boxes_started += 1
-        s.state = "running"
         handle = {"instance_id": inst.instance_id, "workspace": s.workspace}
         meta = inst.metadata or {}
         container = meta.get("container_id") or meta.get("container")
@@ -113,15 +138,28 @@ class BoxesMixin:
             handle["container_id"] = container
         elif meta.get("box_id"):  # any other provider's box that outlives this process (a pod)
             handle["box_id"] = meta["box_id"]
+        try:
+            self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name,
+                                 runtime=s.runtime, box_handle=handle, contexts_lost=s.contexts_lost,
+                                 expires_at=None, owner=self.replica,
+                                 lease_expires=time.time() + self.settings.lease_ttl)
+        except BaseException:  # no row names the box: it would outlive a crash unseen; the next use starts one
+            s.instance_id = None
+            self._destroy_instance(prov, inst.instance_id)
+            if s.boxes_started == 0 and s.state == "creating":
+                try:
+                    self._forget(s)
+                except Exception:  # noqa: BLE001 - its row stays `creating`: dropped at the next start
+                    log.exception("forgetting session %s/%s failed", s.tenant_id, s.session_id)
+            raise
+        s.boxes_started += 1
+        s.state = "running"
         mark = getattr(prov, "mark_box", None)
-        if labels and "labels" not in kwargs and mark is not None:  # labels it could not take at create
-            try:
+        if labels and "labels" not in kwargs and mark is not None:  # labels it could not take at create;
+            try:  # only now that the row names the box: a marked box no row names is an orphan
                 mark(inst.instance_id, labels)
             except Exception:  # noqa: BLE001 - unmarked, the box is only never taken for an orphan
                 log.exception("marking the box of %s/%s failed", s.tenant_id, s.session_id)
-        self.registry.update(s.tenant_id, s.session_id, state="running", provider=prov.name, runtime=s.runtime,
-                             box_handle=handle, contexts_lost=s.contexts_lost, expires_at=None,
-                             owner=self.replica, lease_expires=time.time() + self.settings.lease_ttl)
 
     def _on_box_started(self: SessionManager, prov: SandboxProvider, s: Session) -> None:
         """Run after every session box start: the tenant cap and the session's narrowed egress policy."""
@@ -150,6 +188,34 @@ class BoxesMixin:
             notes.note_forgotten(s.tenant_id, s.session_id)  # the request that made it did not, after all
             if s.workspace:
                 remove_workspace(s.workspace)
+
+    def remove_orphan_boxes(self: SessionManager, periodic: bool = False) -> None:
+        """Remove the boxes marked with this registry that no row names (the provider's
+        ``remove_orphans``): at start, and (``periodic``) at most every ``ORPHANS_EVERY`` s from
+        the sweep, for providers whose ``remove_orphans`` spares boxes being created (an
+        ``orphan_grace``: Kubernetes), so boxes marked within the grace before a start go too."""
+        prov = self._current_or_none()
+        orphans = getattr(prov, "remove_orphans", None)
+        if orphans is None or not self.registry.persistent:
+            return
+        if periodic:
+            if getattr(prov, "orphan_grace", None) is None or time.monotonic() < self._orphans_due:
+                return
+            self._orphans_due = time.monotonic() + ORPHANS_EVERY
+        try:
+            orphans(self._box_ids(), self.workspaces_root)
+        except Exception:  # noqa: BLE001
+            log.exception("removing orphan boxes failed")
+
+    def _remove_pending_box(self: SessionManager, s: Session) -> None:
+        """Remove, by its row's handle, the box of a session not re-attached yet (``pending_handle``)
+        that is destroyed or paused: a provider that cannot remove it now raises (the caller keeps
+        the row, with the handle, for a later try)."""
+        rec, prov = s.pending_handle, self._current_or_none()
+        remover = getattr(prov, "remove_box", None)
+        if rec is not None and remover is not None and getattr(prov, "name", None) == rec.provider:
+            remover(rec.box_handle)
+        s.pending_handle = None
 
     @staticmethod
     def _alive(prov: SandboxProvider, instance_id: str) -> bool:
@@ -183,6 +249,8 @@ class BoxesMixin:
 
 HELD_RETRY = 1
 """Retry-After (seconds) while a previous box still holds a session's workspace."""
+ORPHANS_EVERY = 300.0
+"""Seconds between two periodic orphan-box removals of one replica (``remove_orphan_boxes``)."""
 
 
 def _still_mounted(e: BaseException) -> bool:

@@ -59,7 +59,7 @@ class LifecycleMixin:
                 s.pending_handle = rec
                 return s
             self._reattach(s, rec)
-        if s.instance_id is None and had_box and state == "running":
+        if s.instance_id is None and s.pending_handle is None and had_box and state == "running":
             s.contexts_lost = True
             self.registry.update(rec.tenant_id, rec.session_id, contexts_lost=True,
                                  box_handle={"workspace": rec.box_handle.get("workspace")})
@@ -75,25 +75,6 @@ class LifecycleMixin:
         path = self.record_workspace(rec)
         if os.path.isdir(path) and not mounted(path):
             remove_workspace(path)
-
-    def _reattach(self: SessionManager, s: Session, rec: SessionRecord) -> None:
-        try:
-            prov = self.providers.current()
-        except Exception:  # noqa: BLE001 - no provider yet: the box restarts lazily
-            return
-        adopt = getattr(prov, "adopt_instance", None)
-        if adopt is None or prov.name != rec.provider:
-            return
-        try:
-            inst = adopt(rec.box_handle, tenant_id=rec.tenant_id, session_id=rec.session_id,
-                         workspace=s.workspace)
-        except Exception as e:  # noqa: BLE001 - could not re-attach: a fresh box on next use
-            log.warning("re-attaching %s/%s failed: %s", rec.tenant_id, rec.session_id, e)
-            return
-        if inst is not None:
-            s.provider, s.instance_id = prov, inst.instance_id
-            s.boxes_started = 1
-            log.info("re-attached session %s/%s to its running box", rec.tenant_id, rec.session_id)
 
     def adopt_all(self: SessionManager, own_only: bool = False) -> list[tuple[str, str]]:
         """At start: take over our own rows and those of replicas whose lease expired; remove
@@ -126,12 +107,7 @@ class LifecycleMixin:
                 continue
             log.info("removing workspace %s: no session in the registry", path)
             remove_workspace(path)
-        orphans = getattr(self._current_or_none(), "remove_orphans", None)
-        if orphans is not None:
-            try:
-                orphans(self._box_ids(), self.workspaces_root)
-            except Exception:  # noqa: BLE001
-                log.exception("removing orphan boxes failed")
+        self.remove_orphan_boxes()  # boxes.py
         return adopted
 
     def _current_or_none(self: SessionManager) -> Any:
@@ -164,6 +140,9 @@ class LifecycleMixin:
         if s.provider is not None and s.instance_id is not None:
             self._destroy_instance(s.provider, s.instance_id)
             s.instance_id = None
+            s.contexts_lost = True
+        elif s.pending_handle is not None:  # not re-attached yet: its box goes by the row's handle
+            self._remove_pending_box(s)
             s.contexts_lost = True
         s.state = "paused"
         s.expires_at = time.time() + self.settings.paused_retention
@@ -382,6 +361,7 @@ class LifecycleMixin:
         self.reap_idle()
         self.reap_orphaned()
         self.expire()
+        self.remove_orphan_boxes(periodic=True)
 
     def _loop(self: SessionManager, fn: Any, every: float) -> None:
         """``fn`` every ``every`` s, start to start: a slow call does not push the next one back
