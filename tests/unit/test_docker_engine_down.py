@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from execbox.providers.docker import _engine_down
+from execbox.boxes.docker_removals import engine_down as _engine_down
 
 
 def _pool(e: Exception | None, failures: int = 1, at: float | None = None) -> SimpleNamespace:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import ProviderUnavailableError
+from .pool import BoxPool
 
 log = logging.getLogger("execbox.docker")
 
@@ -42,6 +43,23 @@ def engine_unreachable(e: BaseException) -> bool:
     if requests is not None and isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
         return True
     return isinstance(e, (ConnectionError, TimeoutError))
+
+
+def engine_down(pool: BoxPool, since: float) -> bool:
+    """A warm pool's refills fail, the newest (at or after ``since``, epoch s) because the engine is
+    not there (connection refused, no socket): a caller waiting for the pool may stop. A refill that
+    timed out is not that: a slow engine may still start the next one within the caller's wait."""
+    e, at = pool.last_exception, pool.last_error_at
+    return bool(pool.consecutive_failures) and e is not None and at is not None and at >= since \
+        and engine_unreachable(e) and not _timed_out(e)
+
+
+def _timed_out(e: BaseException) -> bool:
+    try:
+        import requests
+    except ImportError:  # a jail-only host
+        return isinstance(e, TimeoutError)
+    return isinstance(e, (requests.exceptions.Timeout, TimeoutError))
 
 
 def engine_unavailable(provider: str = "docker", what: str = "") -> ProviderUnavailableError:

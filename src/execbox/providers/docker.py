@@ -26,7 +26,7 @@ from ..boxes.docker_owner import (
     owner_is_gone,
     safe_name,
 )
-from ..boxes.docker_removals import Removals, engine_unavailable, engine_unreachable
+from ..boxes.docker_removals import Removals, engine_down, engine_unavailable, engine_unreachable
 from ..boxes.gpu import GpuPlan, parse_gpu
 from ..boxes.oci_seccomp import is_gvisor
 from ..boxes.pool import BoxPool
@@ -293,11 +293,11 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
             return self._register(Instance(instance_id, box, tenant_id, session_id, runtime=runtime),
                                   workspace is not None)
         wait, pool, since = float(self.config.get("pool_wait") or 0), self._pool, time.time()
-        if not pool.status()["ready"] and _engine_down(pool, 0.0) and not self._engine_answers():
+        if not pool.status()["ready"] and engine_down(pool, 0.0) and not self._engine_answers():
             raise engine_unavailable(self.name)  # the refill keeps failing: no use waiting pool_wait
-        box = pool.take(wait, give_up=lambda: _engine_down(pool, since))
+        box = pool.take(wait, give_up=lambda: engine_down(pool, since))
         if box is None:
-            if _engine_down(pool, since):
+            if engine_down(pool, since):
                 raise engine_unavailable(self.name)
             raise self._no_pooled_box(pool, wait)
         instance_id = make_instance_id(tenant_id, session_id)
@@ -382,17 +382,6 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
         if self._pinger is not None:
             self._pinger.close()
             self._pinger = None
-
-
-def _engine_down(pool: BoxPool, since: float) -> bool:
-    """The pool's refills fail, the newest (at or after ``since``, epoch s) because the engine is not
-    there (connection refused, no socket). A refill that timed out is not that: a slow engine may
-    still start the next one within the caller's wait."""
-    import requests
-
-    e, at = pool.last_exception, pool.last_error_at
-    return bool(pool.consecutive_failures) and e is not None and at is not None and at >= since \
-        and engine_unreachable(e) and not isinstance(e, (requests.exceptions.Timeout, TimeoutError))
 
 
 def runtime_image(client: Any, name: str) -> tuple[str, str]:
