@@ -7,8 +7,9 @@ Artifacts come back inline (base64) up to ``EXECBOX_EXECUTOR_MAX_ARTIFACT_BYTES`
 call (default 10 MiB: RAGFlow's own executor returns no file over 10 MiB, and its code component
 turns artifacts into chart and table attachments). Each call holds its artifacts several times
 over (bytes, base64, JSON) until answered, so concurrent calls multiply the cap in server memory.
-An artifact that does not fit is left out without being read, and named (with its size, the cap
-and the setting) in ``detail``, as other artifacts that cannot be returned are.
+An artifact that does not fit is left out (not fetched from the box, unless the agent already sent
+it inline with the run's result: it does so up to 16 MiB whatever this cap is), and named (with its
+size, the cap and the setting) in ``detail``, as other artifacts that cannot be returned are.
 """
 
 from __future__ import annotations
