@@ -34,3 +34,16 @@ def test_an_older_or_cured_failure_does_not() -> None:
     refused = requests.exceptions.ConnectionError("refused")
     assert not _engine_down(_pool(refused, at=time.time() - 60), time.time() - 5)  # before this wait began
     assert not _engine_down(_pool(refused, failures=0), time.time() - 5)  # a start since succeeded
+
+
+def test_the_engine_check_says_a_missing_engine_does_not_answer(tmp_path) -> None:
+    """The check's client is made without asking the engine its API version (review 46 F1: made
+    lazily while the engine was down, its making failed with an error the check took for "answers")."""
+    from execbox.providers.docker import DockerProvider
+    from execbox.providers.docker_config import docker_client
+
+    p = DockerProvider()
+    p._pinger = docker_client(f"unix://{tmp_path}/no-engine.sock", timeout=2, version="1.41")  # no request
+    assert p._engine_answers() is False
+    p._pinger = None  # shut down: nothing to ask, the pool's own wait decides
+    assert p._engine_answers() is True

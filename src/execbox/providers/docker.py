@@ -55,7 +55,6 @@ from .gpu_config import docker_device_ids, gpu_config_error, legacy_gpu
 from .schema import parse_size
 
 log = logging.getLogger("execbox.provider.docker")
-PING_TIMEOUT = 2  # s: the check made before a one-shot waits for a pool whose refills fail
 
 __all__ = ["DockerProvider", "docker_client", "owner_id", "owner_is_gone", "runsc_host_pids"]
 
@@ -89,7 +88,7 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
         self._kept: set[str] = set()  # session containers detached at shutdown, left running
         self.engine_id = ""  # names this engine in host dirs and uid pins (docker_uid.engine_key)
         self._removals: Removals | None = None  # removals retried until the engine lets them
-        self._pinger: Any = None  # a client with a short timeout, for _engine_answers
+        self._pinger: Any = None  # a client with a short timeout, for _engine_answers (made by prepare)
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
@@ -308,9 +307,9 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
     def _engine_answers(self) -> bool:
         """A ping with a short timeout of its own (a hung engine must not hold a request for the
         client's 30 s)."""
+        if self._pinger is None:  # shut down
+            return True
         try:
-            if self._pinger is None:
-                self._pinger = docker_client(self.config.get("docker_host") or "", timeout=PING_TIMEOUT)
             self._pinger.api.ping()
         except Exception as e:  # noqa: BLE001
             return not engine_unreachable(e)

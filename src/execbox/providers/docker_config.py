@@ -33,12 +33,17 @@ def runsc_host_pids(pids: int) -> int:
 _availability_cache: dict[str, tuple[float, tuple[bool, str]]] = {}
 
 
-def docker_client(base_url: str = "", timeout: float = 30.0) -> Any:
+def docker_client(base_url: str = "", timeout: float = 30.0, version: str | None = None) -> Any:
+    """A docker-py client; ``version`` given: no request to the engine to learn its API version
+    (so making one cannot fail while the engine is down)."""
     import docker
 
+    kw: dict[str, Any] = {"timeout": int(timeout)}
+    if version:
+        kw["version"] = version
     if base_url:
-        return docker.DockerClient(base_url=base_url, timeout=int(timeout))
-    return docker.from_env(timeout=int(timeout))
+        return docker.DockerClient(base_url=base_url, **kw)
+    return docker.from_env(**kw)
 
 
 def config_schema() -> dict[str, dict[str, Any]]:

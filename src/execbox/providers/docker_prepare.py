@@ -27,6 +27,7 @@ from .preload import effective_preload
 from .schema import parse_size
 
 NET_RUNTIME = "runsc-net"  # runsc with the host stack inside the box's own, gateway-only namespace
+PING_TIMEOUT = 2  # s: the check made before a one-shot waits for a pool whose refills fail
 log = logging.getLogger("execbox.provider.docker")
 
 
@@ -35,6 +36,7 @@ class DockerPrepareMixin:
 
     config: dict[str, Any]
     name: str
+    _pinger: Any
 
     def prepare(self) -> None:
         cfg = self.config
@@ -45,6 +47,10 @@ class DockerPrepareMixin:
         try:
             self.docker = docker_client(cfg.get("docker_host") or "")
             info = self.docker.info()
+            # a short-timeout client for the engine check before a one-shot waits on a failing pool
+            # (docker.py _engine_answers), made now with the API version known: no request to make it
+            self._pinger = docker_client(cfg.get("docker_host") or "", timeout=PING_TIMEOUT,
+                                         version=self.docker.api.api_version)
         except Exception as e:  # noqa: BLE001
             raise ProviderUnavailableError(engine_error(e), details={"provider": self.name}) from None
         runtimes = info.get("Runtimes") or {}
