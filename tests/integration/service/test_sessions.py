@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from .conftest import Service, error_of
 
@@ -149,6 +150,65 @@ def test_a_run_refused_for_the_executions_limit_leaves_no_session(service_factor
     busy.join()
     r = svc.a.post("/v1/sandbox/execute", json={"code": "print(3)", "session_id": "n3"})
     assert r.status_code == 200 and r.json()["stdout"] == "3\n", r.text
+
+
+def test_a_new_session_whose_run_loses_the_last_slot_after_arriving_is_forgotten(service_factory) -> None:
+    """The race the check on arrival leaves (review 46 F2): the limit is free when the run arrives,
+    taken by another request before the run holds its new session; the refused run's session row
+    goes with it."""
+    svc: Service = service_factory(tenant_max_executions=1)
+    sessions = svc.app.state.services.sessions
+    sessions._counters.check = lambda *a, **k: None  # the arrival check passed, then:
+    with sessions.execution_slot("tenant-a"):  # another request took the last slot
+        r = svc.a.post("/v1/sandbox/execute", json={"code": "print(1)", "session_id": "raced"})
+        assert r.status_code == 429 and error_of(r)["details"]["reason"] == "tenant_max_executions"
+    assert sessions.registry.get("tenant-a", "raced") is None and sessions.get("tenant-a", "raced") is None
+    r = svc.a.post("/v1/sandbox/execute", json={"code": "print(2)", "session_id": "raced"})
+    assert r.status_code == 200 and r.json()["stdout"] == "2\n"
+
+
+def test_pausing_idle_sessions_goes_on_past_one_that_fails(service_factory) -> None:
+    """One idle session whose pause raises (its box cannot be removed now) does not stop the
+    sweep: the others are paused, and it is tried again (review 46 F4)."""
+    svc: Service = service_factory(idle_timeout=0.5, reap_interval=0.2, idle_action="pause")
+    sessions = svc.app.state.services.sessions
+    real = sessions._pause_locked
+    failing = {"first"}
+
+    def pause(s):  # noqa: ANN001
+        if s.session_id in failing:
+            raise RuntimeError("the provider cannot remove this box now")
+        return real(s)
+
+    sessions._pause_locked = pause
+    for name in ("first", "second", "third"):
+        assert svc.a.post("/v1/sandbox/execute", json={"code": "1", "session_id": name}).status_code == 200
+    assert _wait(lambda: all(svc.store.sessions.get("tenant-a", n).state == "paused" for n in ("second", "third")), 10)
+    assert svc.store.sessions.get("tenant-a", "first").state == "running"
+    failing.clear()
+    assert _wait(lambda: svc.store.sessions.get("tenant-a", "first").state == "paused", 10)
+
+
+def test_a_box_not_yet_reattached_is_not_forgotten_while_the_provider_is_starting(service: Service) -> None:
+    """Destroying or pausing a session whose box was not re-attached yet removes that box by its
+    row's handle; while no provider is ready that is an SB009 and the handle is kept for the retry,
+    not dropped with the box left running unnamed (review 46 F3)."""
+    from execbox.errors import ProviderUnavailableError
+    from execbox.service.sessions.model import Session
+    from execbox.service.sessions.registry import SessionRecord
+
+    sessions = service.app.state.services.sessions
+    rec = SessionRecord(id="ses_x", tenant_id="tenant-a", session_id="pending", state="running",
+                        provider="docker", box_handle={"instance_id": "i1", "container_id": "c1"})
+    s = Session("tenant-a", "pending", None, pending_handle=rec)
+    current = sessions._current_or_none
+    sessions._current_or_none = lambda: None  # the provider is still starting
+    try:
+        with pytest.raises(ProviderUnavailableError):
+            sessions._remove_pending_box(s)
+    finally:
+        sessions._current_or_none = current
+    assert s.pending_handle is rec
 
 
 def test_process_calls_waiting_for_a_held_session_hold_no_execution_slot(service_factory) -> None:

@@ -212,6 +212,10 @@ class BoxesMixin:
         that is destroyed or paused: a provider that cannot remove it now raises (the caller keeps
         the row, with the handle, for a later try)."""
         rec, prov = s.pending_handle, self._current_or_none()
+        if rec is not None and prov is None:  # still starting: the box cannot be removed yet, nor forgotten
+            raise ProviderUnavailableError(
+                f"the provider is not ready to remove session {s.tenant_id}/{s.session_id}'s box; retry",
+                details={"reason": "provider_starting"})
         remover = getattr(prov, "remove_box", None)
         if rec is not None and remover is not None and getattr(prov, "name", None) == rec.provider:
             remover(rec.box_handle)

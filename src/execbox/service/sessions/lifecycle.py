@@ -181,9 +181,13 @@ class LifecycleMixin:
                 "tenant_id": s.tenant_id, "session_id": s.session_id, "instance_id": s.instance_id,
                 "operation": "pause_idle" if pause else "reap_idle"}})
             if pause:
-                with s.lock:
-                    if not s.closed and s.busy == 0:
-                        self._pause_locked(s)
+                try:
+                    with s.lock:
+                        if not s.closed and s.busy == 0:
+                            self._pause_locked(s)
+                except Exception:  # noqa: BLE001 - pause the others; this one is tried at the next sweep
+                    log.exception("pausing idle session %s/%s failed", s.tenant_id, s.session_id)
+                    continue
             else:
                 try:
                     self._close(s)

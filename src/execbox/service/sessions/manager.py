@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 from ...errors import (
     OutOfMemoryError,
@@ -299,7 +299,7 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
             self._counters.check(self._running, tenant_id, *self._executions_limit())
         with self._counters.slot(self._inflight, tenant_id, self.settings.tenant_max_requests,
                                  "tenant_max_requests", "requests", "session requests in flight"):
-            with self._held(tenant_id, session_id, beside) as s, self._execution(tenant_id, count_execution):
+            with self._held(tenant_id, session_id, beside) as s, self._admitted(s, count_execution):
                 if s.state == "paused":
                     self._mark_running(s)
                 pick_runtime(s, runtime)
@@ -313,6 +313,20 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
 
     def _execution(self, tenant_id: str, count: bool) -> AbstractContextManager[None]:
         return self.execution_slot(tenant_id) if count else nullcontext()
+
+    @contextmanager
+    def _admitted(self, s: Session, count: bool) -> Iterator[None]:
+        """The execution slot of a request that holds ``s`` (``count``); refused (another request
+        took the last slot since the check on arrival), a session that request just made is
+        forgotten, so the refusal leaves nothing behind."""
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(self._execution(s.tenant_id, count))
+            except RateLimitError:
+                if s.boxes_started == 0 and s.state == "creating":
+                    self._forget(s)
+                raise
+            yield
 
     @contextmanager
     def box_for_operation(self, tenant_id: str, session_id: str, template: str = "python",
