@@ -75,6 +75,8 @@ async def read_bounded(receive: Receive, limit: int) -> tuple[bytes | None, int,
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > limit:
+            if not message.get("more_body", False):  # the whole body is in: nothing left to drain
+                return None, size, _ended
             return None, size, receive
         if not message.get("more_body", False):
             break
@@ -96,3 +98,7 @@ async def drain(receive: Receive, budget: int) -> None:
         if message["type"] != "http.request" or not message.get("more_body", False):
             return
         budget -= len(message.get("body", b""))
+
+
+async def _ended() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
