@@ -26,7 +26,7 @@ def ws(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(("path", "expected"), [
     ("d/", True), ("d/.", True), ("d/./", True), ("a/b/.", True), ("d\\", True), ("d\\.", True),
     (".", True), ("", True), ("d", False), ("./d", False), ("a/./b", False), ("d.", False), (".d", False),
-    ("d/..x", False)])
+    ("d/..x", False), ("d/x/..", True), ("..", True)])
 def test_names_directory(path: str, expected: bool) -> None:
     assert paths.names_directory(path) is expected
 
@@ -92,3 +92,13 @@ def test_info_says_what_each_entry_is(ws: Path, tmp_path: Path) -> None:
     kinds = {p: e["kind"] for p, e in listed.items()}
     assert kinds == {"bad": "symlink", "d": "dir", "f": "file", "fifo": "fifo", "ok": "symlink", "sock": "socket"}
     assert listed["ok"]["symlink_target"] == "f" and "symlink_target" not in listed["bad"]
+
+
+@pytest.mark.parametrize("dest", ["m2/", "m2/.", "sub/m3/"])
+def test_a_directory_may_be_renamed_to_a_missing_directory_form(ws: Path, dest: str) -> None:
+    """As rename(2) and mv: ``mv dir m2/`` makes ``m2`` (review 46 F6: refused since 5e5db92)."""
+    (ws / "dir").mkdir()
+    (ws / "dir" / "x").write_text("X")
+    name = dest.rstrip("/.").rstrip("/")
+    assert fsextra.move(str(ws), "dir", dest) == {"path": name}
+    assert (ws / name / "x").read_text() == "X" and not (ws / "dir").exists()

@@ -50,20 +50,32 @@ def make_dirs(real: str) -> None:
                 raise
 
 
+def _fits_directory_form(src: str, dst: str) -> bool:
+    """Whether ``dst``, written as a directory (``m/``), may be renamed to: a real directory there,
+    or nothing there and ``src`` a real directory (rename(2) makes it ``m``)."""
+    if os.path.islink(dst):
+        return False
+    if os.path.isdir(dst):
+        return True
+    return not os.path.lexists(dst) and os.path.isdir(src) and not os.path.islink(src)
+
+
 def move(ws: str, source: str, destination: str) -> dict[str, Any]:
     """Rename ``source`` to ``destination`` (as ``mv``): a symlink at either end is the link
     itself, never what it points to, so a link pointing outside can be renamed but not followed.
 
     A destination that names a directory by its form (``m/``, ``m/.``: ``paths.names_directory``)
-    must be one: where ``m`` is missing, a file or a symlink it is refused (rename(2) says ENOTDIR),
-    never renamed to (or over) a file ``m``. Where it is a directory, the rename is tried as for ``m``."""
+    must be one, or become one: a directory may be renamed to a missing ``m/`` (as rename(2) and
+    ``mv`` do); a file to a missing ``m/``, or anything to a file or symlink ``m/``, is refused
+    (ENOTDIR), never renamed to (or over) a file ``m``. Where it is a directory, the rename is tried
+    as for ``m``."""
     src = fileops._resolve(ws, source, must_exist=True, follow=False)
     dst = fileops._resolve(ws, destination, follow=False)
     if src == os.path.realpath(ws):
         raise fileops.FileOpError("cannot move the workspace root", field="source")
     if dst == os.path.realpath(ws):
         raise fileops.FileOpError("cannot replace the workspace root", field="destination")
-    if paths.names_directory(destination) and (os.path.islink(dst) or not os.path.isdir(dst)):
+    if paths.names_directory(destination) and not _fits_directory_form(src, dst):
         raise fileops.FileOpError(f"cannot move to {destination!r}: a path ending in '/' or '/.' names a "
                                   "directory, and it is not one; name the new path without the '/'",
                                   field="destination", path=destination)

@@ -50,14 +50,15 @@ def check_syntax(path: str) -> str:
 
 def names_directory(path: str) -> bool:
     """Whether ``path`` names a directory by its form: its last component is empty (it ends in
-    ``/``) or ``.`` (``d/.``), ``\\`` counting as a separator as in ``check_syntax``.
+    ``/``), ``.`` (``d/.``) or ``..`` (``d/x/..``, which the validator refuses anyway but a caller
+    that normalises first would not), ``\\`` counting as a separator as in ``check_syntax``.
 
     open(2) refuses such a path for a file (EISDIR), and rename(2) to it unless it is a directory
     (ENOTDIR); the path validator drops those components, so a write or a move's destination that
     did not ask first would make a file ``d`` for ``d/``. Reads, listings and mkdir accept it."""
     if not isinstance(path, str):
         return False
-    return path.replace("\\", "/").rsplit("/", 1)[-1] in ("", ".")
+    return path.replace("\\", "/").rsplit("/", 1)[-1] in ("", ".", "..")
 
 
 def _clip(path: str) -> str:

@@ -16,7 +16,7 @@ from .conftest import Server, module_sandbox
 
 e2b = pytest.importorskip("e2b")
 
-DIR_FORMS = ["/home/user/d/", "d/", "~/d/", "d/.", "/home/user/d/.", "new/sub/", "d\\"]
+DIR_FORMS = ["/home/user/d/", "d/", "~/d/", "d/.", "/home/user/d/.", "new/sub/", "d\\", "/home/user/d/x/.."]
 
 
 @pytest.mark.parametrize("path", DIR_FORMS)
