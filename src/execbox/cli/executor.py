@@ -4,7 +4,7 @@ For operators who want a drop-in for RAGFlow's executor_manager (port 9385) with
 service. Without a token it binds to loopback only; a public bind needs ``--token`` or an
 explicit ``--allow-unauthenticated``. Without a token /run also only answers JSON requests with
 no foreign ``Origin`` and an allowed ``Host`` (loopback names, the bind address,
-``--allowed-host``): web pages cannot reach it (executor_compat.open_mode_refusal).
+``--allowed-host``): web pages cannot reach it (executor_access.open_mode_refusal).
 """
 
 from __future__ import annotations
