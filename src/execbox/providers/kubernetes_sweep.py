@@ -21,6 +21,7 @@ from ..boxes.k8s_box import PodApi, PodBox, pod_failure, pod_ready
 from ..boxes.pool import BoxPool
 from ..errors import SandboxError
 from .agent_backed import AgentBackedProvider, Instance
+from .kubernetes_handover import A_REGISTRY
 
 log = logging.getLogger("execbox.provider.kubernetes")
 
@@ -169,9 +170,13 @@ class PodSweeperMixin(AgentBackedProvider):
             if (pod.metadata.labels or {}).get(ks.L_STATE) == ks.ENDED:
                 expires = 1.0  # a gone session's pod whose delete failed: expired now
             created = pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else now
-            # Stuck: not Ready well after its creator gave up on it (its own ready-by, else ours).
+            # Stuck: not Ready well after its creator gave up on it (its own ready-by, else ours). Not
+            # a session pod marked with its registry: it was Ready once (marked after its row was
+            # written), so not being Ready now is a hiccup or a death that its owner's next use, a
+            # take-over's re-attach (which gives up after ready_timeout) or the session's own end
+            # settles; deleting it here would cut a live session another replica serves.
             ready_by = float(ann.get(ks.A_READY_BY) or 0) or created + ready_timeout
-            stuck = not pod_ready(pod) and now > ready_by + ready_timeout
+            stuck = not pod_ready(pod) and now > ready_by + ready_timeout and A_REGISTRY not in ann
             if not failure and name in held:
                 if (expires and now > expires) or stuck:  # our live session's pod: its claim did not land
                     log.warning("kubernetes: pod %s of live instance %s looks %s; not deleting it", name,

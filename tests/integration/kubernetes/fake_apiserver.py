@@ -78,6 +78,7 @@ class FakeApiServer:
         self.forbidden: set[tuple[str, str]] = set()
         self.delay = 0.0
         self.hold_pending = False
+        self.not_ready: set[str] = set()  # pods whose readiness probe fails (as a kubelet would report)
         self.pod_pids_limit = 128
         self.requests: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
@@ -249,7 +250,7 @@ class FakeApiServer:
             if not state["Running"]:
                 self._terminated(pod, state)
                 return
-            ready = bool(ip and port and _accepts(ip, int(port)))
+            ready = bool(ip and port and pod.body["metadata"]["name"] not in self.not_ready and _accepts(ip, int(port)))
             with pod.lock:
                 st = pod.body["status"]
                 st.update({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1"})
