@@ -19,12 +19,13 @@ from typing import Any
 from ..agent import protocol
 from ..agent.tcp_relay import auth_mac
 from ..errors import InstanceCreationError, ProviderUnavailableError, SandboxError
+from . import k8s_spec as ks
 from .agent_client import AgentClient, wait_readable
 from .box import Box
 from .k8s_api import PodApi, api_error
 
-__all__ = ["PodApi", "PodBox", "api_error", "connect_agent", "pod_addresses", "pod_failure", "pod_ready",
-           "start_pod"]
+__all__ = ["PodApi", "PodBox", "api_error", "connect_agent", "marked_ended", "pod_addresses", "pod_failure",
+           "pod_ready", "start_pod"]
 
 log = logging.getLogger("execbox.kubernetes")
 
@@ -88,6 +89,12 @@ def connect_agent(host: str, port: int, token: str, name: str, timeout: float = 
         msg = e.message if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"
         raise InstanceCreationError(f"{name}: agent handshake failed: {msg}", details={"pod": name}) from None
     return client
+
+
+def marked_ended(pod: Any) -> bool:
+    """A gone session's pod whose delete failed, labelled ``ended`` (by any replica) so that every
+    sweeper deletes it and no egress proxy grants it (providers/kubernetes_sweep.py)."""
+    return (pod.metadata.labels or {}).get(ks.L_STATE) == ks.ENDED
 
 
 def pod_failure(pod: Any) -> str | None:

@@ -29,6 +29,10 @@ L_TEMPLATE, L_STATE, L_TENANT, L_SESSION, L_INSTANCE = (f"{GROUP}/{k}" for k in
 A_TENANT, A_SESSION, A_INSTANCE, A_EXPIRES, A_OWNER = (f"{GROUP}/{k}" for k in
                                                        ("tenant-id", "session-id", "instance-id", "expires-at",
                                                         "owner"))
+A_REGISTRY, A_REPLICA, A_REGISTERED = (f"{GROUP}/{k}" for k in ("registry", "replica", "registered-at"))
+"""Annotations of a session pod started for a persistent session registry: which registry (the
+service's workspaces root, whose last part is the database's identity), which replica, and when
+(providers/kubernetes_handover.py ``mark_box``)."""
 A_READY_BY = f"{GROUP}/ready-by"
 """Unix time by which the creating replica gives up on a pod that is not Ready (its own
 ``ready_timeout``): any replica's sweeper counts a pod as stuck from that time, not its own."""

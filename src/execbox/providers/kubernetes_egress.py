@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from ..boxes import k8s_spec as ks
-from ..boxes.k8s_box import pod_addresses
+from ..boxes.k8s_box import marked_ended, pod_addresses
 from ..egress.policy import EgressPolicy, parse_policy
 from ..egress.proxy import EgressProxy, Grant, share, unshare
 from ..egress.schema import NETWORK_SCHEMA
@@ -236,7 +236,7 @@ class KubernetesEgressMixin(AgentBackedProvider):
             return None  # not a box pod of this provider's templates
         if pod.metadata.deletion_timestamp is not None or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
             return None
-        if labels.get(ks.L_STATE) == ks.ENDED:
+        if marked_ended(pod):
             return None  # a gone session's pod that is still to be deleted
         addresses = pod_addresses(pod)
         if not addresses:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..boxes import k8s_spec as ks
-from ..boxes.k8s_box import PodApi, PodBox, pod_failure, pod_ready
+from ..boxes.k8s_box import PodApi, PodBox, marked_ended, pod_failure, pod_ready
 from ..errors import InstanceCreationError, ProviderUnavailableError, SandboxError, SessionNotFoundError
 from ..models import SandboxInstance
 from .agent_backed import Instance
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
     import threading
 
 log = logging.getLogger("execbox.provider.kubernetes")
-
-A_REGISTRY, A_REPLICA, A_REGISTERED = (f"{ks.GROUP}/{k}" for k in ("registry", "replica", "registered-at"))
-"""Annotations of a session pod started for a persistent session registry: which registry (the
-service's workspaces root, whose last part is the database's identity), which replica, and when."""
 
 
 class KubernetesHandoverMixin:
@@ -73,8 +69,8 @@ class KubernetesHandoverMixin:
         if inst is None or not isinstance(inst.box, PodBox) or self.api is None:
             return
         box, api = inst.box, self.api
-        ann = {A_REGISTRY: labels.get("execbox.registry", ""), A_REPLICA: labels.get("execbox.replica", ""),
-               A_REGISTERED: str(int(time.time()))}
+        ann = {ks.A_REGISTRY: labels.get("execbox.registry", ""), ks.A_REPLICA: labels.get("execbox.replica", ""),
+               ks.A_REGISTERED: str(int(time.time()))}
 
         def run() -> None:
             if box.destroyed:
@@ -112,7 +108,7 @@ class KubernetesHandoverMixin:
             local = instance_id in self._instances
         pod = None if local else self._find_pod(instance_id)  # no answer: raises, nothing known yet
         why = None if local else ("its pod is gone" if pod is None else pod_failure(pod) or (
-            "its pod was ended" if (pod.metadata.labels or {}).get(ks.L_STATE) == ks.ENDED else None))
+            "its pod was ended" if marked_ended(pod) else None))
         if not local and not why and not self.shared_secret:
             why = "no shared agent_secret: its agent cannot be authenticated to"
         try:
@@ -195,12 +191,12 @@ class KubernetesHandoverMixin:
         for pod in self.api.list_pods(f"app.kubernetes.io/managed-by=execbox,{ks.L_STATE}={ks.CLAIMED}"):
             name = pod.metadata.name
             ann = pod.metadata.annotations or {}
-            if (pod.metadata.labels or {}).get(ks.L_TEMPLATE) not in labels or ann.get(A_REGISTRY) != registry:
+            if (pod.metadata.labels or {}).get(ks.L_TEMPLATE) not in labels or ann.get(ks.A_REGISTRY) != registry:
                 continue
             if name in keep or ann.get(ks.A_INSTANCE) in keep or name in local or not ann.get(ks.A_SESSION):
                 continue
             try:
-                marked = float(ann.get(A_REGISTERED) or now)
+                marked = float(ann.get(ks.A_REGISTERED) or now)
             except ValueError:
                 marked = now
             if now - marked < self.orphan_grace:

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..boxes import k8s_spec as ks
-from ..boxes.k8s_box import PodApi, PodBox, pod_failure, pod_ready
+from ..boxes.k8s_box import PodApi, PodBox, marked_ended, pod_failure, pod_ready
 from ..boxes.pool import BoxPool
 from ..errors import SandboxError
 from .agent_backed import AgentBackedProvider, Instance
-from .kubernetes_handover import A_REGISTRY
 
 log = logging.getLogger("execbox.provider.kubernetes")
 
@@ -167,7 +166,7 @@ class PodSweeperMixin(AgentBackedProvider):
                 failed_since[name] = self._failed_since.get(name, now)
                 failure = failure if now - failed_since[name] >= self.failed_grace else None
             expires = float(ann.get(ks.A_EXPIRES) or 0)
-            if (pod.metadata.labels or {}).get(ks.L_STATE) == ks.ENDED:
+            if marked_ended(pod):
                 expires = 1.0  # a gone session's pod whose delete failed: expired now
             created = pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else now
             # Stuck: not Ready well after its creator gave up on it (its own ready-by, else ours). Not
@@ -176,7 +175,7 @@ class PodSweeperMixin(AgentBackedProvider):
             # take-over's re-attach (which gives up after ready_timeout) or the session's own end
             # settles; deleting it here would cut a live session another replica serves.
             ready_by = float(ann.get(ks.A_READY_BY) or 0) or created + ready_timeout
-            stuck = not pod_ready(pod) and now > ready_by + ready_timeout and A_REGISTRY not in ann
+            stuck = not pod_ready(pod) and now > ready_by + ready_timeout and ks.A_REGISTRY not in ann
             if not failure and name in held:
                 if (expires and now > expires) or stuck:  # our live session's pod: its claim did not land
                     log.warning("kubernetes: pod %s of live instance %s looks %s; not deleting it", name,
