@@ -16,6 +16,7 @@ import pytest
 
 from execbox.errors import ProviderUnavailableError
 from execbox.providers import kubernetes_sweep
+from execbox.service.store import open_store
 
 from .conftest import pod_of
 from .test_handover import _box_id, _manager, _run, _session_pods, _wait
@@ -36,19 +37,23 @@ def _parked(k8s_provider_factory, fake, store, ws):
     return pod
 
 
+def _restarted_while_the_api_is_slow(k8s_provider_factory, fake, store, ws):
+    """A parked session's replica started again while the API answers too slowly for its
+    re-adoption (the fake's delay stays on: the caller turns it off); (the pod, the new manager)."""
+    pod = _parked(k8s_provider_factory, fake, store, ws)
+    m2 = _manager(store, k8s_provider_factory(api_timeout=1), "r1", ws)
+    fake.delay = 2.0
+    m2.start()
+    return pod, m2
+
+
 def test_an_api_outage_at_restart_keeps_the_pod_for_the_next_use(k8s_provider_factory, fake_apiserver,
                                                                   tmp_path) -> None:
-    from execbox.service.store import open_store
-
     store = open_store(tmp_path / "data")
     ws = str(tmp_path / "ws")
     try:
-        pod = _parked(k8s_provider_factory, fake_apiserver, store, ws)
-        p2 = k8s_provider_factory(api_timeout=1)
-        m2 = _manager(store, p2, "r1", ws)
-        fake_apiserver.delay = 2.0  # the API is too slow while the replica re-adopts its sessions
+        pod, m2 = _restarted_while_the_api_is_slow(k8s_provider_factory, fake_apiserver, store, ws)
         try:
-            m2.start()
             assert _box_id(store) == pod  # the row still names the pod
             with pytest.raises(ProviderUnavailableError):  # used while the API is still down: SB009
                 _run(m2, "print(x)")
@@ -68,19 +73,11 @@ def test_an_api_outage_at_restart_keeps_the_pod_for_the_next_use(k8s_provider_fa
 
 def test_a_session_destroyed_before_its_pod_was_reattached_takes_it_along(k8s_provider_factory, fake_apiserver,
                                                                            tmp_path) -> None:
-    from execbox.service.store import open_store
-
     store = open_store(tmp_path / "data")
     ws = str(tmp_path / "ws")
     try:
-        pod = _parked(k8s_provider_factory, fake_apiserver, store, ws)
-        p2 = k8s_provider_factory(api_timeout=1)
-        m2 = _manager(store, p2, "r1", ws)
-        fake_apiserver.delay = 2.0
-        try:
-            m2.start()
-        finally:
-            fake_apiserver.delay = 0.0
+        pod, m2 = _restarted_while_the_api_is_slow(k8s_provider_factory, fake_apiserver, store, ws)
+        fake_apiserver.delay = 0.0
         m2.destroy("t1", "s")  # never used since the restart: its pod goes by the row's handle
         _wait(lambda: pod not in fake_apiserver.pod_names(), 15, "the destroyed session's pod deletion")
         m2.shutdown()
@@ -91,8 +88,6 @@ def test_a_session_destroyed_before_its_pod_was_reattached_takes_it_along(k8s_pr
 
 def test_a_failed_row_write_takes_the_new_pod_along_and_orphan_removal_spares_live_ones(
         k8s_provider_factory, fake_apiserver, tmp_path) -> None:
-    from execbox.service.store import open_store
-
     store = open_store(tmp_path / "data")
     ws = str(tmp_path / "ws")
     p1 = k8s_provider_factory()
@@ -132,8 +127,6 @@ def test_a_failed_row_write_takes_the_new_pod_along_and_orphan_removal_spares_li
 
 
 def test_the_periodic_sweep_removes_orphan_pods(k8s_provider_factory, fake_apiserver, tmp_path) -> None:
-    from execbox.service.store import open_store
-
     store = open_store(tmp_path / "data")
     p1 = k8s_provider_factory()
     m1 = _manager(store, p1, "r1", str(tmp_path / "ws"))
@@ -161,8 +154,6 @@ def test_the_periodic_sweep_removes_orphan_pods(k8s_provider_factory, fake_apise
 
 
 def test_a_pod_slow_to_answer_at_restart_is_kept(k8s_provider_factory, fake_apiserver, tmp_path) -> None:
-    from execbox.service.store import open_store
-
     store = open_store(tmp_path / "data")
     ws = str(tmp_path / "ws")
     container = None
