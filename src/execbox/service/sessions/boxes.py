@@ -112,8 +112,7 @@ class BoxesMixin:
         try:
             inst = prov.create_instance(template=template, **kwargs)
         except BaseException as e:
-            if s.boxes_started == 0 and s.state == "creating":
-                self._forget(s)
+            self._forget_unstarted(s)
             if _still_mounted(e):
                 raise workspace_held(s) from e
             raise
@@ -128,8 +127,7 @@ class BoxesMixin:
             except Exception:  # noqa: BLE001 - the error that matters is the one re-raised
                 log.exception("destroying the box of %s/%s after its egress policy failed", s.tenant_id,
                               s.session_id)
-            if s.boxes_started == 0 and s.state == "creating":
-                self._forget(s)
+            self._forget_unstarted(s)
             raise
         handle = {"instance_id": inst.instance_id, "workspace": s.workspace}
         meta = inst.metadata or {}
@@ -146,11 +144,10 @@ class BoxesMixin:
         except BaseException:  # no row names the box: it would outlive a crash unseen; the next use starts one
             s.instance_id = None
             self._destroy_instance(prov, inst.instance_id)
-            if s.boxes_started == 0 and s.state == "creating":
-                try:
-                    self._forget(s)
-                except Exception:  # noqa: BLE001 - its row stays `creating`: dropped at the next start
-                    log.exception("forgetting session %s/%s failed", s.tenant_id, s.session_id)
+            try:
+                self._forget_unstarted(s)
+            except Exception:  # noqa: BLE001 - its row stays `creating`: dropped at the next start
+                log.exception("forgetting session %s/%s failed", s.tenant_id, s.session_id)
             raise
         s.boxes_started += 1
         s.state = "running"
@@ -176,8 +173,11 @@ class BoxesMixin:
             pending.wait(MOUNT_WAIT_SECONDS + 5)
         make_workspace_dirs(self.workspaces_root, s.tenant_id, s.workspace or "", self.workspaces_base)
 
-    def _forget(self: SessionManager, s: Session) -> None:
-        """A session whose first box never started does not count against any limit."""
+    def _forget_unstarted(self: SessionManager, s: Session) -> None:
+        """A session whose first box never started (a request that made it failed or was refused
+        before one did) does not count against any limit: it goes; any other session stays."""
+        if s.boxes_started or s.state != "creating":
+            return
         with self._lock:
             if self._sessions.get((s.tenant_id, s.session_id)) is s and s.busy <= 1:
                 del self._sessions[(s.tenant_id, s.session_id)]

@@ -323,8 +323,7 @@ class SessionManager(BoxesMixin, AdminMixin, LifecycleMixin, DrainMixin, FenceMi
             try:
                 stack.enter_context(self._execution(s.tenant_id, count))
             except RateLimitError:
-                if s.boxes_started == 0 and s.state == "creating":
-                    self._forget(s)
+                self._forget_unstarted(s)
                 raise
             yield
 
