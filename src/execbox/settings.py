@@ -56,6 +56,20 @@ def parse_int(value: str, name: str, minimum: int = 0) -> int:
     return n
 
 
+def env_int(name: str, default: int, minimum: int = 0, env: Mapping[str, str] | None = None) -> int:
+    """The integer environment variable ``name``, or ``default`` when it is unset or blank; a value
+    that is not a whole number >= ``minimum`` is SB002 naming the variable, never the default."""
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    return parse_int(raw, name, minimum) if raw else default
+
+
+def env_duration(name: str, default: float, env: Mapping[str, str] | None = None) -> float:
+    """The duration environment variable ``name`` ('60', '1m', '500ms'), or ``default`` when it is
+    unset or blank; a bad value is SB002 naming the variable."""
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    return parse_duration(raw, name) if raw else default
+
+
 def parse_days(value: str, name: str) -> float:
     """A retention in days: a number >= 0 (``0``: keep everything; ``1.5`` allowed). Anything else: SB002."""
     try:

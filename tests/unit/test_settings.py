@@ -1,7 +1,7 @@
 import pytest
 
 from execbox.errors import InvalidConfigError
-from execbox.settings import parse_bool, parse_duration, sandbox_timeout, sandbox_type
+from execbox.settings import env_duration, env_int, parse_bool, parse_duration, sandbox_timeout, sandbox_type
 
 
 @pytest.mark.parametrize("raw", ["60", "60s", "1m", " 60 ", "60S", "1M", 60, 60.0, "60000ms"])
@@ -42,3 +42,27 @@ def test_parse_bool():
     assert parse_bool("TRUE", "X") is True and parse_bool("off", "X") is False
     with pytest.raises(InvalidConfigError):
         parse_bool("maybe", "X")
+
+
+def test_env_int_and_duration_default_only_when_unset_or_blank():
+    assert env_int("N", 7, env={}) == 7
+    assert env_int("N", 7, env={"N": "  "}) == 7
+    assert env_int("N", 7, env={"N": " 12 "}) == 12
+    assert env_int("N", 7, env={"N": "0"}) == 0
+    assert env_duration("D", 5.0, env={}) == 5.0
+    assert env_duration("D", 5.0, env={"D": " "}) == 5.0
+    assert env_duration("D", 5.0, env={"D": "1m"}) == 60.0
+
+
+@pytest.mark.parametrize("raw", ["abc", "1.5", "-1", "1k"])
+def test_env_int_bad_value_is_sb002_naming_the_variable(raw):
+    with pytest.raises(InvalidConfigError) as ei:
+        env_int("EXECBOX_X", 7, 0, env={"EXECBOX_X": raw})
+    assert ei.value.code == "SB002" and "EXECBOX_X" in ei.value.message
+
+
+def test_env_int_minimum_and_duration_errors_name_the_variable():
+    with pytest.raises(InvalidConfigError, match="EXECBOX_X: must be >= 1"):
+        env_int("EXECBOX_X", 7, 1, env={"EXECBOX_X": "0"})
+    with pytest.raises(InvalidConfigError, match="EXECBOX_D"):
+        env_duration("EXECBOX_D", 5.0, env={"EXECBOX_D": "soon"})

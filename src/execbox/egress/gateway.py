@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import os
 import re
 import socket
 import struct
@@ -32,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..settings import env_int
 from . import audit, relay
 from .box_dns import BoxDns
 from .conntrack import ConntrackAudit
@@ -55,10 +55,10 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> Limits:
-        def num(key: str, default: int) -> int:
-            raw = os.environ.get(key, "").strip()
-            return int(raw) if raw.isdigit() and int(raw) > 0 else default
-        return cls(num("EXECBOX_EGRESS_MAX_CONNECTIONS", 64), num("EXECBOX_EGRESS_MAX_BYTES", 1024 ** 3))
+        """The caps from EXECBOX_EGRESS_MAX_CONNECTIONS / _MAX_BYTES; a value that is not a whole
+        number >= 1 is SB002 naming it (it once fell back to the default without a word)."""
+        return cls(env_int("EXECBOX_EGRESS_MAX_CONNECTIONS", cls.max_connections, 1),
+                   env_int("EXECBOX_EGRESS_MAX_BYTES", cls.max_bytes, 1))
 
 
 class BoxLink:

@@ -15,13 +15,12 @@ every route of ``execbox serve`` before this check (a body past it gets that lim
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from starlette.types import Message, Receive
 
-from ..settings import parse_int
+from ..settings import env_int
 
 ENV = "EXECBOX_MCP_MAX_REQUEST_BYTES"
 DEFAULT_MAX_REQUEST_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE
@@ -35,8 +34,7 @@ INVALID_REQUEST = -32600  # JSON-RPC
 def max_request_bytes_from_env(ceiling: int | None = None) -> int:
     """EXECBOX_MCP_MAX_REQUEST_BYTES (a whole number of bytes, at least 1024), or the default;
     at most ``ceiling`` (the service's SANDBOX_MAX_REQUEST_BYTES). A bad value is SB002 naming it."""
-    raw = os.environ.get(ENV, "").strip()
-    value = parse_int(raw, ENV, MINIMUM) if raw else DEFAULT_MAX_REQUEST_BYTES
+    value = env_int(ENV, DEFAULT_MAX_REQUEST_BYTES, MINIMUM)
     return min(value, ceiling) if ceiling else value
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from starlette.types import Message, Receive, Scope, Send
 from ..errors import RateLimitError, SandboxError
 from ..service.auth import AuthError, Principal, authenticate
 from ..service.container import Services
-from ..settings import parse_duration, parse_int
+from ..settings import env_duration, env_int
 from .body_limit import declared_length, drain, max_request_bytes_from_env, read_bounded, refusal
 from .core import DEFAULT_MAX_TIMEOUT, Caller, ServiceCore
 from .output_cap import max_output_from_env
@@ -76,22 +75,18 @@ class _Opening:
 
 
 def max_timeout_from_env() -> float:
-    raw = os.environ.get("EXECBOX_MCP_MAX_TIMEOUT", "")
-    return parse_duration(raw, "EXECBOX_MCP_MAX_TIMEOUT") if raw else DEFAULT_MAX_TIMEOUT
+    return env_duration("EXECBOX_MCP_MAX_TIMEOUT", DEFAULT_MAX_TIMEOUT)
 
 
 def max_sessions_from_env() -> int:
     """EXECBOX_MCP_MAX_SESSIONS (0: no cap), or the default; a bad value is SB002 naming it."""
-    raw = os.environ.get(MAX_SESSIONS_ENV, "").strip()
-    return parse_int(raw, MAX_SESSIONS_ENV, 0) if raw else DEFAULT_MAX_SESSIONS
+    return env_int(MAX_SESSIONS_ENV, DEFAULT_MAX_SESSIONS)
 
 
 def unused_timeout_from_env(idle_timeout: float) -> float:
     """EXECBOX_MCP_UNUSED_SESSION_TIMEOUT (a duration), or the default; never longer than the idle
     timeout of a used session. A bad value is SB002 naming it."""
-    raw = os.environ.get(UNUSED_TIMEOUT_ENV, "").strip()
-    value = parse_duration(raw, UNUSED_TIMEOUT_ENV) if raw else DEFAULT_UNUSED_TIMEOUT
-    return min(value, idle_timeout)
+    return min(env_duration(UNUSED_TIMEOUT_ENV, DEFAULT_UNUSED_TIMEOUT), idle_timeout)
 
 
 class McpHttpApp:

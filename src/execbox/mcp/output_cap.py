@@ -10,10 +10,9 @@ read_file). ``EXECBOX_MCP_MAX_OUTPUT`` (characters per stream; ``0``: no cap) or
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..settings import parse_int
+from ..settings import env_int
 
 DEFAULT_MAX_OUTPUT = 32 * 1024
 """Characters of one stream the model sees by default (E2B and Jupyter MCP servers give ~20-30 k)."""
@@ -24,8 +23,7 @@ HEAD_SHARE = 0.5
 
 def max_output_from_env() -> int:
     """EXECBOX_MCP_MAX_OUTPUT, or the default; a bad value is SB002 naming the variable."""
-    raw = os.environ.get(ENV, "").strip()
-    return parse_int(raw, ENV, 0) if raw else DEFAULT_MAX_OUTPUT
+    return env_int(ENV, DEFAULT_MAX_OUTPUT)
 
 
 @dataclass(frozen=True)

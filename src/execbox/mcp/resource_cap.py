@@ -11,12 +11,11 @@ file's size), never the whole file.
 
 from __future__ import annotations
 
-import os
 import shlex
 
 from ..agent.fileops import MAX_READ_BYTES, SNIFF_BYTES
 from ..errors import InvalidConfigError
-from ..settings import parse_int
+from ..settings import env_int
 
 ENV = "EXECBOX_MCP_MAX_RESOURCE_BYTES"
 DEFAULT_MAX_RESOURCE_BYTES = 4 * 1024 * 1024
@@ -31,10 +30,7 @@ content is not at hand to test; a resource read tests the content, ``looks_text`
 def max_resource_bytes_from_env() -> int:
     """EXECBOX_MCP_MAX_RESOURCE_BYTES (``0``: the 64 MiB of one read), or the default; a value that
     is not a whole number of bytes in 0..64 MiB is SB002 naming the variable."""
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_RESOURCE_BYTES
-    n = parse_int(raw, ENV, 0)
+    n = env_int(ENV, DEFAULT_MAX_RESOURCE_BYTES)
     if n > MAX_READ_BYTES:
         raise InvalidConfigError(f"{ENV}: must be at most {MAX_READ_BYTES} (64 MiB, what one read of a workspace "
                                  "file holds; 0 means that much)", details={"field": ENV, "limit": MAX_READ_BYTES})

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from execbox.errors import InvalidConfigError
 from tests.integration.service.conftest import error_of, start_service
 
 from .conftest import jail_with
@@ -175,3 +176,19 @@ def test_a_box_whose_policy_cannot_be_applied_does_not_serve_the_session(svc, fa
         assert not out["result"]["ok"] and out["metadata"]["network"]["network"] == "none", out
     finally:
         svc.root.delete("/api/admin/egress/caps/tenant-b")
+
+
+@pytest.mark.parametrize(("name", "value"), [("EXECBOX_EGRESS_MAX_CONNECTIONS", "lots"),
+                                             ("EXECBOX_EGRESS_MAX_CONNECTIONS", "0"),
+                                             ("EXECBOX_EGRESS_MAX_BYTES", "1.5GB")])
+def test_a_bad_egress_cap_stops_the_start(fakenet, monkeypatch, name: str, value: str) -> None:
+    """A cap the operator mistyped was once read as the default without a word; now it is SB002
+    naming the variable when the service starts, before any box runs under a cap nobody chose."""
+    monkeypatch.setenv(name, value)
+    p = jail_with("allowlist", [fakenet.name("www")])
+    try:
+        with pytest.raises(InvalidConfigError, match=name) as ei:
+            start_service(p)
+        assert ei.value.code == "SB002"
+    finally:
+        p.shutdown()

@@ -15,7 +15,6 @@ size, the cap and the setting) in ``detail``, as other artifacts that cannot be 
 from __future__ import annotations
 
 import base64
-import os
 import signal
 from typing import Any
 
@@ -23,7 +22,7 @@ from fastapi.responses import JSONResponse
 
 from ...errors import CodeBlockedError, InvalidConfigError, SandboxError
 from ...models import ExecutionResult
-from ...settings import parse_int
+from ...settings import env_int
 
 ARTIFACT_BYTES_ENV = "EXECBOX_EXECUTOR_MAX_ARTIFACT_BYTES"
 DEFAULT_MAX_ARTIFACT_BYTES = 10 * 1024 * 1024
@@ -87,8 +86,7 @@ def _signal_name(num: int) -> str:
 def max_artifact_bytes_from_env() -> int:
     """EXECBOX_EXECUTOR_MAX_ARTIFACT_BYTES (a whole number of bytes; ``0``: no artifact inline), or
     the default; a bad value is SB002 naming it (read when the app is built: a bad one stops start)."""
-    raw = os.environ.get(ARTIFACT_BYTES_ENV, "").strip()
-    return parse_int(raw, ARTIFACT_BYTES_ENV, 0) if raw else DEFAULT_MAX_ARTIFACT_BYTES
+    return env_int(ARTIFACT_BYTES_ENV, DEFAULT_MAX_ARTIFACT_BYTES)
 
 
 def artifact_items(result: ExecutionResult, limit: int = DEFAULT_MAX_ARTIFACT_BYTES
