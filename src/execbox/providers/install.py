@@ -20,7 +20,6 @@ a command line string.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,6 +32,7 @@ from ..errors import (
     InvalidConfigError,
     PayloadTooLargeError,
 )
+from ..settings import env_duration, env_int
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -215,13 +215,6 @@ def install(pip, npm, pip_args, pip_index, registry, site, workspace, max_bytes,
 '''
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-
-
 def index_hosts(pip_url: str | None, npm_url: str | None, pip: bool, npm: bool) -> EgressPolicy:
     """The policy the box gets for the install step: the index hosts only.
 
@@ -277,8 +270,8 @@ def run_install(provider: Any, instance_id: str, pip: list[str] | None, npm: lis
             "or use a runtime template (`execbox runtime build`)",
             details={"field": "network", "provider": provider.name})
     limit = float(provider.config.get("max_timeout") or DEFAULT_TIMEOUT)
-    seconds = min(float(timeout or _env_float("EXECBOX_INSTALL_TIMEOUT", DEFAULT_TIMEOUT)), limit)
-    max_bytes = int(_env_float("EXECBOX_INSTALL_MAX_BYTES", DEFAULT_MAX_BYTES))
+    seconds = min(float(timeout or env_duration("EXECBOX_INSTALL_TIMEOUT", DEFAULT_TIMEOUT)), limit)
+    max_bytes = env_int("EXECBOX_INSTALL_MAX_BYTES", DEFAULT_MAX_BYTES, 1)  # a typo is SB002, not the default
     step = index_hosts(pip_url, npm_url, bool(pip), bool(npm))
     args = {"pip": pip, "npm": npm, "pip_args": pip_index_args(pip_url) or ["--isolated"],
             "pip_index": pip_url or PYPI_URL, "registry": npm_url or NPM_URL,

@@ -107,6 +107,17 @@ def test_size_cap_and_box_without_network(net_jail, sbox, pkgs, monkeypatch):
         p.shutdown()
 
 
+@pytest.mark.parametrize(("name", "value"), [("EXECBOX_INSTALL_MAX_BYTES", "256MB"),
+                                             ("EXECBOX_INSTALL_MAX_BYTES", "0"),
+                                             ("EXECBOX_INSTALL_TIMEOUT", "-5")])
+def test_a_bad_install_setting_is_sb002_naming_it(net_jail, sbox, pkgs, monkeypatch, name, value):
+    """Both were read leniently: '256MB' became the default and '-5' a negative timeout."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InvalidConfigError, match=name) as e:
+        net_jail.install_packages(sbox, pip=[pkgs["py"]])
+    assert e.value.code == "SB002"
+
+
 def test_install_over_http_with_remote_sandbox(fakenet, pkgs, monkeypatch):
     from execbox import RemoteSandbox
     from tests.integration.service.conftest import error_of, start_service
