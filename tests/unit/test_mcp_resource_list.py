@@ -5,7 +5,7 @@ does), to a directory, to nothing, or round a loop is left out, as are directori
 
 from __future__ import annotations
 
-from execbox.mcp.resource_list import readable_files
+from execbox.mcp.resource_list import iter_readable
 from execbox.models import FileInfo
 
 
@@ -30,7 +30,7 @@ def test_only_links_that_end_at_a_file_inside_are_offered() -> None:
         _f("todir", 3, "sub"),                    # a directory: a read of it fails
         _f("self", 4, "self"),
     ]
-    offered = readable_files(entries)
+    offered = list(iter_readable(entries))
     assert [(e.path, e.size) for e in offered] == [
         ("README", 11), ("sub/f.txt", 7), ("ok", 11), ("sub/back", 11), ("via", 7), ("chain", 11)]
     assert offered[2].symlink_target == "README"  # still shown as the link it is
@@ -38,4 +38,4 @@ def test_only_links_that_end_at_a_file_inside_are_offered() -> None:
 
 def test_a_plain_listing_is_unchanged_but_for_directories() -> None:
     entries = [_f("a.txt", 3), _f("d", 0, is_dir=True), _f("d/b.bin", 9)]
-    assert readable_files(entries) == [entries[0], entries[2]]
+    assert list(iter_readable(entries)) == [entries[0], entries[2]]

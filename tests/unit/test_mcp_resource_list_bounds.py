@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from execbox.mcp import server
-from execbox.mcp.resource_list import MAX_STEPS, Steps, iter_readable, readable_files
+from execbox.mcp.resource_list import MAX_STEPS, Steps, iter_readable
 from execbox.models import FileInfo
 
 
@@ -25,12 +25,12 @@ def test_only_regular_files_and_links_to_them_are_offered() -> None:
         _f("viabad", "symlink", 9, "bad"), _f("inbad", "symlink", 9, "bad/x"),
         _f("ok", "symlink", 6, "README"), _f("okd", "symlink", 3, "d/f"),
     ]
-    assert [(e.path, e.size) for e in readable_files(entries)] == [("README", 11), ("d/f", 3), ("ok", 11), ("okd", 3)]
+    assert [(e.path, e.size) for e in iter_readable(entries)] == [("README", 11), ("d/f", 3), ("ok", 11), ("okd", 3)]
 
 
 def test_a_listing_from_an_older_agent_without_kind_is_filtered_as_before() -> None:
     entries = [FileInfo("a", 1, False, 0.0), FileInfo("l", 1, False, 0.0, "a"), FileInfo("d", 0, True, 0.0)]
-    assert [e.path for e in readable_files(entries)] == ["a", "l"]
+    assert [e.path for e in iter_readable(entries)] == ["a", "l"]
 
 
 def _pathological(n: int) -> list[FileInfo]:

@@ -44,11 +44,6 @@ class Steps:
         return self.left >= 0
 
 
-def readable_files(entries: Iterable[FileInfo], steps: Steps | None = None) -> list[FileInfo]:
-    """``iter_readable`` as a list."""
-    return list(iter_readable(entries, steps))
-
-
 def iter_readable(entries: Iterable[FileInfo], steps: Steps | None = None) -> Iterator[FileInfo]:
     """The regular files of a listing, and the symlinks that resolve inside it to one (with the
     file's size), in listing order, lazily; none more once ``steps`` is spent."""
