@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -247,6 +248,40 @@ def test_process_calls_waiting_for_a_held_session_hold_no_execution_slot(service
         for t in calls:
             t.join()
     assert sorted(w.status_code for w in waited) == [200, 200], [w.text for w in waited]
+
+
+def test_an_mcp_listing_waiting_for_a_held_session_holds_no_execution_slot(service_factory) -> None:
+    """``resources/list`` reads each running session's files; waiting for a session something else
+    holds (an install), it holds none of the tenant's executions meanwhile (review 43 F2)."""
+    from execbox.mcp.core import Caller, ServiceCore
+
+    svc: Service = service_factory(tenant_max_executions=1)
+    services = svc.app.state.services
+    core = ServiceCore(services.sessions, services.runs, default_timeout=30)
+    assert svc.a.post("/v1/sandbox/write", json={"session_id": "p", "path": "f.txt", "content": "x"}).status_code == 200
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # as an install holds the session
+        with services.sessions.session("tenant-a", "p"):
+            held.set()
+            release.wait(20)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    listed: list[Any] = []
+    lister = threading.Thread(target=lambda: listed.append(core.list_running_files(Caller("tenant-a"), "p")))
+    lister.start()
+    time.sleep(0.5)  # the listing waits for the session now
+    try:
+        r = svc.a.post("/v1/sandbox/execute", json={"code": "print(2)", "session_id": "other"})
+        assert r.status_code == 200 and r.json()["stdout"] == "2\n", r.text
+    finally:
+        release.set()
+        holder.join()
+        lister.join(30)
+    [files] = listed
+    assert "f.txt" in [f.path for f in files]
 
 
 def test_dead_box_is_reported_once_then_recreated_with_its_workspace(service: Service) -> None:
