@@ -1,11 +1,21 @@
-"""What each provider declares it cannot do, with the reason: the one source of truth.
+"""What each provider declares about the shared cases, with the reason: the one source of truth.
 
-The conformance suite skips a declared case with its reason (visible in `pytest -ra`), and
-scripts/gen_capabilities.py renders this table into docs/providers.md. Anything not declared
-here must pass the case exactly like the jail does.
+A declaration is one of three kinds (scripts/gen_capabilities.py renders them apart in docs/providers.md):
+
+- ``cannot``: a real limit of the backend or of the wire it speaks (RAGFlow's /run has no files);
+- ``not_yet``: the backend could, execbox has not built it (contexts on the cloud providers);
+- ``untested``: the provider can, the test's stand-in for its cloud cannot (the fakes have no matplotlib).
+
+The conformance suite runs every declared case as a strict xfail: a case that passes although it is
+declared fails the suite, so a declaration cannot go stale. Only a declaration marked ``harms_host``
+(a bomb where nothing but the host would stop it) or ``racy`` (a known race: the case passes or
+fails by timing) is skipped instead. Anything not declared here
+must pass the case exactly like the jail does.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 PROVIDERS = ["local", "jail", "docker-runc", "docker-runsc", "kubernetes", "self_managed", "self_managed-run", "e2b",
              "e2b-execbox", "aliyun"]
@@ -22,7 +32,9 @@ CASES: dict[str, str] = {
     "javascript_main_arguments": "main(arguments) in Node; its JSON value travels in `result`",
     "javascript_es_module": "code with `import` or top-level `await` runs as an ES module; an exported main is called",
     "bash_script": "bash code runs with stdout, stderr and the exit code kept apart",
-    "exit_codes": "sys.exit(3), process.exit(5), bash `exit 7` surface as those exit codes",
+    "exit_codes_python": "sys.exit(3) surfaces as exit code 3",
+    "exit_codes_javascript": "process.exit(5) surfaces as exit code 5",
+    "exit_codes_bash": "bash `exit 7` surfaces as exit code 7",
     "execution_error": ("an uncaught Python or JavaScript exception is the result's `error` {name, value, "
                         "traceback}; a run that raised nothing has none"),
     "unicode_output": "UTF-8 output (accents, CJK, emoji) arrives unchanged",
@@ -34,7 +46,9 @@ CASES: dict[str, str] = {
     "background_ends_with_run": "a process a run leaves in the background ends with the run",
     "daemon_ends_with_timeout": "a double-forked daemon ends when its run times out",
     "memory_bomb": "allocating past the memory limit is SB006 and the instance stays usable or is replaced",
-    "fork_bomb": "a fork bomb is contained: the run fails or times out and a new instance works",
+    "fork_bomb_bash": ("a bash fork bomb is contained: the run fails or times out (SB005), or the box is "
+                       "OOM-killed (SB006), and the instance (or a new one) works"),
+    "fork_bomb_python": "a Python `os.fork()` bomb is contained, as the bash one",
     "artifacts": "files written under artifacts/ are reported with name, size, sha256 and bytes",
     "plots": "an open matplotlib figure becomes a PNG artifact",
     "file_operations": "write, read (paged), list, glob and grep on the workspace",
@@ -42,6 +56,11 @@ CASES: dict[str, str] = {
                              "`truncated` past max_results, as glob does; a file over 64 MiB is paged as text and "
                              "read in byte ranges (whole: 413 with its limit and size)"),
     "path_traversal_refused": "'..', absolute paths and symlinks leaving the workspace are SB002",
+    "invalid_requests": "an unknown language and a timeout of 0 or below are SB002; the instance stays usable",
+    "unknown_instance": "a run on an instance that never existed is SessionNotFoundError (404)",
+    "destroyed_instance": "a run on an instance just destroyed is SessionNotFoundError (404)",
+    "missing_file": "reading a missing file is FileNotFoundInSandbox (404)",
+    "instances_isolated": "a file one instance writes is not visible in another instance of the same provider",
     "python_contexts": ("globals persist per context_id (a cell may `await` at top level); other contexts do not "
                         "see them"),
     "bash_contexts": "shell variables and the working directory persist per context_id; an error ends the cell only",
@@ -51,80 +70,126 @@ CASES: dict[str, str] = {
                           "context keeps its state, as a notebook's interrupt"),
 }
 
-NEEDS_MATPLOTLIB = "the provider's default runtime has no matplotlib"
-NO_CGROUP = "no cgroup: memory is capped by RLIMIT_AS, so a bomb is a MemoryError (exit 1), not an OOM kill"
-FAKE_CLOUD = ("the test fake runs code as host processes with no memory or pids limit (a real cloud VM has its "
-              "own); the bomb would hit the test machine")
-REMOTE_EXECUTOR = "RAGFlow's /run API has no files, contexts or sessions"
 
-RAGFLOW_LANGS = "RAGFlow's /run API runs python and nodejs only (no bash)"
-RAGFLOW_MAIN = "RAGFlow's /run contract calls main() whenever the code defines it"
-NO_BASH = "the AgentRun code interpreter runs python and javascript only"
-RAGFLOW_NO_ERROR = "RAGFlow's /run answer has no field for the program's exception (only its stderr)"
 
-UNSUPPORTED: dict[str, dict[str, str]] = {
+@dataclass(frozen=True)
+class Declaration:
+    kind: str  # "cannot", "not_yet" or "untested"
+    reason: str
+    harms_host: bool = False  # skipped, never run: only the host would stop it
+    racy: bool = False  # skipped: a known race makes the case pass or fail by timing (a strict xfail would flap)
+
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS, self.kind
+
+
+KINDS = {"cannot": "impossible", "not_yet": "not built yet", "untested": "untestable here"}
+"""How the suite and the docs name each kind."""
+
+
+def cannot(reason: str, *, harms_host: bool = False) -> Declaration:
+    return Declaration("cannot", reason, harms_host)
+
+
+def not_yet(reason: str, *, racy: bool = False) -> Declaration:
+    return Declaration("not_yet", reason, racy=racy)
+
+
+def untested(reason: str, *, harms_host: bool = False) -> Declaration:
+    return Declaration("untested", reason, harms_host)
+
+
+FAKE_MATPLOTLIB = untested("the test fake runs the host's system python3, which has no matplotlib (the real "
+                           "template has it)")
+FAKE_BOMB = untested("the test fake runs code as host processes in bubblewrap with no memory or pids limit (a real "
+                     "cloud VM has its own); the bomb would hit the test machine", harms_host=True)
+REMOTE_EXECUTOR = cannot("RAGFlow's /run API has no files, contexts or sessions")
+REMOTE_EXECUTOR_FILE = cannot("RAGFlow's /run API has no files or sessions: the check reads a file the run left")
+RAGFLOW_LANGS = cannot("RAGFlow's /run API runs python and nodejs only (no bash)")
+RAGFLOW_MAIN = cannot("RAGFlow's /run contract calls main() whenever the code defines it")
+RAGFLOW_NO_ERROR = cannot("RAGFlow's /run answer has no field for the program's exception (only its stderr)")
+E2B_CONTEXTS = not_yet("E2B contexts are not mapped yet: each request is a one-shot agent run (a resident agent "
+                       "per sandbox, over `commands.run(background=True, stdin=True)`, would keep them)")
+AGENTRUN_CONTEXTS = not_yet("AgentRun contexts are not mapped yet: each request is a one-shot agent run (a "
+                            "persistent AgentRun context holding the agent would keep them)")
+
+UNSUPPORTED: dict[str, dict[str, Declaration]] = {
     "local": {
-        "memory_bomb": NO_CGROUP,
-        "fork_bomb": "no pid namespace or pids limit: a fork bomb would take the host down",
+        "fork_bomb_bash": cannot("no pid namespace or pids limit: a fork bomb would take the host down",
+                                 harms_host=True),
+        "fork_bomb_python": cannot("no pid namespace or pids limit: a fork bomb would take the host down",
+                                   harms_host=True),
     },
     "jail": {},
     "docker-runc": {},
     "docker-runsc": {},
-    "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
+    "kubernetes": {  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
+        "destroyed_instance": not_yet("a run right after destroy_instance can adopt the instance back from its pod, "
+                                      "which is still ready while its deletion waits in the reaper "
+                                      "(KubernetesProvider._get adopts any ready pod annotated with the id)",
+                                      racy=True),
+    },
     "self_managed": {},  # api: execbox, against a real `execbox serve` (jail, sci runtime)
     "self_managed-run": {
         "python_dunder_main_script": RAGFLOW_MAIN,
         "python_main_called_once": RAGFLOW_MAIN,
         "bash_script": RAGFLOW_LANGS,
-        "exit_codes": RAGFLOW_LANGS,
+        "exit_codes_bash": RAGFLOW_LANGS,
         "execution_error": RAGFLOW_NO_ERROR,
-        "fork_bomb": RAGFLOW_LANGS,
+        "fork_bomb_bash": RAGFLOW_LANGS,
         "file_operations": REMOTE_EXECUTOR,
+        "missing_file": REMOTE_EXECUTOR,
+        "instances_isolated": REMOTE_EXECUTOR_FILE,
         "file_search_and_size": REMOTE_EXECUTOR,
         "path_traversal_refused": REMOTE_EXECUTOR,
         "python_contexts": REMOTE_EXECUTOR,
         "bash_contexts": RAGFLOW_LANGS,
         "javascript_contexts": REMOTE_EXECUTOR,
         "context_interrupt": REMOTE_EXECUTOR,
-        "timeout_sigterm_ignored": REMOTE_EXECUTOR + " (the check reads a file)",
-        "background_ends_with_run": REMOTE_EXECUTOR + " (the check reads a file)",
-        "daemon_ends_with_timeout": REMOTE_EXECUTOR + " (the check reads a file)",
-        "memory_bomb": REMOTE_EXECUTOR + " (the check reuses the session)",
-        "plots": NEEDS_MATPLOTLIB + " (the test's remote execbox runs the jail's system runtime)",
+        "timeout_sigterm_ignored": REMOTE_EXECUTOR_FILE,
+        "background_ends_with_run": REMOTE_EXECUTOR_FILE,
+        "daemon_ends_with_timeout": REMOTE_EXECUTOR_FILE,
+        "plots": untested("the test's remote execbox runs the jail's system runtime, which has no matplotlib"),
     },
     "e2b": {
-        "memory_bomb": FAKE_CLOUD,
-        "fork_bomb": FAKE_CLOUD,
-        "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "bash_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "javascript_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "context_interrupt": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
+        "fork_bomb_bash": FAKE_BOMB,
+        "fork_bomb_python": FAKE_BOMB,
+        "python_contexts": E2B_CONTEXTS,
+        "bash_contexts": E2B_CONTEXTS,
+        "javascript_contexts": E2B_CONTEXTS,
+        "context_interrupt": E2B_CONTEXTS,
+        "plots": FAKE_MATPLOTLIB,
     },
     "e2b-execbox": {
-        "python_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "bash_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "javascript_contexts": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
-        "context_interrupt": "E2B contexts are not mapped yet (each request is a one-shot agent run)",
+        "python_contexts": E2B_CONTEXTS,
+        "bash_contexts": E2B_CONTEXTS,
+        "javascript_contexts": E2B_CONTEXTS,
+        "context_interrupt": E2B_CONTEXTS,
     },
     "aliyun": {
-        "bash_script": NO_BASH,
-        "exit_codes": NO_BASH,
-        "path_traversal_refused": NO_BASH + " (the check makes symlinks with bash)",
-        "background_ends_with_run": NO_BASH + " (the check backgrounds a bash loop)",
-        "memory_bomb": FAKE_CLOUD,
-        "fork_bomb": FAKE_CLOUD,
-        "python_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
-        "bash_contexts": NO_BASH,
-        "javascript_contexts": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
-        "context_interrupt": "AgentRun contexts are not mapped yet (each request is a one-shot agent run)",
-        "plots": NEEDS_MATPLOTLIB + " (the test fake runs the host's system python3)",
+        "memory_bomb": FAKE_BOMB,
+        "fork_bomb_bash": FAKE_BOMB,
+        "fork_bomb_python": FAKE_BOMB,
+        "python_contexts": AGENTRUN_CONTEXTS,
+        "bash_contexts": AGENTRUN_CONTEXTS,
+        "javascript_contexts": AGENTRUN_CONTEXTS,
+        "context_interrupt": AGENTRUN_CONTEXTS,
+        "plots": FAKE_MATPLOTLIB,
     },
 }
 
+NOTES: dict[str, str] = {
+    "aliyun": ("bash (`bash_script`, `exit_codes_bash`, `run_command`) runs through execbox's agent in the VM, "
+               "so the AgentRun template must have bash (verified only against the fake, which runs the host's); "
+               "on a template without it a failed bash run is SB002 (HTTP 501) naming the template."),
+    "self_managed-run": ("a fork or memory bomb over /run is contained by the remote executor's own box, not "
+                         "by the provider."),
+}
+"""Per-provider notes rendered under the table: requirements the cases assume of the real backend."""
 
-def declared(provider: str, case: str) -> str | None:
-    """The reason ``provider`` cannot run ``case``, or None when it must pass."""
+
+def declared(provider: str, case: str) -> Declaration | None:
+    """What ``provider`` declares about ``case``, or None when it must pass."""
     assert provider in UNSUPPORTED, provider
     assert case in CASES, case
     return UNSUPPORTED[provider].get(case)

@@ -5,7 +5,9 @@ Config keys follow the RAGFlow design (access_key_id, access_key_secret, account
 template_name, timeout) with ``AGENTRUN_*`` environment fallbacks. Every SDK call gets the same
 explicit ``Config`` (RAGFlow's provider forgot it on delete). Runs and file operations go
 through execbox's own agent, uploaded once per sandbox with the file API and run per request from
-a context ``execute`` cell (providers/remote_agent.py), so their semantics are the agent's.
+a context ``execute`` cell (providers/remote_agent.py), so their semantics are the agent's. The cell
+is always Python (it starts the agent); the user's language is the agent's, so bash runs too, with
+the template's ``/bin/bash`` (a template without bash makes a bash run SB002 naming it).
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ from .aliyun_config import (
     config_schema,
     with_env_fallbacks,
 )
-from .base import OutputCallback, SandboxProvider, check_run_inputs
+from .base import OutputCallback, SandboxProvider, check_run_inputs, check_timeout
 from .cloud_errors import is_connect_error, mask_secrets
 from .remote_agent import FILE_OP_TIMEOUT, RemoteAgent, python_cell
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.aliyun")
+BASH_PROBE = "import os, shutil\nprint(bool(shutil.which('bash') or os.path.exists('/bin/bash')))"
+"""The agent runs ``bash`` from PATH, else /bin/bash (agent/main.py)."""
 
 class AliyunCodeInterpreterProvider(AgentFilesMixin, SandboxProvider):
     name = "aliyun_codeinterpreter"
@@ -58,6 +62,7 @@ class AliyunCodeInterpreterProvider(AgentFilesMixin, SandboxProvider):
         self._sandbox_ids: dict[str, str] = {}  # instance id -> AgentRun sandbox id
         self._sandboxes: dict[str, Any] = {}  # instance id -> connected sandbox object
         self._agents: dict[str, RemoteAgent] = {}  # instance id -> its uploaded agent
+        self._has_bash: dict[str, bool] = {}  # instance id -> whether its sandbox has bash (asked on a failure)
         self._template: str | None = None
         self._lock = threading.Lock()
 
@@ -191,6 +196,7 @@ class AliyunCodeInterpreterProvider(AgentFilesMixin, SandboxProvider):
             sandbox_id = self._sandbox_ids.pop(instance_id, None)
             self._sandboxes.pop(instance_id, None)
             self._agents.pop(instance_id, None)
+            self._has_bash.pop(instance_id, None)
         if sandbox_id is None:
             return False
         from agentrun.sandbox import Sandbox
@@ -221,7 +227,7 @@ class AliyunCodeInterpreterProvider(AgentFilesMixin, SandboxProvider):
         return True
 
     def get_supported_languages(self) -> list[str]:
-        return ["python", "javascript"]
+        return [lang.value for lang in Language]  # the agent's languages: the cell only starts it
 
     def shutdown(self) -> None:
         for instance_id in list(self._sandbox_ids):
@@ -249,30 +255,62 @@ class AliyunCodeInterpreterProvider(AgentFilesMixin, SandboxProvider):
                      on_output: OutputCallback | None = None,
                      inline_artifacts: bool = False) -> ExecutionResult:
         lang = Language.parse(language)
-        if lang is Language.BASH:
-            raise InvalidConfigError("language 'bash' is not supported by aliyun_codeinterpreter "
-                                     "(python and javascript only)", details={"field": "language"},
-                                     http_status=501)
         if context_id is not None:
             raise self._unsupported("stateful contexts (context_id)")
         check_run_inputs(code, arguments, timeout)
+        self._check_hard_limit(timeout)
+        return self._exec(instance_id, {"language": lang.value, "code": code, "arguments": arguments},
+                          float(timeout), on_output, inline_artifacts)
+
+    def run_command(self, instance_id: str, command: str, timeout: int = 30, *, cwd: str | None = None,
+                    env: dict[str, str] | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
+        """A shell command through the agent's bash, as e2b's (the cell only starts the agent)."""
+        if not isinstance(command, str) or not command.strip():
+            raise InvalidConfigError("command must be a non-empty string", details={"field": "command"})
+        check_timeout(timeout)
+        self._check_hard_limit(timeout)
+        return self._exec(instance_id, {"language": "bash", "code": command, "cwd": cwd, "env": env or {}},
+                          float(timeout), on_output, False)
+
+    @staticmethod
+    def _check_hard_limit(timeout: float) -> None:
         if timeout > HARD_TIMEOUT:
             raise InvalidConfigError(f"timeout {timeout:g}s exceeds aliyun_codeinterpreter's hard limit of "
                                      f"{HARD_TIMEOUT}s", details={"field": "timeout", "max": HARD_TIMEOUT})
+
+    def _exec(self, instance_id: str, params: dict[str, Any], timeout: float, on_output: OutputCallback | None,
+              inline_artifacts: bool) -> ExecutionResult:
         agent = self._get(instance_id)
         metadata = {"provider": self.name, "isolation": self.isolation.value,
                     "isolation_detail": "serverless-microvm (agentrun)", "instance_id": instance_id}
         started = time.monotonic()
         try:
             # The service answers a cell once: output arrives at the end, through the same callback.
-            return agent.execute({"language": lang.value, "code": code, "arguments": arguments}, float(timeout),
-                                 metadata, on_output, inline_artifacts,
-                                 lambda path: self.read_bytes(instance_id, path))
+            result = agent.execute(params, timeout, metadata, on_output, inline_artifacts,
+                                   lambda path: self.read_bytes(instance_id, path))
         except TimeoutError:  # the service's own hard limit ended the cell before the agent replied
-            metadata.update(language=lang.value, error_code="SB005", result_present=False, result_type=None,
+            metadata.update(language=params["language"], error_code="SB005", result_present=False,
+                            result_type=None,
                             error_message=f"execution hit the service's hard limit of {HARD_TIMEOUT}s")
             return ExecutionResult(stdout="", stderr="", exit_code=-1, execution_time=time.monotonic() - started,
                                    metadata=metadata, timed_out=True)
+        if params["language"] == "bash" and result.exit_code != 0 and not result.timed_out:
+            self._require_bash(instance_id, agent)
+        return result
+
+    def _require_bash(self, instance_id: str, agent: RemoteAgent) -> None:
+        """After a failed bash run, once per sandbox: SB002 naming the template when it has no bash
+        (the agent would only say that exec failed), instead of a puzzling result."""
+        has = self._has_bash.get(instance_id)
+        if has is None:
+            probe = agent.execute({"language": "python", "code": BASH_PROBE,
+                                   "arguments": None}, 10.0, {}, None, False, lambda path: b"")
+            has = self._has_bash[instance_id] = probe.stdout.strip() != "False"
+        if not has:
+            raise InvalidConfigError(f"bash is not installed in the AgentRun template {self.template_name()!r}: "
+                                     "execbox runs bash through its agent there and needs /bin/bash in the image",
+                                     details={"field": "language", "value": "bash", "provider": self.name},
+                                     http_status=501)
 
 
 class _Transport:

@@ -139,6 +139,14 @@ def test_memory_error_is_resource_limit_memory(client):
     assert "MemoryError" in body["stderr"]
 
 
+def test_a_programs_own_memory_error_is_not_a_memory_limit(client):
+    """The agent's rule, not a second one: only a bare MemoryError (a failed allocation) is SB006."""
+    _, body = run(client, "raise MemoryError('cache budget exceeded')\n")
+    assert (body["status"], body["runtime_error_type"], body["resource_limit_type"]) == (
+        "program_error", "nonzero_exit", None), body
+    assert "MemoryError: cache budget exceeded" in body["stderr"]
+
+
 def test_output_cap_is_resource_limit_output(client):
     _, body = run(client, "import sys\nsys.stdout.write('a' * 3_000_000)\n")
     assert body["status"] == "resource_limit_exceeded"

@@ -198,13 +198,36 @@ def test_files_round_trip_and_path_validation(provider):
         provider.destroy_instance(inst.instance_id)
 
 
-def test_bash_and_unknown_instance(provider):
+def test_bash_run_command_and_unknown_instance(provider):
+    """bash is the agent's (the AgentRun cell only starts it), so runs and run_command work."""
     with pytest.raises(SessionNotFoundError):
         provider.execute_code("t:s:x", "print(1)", "python", 5)
+    assert "bash" in provider.get_supported_languages()
     inst = provider.create_instance()
     try:
-        with pytest.raises(InvalidConfigError, match="not supported by aliyun_codeinterpreter") as e:
-            provider.execute_code(inst.instance_id, "ls", "bash", 5)
+        r = provider.execute_code(inst.instance_id, "echo out; echo err >&2; exit 4", "bash", 5)
+        assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 4)
+        provider.make_dir(inst.instance_id, "d")
+        r = provider.run_command(inst.instance_id, "echo $X > f && cat f && basename $PWD", 10, cwd="d",
+                                 env={"X": "hi"})
+        assert (r.stdout, r.exit_code) == ("hi\nd\n", 0), r.stderr
+        with pytest.raises(InvalidConfigError):
+            provider.run_command(inst.instance_id, "  ", 10)
+        with pytest.raises(InvalidConfigError, match="hard limit"):
+            provider.run_command(inst.instance_id, "true", 31)
+    finally:
+        provider.destroy_instance(inst.instance_id)
+
+
+def test_a_template_without_bash_is_a_clear_error(provider):
+    """A failed bash run asks once whether the sandbox has bash; without it the error names the template."""
+    inst = provider.create_instance()
+    try:
+        assert provider.execute_code(inst.instance_id, "exit 3", "bash", 5).exit_code == 3  # bash is there
+        assert provider._has_bash[inst.instance_id] is True
+        provider._has_bash[inst.instance_id] = False  # as the probe answers on an image without bash
+        with pytest.raises(InvalidConfigError, match="bash is not installed in the AgentRun template") as e:
+            provider.execute_code(inst.instance_id, "exit 3", "bash", 5)
         assert e.value.http_status == 501
     finally:
         provider.destroy_instance(inst.instance_id)

@@ -64,6 +64,15 @@ def test_classify_every_status(result, status, field, value):
                         "detail"}
 
 
+@pytest.mark.parametrize("stderr", ["MemoryError: cache budget exceeded\n", "MemoryError\n",
+                                    "OSError: [Errno 12] Cannot allocate memory\n"])
+def test_memory_limit_is_the_agents_verdict_not_stderr(stderr):
+    """/run takes the agent's SB006 (agent/pump.looks_oom); it does not read stderr for a second rule."""
+    assert classify(res(exit_code=1, stderr=stderr))["status"] == "program_error"
+    out = classify(res(exit_code=1, stderr=stderr, metadata={"error_code": "SB006"}))
+    assert (out["status"], out["resource_limit_type"]) == ("resource_limit_exceeded", "memory")
+
+
 def test_response_round_trips_through_the_client_mapping():
     r = res(stdout="x\n", result={"a": [1]}, metadata={"result_present": True, "result_type": "dict",
                                                        "peak_memory_kb": 2048, "isolation": "jail"})

@@ -32,7 +32,6 @@ RUNNER_ERROR_EXIT = -999  # RAGFlow's exit_code for a runner (not program) failu
 _NETWORK_MARKERS = ("Network is unreachable", "ENETUNREACH", "Temporary failure in name resolution",
                     "Name or service not known", "EAI_AGAIN", "getaddrinfo ENOTFOUND")
 _FILE_MARKERS = ("Permission denied", "PermissionError", "EACCES", "Read-only file system", "EROFS")
-_MEMORY_MARKERS = ("MemoryError", "JavaScript heap out of memory", "Cannot allocate memory")
 
 
 def _stderr_tail(stderr: str, lines: int = 3) -> str:
@@ -48,7 +47,8 @@ def classify(result: ExecutionResult) -> dict[str, Any]:
     if result.timed_out or result.error_code == "SB005":
         out.update(status="resource_limit_exceeded", resource_limit_type="time",
                    detail=result.metadata.get("error_message") or "execution timed out")
-    elif result.error_code == "SB006" or (result.exit_code != 0 and any(m in tail for m in _MEMORY_MARKERS)):
+    elif result.error_code == "SB006":  # the agent's verdict (agent/pump.looks_oom); stderr is not read again:
+        # a program's own ``raise MemoryError("budget")`` is its error, not a memory limit
         out.update(status="resource_limit_exceeded", resource_limit_type="memory",
                    detail=result.metadata.get("error_message") or "execution ran out of memory")
     elif sig == signal.SIGSYS:
