@@ -2,10 +2,13 @@
 
 A network namespace ``exbfi<hex>`` joined to the host by a veth pair on a random /30 of
 203.0.113.0/24 (TEST-NET-3: public-looking, so it is not in an always-denied range) runs an
-HTTP (:80) and HTTPS (:443) server that echo the request (method, path, Host, headers) as
-JSON, and ``/bytes/N`` returns N bytes. A dnslib server on the host's loopback answers the
-fixture's names (``*.<prefix>.test``), including a rebinding name (first the server, then
-127.0.0.1). Everything is named with the unique prefix and removed by ``close()``.
+HTTP (:80) and HTTPS (:443) server that echo the request (method, path, Host, headers, a POST's
+body) as JSON and record each request it read (``FakeNet.received``), and ``/bytes/N`` returns N
+bytes. Paths under ``/keepalive`` keep the connection open whatever the request's ``Connection``
+says (an upstream that ignores ``Connection: close``); ``/drip`` echoes the request headers as
+response headers too, and sends the whole response a few bytes at a time. A dnslib server on
+the host's loopback answers the fixture's names (``*.<prefix>.test``), including a rebinding
+name (first the server, then 127.0.0.1). Everything is named with the unique prefix and removed by ``close()``.
 """
 
 from __future__ import annotations
@@ -23,10 +26,39 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 SERVER = r'''
-import http.server, json, os, ssl, sys, threading, urllib.parse
+import http.server, json, os, ssl, sys, threading, time, urllib.parse
+LOG, LOCK = os.path.join(os.path.dirname(sys.argv[2]), "requests.jsonl"), threading.Lock()
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    def body(self):
+        if self.command != "POST":
+            return b""
+        if (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
+            out = b""
+            while True:
+                n = int(self.rfile.readline().strip(), 16)
+                out += self.rfile.read(n); self.rfile.readline()
+                if not n:
+                    return out
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
     def do_GET(self):
+        seen = {"method": self.command, "path": self.path, "host": self.headers.get("Host"),
+                "headers": dict(self.headers), "tls": isinstance(self.connection, ssl.SSLSocket),
+                "body": self.body().decode("latin-1")}
+        with LOCK, open(LOG, "a") as f:
+            f.write(json.dumps(seen) + "\n")
+        if self.path.startswith("/keepalive"):
+            self.reply(json.dumps(seen).encode())
+            self.close_connection = False  # whatever the request's Connection said
+            return
+        if self.path.startswith("/drip"):
+            body = json.dumps(seen).encode()
+            head = "".join(f"X-Echo-{k}: {v}\r\n" for k, v in self.headers.items())
+            raw = (f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{head}\r\n").encode("latin-1") + body
+            for i in range(0, len(raw), 5):
+                self.wfile.write(raw[i:i + 5]); self.wfile.flush(); time.sleep(0.005)
+            self.close_connection = True
+            return
         if self.path.startswith("/pkgs/") and len(sys.argv) > 4:
             return self.static(self.path[len("/pkgs/"):].split("?")[0])
         if self.path.startswith("/bytes/"):
@@ -36,8 +68,8 @@ class H(http.server.BaseHTTPRequestHandler):
             while n > 0:
                 self.wfile.write(chunk[:min(n, 65536)]); n -= 65536
             return
-        body = json.dumps({"method": self.command, "path": self.path, "host": self.headers.get("Host"),
-                           "headers": dict(self.headers), "tls": isinstance(self.connection, ssl.SSLSocket)}).encode()
+        self.reply(json.dumps(seen).encode())
+    def reply(self, body):
         self.send_response(200); self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def static(self, rel):
@@ -125,6 +157,17 @@ class FakeNet:
 
     def name(self, label: str) -> str:
         return f"{label}.{self.domain}"
+
+    def received(self, path_prefix: str = "/") -> list[dict]:
+        """The requests the server has read (method, path, host, headers, body), oldest first."""
+        import json
+
+        try:
+            with open(os.path.join(self._tmp, "requests.jsonl"), encoding="utf-8") as f:
+                rows = [json.loads(ln) for ln in f if ln.strip()]
+        except FileNotFoundError:
+            return []
+        return [r for r in rows if r["path"].startswith(path_prefix)]
 
     @property
     def server_pid(self) -> int:

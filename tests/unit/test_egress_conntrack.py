@@ -48,6 +48,11 @@ class Link:
     def __init__(self, max_bytes: int = 1 << 30) -> None:
         self.limits = Limits(64, max_bytes)
         self.bytes_total = 0
+        self.connections = audit.ConnectionRows(self.record)
+        self.tcp_refusals = audit.RowBudget()
+
+    def summarize_tcp_refusals(self, n: int) -> None:
+        raise AssertionError(f"{n} refusals summed up")
 
     def record(self, **kw):  # noqa: ANN003, ANN201
         return audit.AuditRecord(box=self.box, tenant_id="t", session_id="s-ct", run_id="r1", **kw)
@@ -71,7 +76,7 @@ class Sock:
 @pytest.fixture
 def records(monkeypatch):
     got: list[audit.AuditRecord] = []
-    monkeypatch.setattr(conntrack.audit, "record", got.append)
+    monkeypatch.setattr(conntrack.audit, "record", lambda rec, counted=True: got.append(rec))
     monkeypatch.setattr(conntrack, "is_host_address", lambda ip: str(ip) == "203.0.113.1")
     return got
 
@@ -182,3 +187,21 @@ def test_cut_by_mark_and_a_refused_delete_raises():
     assert len(sock.sent) == 2 and tup(1, BOX, SERVER, 8080) in sock.sent[1]
     with pytest.raises(OSError, match="conntrack dump"):
         conntrack.entries(Sock([ack(1)]), mark=(0x5EB, 0xFFFF))  # type: ignore[arg-type]
+
+
+def test_a_flood_of_routed_connections_gets_bounded_rows_and_exact_bytes(records):
+    """A routed box can open (or have reset) connections to a listed address thousands of times a
+    second: rows past the box's budget are summed up in one row that carries their bytes."""
+    link = Link()
+    link.connections.clock = lambda: 100.0  # one second, however slow this machine is
+    n = 120
+    events = [m for i in range(n) for m in (msg(0, conntrack.NLM_F_CREATE, 100 + i),
+                                            msg(conntrack.IPCTNL_MSG_CT_DELETE, 0, 100 + i, up=60, down=40 + i))]
+    conntrack.ConntrackAudit(link, Sock(events), BOX).readable()  # type: ignore[arg-type]
+    per = link.connections.per_second
+    assert len(records) == per and all(r.reason.startswith(conntrack.REASON) for r in records)
+    link.connections.summarize(link.connections.drain())  # the box goes (Gateway._detach)
+    summary = records[-1]
+    assert summary.reason.startswith(f"{n - per} more connections allowed within one second")
+    assert (summary.bytes_up, summary.bytes_down) == (60 * (n - per), sum(40 + i for i in range(per, n)))
+    assert summary.decision == "allowed" and summary.session_id == "s-ct" and summary.host is None

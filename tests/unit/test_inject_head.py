@@ -68,3 +68,26 @@ def test_headers_a_front_end_may_route_by_are_not_forwarded():
 def test_trace_and_odd_targets_get_no_secret(head):
     with pytest.raises(HeadRefused):
         rewrite_head(head, NAME, SECRET)
+
+
+@pytest.mark.parametrize("head", [
+    b"trace / HTTP/1.1\r\nHost: api.example.com",  # a method is compared in any case
+    b"Trace / HTTP/1.1\r\nHost: api.example.com",
+    b"GET /x HTTP/1.1x\r\nHost: api.example.com",  # only HTTP/1.0 and HTTP/1.1
+    b"GET /x HTTP/1.2\r\nHost: api.example.com",
+    b"G(T /x HTTP/1.1\r\nHost: api.example.com",
+    b"GET /x HTTP/1.1\r\nHost evil.example",  # no colon: a lenient parser may read it as Host
+    b"GET /x HTTP/1.1\r\nHost : evil.example",  # space before the colon
+    b"GET /x HTTP/1.1\r\nX-Api-Key\t: a3",
+])
+def test_methods_in_any_case_odd_versions_and_lines_without_a_name_are_refused(head):
+    with pytest.raises(HeadRefused):
+        rewrite_head(head, NAME, SECRET)
+
+
+def test_the_response_is_asked_for_uncompressed():
+    """A compressed response would hide a reflected secret from the scrubber."""
+    out = rewrite_head(b"GET /x HTTP/1.1\r\nAccept-Encoding: gzip, br\r\nTE: gzip\r\nAccept: */*", NAME, SECRET)
+    hs = headers_of(out)
+    assert [v for k, v in hs if k.lower() == b"accept-encoding"] == [b"identity"]
+    assert not [k for k, _ in hs if k.lower() == b"te"]

@@ -46,7 +46,7 @@ import threading
 from dataclasses import dataclass
 
 from ..egress import conntrack
-from ..egress.policy import ALWAYS_DENIED, EgressPolicy
+from ..egress.policy import ALWAYS_DENIED, EgressPolicy, is_host_address
 
 log = logging.getLogger("execbox.netroute")
 
@@ -89,12 +89,17 @@ def available() -> tuple[bool, str]:
 
 def fast_entries(policy: EgressPolicy | None) -> tuple[FastEntry, ...]:
     """The policy's entries the kernel route may carry: IP/CIDR entries of an allowlist that
-    overlap no always-denied range (those keep the gateway's finer checks)."""
+    overlap no always-denied range (those keep the gateway's finer checks), and no exact /32 of
+    an address of the host: the host's INPUT rule refuses every routed packet for the host, while
+    the gateway lets an operator's /32 reach it (docs/network.md), so such an entry keeps the
+    gateway and means the same with or without the route. (A wider CIDR holding a host address
+    is refused that address on both paths.)"""
     if policy is None or policy.mode != "allowlist":
         return ()
     out = []
     for e in policy.allow:
-        if e.network is not None and not any(e.network.overlaps(d) for d in ALWAYS_DENIED):
+        if e.network is not None and not any(e.network.overlaps(d) for d in ALWAYS_DENIED) and not (
+                e.network.prefixlen == 32 and is_host_address(e.network.network_address)):
             out.append((e.network, tuple(sorted(e.ports))))
     return tuple(sorted(set(out), key=lambda x: (int(x[0].network_address), x[0].prefixlen, x[1])))
 

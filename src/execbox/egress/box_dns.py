@@ -12,7 +12,7 @@ import asyncio
 import re
 from typing import Any
 
-from .resolver import resolve
+from .resolver import ResolverBusy, resolve
 
 _DNS_LABEL = re.compile(rb"[A-Za-z0-9_-]{1,63}")
 
@@ -51,11 +51,14 @@ class BoxDns(asyncio.DatagramProtocol):
         # checked against the policy at all
         if all(_DNS_LABEL.fullmatch(lab) for lab in q.qname.label) and policy.name_allowed(name):
             if q.qtype == QTYPE.A:
-                addrs = await resolve(name, self.link)
-                if addrs:
-                    reply.add_answer(RR(q.qname, QTYPE.A, rdata=A(str(self.link.synth(name))), ttl=5))
-                else:
-                    reply.header.rcode = RCODE.NXDOMAIN
+                try:
+                    addrs = await resolve(name, self.link)
+                    if addrs:
+                        reply.add_answer(RR(q.qname, QTYPE.A, rdata=A(str(self.link.synth(name))), ttl=5))
+                    else:
+                        reply.header.rcode = RCODE.NXDOMAIN
+                except ResolverBusy:  # the tenant's share of the resolver is taken: a client tries again
+                    reply.header.rcode = RCODE.SERVFAIL
             # AAAA and others: an empty NOERROR answer (no IPv6 path exists)
         else:
             reply.header.rcode = RCODE.NXDOMAIN

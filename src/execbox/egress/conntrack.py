@@ -8,6 +8,8 @@ the entry is deleted at once (by its original tuple, in the box's own namespace)
 event, and so the record, follow within milliseconds. Bytes here are IP bytes, headers
 included, where the gateway counts payload. Connections the namespace REDIRECTs to the gateway
 show up too; they are skipped (their reply comes from 127.0.0.1), the gateway audits them itself.
+Rows go through the box's budgets like the gateway's (``BoxLink.connections``, ``tcp_refusals``):
+a box can open routed connections, or have them refused, thousands of times a second.
 Messages are read with a small attribute walker (only the fields above): the reader runs on the
 gateway's loop while the box's transfers run, so it must cost microseconds per message.
 """
@@ -123,7 +125,10 @@ class ConntrackAudit:
                                               or _u(raw, top.get(CTA_MARK)) & LIMITED_MARK):  # the box's
                 rec.decision, rec.reason = "limited", f"byte cap of {cap} reached ({REASON})"
             rec.duration_ms = round(((closed or now) - started) * 1000, 3)
-            audit.record(rec)
+            if rec.decision == "denied":  # within the box's budgets, as the gateway's rows are
+                self.link.tcp_refusals.submit(rec, self.link.summarize_tcp_refusals)
+            else:
+                self.link.connections.add(rec)
 
     def _record(self, ip: str, port: int) -> audit.AuditRecord:
         rec = self.link.record(kind="tcp", host=None, ip=ip, port=port)
@@ -142,7 +147,8 @@ class ConntrackAudit:
             log.debug("egress: conntrack delete failed: %s", e)
 
     def close(self) -> None:
-        """Record what is still open (the box is going away; its namespace's entries with it)."""
+        """Record what is still open (the box is going away; its namespace's entries with it; at
+        most its connection cap of them, so no budget)."""
         for rec, started, closed in self.open.values():
             rec.duration_ms = round(((closed or time.monotonic()) - started) * 1000, 3)
             rec.reason = f"{REASON}: box removed before the connection's end was seen"

@@ -15,7 +15,8 @@ answer is refused at connect time (DNS-rebinding safe), and a box can reach a ho
 destination only by that name. A literal destination IP must pass the IP rules on its own.
 
 Every attempt is audited (egress/audit.py); per-box caps bound concurrent connections and the
-total bytes moved. The policy of a live box can be replaced (narrowed) at any time.
+total bytes moved. The policy of a live box can be replaced (narrowed) at any time; the box's
+state, and what a narrowing cuts, is its ``BoxLink`` (egress/link.py).
 """
 
 from __future__ import annotations
@@ -28,139 +29,24 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from ..settings import env_int
 from . import audit, relay
 from .box_dns import BoxDns
 from .conntrack import ConntrackAudit
+from .link import NARROWED_PENDING, SYNTH_NET, BoxLink, Limits, Pending
 from .policy import EgressPolicy
 from .relay import splice
-from .resolver import resolve
+from .resolver import ResolverBusy, resolve
+
+__all__ = ["BOX_GONE", "CONNECT_TIMEOUT", "SYNTH_NET", "BoxLink", "Gateway", "Limits", "decide", "gateway"]
 
 log = logging.getLogger("execbox.egress")
 
 SO_ORIGINAL_DST = 80
-SYNTH_NET = ipaddress.ip_network("198.19.0.0/16")
 CONNECT_TIMEOUT = 10.0
 BOX_GONE = "the box went before the gateway served this connection"
 _HTTP_REQ = re.compile(rb"^[A-Z]{3,8} \S+ HTTP/1\.[01]\r?\n")
-
-
-@dataclass
-class Limits:
-    max_connections: int = 64  # concurrent TCP connections per box
-    max_bytes: int = 1024 ** 3  # bytes up + down per box over its life
-
-    @classmethod
-    def from_env(cls) -> Limits:
-        """The caps from EXECBOX_EGRESS_MAX_CONNECTIONS / _MAX_BYTES; a value that is not a whole
-        number >= 1 is SB002 naming it (it once fell back to the default without a word)."""
-        return cls(env_int("EXECBOX_EGRESS_MAX_CONNECTIONS", cls.max_connections, 1),
-                   env_int("EXECBOX_EGRESS_MAX_BYTES", cls.max_bytes, 1))
-
-
-class BoxLink:
-    """One box's attachment to the gateway: its policy, synthetic names, counters and sockets."""
-
-    def __init__(self, box: str, policy: EgressPolicy, limits: Limits, tcp: socket.socket,
-                 udp: socket.socket) -> None:
-        self.box = box
-        self.policy = policy
-        self.limits = limits
-        self.tenant_id: str | None = None
-        self.session_id: str | None = None
-        self.run_id: str | None = None
-        self.active = 0
-        self.lookup_slots: asyncio.Semaphore | None = None  # its share of the resolver (resolver.py)
-        self.bytes_total = 0
-        self._names: dict[str, ipaddress.IPv4Address] = {}
-        self._addrs: dict[ipaddress.IPv4Address, str] = {}
-        self._tcp = tcp
-        self._udp = udp
-        self._server: asyncio.base_events.Server | None = None
-        self._capped: socket.socket | None = None  # a routed box's listener for connections past its cap
-        self._capped_server: asyncio.base_events.Server | None = None
-        self._spent: socket.socket | None = None  # ... and for those after its byte quota is spent
-        self._spent_server: asyncio.base_events.Server | None = None
-        self._transport: asyncio.DatagramTransport | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self.relays: set[Any] = set()  # relayed connections (egress/relay.py), aborted on detach or narrowing
-        self.intercept: Any = None  # credential injection (egress/inject.py), set when the policy needs it
-        self.on_policy: Any = None  # the kernel route's re-pointing (boxes/jail_net.py), when the box has one
-        self.conntrack: ConntrackAudit | None = None
-        self.dns_denials = audit.RowBudget()
-        self.tcp_refusals = audit.RowBudget()
-
-    def set_policy(self, policy: EgressPolicy) -> None:
-        """Replace the policy; connections opened from now on (and DNS answers) follow it, and
-        open ones it no longer allows are cut.
-
-        A kernel-routed box also gets its routed destinations re-pointed; if that fails the route
-        is shut (no routed destination at all, the gateway still serves the rest) and the error
-        is raised, so a narrowing is never reported done while the wider rules still stand."""
-        if self.on_policy is not None and policy != self.policy:
-            try:
-                self.on_policy(policy)
-            except Exception:
-                try:
-                    self.on_policy(EgressPolicy())
-                except Exception:  # noqa: BLE001
-                    log.exception("egress: cannot shut the kernel route of %s", self.box)
-                self.policy = policy
-                self._cut_unlisted()
-                raise
-        self.policy = policy
-        self._cut_unlisted()
-
-    def _cut_unlisted(self) -> None:
-        """End the box's open gateway connections the policy no longer allows, before returning
-        (a narrowing is done when it returns, for open connections as for new ones)."""
-        if not self.relays:
-            return
-        gw = gateway()
-
-        async def cut() -> None:
-            relay.cut_unlisted(self.relays, self.policy)
-
-        if threading.get_ident() == gw._thread.ident:
-            relay.cut_unlisted(self.relays, self.policy)
-        else:
-            gw._run(cut())
-
-    def synth(self, name: str) -> ipaddress.IPv4Address:
-        ip = self._names.get(name)
-        if ip is None:
-            if len(self._names) >= SYNTH_NET.num_addresses - 2:
-                self._names.clear()
-                self._addrs.clear()
-            ip = SYNTH_NET[len(self._names) + 1]
-            self._names[name] = ip
-            self._addrs[ip] = name
-        return ip
-
-    def name_of(self, ip: ipaddress.IPv4Address) -> str | None:
-        return self._addrs.get(ip)
-
-    def summarize_dns_denials(self, n: int) -> None:
-        """One row for ``n`` refused DNS names that got none of their own (audit.RowBudget)."""
-        self._summarize("dns", n, "names not allowed by the network policy")
-
-    def summarize_tcp_refusals(self, n: int) -> None:
-        """The same for refused connections: a box can open them to a denied address (or, past a
-        cap, to anything) as fast as its loopback allows."""
-        self._summarize("tcp", n, "connections refused")
-
-    def _summarize(self, kind: str, n: int, what: str) -> None:
-        if n:
-            audit.record(self.record(kind=kind, host=None, ip=None, port=None, decision="denied",
-                                     reason=f"{n} more {what} within one second "
-                                            "(over 20 a second: counted, not recorded one by one)"), counted=False)
-
-    def record(self, **kw: Any) -> audit.AuditRecord:
-        return audit.AuditRecord(box=self.box, tenant_id=self.tenant_id, session_id=self.session_id,
-                                 run_id=self.run_id, **kw)
 
 
 class Gateway:
@@ -219,11 +105,14 @@ class Gateway:
                 server.close()
         if link._transport is not None:
             link._transport.close()
-        link.summarize_dns_denials(link.dns_denials.drain())
-        link.summarize_tcp_refusals(link.tcp_refusals.drain())
         if link.conntrack is not None:
             self.loop.remove_reader(link.conntrack.sock.fileno())
             link.conntrack.readable()  # what already arrived
+        link.connections.closed = True  # what ends from here on is no flood: recorded row by row
+        link.summarize_dns_denials(link.dns_denials.drain())
+        link.summarize_tcp_refusals(link.tcp_refusals.drain())
+        link.connections.summarize(link.connections.drain())
+        if link.conntrack is not None:
             link.conntrack.close()
         for r in list(link.relays):
             r.abort()
@@ -273,14 +162,21 @@ class Gateway:
         link.active += 1
         link._writers.add(writer)
         refused = False
+        pending: Pending | None = None
         try:
-            if over == "connections":
+            if (str(dst), port) == tuple(writer.get_extra_info("sockname") or ())[:2]:
+                # not REDIRECTed: the box dialled a listener of the gateway in its namespace itself
+                target, reason = None, f"{dst}:{port} is the gateway's own listener, not a destination"
+            elif over == "connections":
                 target, reason = None, f"too many concurrent connections (cap {link.limits.max_connections})"
             elif over:
                 target, reason = None, f"byte cap of {link.limits.max_bytes} reached for this box"
-            else:
+            else:  # a narrowing from here until the relay starts cuts it too (link.Pending)
+                pending = Pending(rec, asyncio.current_task(), writer.transport)
+                link.pending.add(pending)
                 target, reason = await decide(link, name, dst, port)
             if target is None:  # audited before the box can read the refusal
+                link.pending.discard(pending)  # type: ignore[arg-type]
                 rec.reason, refused = reason, True
                 link.tcp_refusals.submit(rec, link.summarize_tcp_refusals, started)
                 await _refuse(reader, writer, reason)
@@ -294,16 +190,31 @@ class Gateway:
                     await injector.serve(link, name, str(target), port, reader, writer, rec)
                 else:
                     await splice(link, writer.transport, str(target), port, rec, CONNECT_TIMEOUT)
+            except relay.Narrowed:  # narrowed while dialling: nothing was relayed
+                refused = self._cut_pending(link, rec, started)
+                writer.transport.abort()
             except (OSError, TimeoutError) as e:
                 rec.reason = f"upstream connect failed: {e}"[:300]
                 writer.transport.abort()
+        except asyncio.CancelledError:
+            if pending is None or not pending.cut:
+                raise
+            refused = self._cut_pending(link, rec, started)  # Pending.abort reset the box's side
         finally:
+            link.pending.discard(pending)  # type: ignore[arg-type]
             link.active -= 1
             link._writers.discard(writer)
             if not refused:
-                audit.finish(rec, started)
+                link.connections.add(rec, started)
             if not writer.is_closing():
                 writer.close()
+
+    @staticmethod
+    def _cut_pending(link: BoxLink, rec: audit.AuditRecord, started: float) -> bool:
+        """A connection a narrowing reached before its relay began: refused, on record as such."""
+        rec.decision, rec.reason = "denied", NARROWED_PENDING
+        link.tcp_refusals.submit(rec, link.summarize_tcp_refusals, started)
+        return True
 
 
 def original_dst(sock: Any) -> tuple[ipaddress.IPv4Address, int] | None:
@@ -334,7 +245,13 @@ async def decide(link: Any, name: str | None, dst: ipaddress.IPv4Address | None,
     if name is not None:
         if not policy.name_allowed(name, port):
             return None, f"{name}:{port} is not allowed by the network policy"
-        addrs = await resolve(name, link)
+        try:
+            addrs = await resolve(name, link)
+        except ResolverBusy as e:
+            return None, str(e)
+        policy = link.policy  # narrowed while the lookup ran: the connection follows the new one
+        if not policy.name_allowed(name, port):
+            return None, NARROWED_PENDING
         if not addrs:
             return None, f"{name} does not resolve"
         why = ""

@@ -3,12 +3,18 @@
 Only connections to a host whose allow entry carries headers are intercepted, and only on port
 443: the gateway terminates the box's TLS with a leaf certificate for that host, signed by a CA
 made for this box alone (``BoxCA``; the box trusts it through a CA bundle mounted at the usual
-paths), opens its own verified TLS connection upstream, reads the request head, drops any
-header of the same name the box sent (a placeholder such as ``Authorization: Bearer x``),
-adds the secret ones, sets ``Host`` to that host (``rewrite_head``) and forces
-``Connection: close`` (one request per intercepted connection, so every request head passes
-through here). The rest is spliced. Plain HTTP never carries an
-injected secret. TLS and X.509 are the ``ssl`` module and ``cryptography``; nothing hand-made.
+paths), reads the request head, drops any header of the same name the box sent (a
+placeholder such as ``Authorization: Bearer x``), adds the secret ones, sets ``Host`` to that
+host (``rewrite_head``), forces ``Connection: close`` and sends that over its own verified TLS
+connection to the host. The rest is relayed through ``inject_http``'s rules: one request per
+intercepted connection (so every request head passes through here) and a response scrubbed of
+the secret. Plain HTTP never carries an injected secret. TLS and X.509 are the ``ssl`` module
+and ``cryptography``; nothing hand-made.
+
+Everything here runs on the gateway's one event loop, which serves every box: work that takes
+milliseconds (loading a trust store, making a key and certificate) is done once and kept, and
+the first time off the loop, so one box opening intercepted connections does not stall the
+egress of every other.
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ import ssl
 import tempfile
 from typing import Any
 
+from ..settings import env_duration
 from . import audit
+from .inject_http import HeadRefused, Scrubber, request_body, rewrite_head, secret_values
 from .relay import relay_streams
+
+__all__ = ["BOX_BUNDLE", "BOX_ENV", "BoxCA", "HeadRefused", "Injector", "rewrite_head", "upstream_context"]
 
 HOST_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 MAX_HEAD = 64 * 1024
@@ -69,7 +79,13 @@ class BoxCA:
             f.write(host + b"\n" + self.pem)
         os.chmod(self.bundle, 0o644)
 
+    def ready(self, host: str) -> ssl.SSLContext | None:
+        """The leaf context for ``host`` if already made (cheap enough for the event loop)."""
+        return self._leaf.get(host)
+
     def server_context(self, host: str) -> ssl.SSLContext:
+        """The leaf context for ``host``, made once (a key, a signature and a file: some ms, so
+        the injector calls this off the event loop; safe from several threads)."""
         ctx = self._leaf.get(host)
         if ctx is not None:
             return ctx
@@ -82,8 +98,7 @@ class BoxCA:
                 .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
                 .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
                 .sign(self.key, self._hashes.SHA256()))
-        path = os.path.join(self.dir, f"leaf-{len(self._leaf)}.pem")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd, path = tempfile.mkstemp(dir=self.dir, prefix="leaf-", suffix=".pem")  # 0600, a name per call
         with os.fdopen(fd, "wb") as f:
             f.write(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()))
             f.write(cert.public_bytes(ser.Encoding.PEM) + self.pem)
@@ -101,71 +116,50 @@ class BoxCA:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+_upstream: tuple[str, ssl.SSLContext] | None = None  # (EXECBOX_EGRESS_UPSTREAM_CA it was built for, context)
+
+
+def _upstream_ready() -> ssl.SSLContext | None:
+    """The shared upstream context if it is built for the current EXECBOX_EGRESS_UPSTREAM_CA."""
+    built = _upstream
+    if built is not None and built[0] == os.environ.get("EXECBOX_EGRESS_UPSTREAM_CA", "").strip():
+        return built[1]
+    return None
+
+
 def upstream_context() -> ssl.SSLContext:
-    """Verified TLS to the real host (system trust, plus EXECBOX_EGRESS_UPSTREAM_CA if set)."""
-    ctx = ssl.create_default_context()
+    """Verified TLS to the real host (system trust, plus EXECBOX_EGRESS_UPSTREAM_CA if set).
+
+    One context per process, rebuilt only when that variable changes: building one parses the
+    system trust store (~45 ms), and doing it per connection on the gateway's loop let one box
+    stall every box's egress. An SSLContext is safe to share between connections."""
+    global _upstream
+    ready = _upstream_ready()
+    if ready is not None:
+        return ready
     extra = os.environ.get("EXECBOX_EGRESS_UPSTREAM_CA", "").strip()
+    ctx = ssl.create_default_context()
     if extra:
         ctx.load_verify_locations(cafile=extra)
     ctx.set_alpn_protocols(["http/1.1"])
+    _upstream = (extra, ctx)
     return ctx
 
 
-_NOT_FORWARDED = {b"connection", b"proxy-connection", b"keep-alive", b"host", b"forwarded", b"x-forwarded-host",
-                  b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-port", b"x-forwarded-server",
-                  b"x-original-url", b"x-rewrite-url", b"x-original-host", b"x-host"}
-"""Headers a front end may route by besides Host: the box's would pick the site that gets the secret."""
+IDLE_TIMEOUT = 300.0
 
 
-class HeadRefused(ValueError):
-    """A request head the injector will not add a secret to (the reason goes to the box and the audit)."""
-
-
-def rewrite_head(head: bytes, name: str, headers: tuple[tuple[str, str], ...]) -> bytes:
-    """Request head for ``name`` with the secret headers set (replacing the box's own), ``Host: name``
-    and Connection: close.
-
-    The TLS connection goes to ``name``, but a shared front end (a CDN, virtual hosting) routes by
-    the Host header and an absolute-form target: a secret sent with another host there would reach
-    that other site. So the target must be origin-form (or name this host), every Host the box sent
-    is replaced by this one, and heads that parsers could read differently (a bare CR or LF, a
-    folded line) are refused.
-    """
-    from urllib.parse import urlsplit
-
-    lines = head.split(b"\r\n")
-    if any(b"\n" in ln or b"\r" in ln or b"\0" in ln for ln in lines):
-        raise HeadRefused("a bare CR, LF or NUL in the request head")
-    if any(ln[:1] in (b" ", b"\t") for ln in lines[1:]):
-        raise HeadRefused("a folded header line in the request head")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        raise HeadRefused("not an HTTP/1.x request line")
-    method, target, version = parts
-    if method in (b"TRACE", b"TRACK", b"CONNECT"):  # TRACE echoes the request, secret included
-        raise HeadRefused(f"method {method.decode('latin-1')[:10]} is not sent with credentials")
-    if any(c <= 0x20 or c >= 0x7F for c in target):
-        raise HeadRefused("a control character, space or non-ASCII byte in the request target")
-    if not (target.startswith(b"/") or (target == b"*" and method == b"OPTIONS")):
-        url = urlsplit(target.decode("latin-1"))
-        try:
-            port = url.port
-        except ValueError:
-            port = -1
-        if url.scheme.lower() != "https" or (url.hostname or "").rstrip(".") != name or port not in (None, 443) \
-                or url.username is not None:
-            raise HeadRefused(f"the request target names another host than {name}")
-        target = ((url.path or "/") + (f"?{url.query}" if url.query else "")).encode("latin-1")
-    drop = {k.lower().encode() for k, _ in headers} | _NOT_FORWARDED
-    kept = [b" ".join((method, target, version)), f"Host: {name}".encode()]
-    kept += [ln for ln in lines[1:] if ln and ln.split(b":", 1)[0].strip().lower() not in drop]
-    kept += [f"{k}: {v}".encode() for k, v in headers] + [b"Connection: close"]
-    return b"\r\n".join(kept) + b"\r\n\r\n"
+def idle_timeout() -> float:
+    """EXECBOX_EGRESS_INTERCEPT_IDLE (a duration), or 300 s; a bad value is SB002 naming it."""
+    return env_duration("EXECBOX_EGRESS_INTERCEPT_IDLE", IDLE_TIMEOUT)
 
 
 class Injector:
     def __init__(self, ca: BoxCA) -> None:
         self.ca = ca
+        # an intercepted connection with no byte either way for this long is closed: an upstream
+        # that keeps it open (or a box that went quiet) would otherwise hold a connection slot
+        self.idle = idle_timeout()
 
     async def serve(self, link: Any, name: str, ip: str, port: int, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter, rec: audit.AuditRecord) -> None:
@@ -174,10 +168,10 @@ class Injector:
             rec.reason = "credentials are injected over TLS (port 443) only"
             writer.transport.abort()
             return
+        loop = asyncio.get_running_loop()
         try:
-            await writer.start_tls(self.ca.server_context(name))
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(
-                ip, port, ssl=upstream_context(), server_hostname=name, limit=1 << 16), 10)
+            leaf = self.ca.ready(name) or await loop.run_in_executor(None, self.ca.server_context, name)
+            await writer.start_tls(leaf)
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         except (OSError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as e:
             rec.reason = f"credential injection failed: {type(e).__name__}: {e}"[:300]
@@ -186,8 +180,10 @@ class Injector:
         if len(head) > MAX_HEAD:
             writer.transport.abort()
             return
+        creds = link.policy.credentials_for(name, port)
         try:
-            out = rewrite_head(head[:-4], name, link.policy.credentials_for(name, port))
+            out = rewrite_head(head[:-4], name, creds)
+            body = request_body(head[:-4])
         except HeadRefused as e:
             from .proxy_http import response
 
@@ -196,8 +192,18 @@ class Injector:
             writer.write(response("400 Bad Request", rec.reason))
             await writer.drain()
             writer.close()
-            up_w.transport.abort()
+            return
+        # Only now the upstream: a box that connects and sends no acceptable head costs no upstream
+        # TLS handshake on the shared loop, and the credentialed host never sees its connection.
+        try:
+            ctx = _upstream_ready() or await loop.run_in_executor(None, upstream_context)
+            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(
+                ip, port, ssl=ctx, server_hostname=name, limit=1 << 16), 10)
+        except (OSError, ssl.SSLError, TimeoutError) as e:
+            rec.reason = f"credential injection failed: {type(e).__name__}: {e}"[:300]
+            writer.transport.abort()
             return
         rec.bytes_up += len(head)
         up_w.write(out)
-        await relay_streams(link, reader, writer, up_r, up_w, rec)
+        await relay_streams(link, reader, writer, up_r, up_w, rec, up_edit=body,
+                            down_edit=Scrubber(secret_values(creds)), idle=self.idle)

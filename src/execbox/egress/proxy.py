@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 import re
 import threading
@@ -41,9 +40,10 @@ from typing import Protocol
 
 from . import audit
 from .gateway import CONNECT_TIMEOUT, Limits, decide, gateway
+from .link import NARROWED_PENDING
 from .policy import EgressPolicy
-from .proxy_http import BadRequest, parse_request, response
-from .relay import cut_unlisted, splice
+from .proxy_http import BadRequest, client_address, ipv4_literal, parse_request, peer_of, response
+from .relay import Narrowed, cut_unlisted, splice
 
 log = logging.getLogger("execbox.egress.proxy")
 
@@ -81,8 +81,8 @@ class Grant:
         """Whether a request from client address ``peer`` may use this box's credentials."""
         if self.addresses is None:
             return True
-        ip = _address(peer)
-        return ip is not None and any(_address(a) == ip for a in self.addresses)
+        ip = client_address(peer)
+        return ip is not None and any(client_address(a) == ip for a in self.addresses)
 
 
 @dataclass
@@ -96,6 +96,13 @@ class _BoxState:
     bytes_total: int = 0
     lookup_slots: asyncio.Semaphore | None = None  # its share of the resolver (resolver.py)
     relays: set = field(default_factory=set)  # its open tunnels (relay.py), re-checked by the sweep
+    tenant_id: str | None = None  # as its last grant said (the resolver's per-tenant share)
+    session_id: str | None = None
+    connections: audit.ConnectionRows = field(init=False)  # rows of its tunnels and requests, budgeted
+
+    def __post_init__(self) -> None:
+        self.connections = audit.ConnectionRows(lambda **kw: audit.AuditRecord(
+            box=self.box[:253], tenant_id=self.tenant_id, session_id=self.session_id, **kw))
 
 
 class _Conn(asyncio.Protocol):
@@ -173,8 +180,8 @@ class EgressProxy:
         while True:
             await asyncio.sleep(SWEEP)
             for box, state in list(self._boxes.items()):
-                if not state.relays:
-                    continue
+                if not state.relays and not state.active:  # active: deciding or dialling, its policy
+                    continue  # is read again after each wait (gateway.decide, relay.splice)
                 try:
                     grant = await loop.run_in_executor(None, self._lookup, list(self.backends), box)
                 except Exception:  # noqa: BLE001 - a failed sweep leaves the tunnels to the next one
@@ -205,7 +212,7 @@ class EgressProxy:
 
     def _spawn(self, conn: _Conn) -> None:
         assert conn.transport is not None
-        peer = _peer(conn.transport)
+        peer = peer_of(conn.transport)
         if len(self._tasks) >= MAX_CONNECTIONS or self._peers[peer] >= PEER_SHARE * self.limits.max_connections:
             audit.count_only("tcp", "limited")  # no row: a client past its share could write them endlessly
             conn.transport.abort()
@@ -255,7 +262,7 @@ class EgressProxy:
                 transport.write(response("400 Bad Request", str(e)))
                 transport.close()
                 return
-            ip = _ip(req.host)
+            ip = ipv4_literal(req.host)
             rec.host, rec.ip, rec.port = (None if ip else req.host), (req.host if ip else None), req.port
             box = req.credentials[0] if req.credentials else None
             backends = self._authenticate(box, req.credentials[1]) if req.credentials and box else []
@@ -288,6 +295,7 @@ class EgressProxy:
                 state = self._state(box)
                 state.policy = grant.policy
                 rec.tenant_id, rec.session_id = grant.tenant_id, grant.session_id
+                state.tenant_id, state.session_id = grant.tenant_id, grant.session_id
                 state.active += 1
                 target, reason = await decide(state, None if ip else req.host, ip, req.port)
             rec.box = box[:253]
@@ -302,6 +310,10 @@ class EgressProxy:
             try:
                 await splice(state, transport, str(target), req.port, rec, CONNECT_TIMEOUT,
                              req.head + rest, greeting=greeting)
+            except Narrowed:  # the pod's policy, read again by the sweep, no longer allows it
+                rec.decision, rec.reason, refused = "denied", NARROWED_PENDING, True
+                self._refused(peer, rec, started)
+                transport.abort()
             except (OSError, TimeoutError) as e:
                 rec.reason = f"upstream connect failed: {e}"[:300]
                 transport.write(response("502 Bad Gateway", f"cannot reach {req.host}:{req.port}"))
@@ -313,7 +325,10 @@ class EgressProxy:
             if state is not None:
                 state.active -= 1
             if rec.port is not None and not refused:
-                audit.finish(rec, started)
+                if state is not None:
+                    state.connections.add(rec, started)
+                else:
+                    audit.finish(rec, started)
             if not transport.is_closing():
                 transport.close()
 
@@ -341,29 +356,6 @@ class EgressProxy:
                 self._boxes = {k: v for k, v in self._boxes.items() if v.active}
             state = self._boxes[box] = _BoxState(box, self.limits)
         return state
-
-
-def _peer(transport: asyncio.BaseTransport) -> str:
-    peer = transport.get_extra_info("peername")
-    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-
-
-def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """A client or pod address, comparable: an IPv6 scope dropped, an IPv4-mapped IPv6 address as IPv4."""
-    try:
-        ip = ipaddress.ip_address(text.split("%", 1)[0])
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
-
-
-def _ip(host: str) -> ipaddress.IPv4Address | None:
-    try:
-        return ipaddress.IPv4Address(host)
-    except ValueError:
-        return None
 
 
 _shared: dict[tuple[str, int], EgressProxy] = {}

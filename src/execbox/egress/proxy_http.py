@@ -2,15 +2,18 @@
 
 Only what a forward proxy needs: ``CONNECT host:port`` and absolute-form ``http://`` requests
 (rewritten to origin form for the upstream). Anything else is a ``BadRequest`` with a reason that
-is safe to show the box. Pure functions: unit-tested without sockets (tests/unit/test_egress_proxy.py).
+is safe to show the box. Pure functions, with the client-address helpers the proxy compares
+by: unit-tested without sockets (tests/unit/test_egress_proxy.py).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 _HOST = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*$")
@@ -111,3 +114,28 @@ def response(status: str, reason: str, extra: str = "") -> bytes:
     body = f"execbox egress {'denied' if status.startswith('403') else 'proxy'}: {reason}\n".encode()
     return (f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n{extra}Connection: close\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def peer_of(transport: Any) -> str:
+    """The client address of a transport, as text ("?" when unknown)."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+
+
+def client_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A client or pod address, comparable: an IPv6 scope dropped, an IPv4-mapped IPv6 address as IPv4."""
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def ipv4_literal(host: str) -> ipaddress.IPv4Address | None:
+    """``host`` as an IPv4 address when it is one (a request naming an address, not a name)."""
+    try:
+        return ipaddress.IPv4Address(host)
+    except ValueError:
+        return None

@@ -143,19 +143,35 @@ class Spliced:
         return self.dirs[0].eof
 
 
+class Narrowed(Exception):  # noqa: N818 - what happened, not an error of the code
+    """The box's policy was narrowed while ``splice`` dialled: it no longer allows the connection."""
+
+
+def _check_policy(link: Any, rec: audit.AuditRecord) -> None:
+    """After each wait of ``splice``: the connection was decided under the policy of then."""
+    policy = getattr(link, "policy", None)
+    if policy is not None and not still_allowed(policy, rec):
+        raise Narrowed(rec.reason)
+
+
 async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: int,
                  rec: audit.AuditRecord, connect_timeout: float, first: bytes = b"", *,
                  greeting: bytes = b"") -> None:
     """Dial ``host:port``, send ``first`` (a rewritten request head, say; counted as bytes up), then relay bytes between
     it and the (paused) box transport until both directions end. ``greeting`` goes to the box once
     the upstream is connected (the egress proxy's ``200 Connection established``). The box
-    transport stays its owner's to close; an aborted relay aborts it."""
+    transport stays its owner's to close; an aborted relay aborts it.
+
+    A narrowing that came while it waited (a connect takes up to ``connect_timeout``) and no
+    longer allows ``rec``'s destination is ``Narrowed``, nothing relayed: the relay joins
+    ``link.relays``, where a later narrowing finds it, only right after the last such check."""
     loop = asyncio.get_running_loop()
     upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     upstream.setblocking(False)
     try:
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await asyncio.wait_for(loop.sock_connect(upstream, (host, port)), connect_timeout)
+        _check_policy(link, rec)
         if first:
             await loop.sock_sendall(upstream, first)
             rec.bytes_up += len(first)  # box bytes like any other, only sent before the relay starts
@@ -173,6 +189,12 @@ async def splice(link: Any, box_transport: asyncio.Transport, host: str, port: i
             upstream.close()
             box.close()
             raise
+    try:
+        _check_policy(link, rec)
+    except Narrowed:
+        upstream.close()
+        box.close()
+        raise
     relay = Spliced(loop, box, upstream, link, rec)
     relays = getattr(link, "relays", None)
     if relays is not None:
@@ -201,10 +223,17 @@ class _Streams:
 
 
 async def _pipe(link: Any, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                rec: audit.AuditRecord, up: bool) -> None:
+                rec: audit.AuditRecord, up: bool, edit: Any = None, seen: list[float] | None = None) -> None:
+    """Copy ``src`` to ``dst`` until EOF, counting and capping. ``edit`` (the injector's request
+    framing or secret scrubbing) turns each chunk read into the bytes to send (``feed``), gives
+    what it held back at EOF (``end``), and raises ValueError, saying why, to end the connection.
+    ``seen[0]``: when a byte last came in either way (``relay_streams``' idle timeout)."""
+    loop = asyncio.get_running_loop()
     try:
         while True:
             data = await src.read(1 << 18)
+            if seen is not None:
+                seen[0] = loop.time()
             if not data:
                 break
             n = len(data)
@@ -217,7 +246,17 @@ async def _pipe(link: Any, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
                 rec.decision, rec.reason = "limited", f"byte cap of {link.limits.max_bytes} reached"
                 dst.transport.abort()
                 return
-            dst.write(data)
+            if edit is not None:
+                try:
+                    data = edit.feed(data)
+                except ValueError as e:
+                    rec.reason = f"{rec.reason}; {e}" if rec.reason else str(e)
+                    return
+            if data:
+                dst.write(data)
+                await dst.drain()
+        if edit is not None and (tail := edit.end()):
+            dst.write(tail)
             await dst.drain()
         if dst.can_write_eof():
             dst.write_eof()
@@ -226,18 +265,45 @@ async def _pipe(link: Any, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
 
 
 async def relay_streams(link: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter, rec: audit.AuditRecord) -> None:
+                        up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter, rec: audit.AuditRecord, *,
+                        up_edit: Any = None, down_edit: Any = None, idle: float | None = None) -> None:
     """Relay between two stream pairs through Python (the bytes are plaintext the gateway
-    rewrote, so splice(2) does not apply), counting and capping like ``splice``."""
+    rewrote, so splice(2) does not apply), counting and capping like ``splice``; ``up_edit`` and
+    ``down_edit`` see the bytes of each way (``_pipe``).
+
+    The pair ends as soon as either way does. A box's TLS side cannot be half-closed (asyncio
+    closes a TLS transport at EOF, and ``write_eof`` is not possible on one), so once the box
+    has closed there is nobody to deliver to: the upstream is closed too, instead of holding the
+    box's connection slot, and its audit row, until the upstream gives up (an upstream that
+    ignores ``Connection: close`` never does). An upstream that has ended ends the box's side
+    (its caller closes it), which is how a response delimited by the close reaches its end.
+    ``idle``: seconds with no byte either way after which both are closed."""
+    loop = asyncio.get_running_loop()
     entry = _Streams(rec, writer, up_w)
     link._writers.add(up_w)
     link.relays.add(entry)
+    seen = [loop.time()]
+    box_way = asyncio.ensure_future(_pipe(link, reader, up_w, rec, True, up_edit, seen))
+    up_way = asyncio.ensure_future(_pipe(link, up_r, writer, rec, False, down_edit, seen))
     try:
-        await asyncio.gather(_pipe(link, reader, up_w, rec, True), _pipe(link, up_r, writer, rec, False))
+        while True:
+            left = None if idle is None else seen[0] + idle - loop.time()
+            if left is not None and left <= 0:
+                note = f"closed after {idle:g} s with no bytes either way"
+                rec.reason = f"{rec.reason}; {note}" if rec.reason else note
+                break
+            done, _ = await asyncio.wait((box_way, up_way), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                break
     finally:
+        for way in (box_way, up_way):
+            way.cancel()
         link.relays.discard(entry)
         link._writers.discard(up_w)
-        up_w.close()
+        if up_way.done() and not up_way.cancelled():
+            up_w.close()
+        else:
+            up_w.transport.abort()
 
 
 NARROWED = "cut: the network policy was narrowed and no longer allows it"

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import sessionmaker
 
-from ..egress import audit
+from ..egress import audit, inject
 from ..egress.gateway import Limits
 from . import egress_hook
 from .store.egress_store import EgressAuditRepo, EgressAuditWriter, TenantCaps
@@ -44,6 +44,7 @@ class _DroppedCollector:
 def install(app: Any, services: Services) -> EgressService:
     """Build the egress service into ``services.egress`` and mount its routes."""
     Limits.from_env()  # a bad per-box cap stops `execbox serve` (SB002) instead of every box start
+    inject.idle_timeout()  # so does a bad EXECBOX_EGRESS_INTERCEPT_IDLE
     store = services.store
     repo = EgressAuditRepo(sessionmaker(store.engine, expire_on_commit=False))
     svc = EgressService(repo, EgressAuditWriter(repo), TenantCaps(store.settings))

@@ -1,4 +1,5 @@
-"""Credential injection: the fake API gets the secret header; the box never holds the secret."""
+"""Credential injection: the fake API gets the secret header; the box never holds the secret,
+not even from an API that echoes the request back (it reads the same-length mask instead)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tests.conftest import require
 from .conftest import audited
 
 SECRET = "sk-live-4f1d0c9e7b2a-SECRET"
+MASK = "*" * len(SECRET)
 
 PY = """
 import json, urllib.request
@@ -60,12 +62,21 @@ def _config(fakenet):
                  "network_credentials": json.dumps({api: {"X-Api-Key": SECRET}})}
 
 
+def _sent(fakenet, path):
+    """The headers of the last request for ``path`` the fake API read."""
+    return [x for x in fakenet.received(path) if x["path"] == path][-1]["headers"]
+
+
 def _check(p, iid, fakenet, api):
     r = p.execute_code(iid, PY, "python", 30, {"url": f"https://{api}/v1/models"})
     assert r.exit_code == 0, r
-    assert r.result["headers"]["X-Api-Key"] == SECRET and r.result["tls"] is True, r.result
+    # the API got the secret and echoed it; the box reads the mask
+    assert r.result["headers"]["X-Api-Key"] == MASK and r.result["tls"] is True, r.result
+    assert _sent(fakenet, "/v1/models")["X-Api-Key"] == SECRET
     r = p.execute_code(iid, NODE, "javascript", 30, {"url": f"https://{api}/node"})
-    assert r.result and r.result["headers"]["X-Api-Key"] == SECRET, r
+    assert r.result and r.result["headers"]["X-Api-Key"] == MASK, r
+    sent = _sent(fakenet, "/node")
+    assert sent["X-Api-Key"] == SECRET and sent["Accept-Encoding"] == "identity", sent  # fetch asks for gzip
     # a host without credentials is not intercepted: its own certificate, no header
     r = p.execute_code(iid, PY, "python", 30, {"url": f"https://{fakenet.name('www')}/"})
     assert "CERTIFICATE_VERIFY_FAILED" in r.stderr, r  # the fake CA is not in the box's trust store
@@ -90,7 +101,8 @@ def test_jail_credential_injection(fakenet, upstream_ca):
         iid = p.create_instance().instance_id
         _check(p, iid, fakenet, api)
         r = p.run_command(iid, f"curl -sS -m 8 https://{api}/curl", 30)
-        assert json.loads(r.stdout)["headers"]["X-Api-Key"] == SECRET, r
+        assert json.loads(r.stdout)["headers"]["X-Api-Key"] == MASK, r
+        assert SECRET not in r.stdout and _sent(fakenet, "/curl")["X-Api-Key"] == SECRET
     finally:
         p.shutdown()
 

@@ -180,7 +180,8 @@ def test_a_box_whose_policy_cannot_be_applied_does_not_serve_the_session(svc, fa
 
 @pytest.mark.parametrize(("name", "value"), [("EXECBOX_EGRESS_MAX_CONNECTIONS", "lots"),
                                              ("EXECBOX_EGRESS_MAX_CONNECTIONS", "0"),
-                                             ("EXECBOX_EGRESS_MAX_BYTES", "1.5GB")])
+                                             ("EXECBOX_EGRESS_MAX_BYTES", "1.5GB"),
+                                             ("EXECBOX_EGRESS_INTERCEPT_IDLE", "forever")])
 def test_a_bad_egress_cap_stops_the_start(fakenet, monkeypatch, name: str, value: str) -> None:
     """A cap the operator mistyped was once read as the default without a word; now it is SB002
     naming the variable when the service starts, before any box runs under a cap nobody chose."""
