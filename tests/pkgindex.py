@@ -23,12 +23,15 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def publish_wheel(root: str, name: str, version: str, module_source: str) -> str:
-    """Write ``<name>-<version>-py3-none-any.whl`` (module ``name``) and its simple-index page."""
+def publish_wheel(root: str, name: str, version: str, module_source: str, requires: tuple[str, ...] = ()) -> str:
+    """Write ``<name>-<version>-py3-none-any.whl`` (module ``name``, ``Requires-Dist: <requires>``)
+    and its simple-index page."""
     dist = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n"
+                                                                                  for r in requires)
     files = {
         f"{name}/__init__.py": module_source.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/METADATA": meta.encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: execbox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in files.items()) + f"{dist}/RECORD,,\n"
@@ -51,11 +54,13 @@ def publish_wheel(root: str, name: str, version: str, module_source: str) -> str
     return path
 
 
-def publish_npm(root: str, name: str, version: str, index_js: str) -> str:
+def publish_npm(root: str, name: str, version: str, index_js: str, dependencies: dict[str, str] | None = None) -> str:
     """Write ``npm/-/<name>-<version>.tgz`` and the registry document ``npm/<name>``."""
     buf = io.BytesIO()
+    deps = {"dependencies": dependencies} if dependencies else {}
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for fn, text in (("package.json", json.dumps({"name": name, "version": version, "main": "index.js"})),
+        for fn, text in (("package.json", json.dumps({"name": name, "version": version, "main": "index.js",
+                                                      **deps})),
                          ("index.js", index_js)):
             data = text.encode()
             info = tarfile.TarInfo(f"package/{fn}")
@@ -68,7 +73,7 @@ def publish_npm(root: str, name: str, version: str, index_js: str) -> str:
         f.write(blob)
     integrity = "sha512-" + base64.b64encode(hashlib.sha512(blob).digest()).decode()
     doc = {"name": name, "dist-tags": {"latest": version},
-           "versions": {version: {"name": name, "version": version, "main": "index.js",
+           "versions": {version: {"name": name, "version": version, "main": "index.js", **deps,
                                   "dist": {"tarball": f"http://@@HOST@@/pkgs/npm/-/{name}-{version}.tgz",
                                            "shasum": hashlib.sha1(blob).hexdigest(),  # noqa: S324 - npm's field
                                            "integrity": integrity}}}}

@@ -33,6 +33,17 @@ def test_half_built_runtime_is_skipped_in_the_list(jail_dir):
 
 def test_naming_a_half_built_runtime_is_a_clear_error(jail_dir):
     with pytest.raises(runtime.RuntimeNotUsable) as e:
-        runtime.resolve("half")
+        runtime.resolve("half", list_known=True)  # the operator's CLI and admin API
     assert "'half' is not installed" in e.value.message and "good" in e.value.message
     assert runtime.resolve("good").packages == ["six"]
+
+
+@pytest.mark.parametrize("ref", ["nope", "good@v7"])
+def test_a_tenants_unknown_runtime_lists_no_template_names(jail_dir, ref):
+    """Templates are host-wide: the error a tenant gets (runtime= on a session or run) names what
+    it asked for, never the other templates."""
+    with pytest.raises(runtime.RuntimeNotUsable) as e:
+        runtime.resolve_runtime(ref)
+    text = f"{e.value.message} {e.value.details}"
+    assert repr(ref.partition("@")[0]) in text and "installed:" not in text and "half" not in text
+    assert ref != "nope" or "good" not in text

@@ -1,18 +1,21 @@
 """A template build never runs its packages' code on the host (runtime_build.py).
 
-Two steps need the new version's own interpreter:
+pip and npm do not run on the host at all: they run in a jail box with the version being built
+mounted read-write where boxes see it and the index hosts as its only network, and a dependency
+that is not a package from the index is refused (build_box.py). Within that box, and for the
+steps that stay on the host, two steps need the new version's own interpreter:
 
 * pip installs into the version's venv, so pip must run as that venv's interpreter (pip's own
   ``--python`` re-runs pip there). Started normally it would process the ``.pth`` files and
   ``sitecustomize`` that packages put in site-packages (a ``--from`` parent's, or any package
-  a previous step installed) as the build user, root; and the venv's ``bin/python`` itself is a
-  file a wheel can replace (``*.data/scripts/python``), as is ``pyvenv.cfg`` (``*.data/data``).
+  a previous step installed); and the venv's ``bin/python`` itself is a file a wheel can
+  replace (``*.data/scripts/python``), as is ``pyvenv.cfg`` (``*.data/data``).
   :func:`pip_argv` therefore runs the build's own trusted interpreter (never a file of the
   template) with ``-I -S``: no site processing at all, ``sys.prefix`` set to the venv by hand,
   its site-packages appended after the standard library for pip to read as metadata, and any
   top-level import that only site-packages could satisfy refused. :func:`reset_interpreter`
-  puts the venv's interpreter links and ``pyvenv.cfg`` back after every step that could have
-  replaced them, so what boxes start is the trusted interpreter too.
+  (on the host, after the box) puts the venv's interpreter links and ``pyvenv.cfg`` back, so
+  what boxes start is the trusted interpreter too.
 * matplotlib's font list is made by importing matplotlib, which is package code by definition.
   :func:`font_lists_in_box` runs it in a jail box: the version read-only at the path boxes use,
   no network, the box's uid, seccomp and limits. Only the lists' text comes back, checked here.
@@ -64,10 +67,11 @@ def pip_runner() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(pip.__file__)), "__pip-runner__.py")
 
 
-def pip_argv(venv: str, args: list[str], python: str) -> list[str]:
+def pip_argv(venv: str, args: list[str], python: str, runner: str | None = None) -> list[str]:
     """Run execbox's pip with ``args`` for ``venv`` under the trusted ``python`` (the interpreter
-    the venv was made from), without site processing."""
-    return [python, "-I", "-S", "-c", _BOOT, venv, pip_runner(), "--keyring-provider", "disabled", *args]
+    the venv was made from), without site processing. ``runner``: the script that starts pip
+    (default execbox's ``__pip-runner__.py``; a build box passes its guard, build_box.py)."""
+    return [python, "-I", "-S", "-c", _BOOT, venv, runner or pip_runner(), "--keyring-provider", "disabled", *args]
 
 
 def reset_interpreter(venv: str, python: str) -> None:

@@ -54,6 +54,7 @@ class BoxSpec:
     device_args: list[str] = field(default_factory=list)  # GPU opt-in (boxes/gpu.py); empty: no devices
     share_net: bool = False  # run in the caller's network namespace (boxes/jail_net.py made it)
     pts_host: str | None = None  # a capped devpts instance bound on /dev/pts (boxes/devpts.py); None: bwrap's
+    writable_runtime: bool = False  # template builds only (boxes/build_box.py): the version being built, read-write
 
 
 def usr_mounts() -> list[str]:
@@ -107,7 +108,9 @@ def build_argv(spec: BoxSpec, bwrap: str = "bwrap") -> list[str]:
         "--perms", "0755", "--dir", "/home", "--symlink", WORKSPACE, HOME_ALIAS,
         "--ro-bind", os.path.join(spec.agent_root, AGENT_PACKAGE), f"{AGENT_ROOT_IN_BOX}/{AGENT_PACKAGE}",
     ]
-    for src, dest in [*spec.runtime.mounts(), *spec.extra_ro]:
+    for src, dest in spec.runtime.mounts():
+        argv += ["--bind" if spec.writable_runtime else "--ro-bind", src, dest]
+    for src, dest in spec.extra_ro:
         argv += ["--ro-bind", src, dest]
     argv += spec.device_args
     if spec.workspace_host:

@@ -26,8 +26,9 @@ from typing import Any
 
 from . import bwrap, cgroups, devpts, jail_net, quota, seccomp, uids
 from .box import READY_TIMEOUT, ProcessBox
+from .jail_reap import boxes_dir, reap_stale, remove_box_dir
 from .quota import Workspace
-from .runtime import PIP_MOUNT, Runtime, jail_dir
+from .runtime import PIP_MOUNT, Runtime
 from .staging import staged_pip
 from .stderr_sink import Tail, sink
 
@@ -68,10 +69,10 @@ class JailSettings:
     agent_root: str = ""
     device_args: list[str] = field(default_factory=list)  # GPU binds (boxes/gpu.py), empty by default
     egress: Any = None  # EgressPolicy; not "none": the box gets a namespace behind the gateway
-
-
-def boxes_dir() -> str:
-    return os.path.join(jail_dir(), "boxes")
+    # Template builds only (boxes/build_box.py), never from a provider's or tenant's settings: the
+    # runtime dir is bound read-write and handed to the box's uid; the build's own egress caps.
+    writable_runtime: bool = False
+    egress_limits: Any = None  # egress.gateway.Limits; None: Limits.from_env()
 
 
 class JailBox(ProcessBox):
@@ -298,13 +299,18 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
     try:
         pts = devpts.mount(box_dir, uid)  # root: the box's own instance, at most PTYS_PER_BOX ptys
         if jail_net.wanted(settings.egress):
-            jn = jail_net.attach(name, settings.egress, ca=jail_net.new_ca(name, settings.egress))
+            jn = jail_net.attach(name, settings.egress, ca=jail_net.new_ca(name, settings.egress),
+                                 limits=settings.egress_limits)
         if settings.use_cgroups:
             cg = cgroups.BoxCgroup.create(name, cgroups.Limits(settings.memory_bytes, settings.pids,
                                                                settings.cpus))
             if background:
                 cg.set_background(True)
         ws.setup(settings.disk_bytes, uid)
+        if settings.writable_runtime and uid is not None:
+            from .build_box import own_tree
+
+            own_tree(settings.runtime.host_dir or "", uid)  # the build takes it back when the box is gone
         seccomp_fd = seccomp.bpf_fd()
         limits = {"memory_bytes": settings.memory_bytes, "fsize_bytes": settings.disk_bytes, "nofile": 1024}
         if cg is None:
@@ -317,6 +323,7 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
             workspace_host=ws.bind_src,
             ws_size=settings.disk_bytes, tmp_size=settings.tmp_bytes, preload=settings.preload,
             oneshot=oneshot, device_args=list(settings.device_args), pts_host=pts,
+            writable_runtime=settings.writable_runtime,
         )
         if jn is not None:
             spec.share_net = True
@@ -378,81 +385,3 @@ def start(settings: JailSettings, workspace: str | None = None, background: bool
             raise RuntimeError(f"{e}; bwrap said: {detail}") from e
         raise
     return box
-
-
-def reap_stale() -> list[str]:
-    """Clean up boxes left by execbox processes that died without destroying them.
-
-    A box dir is named ``jail-<owner pid>-...``; if that pid no longer exists its processes,
-    cgroup (where this process's layout can see it), mounts (its devpts, its workspace) and files
-    are removed.
-    """
-    reaped: list[str] = []
-    root = boxes_dir()
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return reaped
-    layout = None
-    try:
-        layout = cgroups.detect()
-    except cgroups.CgroupUnavailable:
-        pass
-    for name in names:
-        parts = name.split("-")
-        if len(parts) < 4 or parts[0] != "jail" or not parts[1].isdigit():
-            continue
-        if os.path.exists(f"/proc/{parts[1]}"):
-            continue
-        if layout is not None:
-            cg = cgroups.BoxCgroup(layout, name)
-            if cg.exists():
-                cg.kill_all()
-                cg.remove()
-        box_dir = os.path.join(root, name)
-        devpts.unmount(box_dir)
-        try:
-            with open(os.path.join(box_dir, "host_view"), encoding="utf-8") as f:
-                quota.unmount(f.read().strip())
-        except OSError:
-            pass
-        ws = os.path.join(box_dir, "workspace")
-        quota.unmount(ws)
-        for img in ("workspace.img",):
-            try:
-                os.unlink(os.path.join(box_dir, img))
-            except OSError:
-                pass
-        remove_box_dir(box_dir)
-        reaped.append(name)
-    return reaped
-
-
-def remove_box_dir(box_dir: str) -> None:
-    """Delete a box's host directory without ever recursing into a mount point.
-
-    Its workspace is a mount point (a quota image or a caller's directory): only an empty,
-    unmounted directory is removed, so a failed unmount can never delete a caller's files.
-    """
-    try:
-        names = os.listdir(box_dir)
-    except FileNotFoundError:
-        return
-    for n in names:
-        path = os.path.join(box_dir, n)
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                if quota.is_mounted(path):
-                    log.error("box dir %s: %s is still mounted; leaving it", box_dir, path)
-                    continue
-                os.rmdir(path)
-            else:
-                os.unlink(path)
-        except OSError as e:
-            log.error("box dir %s: cannot remove %s: %s", box_dir, n, e)
-    try:
-        os.rmdir(box_dir)
-    except OSError as e:
-        log.error("cannot remove box dir %s: %s", box_dir, e)
-
-

@@ -56,9 +56,11 @@ def route_spec(policy: EgressPolicy, limits: Limits) -> netns.RouteSpec | None:
     return netns.RouteSpec(fast, limits.max_connections, limits.max_bytes)
 
 
-def attach(box_name: str, policy: EgressPolicy, *, pid: int | None = None, ca: BoxCA | None = None) -> JailNet:
-    """A new namespace (or, with ``pid``, that process's) joined to the gateway under ``policy``."""
-    limits = Limits.from_env()
+def attach(box_name: str, policy: EgressPolicy, *, pid: int | None = None, ca: BoxCA | None = None,
+           limits: Limits | None = None) -> JailNet:
+    """A new namespace (or, with ``pid``, that process's) joined to the gateway under ``policy``;
+    ``limits``: the per-box caps, default ``Limits.from_env()`` (a template build's box: its own)."""
+    limits = limits or Limits.from_env()
     spec = route_spec(policy, limits)
     try:
         net = netns.adopt(pid, spec) if pid is not None else netns.create(spec)

@@ -1,7 +1,10 @@
 """Warm pool of started boxes: create_instance takes a ready one, a thread refills in the back.
 
 A box is handed out once and never returns to the pool. Start failures are retried with
-exponential backoff and stay visible in ``status()`` (for doctor, /readyz and metadata).
+exponential backoff and stay visible in ``status()`` (for doctor, /readyz and metadata). A ready
+box that ``stale`` says no longer fits (the jail's default runtime template moved to a newer
+version) is never handed out: it is dropped and replaced, within STALE_RECHECK seconds or at the
+next take, so it does not keep an old version mounted either.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ than a caller's own one-shot box (a disk image a session could adopt, the import
 forks share: ~10-15 ms). Refilling then only takes CPU from the requests (sustained one-shots on
 2 cores: ~60 -> ~64/s without it). Below that (one request at a time, say) a CPU is idle and
 the refill uses it, as before."""
+STALE_RECHECK = 1.0  # seconds between the refill's looks for stale ready boxes (with ``stale``)
 
 
 class PooledBox(Protocol):
@@ -38,8 +42,10 @@ class PooledBox(Protocol):
 
 class BoxPool:
     def __init__(self, start: Callable[[], PooledBox], size: int, name: str = "pool",
-                 max_backoff: float = 30.0, workers: int = 2) -> None:
+                 max_backoff: float = 30.0, workers: int = 2,
+                 stale: Callable[[PooledBox], bool] | None = None) -> None:
         self._start = start
+        self._stale = stale
         self.size = max(0, int(size))
         self.name = name
         self.max_backoff = max_backoff
@@ -71,8 +77,9 @@ class BoxPool:
         while True:
             with self._cond:
                 while not self._closed:
+                    self._drop_stale()
                     if len(self._ready) + self._starting >= self.size:
-                        self._cond.wait()
+                        self._cond.wait(timeout=STALE_RECHECK if self._stale is not None else None)
                         continue
                     hold = self._hold()
                     if hold <= 0:
@@ -129,7 +136,7 @@ class BoxPool:
                 while self._ready:
                     box = self._ready.popleft()
                     self._cond.notify_all()
-                    if box.alive():
+                    if box.alive() and not self._is_stale(box):
                         self.handed_out += 1
                         self._last_take = time.monotonic()
                         promote = getattr(box, "promote", None)
@@ -146,6 +153,27 @@ class BoxPool:
                     self._cond.wait(timeout=remaining)
                 finally:
                     self._waiting -= 1
+
+    def _is_stale(self, box: PooledBox) -> bool:
+        if self._stale is None:
+            return False
+        try:
+            return self._stale(box)
+        except Exception:  # noqa: BLE001 - cannot tell: a fresh box is the safe side
+            return True
+
+    def _drop_stale(self) -> None:
+        """Remove the stale ready boxes (called with the lock held) and destroy them in the back."""
+        if self._stale is None or not self._ready:
+            return
+        stale = [box for box in self._ready if self._is_stale(box)]
+        if not stale:
+            return
+        gone = {id(box) for box in stale}
+        self._ready = deque(box for box in self._ready if id(box) not in gone)
+        log.info("pool %s: replacing %d ready box(es) whose runtime is no longer current", self.name, len(stale))
+        for box in stale:
+            threading.Thread(target=box.destroy, daemon=True).start()
 
     @contextlib.contextmanager
     def cold_start(self) -> Iterator[None]:

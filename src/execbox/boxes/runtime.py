@@ -186,9 +186,11 @@ def list_runtimes() -> list[dict[str, object]]:
     return out
 
 
-def resolve(name: str | None) -> Runtime:
+def resolve(name: str | None, list_known: bool = False) -> Runtime:
     """The runtime a config or request names: '' or 'system' (host interpreter), ``NAME`` (its
-    current version) or ``NAME@vN`` (one pinned version). Unknown: RuntimeNotUsable (SB002)."""
+    current version) or ``NAME@vN`` (one pinned version). Unknown: RuntimeNotUsable (SB002),
+    naming the templates there are only with ``list_known`` (the operator's CLI and admin API):
+    templates are host-wide, and a tenant's error must not list the names others use."""
     if not name or name == SYSTEM:
         return system_runtime()
     base, pinned = parse_ref(name)
@@ -200,8 +202,11 @@ def resolve(name: str | None) -> Runtime:
     version = pinned or current_version(base)
     info = _read_manifest(os.path.join(top, version)) if version else None
     if info is None:
-        known = ", ".join([SYSTEM, *_usable_names()])
         what = f"runtime {name!r} is not installed" if not pinned else f"runtime {base!r} has no version {version}"
+        if not list_known:
+            raise RuntimeNotUsable(f"{what}; the operator builds templates (`execbox runtime list` shows them)",
+                                   details={"field": "runtime", "value": name[:80]})
+        known = ", ".join([SYSTEM, *_usable_names()])
         raise RuntimeNotUsable(f"{what} (installed: {known}); build it with "
                                f"`execbox runtime build {base} --pip PKG --npm PKG`",
                                details={"field": "runtime", "value": name[:80]})
@@ -219,8 +224,21 @@ def describe(r: Runtime) -> dict[str, object]:
             "versions": versions(r.name) if r.host_dir and r.version != "legacy" else []}
 
 
+def still_current(ref: str | None, r: Runtime) -> bool:
+    """Whether ``r``, looked up from ``ref`` earlier, is still what ``ref`` means: for ``NAME`` its
+    current version, for ``NAME@vN`` that version not removed. Cheap (a readlink or a stat): a warm
+    pool asks it of each ready box."""
+    if not ref or ref == SYSTEM or not r.host_dir:
+        return True
+    base, pinned = parse_ref(ref)
+    if pinned or r.version == "legacy":
+        return os.path.isdir(r.host_dir)
+    return current_version(base) == r.version
+
+
 def resolve_runtime(name: str | None) -> Runtime:
-    """Public lookup for other layers (sessions, the E2B template mapping): SB002 when unknown."""
+    """Public lookup for other layers (sessions, the E2B template mapping): SB002 when unknown,
+    without listing the other templates (its caller may be a tenant)."""
     return resolve(name)
 
 
@@ -241,7 +259,9 @@ def remove(name: str, force: bool = False) -> bool:
 
     False when it is not installed. SB002 (HTTP 409) while a running box mounts what would go
     (any process's box: runtime_use.boxes_using), unless ``force``. The directory is renamed
-    away first, so no box can start on it while it is checked and deleted.
+    away first, so no box can start on it while it is checked and deleted. The Docker images of
+    the versions removed go too, when an engine answers (best effort). Version numbers are not
+    given out again (runtime_publish.py), so a pin ``NAME@vN`` never comes to mean other content.
     """
     base, version = parse_ref(name)
     top = os.path.join(runtimes_dir(), base)
@@ -272,7 +292,13 @@ def remove(name: str, force: bool = False) -> bool:
                 raise RuntimeNotUsable(f"{e.message}; it was kept as {trash} ({why})", details=e.details,
                                        http_status=409) from None
             raise
+    images = [(version, trash)] if version else \
+        [(v, os.path.join(trash, v)) for v in os.listdir(trash) if is_version(v)]
+    from .runtime_docker import manifest_digest, remove_images
+
+    built = [(v, manifest_digest(d)) for v, d in images]
     _rmtree(trash)
+    remove_images(base, built)
     return True
 
 

@@ -5,13 +5,14 @@ only when everything succeeded; then the ``current`` symlink is swapped atomical
 any step removes the half-built directory and leaves the previous version current.
 
 Packages come from the operator's index (``EXECBOX_PIP_INDEX_URL``, ``EXECBOX_NPM_REGISTRY``:
-internal mirrors) or the tools' defaults. The build runs on the host (as the service user), so
-it never runs a package's own code there: pip takes wheels only (``--only-binary :all:``) and
-runs under the version's interpreter without site processing (no ``.pth`` file or
-``sitecustomize`` of a package runs), npm runs with ``--ignore-scripts``, and matplotlib's font
-list is made inside a jail box without network (build_isolation.py). Requirements are plain
-names with version specifiers; URLs, paths and VCS references are refused, so every byte comes
-from the configured index.
+internal mirrors) or the tools' defaults. No package code runs on the host: pip and npm run in a
+jail box whose only writable host path is the version being built and whose network reaches the
+index hosts only (build_box.py); pip takes wheels only (``--only-binary :all:``), runs under the
+trusted interpreter without site processing and refuses direct-URL dependencies, npm runs with
+``--ignore-scripts``, and matplotlib's font list is made in a jail box without network
+(build_isolation.py). Requirements are plain names with version specifiers; URLs, paths and VCS
+references are refused, and so is a dependency that is not a package from the index, so every
+byte comes from the configured index.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import runtime as rt
-from .build_isolation import NoBox, font_lists_in_box, has_matplotlib, pip_argv, reset_interpreter
+from .build_box import NPM_CACHE, box_prerequisites, install_in_box
+from .build_isolation import NoBox, font_lists_in_box, has_matplotlib, reset_interpreter
 from .runtime import MANIFEST, Runtime, RuntimeNotUsable
 from .staging import make_traversable
 
@@ -58,26 +60,32 @@ def check_specs(pip: list[str], npm: list[str]) -> None:
 
 
 def check_index_url(url: str | None, field: str) -> str | None:
-    """``url`` when it is an http(s) URL with a host and no credentials; else SB002 naming ``field``
-    and at most the URL's scheme, host and port: never the value, whose userinfo (or path) may
-    hold a token (GitLab ``https://__token__:PAT@...``, Azure Artifacts, Artifactory)."""
+    """``url`` when it is an http(s) URL with a host, no credentials, no query string and no
+    fragment; else SB002 naming ``field`` and at most the URL's scheme, host and port: never the
+    value, whose userinfo or query may hold a token (GitLab ``https://__token__:PAT@...``, Azure
+    Artifacts, Artifactory ``?token=...``). A token in the path cannot be told from a path."""
     if not url:
         return None
     try:
         parts = urlsplit(url)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and "@" not in parts.netloc
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and "@" not in parts.netloc \
+            and not parts.query and not parts.fragment and "?" not in url and "#" not in url
     except ValueError:  # e.g. an unclosed IPv6 bracket
         parts, ok = None, False
     if not ok:
         where = _shown_host(parts)
         raise RuntimeNotUsable(f"{field}{f' ({where})' if where else ''} must be an http(s) URL with a host "
-                               "and without credentials (user:password@)", details={"field": field})
+                               "and without credentials (user:password@), query string (?...) or fragment "
+                               "(#...)", details={"field": field})
     return url
 
 
 def _shown_host(parts: Any) -> str:
-    """``scheme://host[:port]/…`` of a parsed URL (no userinfo, path or query), or '' if it has none."""
+    """``scheme://host[:port]/…`` of a URL or parsed URL (no userinfo, path or query), or '' if it
+    has none: how a package index is named to tenants (providers/install.py) and in refusals."""
     try:
+        if isinstance(parts, str):
+            parts = urlsplit(parts)
         host, port = parts.hostname, parts.port
     except (AttributeError, ValueError):
         return ""
@@ -125,28 +133,6 @@ def pip_index_args(index_url: str | None) -> list[str]:
     return args
 
 
-def _stream(argv: list[str], report: rt.Progress, lo: float, hi: float, what: str,
-            env: dict[str, str] | None = None) -> list[str]:
-    """Run a tool, turning its output lines into progress; the last lines on failure."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
-                            env=env)
-    tail: list[str] = []
-    seen = 0
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip()
-        if not line:
-            continue
-        tail = (tail + [line])[-12:]
-        seen += 1
-        if line.startswith(("Collecting", "Downloading", "Installing", "Successfully", "added", "npm")):
-            report(f"{what}: {line.strip()[:70]}", lo + (hi - lo) * (1 - 1 / (1 + seen / 8)))
-    if proc.wait() != 0:
-        raise RuntimeNotUsable(f"{what} failed:\n" + "\n".join(tail),
-                               details={"tool": what, "exit_code": proc.returncode})
-    return tail
-
-
 def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None, *, base: str | None = None,
           progress: rt.Progress | None = None, python: str = rt.SYSTEM_PYTHON, index_url: str | None = None,
           registry: str | None = None, docker: Any = None) -> Runtime:
@@ -157,6 +143,10 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
     """
     pip, npm = list(pip or []), list(npm or [])
     rt.check_name(name)
+    if docker is not None:  # before any work: Docker's name grammar is narrower than execbox's
+        from .runtime_docker import check_image_name
+
+        check_image_name(name)
     if name == rt.SYSTEM:
         raise RuntimeNotUsable("'system' is the host interpreter and cannot be built over",
                                details={"field": "name", "value": name})
@@ -177,6 +167,7 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
             raise RuntimeNotUsable(f"--from {parent.ref}: it was built with {built_with!r}, this build uses "
                                    f"{python!r}; a version only adds packages for the same interpreter",
                                    details={"field": "base", "value": parent.ref})
+    box_prerequisites(pip, npm, python, index_url, registry)  # SB002 naming what is missing: no host fallback
     os.makedirs(top, mode=0o755, exist_ok=True)
     make_traversable(rt.runtimes_dir())
     work, held = new_build_dir(top)
@@ -191,26 +182,17 @@ def build(name: str, pip: list[str] | None = None, npm: list[str] | None = None,
             reset_interpreter(work, python)  # the parent's packages may have replaced bin/python
         else:
             report(f"creating venv from {python}", 0.03)
-            subprocess.run([python, "-m", "venv", "--without-pip", work], check=True,  # noqa: S603
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if pip:
-            argv = pip_argv(work, ["--disable-pip-version-check", "--no-input", "install", "--no-cache-dir",
-                                   "--progress-bar", "off", "--only-binary", ":all:", *pip_index_args(index_url),
-                                   "--", *pip], python)
-            _stream(argv, report, 0.1, 0.6 if npm else 0.9, "pip")
+            venv = subprocess.run([python, "-m", "venv", "--without-pip", work],  # noqa: S603
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            if venv.returncode != 0:
+                tail = "\n".join(venv.stdout.decode(errors="replace").strip().splitlines()[-8:])
+                raise rt.RuntimeNotUsable(f"{python} -m venv failed (exit {venv.returncode}); nothing was "
+                                          f"published:\n{tail}", details={"step": "venv"})
+        if pip or npm:  # in a jail box with the index hosts only; never on the host (build_box.py)
+            report("starting the build box", 0.08)
+            install_in_box(work, pip, npm, python=python, index_url=index_url, registry=registry, report=report)
+            shutil.rmtree(os.path.join(work, NPM_CACHE), ignore_errors=True)
             reset_interpreter(work, python)  # a wheel's *.data/scripts/python or data/pyvenv.cfg
-        if npm:
-            npm_bin = shutil.which("npm")
-            if not npm_bin:
-                raise RuntimeNotUsable("npm is not installed on this host (apt-get install npm); it installs "
-                                       "the template's --npm packages", details={"missing": "npm"})
-            cache = os.path.join(work, ".npm-cache")
-            argv = [npm_bin, "install", "--prefix", work, "--ignore-scripts", "--no-audit", "--no-fund",
-                    "--no-update-notifier", "--omit=dev", "--fetch-retries", "1", "--cache", cache,
-                    *(["--registry", registry] if registry else []), "--", *npm]
-            env = {**os.environ, "npm_config_userconfig": os.path.join(work, ".npmrc-none")}
-            _stream(argv, report, 0.6 if pip else 0.1, 0.9, "npm", env)
-            shutil.rmtree(cache, ignore_errors=True)
         if pip:
             report("building matplotlib's font cache", 0.93)
             skipped = font_cache(work)
@@ -322,25 +304,15 @@ def font_cache(work: str) -> str | None:
 
 
 def publish(top: str, work: str) -> str:
-    """Rename the finished build to the next free ``v<N>`` and point ``current`` at it.
+    """Rename the finished build to the next ``v<N>`` (never one the name had before, also after
+    ``rm NAME``) and point ``current`` at it; all or nothing, SB002 when it fails
+    (runtime_publish.py).
 
     Public for tools that lay out a version themselves (scripts/device_runtime_from_venv.py).
     """
-    while True:
-        existing = [int(v[1:]) for v in os.listdir(top) if rt.is_version(v)]
-        version = f"v{max(existing, default=0) + 1}"
-        try:
-            os.rename(work, os.path.join(top, version))
-            break
-        except OSError:
-            if not os.path.exists(os.path.join(top, version)):
-                raise
-    tmp_link = os.path.join(top, f".current-{os.getpid()}")
-    if os.path.lexists(tmp_link):
-        os.unlink(tmp_link)
-    os.symlink(version, tmp_link)
-    os.replace(tmp_link, os.path.join(top, rt.CURRENT))
-    return version
+    from .runtime_publish import publish as publish_version
+
+    return publish_version(top, work)
 
 
 def _read_only(root: str) -> None:

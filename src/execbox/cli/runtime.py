@@ -104,7 +104,7 @@ def show(name: str = typer.Argument(..., help="NAME or NAME@vN"),
          as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Show one runtime version: packages, index, path, build time."""
     try:
-        r = rt.resolve_runtime(name)
+        r = rt.resolve(name, list_known=True)
     except rt.RuntimeNotUsable as e:
         raise _fail(e) from None
     info = rt.describe(r)

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,10 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         """A warm-pool refill (the jail starts it at a low CPU weight until it is handed out)."""
         return self.start_box()
 
+    pool_box_stale: Callable[[Any], bool] | None = None
+    """Whether a ready pooled box no longer fits what a new instance would get (the jail's: its
+    default runtime template moved on); None: pooled boxes never go stale."""
+
     def start_oneshot_box(self, runtime: str | None = None) -> Box:
         """A box for one run and no session (the pool had none): nothing of it outlives the run."""
         return self.start_box() if runtime is None else self.start_box_with_runtime(None, runtime)
@@ -155,7 +159,7 @@ class AgentBackedProvider(AgentFilesMixin, AgentEgressMixin, BackgroundProcesses
         self.prepare()
         size = int(clean.get("pool_size") or 0)
         if size:
-            self._pool = BoxPool(self.start_pooled_box, size, name=self.name)
+            self._pool = BoxPool(self.start_pooled_box, size, name=self.name, stale=self.pool_box_stale)
         self.initialized = True
         return True
 

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..boxes.runtime import SESSION_SITE, WORKSPACE_IN_BOX
-from ..boxes.runtime_build import check_specs, pip_index_args, tenant_index_urls
+from ..boxes.runtime_build import _shown_host, check_specs, pip_index_args, tenant_index_urls
 from ..egress.policy import EgressPolicy, parse_entry
 from ..errors import (
     ConnectionFailedError,
@@ -119,11 +119,30 @@ def reachable(url):
     return True
 
 
+def missing_name(tool, text):
+    """The requirement the tool itself says it could not find (pip: also a build requirement)."""
+    pattern = (r"No matching distribution found for (\S+)" if tool == "pip"
+               else r"'(@?[^'@\s]+)@[^'\s]*' is not in this registry")
+    found = re.search(pattern, text)
+    return found.group(1) if found else None
+
+
+def canonical(tool, spec):
+    name = package_name(tool, spec).lower()
+    return re.sub(r"[-_.]+", "-", name) if tool == "pip" else name
+
+
 def classify(tool, text, pkgs, index):
     if any(m in text for m in NET_ERRORS) or not reachable(index):
         return "index_unreachable", None
     if not any(m in text for m in ("No matching distribution", "E404", "404 Not Found", "not in this registry")):
         return "failed", None
+    missing = missing_name(tool, text)
+    if missing is not None:
+        for pkg in pkgs:
+            if canonical(tool, pkg) == canonical(tool, missing):
+                return "unknown_package", pkg
+        return "missing_dependency", missing
     low = text.lower()
     for pkg in pkgs:
         if package_name(tool, pkg).lower() in low:
@@ -313,19 +332,27 @@ def _outcome(result: Any, pip: list[str], npm: list[str], pip_url: str | None, n
                                     details=base)
     out = result.result if isinstance(result.result, dict) else None
     if out is None:
-        raise InvalidConfigError(f"install failed inside the box: {(result.stderr or '')[-800:]}",
-                                 details=base, http_status=422)
+        stderr = scrub(result.stderr or "", pip_url, npm_url)
+        raise InvalidConfigError(f"install failed inside the box: {stderr[-800:]}", details=base, http_status=422)
     if out.get("ok"):
         return {**base, "installed": True, "bytes": out.get("bytes", 0)}
     tool = out.get("tool", "pip")
-    index = (pip_url or PYPI_URL) if tool == "pip" else (npm_url or NPM_URL)
-    details = {**base, "tool": tool, "index": index, "reason": out.get("reason"), "output": out.get("tail", "")}
+    # the tenant sees the index as scheme://host[:port]/… only: its path may hold a token
+    index = _shown_host((pip_url or PYPI_URL) if tool == "pip" else (npm_url or NPM_URL)) or "(the index)"
+    tail = scrub(out.get("tail", ""), pip_url, npm_url)
+    details = {**base, "tool": tool, "index": index, "reason": out.get("reason"), "output": tail}
     reason = out.get("reason")
     if reason == "unknown_package":
         pkg = out.get("package")
         what = f"package {pkg!r}" if pkg else f"one of {pip if tool == 'pip' else npm}"
         raise InvalidConfigError(f"{tool}: {what} was not found on the index {index}",
                                  details={**details, "package": pkg}, http_status=404)
+    if reason == "missing_dependency":
+        dep = out.get("package")
+        asked = pip if tool == "pip" else npm
+        raise InvalidConfigError(f"{tool}: {dep!r}, needed by {', '.join(asked)} (a dependency or build "
+                                 f"requirement), was not found on the index {index}",
+                                 details={**details, "package": dep, "dependency": True}, http_status=404)
     if reason == "index_unreachable":
         raise ConnectionFailedError(f"{tool}: the package index {index} is unreachable from the box",
                                     details=details)
@@ -347,5 +374,16 @@ def _outcome(result: Any, pip: list[str], npm: list[str], pip_url: str | None, n
     if reason == "missing_tool":
         raise InvalidConfigError(f"{tool} is not available in this box's runtime; install it on the host "
                                  "(jail boxes see the host's /usr) or use a runtime template", details=details)
-    raise InvalidConfigError(f"{tool} install failed: {out.get('tail', '')[-600:]}", details=details,
-                             http_status=422)
+    raise InvalidConfigError(f"{tool} install failed: {tail[-600:]}", details=details, http_status=422)
+
+
+def scrub(text: str, *urls: str | None) -> str:
+    """``text`` with each index URL (and what follows it, e.g. ``/simple/pkg/``) shown as
+    ``scheme://host[:port]/…``: tool output names the index, whose path may hold a token."""
+    for url in urls:
+        if not url or not urlsplit(url).path.strip("/"):
+            continue
+        shown = _shown_host(url) or "(the index)"
+        for form in (url, url.rstrip("/")):
+            text = text.replace(form, shown)
+    return text

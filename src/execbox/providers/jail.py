@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import subprocess
 import threading
 import time
 from typing import Any
@@ -34,10 +33,13 @@ from ..boxes import (
 from ..boxes.jail_box import JailBox, JailSettings, drain, host_uid, reap_stale
 from ..boxes.jail_box import start as start_jail_box
 from ..egress.schema import NETWORK_SCHEMA, check_network_config, policy_from_config
-from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError, SandboxError
+from ..errors import InvalidConfigError, ProviderNotInitializedError, ProviderUnavailableError
 from ..models import Isolation
 from .agent_backed import POLICY_SCHEMA, TIMEOUT_SCHEMA, AgentBackedProvider, tenant_pool_view
 from .gpu_config import GPU_SCHEMA, gpu_config_error
+from .jail_checks import trial_box as _trial_box
+from .jail_checks import uid_range_check as _uid_range_check
+from .jail_checks import userns_check as _userns_check
 from .schema import parse_size
 
 log = logging.getLogger("execbox.jail")
@@ -64,6 +66,7 @@ class JailProvider(AgentBackedProvider):
     def __init__(self) -> None:
         super().__init__()
         self._settings: JailSettings | None = None
+        self._runtime_ref: str | None = None  # the configured runtime, resolved at each box start
         self._gpu: gpu.GpuPlan | None = None
         self._warnings: list[str] = []
 
@@ -121,7 +124,7 @@ class JailProvider(AgentBackedProvider):
         if mem < 32 * 1024 * 1024:
             return False, "max_memory: must be at least 32m (the agent itself needs ~15 MB)"
         try:
-            runtime.resolve(config.get("runtime"))
+            runtime.resolve(config.get("runtime"), list_known=True)  # the operator's config
         except runtime.RuntimeNotUsable as e:
             return False, f"runtime: {e.message}"
         ok, message = gpu_config_error(config)
@@ -138,7 +141,8 @@ class JailProvider(AgentBackedProvider):
             raise ProviderUnavailableError(f"jail provider cannot run on this host: {reason}",
                                            details={"provider": self.name, "reason": reason})
         cfg = self.config
-        rt = runtime.resolve(cfg.get("runtime"))
+        self._runtime_ref = cfg.get("runtime") or None
+        rt = runtime.resolve(self._runtime_ref, list_known=True)
         _reap_once()
         self._warnings = []
         use_cgroups = True
@@ -191,9 +195,18 @@ class JailProvider(AgentBackedProvider):
         if self._settings is None:
             raise ProviderNotInitializedError("jail provider is not initialized; call initialize(config) first",
                                               details={"provider": self.name})
-        if runtime_name is None:
+        if runtime_name is None:  # the configured one as it is now: NAME follows its current version
+            now = runtime.resolve_runtime(self._runtime_ref)  # SB002 once it was removed
+            if now != self._settings.runtime:
+                self._settings = dataclasses.replace(self._settings, runtime=now)
             return self._settings
         return dataclasses.replace(self._settings, runtime=runtime.resolve_runtime(runtime_name))  # SB002 if unknown
+
+    def pool_box_stale(self, box: Any) -> bool:
+        """A ready pooled box no longer runs what the configured runtime means (``current`` of its
+        template moved, or its version was removed): the pool drops it and starts a new one."""
+        have = getattr(box, "runtime", None)
+        return have is not None and not runtime.still_current(self._runtime_ref, have)
 
     def start_box(self, workspace: str | None = None, background: bool = False) -> JailBox:
         return start_jail_box(self._jail_settings(), workspace, background)
@@ -365,65 +378,3 @@ def _sweep_staged_once() -> None:
     if gone:
         log.info("jail: removed %d staged directories no execbox process uses: %s",
                  len(gone), ", ".join(os.path.basename(g) for g in gone))
-
-
-def _uid_range_check() -> dict[str, Any]:
-    """Boxes run as one host uid each from the configured range (root only); no real user in it."""
-    if os.geteuid() != 0:
-        return {"ok": True, "detail": f"boxes run as the service uid {os.geteuid()} (per-box uids need root)"}
-    rng = uids.configured_range()
-    users = uids.users_in_range(rng)
-    if users:
-        return {"ok": False, "detail": f"EXECBOX_JAIL_UID_RANGE {rng.describe()} holds real users: "
-                                       f"{', '.join(users)}; pick a range no account uses"}
-    return {"ok": True, "detail": f"one host uid per box from {rng.describe()}"}
-
-
-def _userns_check() -> dict[str, Any]:
-    try:
-        with open("/proc/sys/user/max_user_namespaces", encoding="ascii") as f:
-            n = int(f.read())
-    except (OSError, ValueError):
-        n = -1
-    if n == 0:
-        return {"ok": False, "detail": "user namespaces disabled (sysctl user.max_user_namespaces=0)"}
-    try:
-        with open("/proc/sys/kernel/unprivileged_userns_clone", encoding="ascii") as f:
-            if f.read().strip() == "0":
-                return {"ok": False, "detail": "unprivileged user namespaces disabled "
-                                               "(sysctl kernel.unprivileged_userns_clone=0)"}
-    except OSError:
-        pass
-    return {"ok": True, "detail": f"max_user_namespaces={n}"}
-
-
-def _trial_box(path: str) -> dict[str, Any]:
-    """Really start a trivial box (same namespaces and uid drop as a real one)."""
-    argv = [path, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--uid", str(bwrap.BOX_UID), "--gid", str(bwrap.BOX_GID),
-            *bwrap.system_mounts(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv",
-            "--", "/usr/bin/true"]
-    try:
-        lease = uids.acquire() if os.geteuid() == 0 else None  # a uid no live box holds
-    except SandboxError as e:
-        return {"ok": False, "detail": e.message}
-    uid = lease.uid if lease is not None else None
-
-    def drop() -> None:
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-
-    t = time.monotonic()
-    try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20,  # noqa: S603
-                              preexec_fn=drop, env={"PATH": "/usr/bin:/bin"}, cwd="/", text=True)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"ok": False, "detail": f"bwrap could not start: {e}"}
-    finally:
-        if lease is not None:
-            lease.release()
-    if proc.returncode != 0:
-        return {"ok": False, "detail": f"bwrap failed (exit {proc.returncode}): {proc.stdout.strip()[-300:]}"}
-    return {"ok": True, "detail": f"a trivial box ran in {(time.monotonic() - t) * 1000:.0f} ms"}

@@ -43,13 +43,15 @@ FileCall = Callable[[SandboxProvider, str], T]
 
 FILE_LANGUAGE = "files"
 """The ``language`` label and audit value of a file operation (it runs no interpreter)."""
+INSTALL_LANGUAGE = "packages"
+"""The ``language`` label and audit value of an in-session install (pip/npm in the session's box)."""
 
 
 @dataclass
 class RunSpec:
     tenant_id: str
     session_id: str | None
-    operation: str  # execute_code | run_command
+    operation: str  # execute_code | run_command | install
     language: str
     code: str
     token_id: str | None
@@ -62,6 +64,8 @@ class RunSpec:
     """Set while the run is filed as started (OperationLog.begin): its audit row ends that."""
     cancelled_reason: str | None = None
     """Set when the service cancelled the session's run (fenced, draining, destroyed)."""
+    template: str | None = None
+    """The template a new session starts with when ``language`` is not one (an install)."""
 
 
 def _rt(spec: RunSpec) -> dict[str, Any]:
@@ -86,7 +90,7 @@ class RunService:
 
     @contextmanager
     def _box(self, spec: RunSpec) -> Iterator[tuple[SandboxProvider, str]]:
-        template = spec.language
+        template = spec.template or spec.language
         if spec.session_id is None:
             with self.sessions.oneshot(spec.tenant_id, template, **_rt(spec)) as pair:
                 yield pair

@@ -77,14 +77,14 @@ def test_unknown_package_and_unreachable_index_name_what_failed(net_jail, sbox, 
     with pytest.raises(InvalidConfigError) as e:
         net_jail.install_packages(sbox, pip=["no-such-pkg-zz"])
     assert e.value.code == "SB002" and e.value.http_status == 404 and "no-such-pkg-zz" in e.value.message
-    assert e.value.details["index"] == pkgs["pip"]
+    assert e.value.details["index"] == f"http://{pkgs['host']}/…"  # its path may hold a token
     with pytest.raises(InvalidConfigError) as e:
         net_jail.install_packages(sbox, npm=["no-such-npm-zz"])
     assert e.value.http_status == 404 and "no-such-npm-zz" in e.value.message
     monkeypatch.setenv("EXECBOX_PIP_INDEX_URL", f"http://{fakenet.name('pkgs')}:8099/simple")  # nothing listens
     with pytest.raises(ConnectionFailedError) as e:
         net_jail.install_packages(sbox, pip=[pkgs["py"]])
-    assert e.value.code == "SB003" and ":8099/simple" in e.value.message
+    assert e.value.code == "SB003" and f"{fakenet.name('pkgs')}:8099/…" in e.value.message
     with pytest.raises(InvalidConfigError, match="invalid"):
         net_jail.install_packages(sbox, pip=["http://evil.example/x.whl"])
     r = net_jail.run_command(sbox, "ls -A .execbox 2>/dev/null; ls node_modules 2>/dev/null | wc -l", 30)

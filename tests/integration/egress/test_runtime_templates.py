@@ -3,6 +3,8 @@ fake internet): versioned, immutable, selectable per instance, a failed build ke
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -13,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from execbox.boxes import runtime
+from execbox.boxes.runtime_publish import SEQ
 from execbox.cli import app
 from execbox.errors import InvalidConfigError
 from tests import pkgindex
@@ -34,11 +37,17 @@ def index(fakenet):
     return {**names, "pip": f"{base}/simple", "npm": f"{base}/npm"}
 
 
+_names = itertools.count(1)
+
+
 @pytest.fixture
 def tpl_name():
-    name = f"t-tpl-{os.getpid()}"
+    name = f"t-tpl-{os.getpid()}-{next(_names)}"  # a name's version numbers are never reused, also after rm
     yield name
-    runtime.remove(name, force=True)
+    for made in (name, f"{name}-js", f"{name}-child"):
+        runtime.remove(made, force=True)
+        with contextlib.suppress(OSError):  # rm keeps the name's version counter: not a test's to leave
+            os.unlink(os.path.join(runtime.runtimes_dir(), SEQ, made))
 
 
 def _build(name, index, *args):

@@ -225,16 +225,16 @@ def test_new_session_takes_a_warm_box_and_keeps_its_workspace(tmp_path):
 
 
 def test_pool_failures_are_visible():
-    from execbox.boxes import runtime
     from execbox.boxes.pool import BoxPool
 
     p = make_provider(pool_size=0)
     try:
-        p._settings.runtime = runtime.Runtime("broken", "/usr/bin/no-such-python")  # every start fails
+        # every start fails: the configured runtime is looked up at each start, and it is gone
+        p._runtime_ref = "no-such-runtime-zz"
         p._pool = BoxPool(p.start_box, 1, name="jail")
         assert wait_for(lambda: p.pool_status()["failures"] >= 1, timeout=30)
         status = p.pool_status()
-        assert status["healthy"] is False and "no-such-python" in status["last_error"]
+        assert status["healthy"] is False and "no-such-runtime-zz" in status["last_error"]
     finally:
         p.shutdown()
 
