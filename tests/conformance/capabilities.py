@@ -123,12 +123,7 @@ UNSUPPORTED: dict[str, dict[str, Declaration]] = {
     "jail": {},
     "docker-runc": {},
     "docker-runsc": {},
-    "kubernetes": {  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
-        "destroyed_instance": not_yet("a run right after destroy_instance can adopt the instance back from its pod, "
-                                      "which is still ready while its deletion waits in the reaper "
-                                      "(KubernetesProvider._get adopts any ready pod annotated with the id)",
-                                      racy=True),
-    },
+    "kubernetes": {},  # pods of the docker worker image, via the in-test API server (tests/integration/kubernetes)
     "self_managed": {},  # api: execbox, against a real `execbox serve` (jail, sci runtime)
     "self_managed-run": {
         "python_dunder_main_script": RAGFLOW_MAIN,

@@ -115,8 +115,9 @@ class PodApi:
     def list_pods(self, selector: str) -> list[Any]:
         return list(self._do("list pods", self.core.list_namespaced_pod, self.ns, label_selector=selector).items)
 
-    def patch_pod(self, name: str, body: dict[str, Any]) -> Any:
-        return self._do("patch pods", self.core.patch_namespaced_pod, name, self.ns, body)
+    def patch_pod(self, name: str, body: dict[str, Any], *, missing_ok: bool = False) -> Any:
+        """The patched pod; None (nothing logged) for a pod already gone when ``missing_ok``."""
+        return self._do("patch pods", self.core.patch_namespaced_pod, name, self.ns, body, missing_ok=missing_ok)
 
     def delete_pod(self, name: str) -> bool:
         """Delete now (grace 0: a box has nothing to flush); False if it was already gone."""

@@ -24,8 +24,8 @@ from .agent_client import AgentClient, wait_readable
 from .box import Box
 from .k8s_api import PodApi, api_error
 
-__all__ = ["PodApi", "PodBox", "api_error", "connect_agent", "marked_ended", "pod_addresses", "pod_failure",
-           "pod_ready", "start_pod"]
+__all__ = ["PodApi", "PodBox", "api_error", "connect_agent", "marked_ended", "pod_addresses", "pod_ending",
+           "pod_failure", "pod_ready", "start_pod"]
 
 log = logging.getLogger("execbox.kubernetes")
 
@@ -92,9 +92,19 @@ def connect_agent(host: str, port: int, token: str, name: str, timeout: float = 
 
 
 def marked_ended(pod: Any) -> bool:
-    """A gone session's pod whose delete failed, labelled ``ended`` (by any replica) so that every
-    sweeper deletes it and no egress proxy grants it (providers/kubernetes_sweep.py)."""
+    """A destroyed instance's pod, labelled ``ended`` (by any replica: at ``destroy_instance``, and
+    again when its delete failed) so that every sweeper deletes it, no egress proxy grants it and
+    no replica adopts it (providers/kubernetes_sweep.py, kubernetes_handover.py)."""
     return (pod.metadata.labels or {}).get(ks.L_STATE) == ks.ENDED
+
+
+def pod_ending(pod: Any) -> str | None:
+    """Why a pod that may still run and be Ready must not be taken (over) any more: it is being
+    deleted (``deletionTimestamp``) or was marked ``ended`` (its instance destroyed by some replica).
+    None while it may be."""
+    if getattr(pod.metadata, "deletion_timestamp", None) is not None:
+        return "its pod is being deleted"
+    return "its pod was ended" if marked_ended(pod) else None
 
 
 def pod_failure(pod: Any) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any
 from ..boxes import k8s_spec as ks
 from ..boxes.agent_client import BoxDied
 from ..boxes.k8s_api import core_api
-from ..boxes.k8s_box import PodApi, PodBox, connect_agent, pod_addresses, pod_failure, pod_ready, start_pod
+from ..boxes.k8s_box import PodApi, PodBox, start_pod
 from ..boxes.pool import BoxPool
 from ..errors import (
     InstanceCreationError,
@@ -297,35 +297,27 @@ class KubernetesProvider(KubernetesHandoverMixin, KubernetesEgressMixin, PodSwee
         return pods[0] if pods else None
 
     def _get(self, instance_id: str) -> Instance:
-        """Local instance, or adopt it from its pod (another replica created it): stateless gateways."""
+        """Local instance, or adopt it from its pod (another replica created it): stateless gateways.
+        Never an instance destroyed here, nor a pod being deleted or ended (kubernetes_handover.py)."""
         self._require_initialized()
         if instance_id not in self._instances:
-            pod = self._find_pod(instance_id)
-            if pod is not None and pod_ready(pod) and not pod_failure(pod):
-                ann = pod.metadata.annotations or {}
-                token = ks.pod_token(self._secret, pod.metadata.name)
-                client = connect_agent(pod.status.pod_ip, int(self.config["agent_port"]), token, pod.metadata.name)
-                assert self.api is not None
-                box = PodBox(pod.metadata.name, client, self.api, pod.status.pod_ip, pod_addresses(pod))
-                box.remover = self._remove_later
-                box.on_delete_failed = self._delete_failed
-                box.claimed = {"tenant": ann.get(ks.A_TENANT, ""), "session": ann.get(ks.A_SESSION, ""),
-                               "instance": instance_id}
-                inst = Instance(instance_id, box, ann.get(ks.A_TENANT, ""), ann.get(ks.A_SESSION) or None,
-                                egress=self.policy_of(pod))
-                with self._lock:
-                    inst = self._instances.setdefault(instance_id, inst)
-                if inst.box is not box:
-                    box.destroyed = True
-                    client.close()
-                log.info("kubernetes: adopted %s from pod %s", instance_id, pod.metadata.name)
+            self._adopt(instance_id)
         return super()._get(instance_id)
 
     def destroy_instance(self, instance_id: str) -> bool:
-        """Delete the instance's pod; a delete the API refuses or misses is retried (sweep, shutdown)."""
-        inst = self._instances.get(instance_id)
+        """Delete the instance's pod; a delete the API refuses or misses is retried (sweep, shutdown).
+
+        The id is refused from then on: this replica remembers it (bounded), and a local instance's
+        pod, whose delete waits in the reaper, is labelled ``ended`` before this returns (one PATCH,
+        best effort), so that no replica adopts it meanwhile (kubernetes_handover.py)."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            self._remember_destroyed(instance_id)
         if super().destroy_instance(instance_id):
-            self._egress_cache.pop(getattr(inst.box if inst else None, "name", ""), None)  # its grant ends
+            name = getattr(inst.box if inst else None, "name", "")
+            self._egress_cache.pop(name, None)  # its grant ends
+            if name:
+                self._mark_ended(name)  # after box.destroy(): a background claim sent later cannot undo it
             return True
         pod = self._find_pod(instance_id) if self.initialized else None
         if pod is None or self.api is None:

@@ -9,17 +9,22 @@ connection, leaves the pod running); the next start, or any replica that takes t
 with its contexts intact). A session box started for a persistent registry is *marked* with that
 registry (annotations) once its row names it; pods so marked that no registry row refers to are
 removed at start and then every few minutes (service/sessions/boxes.py ``remove_orphan_boxes``).
+
+No adoption brings back a destroyed instance: this replica remembers the ids it destroyed, and
+refuses any replica's pod that is being deleted or marked ``ended`` (``destroy_instance`` marks it
+before it returns, while the pod's delete still waits in the reaper and the pod is still Ready).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..boxes import k8s_spec as ks
-from ..boxes.k8s_box import PodApi, PodBox, marked_ended, pod_failure, pod_ready
+from ..boxes.k8s_box import PodApi, PodBox, connect_agent, pod_addresses, pod_ending, pod_failure, pod_ready
 from ..errors import InstanceCreationError, ProviderUnavailableError, SandboxError, SessionNotFoundError
 from ..models import SandboxInstance
 from .agent_backed import Instance
@@ -29,6 +34,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("execbox.provider.kubernetes")
 
+DESTROYED_CAP = 10000
+"""Most instance ids a replica remembers as destroyed (the oldest are forgotten first). Past that
+an old id is refused only by its pod's state: gone, being deleted, or labelled ``ended``."""
+
 
 class KubernetesHandoverMixin:
     api: PodApi | None
@@ -36,6 +45,7 @@ class KubernetesHandoverMixin:
     templates: dict[str, ks.PodTemplate]
     _instances: dict[str, Instance]
     _lock: threading.Lock
+    _secret: bytes
     config: dict[str, Any]
     orphan_grace = 120.0
     """Seconds after its marking before a pod no registry row names counts as an orphan: a replica
@@ -47,13 +57,59 @@ class KubernetesHandoverMixin:
     def __init__(self) -> None:
         super().__init__()
         self._unanswered: dict[str, float] = {}  # pod -> when an adoption first found it silent
+        self._destroyed: OrderedDict[str, None] = OrderedDict()  # instance ids destroyed here (DESTROYED_CAP)
 
     if TYPE_CHECKING:
         def _require_initialized(self) -> None: ...
         def _get(self, instance_id: str) -> Instance: ...
         def _find_pod(self, instance_id: str) -> Any | None: ...
         def _remove_later(self, job: Callable[[], None]) -> None: ...
+        def _delete_failed(self, name: str, err: SandboxError) -> None: ...
+        def policy_of(self, pod: Any) -> Any: ...
         def destroy_instance(self, instance_id: str) -> bool: ...
+
+    def _remember_destroyed(self, instance_id: str) -> None:
+        """Refuse ``instance_id`` from now on: no adoption brings it back (called under ``_lock``)."""
+        self._destroyed[instance_id] = None
+        self._destroyed.move_to_end(instance_id)
+        while len(self._destroyed) > DESTROYED_CAP:
+            self._destroyed.popitem(last=False)
+
+    def _adopt(self, instance_id: str) -> None:
+        """Take over the instance's Ready pod (another replica created it, or this process before a
+        restart): nothing happens when it has none, or one not Ready or failed (the caller then finds
+        no instance). SessionNotFoundError when the instance was destroyed: here (remembered), or by
+        any replica (its pod is being deleted or labelled ``ended``)."""
+        gone = f"instance {instance_id!r} was destroyed"
+        if instance_id in self._destroyed:
+            raise SessionNotFoundError(gone, details={"instance_id": instance_id})
+        pod = self._find_pod(instance_id)
+        if pod is None or not pod_ready(pod) or pod_failure(pod):
+            return
+        why = pod_ending(pod)
+        if why:
+            raise SessionNotFoundError(f"{gone} ({why})", details={"instance_id": instance_id})
+        assert self.api is not None
+        ann, name = pod.metadata.annotations or {}, pod.metadata.name
+        client = connect_agent(pod.status.pod_ip, int(self.config["agent_port"]), ks.pod_token(self._secret, name),
+                               name)
+        box = PodBox(name, client, self.api, pod.status.pod_ip, pod_addresses(pod))
+        box.remover = self._remove_later
+        box.on_delete_failed = self._delete_failed
+        box.claimed = {"tenant": ann.get(ks.A_TENANT, ""), "session": ann.get(ks.A_SESSION, ""),
+                       "instance": instance_id}
+        inst = Instance(instance_id, box, ann.get(ks.A_TENANT, ""), ann.get(ks.A_SESSION) or None,
+                        egress=self.policy_of(pod))
+        with self._lock:  # destroyed while this connected: not registered
+            destroyed = instance_id in self._destroyed
+            held = None if destroyed else self._instances.setdefault(instance_id, inst)
+        if held is inst:
+            log.info("kubernetes: adopted %s from pod %s", instance_id, name)
+            return
+        box.destroyed = True  # only our connection goes: the pod is its holder's (or being deleted)
+        client.close()
+        if destroyed:
+            raise SessionNotFoundError(gone, details={"instance_id": instance_id})
 
     def _instance_metadata(self, inst: Instance) -> dict[str, Any]:
         meta = super()._instance_metadata(inst)  # type: ignore[misc]
@@ -107,8 +163,7 @@ class KubernetesHandoverMixin:
         with self._lock:
             local = instance_id in self._instances
         pod = None if local else self._find_pod(instance_id)  # no answer: raises, nothing known yet
-        why = None if local else ("its pod is gone" if pod is None else pod_failure(pod) or (
-            "its pod was ended" if marked_ended(pod) else None))
+        why = None if local else ("its pod is gone" if pod is None else pod_failure(pod) or pod_ending(pod))
         if not local and not why and not self.shared_secret:
             why = "no shared agent_secret: its agent cannot be authenticated to"
         try:

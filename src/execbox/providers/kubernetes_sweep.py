@@ -62,12 +62,14 @@ class PodSweeperMixin(AgentBackedProvider):
         self._mark_ended(name)
 
     def _mark_ended(self, name: str) -> None:
-        """Best effort: label the pod ended and expired, so any replica's sweeper deletes it."""
+        """Best effort: label the pod ended and expired, so any replica's sweeper deletes it and none
+        adopts it (a pod already gone needs no mark: nothing is logged for it)."""
         if self.api is None:
             return
         try:
             self.api.patch_pod(name, {"metadata": {"labels": {ks.L_STATE: ks.ENDED, ks.L_EGRESS: "off"},
-                                                   "annotations": {ks.A_EXPIRES: str(int(time.time()))}}})
+                                                   "annotations": {ks.A_EXPIRES: str(int(time.time()))}}},
+                               missing_ok=True)
         except SandboxError:
             return
         if name in self._undeleted:

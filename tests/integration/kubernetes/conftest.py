@@ -37,6 +37,7 @@ def _reset(fake) -> None:
     fake.forbidden.clear()
     fake.delay = 0.0
     fake.hold_pending = False
+    fake.release_deletes()
     fake.not_ready.clear()
     fake.network_policies.clear()
 

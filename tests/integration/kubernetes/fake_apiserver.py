@@ -11,8 +11,9 @@ ConfigMap as a read-only bind), on the bridge network, so the pod IP is real and
 test truly executes. The pod turns Ready when its readiness probe port accepts connections,
 Failed when its container exits (OOMKilled from Docker's state) or its activeDeadlineSeconds
 passes. Faults are injected from the test: 403 per (verb, resource), a delay (API timeout),
-pods that are never scheduled, eviction and OOM kills. Not a Kubernetes: no scheduler, no
-watch, no RBAC engine, no NetworkPolicy enforcement.
+pods that are never scheduled, eviction and OOM kills, and deletes held (the pod keeps running,
+Ready, with its ``deletionTimestamp`` set, as while a kubelet has not confirmed the delete). Not a
+Kubernetes: no scheduler, no watch, no RBAC engine, no NetworkPolicy enforcement.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class FakeApiServer:
         self.forbidden: set[tuple[str, str]] = set()
         self.delay = 0.0
         self.hold_pending = False
+        self.hold_deletes = False  # a delete only sets deletionTimestamp until release_deletes()
         self.not_ready: set[str] = set()  # pods whose readiness probe fails (as a kubelet would report)
         self.pod_pids_limit = 128
         self.requests: list[tuple[str, str]] = []
@@ -163,15 +165,29 @@ class FakeApiServer:
 
     def delete_pod(self, ns: str, name: str) -> tuple[int, dict[str, Any]]:
         with self.lock:
-            pod = self.pods.pop((ns, name), None)
+            pod = self.pods.get((ns, name)) if self.hold_deletes else self.pods.pop((ns, name), None)
         if pod is None:
             return 404, _status(404, "NotFound", f'pods "{name}" not found')
+        if self.hold_deletes:  # accepted, not done: the pod runs on (and stays Ready)
+            with pod.lock:
+                meta = pod.body["metadata"]
+                meta.setdefault("deletionTimestamp", _now())
+                meta["deletionGracePeriodSeconds"] = 0
+                return 200, json.loads(json.dumps(pod.body))
         with pod.lock:
             pod.deleted = True
             container = pod.container
         if container is not None:
             threading.Thread(target=self._remove, args=(container,), daemon=True).start()
         return 200, pod.body
+
+    def release_deletes(self) -> None:
+        """Stop holding deletes and finish those held (pods with a ``deletionTimestamp``)."""
+        self.hold_deletes = False
+        with self.lock:
+            held = [(ns, n) for (ns, n), p in self.pods.items() if p.body["metadata"].get("deletionTimestamp")]
+        for ns, name in held:
+            self.delete_pod(ns, name)
 
     @staticmethod
     def _remove(container: Any) -> None:
