@@ -39,16 +39,16 @@ from .aliyun_config import (
     config_schema,
     with_env_fallbacks,
 )
-from .base import OutputCallback, SandboxProvider, check_run_inputs, check_timeout
+from .base import OutputCallback, SandboxProvider
 from .cloud_errors import is_connect_error, mask_secrets
-from .remote_agent import FILE_OP_TIMEOUT, RemoteAgent, python_cell
+from .remote_agent import FILE_OP_TIMEOUT, AgentRunsMixin, RemoteAgent, python_cell
 from .schema import check_config
 
 log = logging.getLogger("execbox.provider.aliyun")
 BASH_PROBE = "import os, shutil\nprint(bool(shutil.which('bash') or os.path.exists('/bin/bash')))"
 """The agent runs ``bash`` from PATH, else /bin/bash (agent/main.py)."""
 
-class AliyunCodeInterpreterProvider(AgentFilesMixin, SandboxProvider):
+class AliyunCodeInterpreterProvider(AgentRunsMixin, AgentFilesMixin, SandboxProvider):
     name = "aliyun_codeinterpreter"
     display_name = "Aliyun Code Interpreter (AgentRun)"
     description = "Alibaba Cloud AgentRun code-interpreter sandboxes (serverless microVMs) via agentrun-sdk."
@@ -250,30 +250,7 @@ class AliyunCodeInterpreterProvider(AgentFilesMixin, SandboxProvider):
               on_output: OutputCallback | None = None) -> Any:
         return agent.call(op, params, min(timeout, HARD_TIMEOUT), on_output)
 
-    def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
-                     arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
-                     on_output: OutputCallback | None = None,
-                     inline_artifacts: bool = False) -> ExecutionResult:
-        lang = Language.parse(language)
-        if context_id is not None:
-            raise self._unsupported("stateful contexts (context_id)")
-        check_run_inputs(code, arguments, timeout)
-        self._check_hard_limit(timeout)
-        return self._exec(instance_id, {"language": lang.value, "code": code, "arguments": arguments},
-                          float(timeout), on_output, inline_artifacts)
-
-    def run_command(self, instance_id: str, command: str, timeout: int = 30, *, cwd: str | None = None,
-                    env: dict[str, str] | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
-        """A shell command through the agent's bash, as e2b's (the cell only starts the agent)."""
-        if not isinstance(command, str) or not command.strip():
-            raise InvalidConfigError("command must be a non-empty string", details={"field": "command"})
-        check_timeout(timeout)
-        self._check_hard_limit(timeout)
-        return self._exec(instance_id, {"language": "bash", "code": command, "cwd": cwd, "env": env or {}},
-                          float(timeout), on_output, False)
-
-    @staticmethod
-    def _check_hard_limit(timeout: float) -> None:
+    def _check_hard_limit(self, timeout: float) -> None:
         if timeout > HARD_TIMEOUT:
             raise InvalidConfigError(f"timeout {timeout:g}s exceeds aliyun_codeinterpreter's hard limit of "
                                      f"{HARD_TIMEOUT}s", details={"field": "timeout", "max": HARD_TIMEOUT})

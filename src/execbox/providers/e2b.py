@@ -30,16 +30,16 @@ from ..errors import (
 )
 from ..models import ExecutionResult, Isolation, Language, SandboxInstance, make_instance_id
 from .agent_files import AgentFilesMixin
-from .base import OutputCallback, SandboxProvider, check_run_inputs, check_timeout
+from .base import OutputCallback, SandboxProvider
 from .cloud_errors import is_connect_error, mask_secrets
 from .e2b_config import MIN_SANDBOX_TTL, config_error, config_schema
 from .e2b_config import sdk as _sdk
-from .remote_agent import FILE_OP_TIMEOUT, RemoteAgent, shell_quote
+from .remote_agent import FILE_OP_TIMEOUT, AgentRunsMixin, RemoteAgent, shell_quote
 from .schema import check_config, parse_size
 
 log = logging.getLogger("execbox.provider.e2b")
 
-class E2BProvider(AgentFilesMixin, SandboxProvider):
+class E2BProvider(AgentRunsMixin, AgentFilesMixin, SandboxProvider):
     name = "e2b"
     display_name = "E2B"
     description = "E2B cloud sandboxes (Firecracker microVMs) via the official SDK."
@@ -182,25 +182,6 @@ class E2BProvider(AgentFilesMixin, SandboxProvider):
     def _call(self, agent: RemoteAgent, op: str, params: dict[str, Any], timeout: float = FILE_OP_TIMEOUT,
               on_output: OutputCallback | None = None) -> Any:
         return agent.call(op, params, timeout, on_output)
-
-    def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
-                     arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
-                     on_output: OutputCallback | None = None,
-                     inline_artifacts: bool = False) -> ExecutionResult:
-        lang = Language.parse(language)
-        check_run_inputs(code, arguments, timeout)
-        if context_id is not None:
-            raise self._unsupported("stateful contexts (context_id)")
-        return self._exec(instance_id, {"language": lang.value, "code": code, "arguments": arguments},
-                          float(timeout), on_output, inline_artifacts)
-
-    def run_command(self, instance_id: str, command: str, timeout: int = 30, *, cwd: str | None = None,
-                    env: dict[str, str] | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
-        if not isinstance(command, str) or not command.strip():
-            raise InvalidConfigError("command must be a non-empty string", details={"field": "command"})
-        check_timeout(timeout)
-        return self._exec(instance_id, {"language": "bash", "code": command, "cwd": cwd, "env": env or {}},
-                          float(timeout), on_output, False)
 
     def _exec(self, instance_id: str, params: dict[str, Any], timeout: float, on_output: OutputCallback | None,
               inline_artifacts: bool) -> ExecutionResult:

@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 from ..agent import SHIPPED_SUFFIXES
 from ..boxes.agent_client import agent_error, reply_frame_limit
-from ..errors import ProviderUnavailableError, SandboxError
-from ..models import ExecutionResult
+from ..errors import InvalidConfigError, ProviderUnavailableError, SandboxError
+from ..models import ExecutionResult, Language
 from .agent_result import result_from_reply
-from .base import OutputCallback
+from .base import OutputCallback, check_run_inputs, check_timeout
 from .output_cap import OUTPUT_CAP, cap_text
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
@@ -80,6 +80,40 @@ def bundle_name() -> str:
 def installed_path() -> str:
     """Where the agent lives in a sandbox once its first run installed it."""
     return f"{INSTALL_DIR}/{bundle_name()}"
+
+
+class AgentRunsMixin:
+    """``execute_code`` and ``run_command`` of a cloud provider whose sandbox runs execbox's agent:
+    checked here, then one agent call (``_exec``); contexts are not mapped onto a cloud sandbox yet."""
+
+    def _exec(self, instance_id: str, params: dict[str, Any], timeout: float, on_output: OutputCallback | None,
+              inline_artifacts: bool) -> ExecutionResult:
+        raise NotImplementedError
+
+    def _check_hard_limit(self, timeout: float) -> None:
+        """A vendor's own ceiling on one call (none by default)."""
+
+    def execute_code(self, instance_id: str, code: str, language: str, timeout: int = 10,
+                     arguments: dict[str, Any] | None = None, *, context_id: str | None = None,
+                     on_output: OutputCallback | None = None,
+                     inline_artifacts: bool = False) -> ExecutionResult:
+        lang = Language.parse(language)
+        check_run_inputs(code, arguments, timeout)
+        if context_id is not None:
+            raise self._unsupported("stateful contexts (context_id)")  # type: ignore[attr-defined]
+        self._check_hard_limit(timeout)
+        return self._exec(instance_id, {"language": lang.value, "code": code, "arguments": arguments},
+                          float(timeout), on_output, inline_artifacts)
+
+    def run_command(self, instance_id: str, command: str, timeout: int = 30, *, cwd: str | None = None,
+                    env: dict[str, str] | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
+        """A shell command through the agent's bash (the vendor's own command API only starts the agent)."""
+        if not isinstance(command, str) or not command.strip():
+            raise InvalidConfigError("command must be a non-empty string", details={"field": "command"})
+        check_timeout(timeout)
+        self._check_hard_limit(timeout)
+        return self._exec(instance_id, {"language": "bash", "code": command, "cwd": cwd, "env": env or {}},
+                          float(timeout), on_output, False)
 
 
 class RemoteAgent:
