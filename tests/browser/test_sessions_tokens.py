@@ -70,7 +70,7 @@ def test_token_created_shown_once_listed_redacted_and_revoked(signed_in: Any, se
         assert c.get("/v1/sandbox/whoami").json()["tenant_id"] == "globex"
     row = page.locator("#tokens-table tr", has_text="ci bot")
     shown = row.locator("td[data-label=Token]").inner_text()
-    assert shown == f"{secret[:8]}...{secret[-4:]}"
+    assert shown == f"ebx_...{secret[-4:]}"  # the fixed tag and the last 4 only
     screenshot(page, "tokens-created")
 
     page.get_by_role("button", name="Done, hide it").click()

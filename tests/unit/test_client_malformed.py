@@ -94,6 +94,7 @@ def test_sdk_malformed_error_reply_is_typed(serve, status, body):
     with pytest.raises(SandboxError) as e:
         RemoteSandbox(srv.url, "tok", tenant_id="t").run_code("print(1)")
     assert e.value.http_status == int(status.split()[0])
+    assert e.value.code != "SB000"  # a foreign or malformed error reply is not an execbox bug
 
 
 @pytest.mark.parametrize("call", ["read", "read_bytes", "list", "glob", "grep", "write"])

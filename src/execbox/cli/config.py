@@ -42,7 +42,10 @@ def show(
     provider: str | None = typer.Argument(None, help="Only this provider."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (the admin API's GET /config shape)."),
 ) -> None:
-    """Print the active provider, the fallback list and each provider's settings (secrets redacted)."""
+    """Print the active provider, the fallback list and each provider's settings (secrets redacted).
+
+    A provider whose settings cannot be read (a secret under another key) is shown with its error,
+    and the command then exits 2."""
     from ..providers import registry
 
     try:
@@ -53,15 +56,19 @@ def show(
                 raise InvalidConfigError(f"unknown provider {provider!r}",
                                          details={"known": registry.provider_names()})
             out: dict[str, Any] = {"active": settings.active(), "fallback": settings.fallback()}
+            unreadable: list[SandboxError] = []
             for name in names:
                 try:
                     out[name] = settings.redacted(name)
                 except SandboxError as e:
                     out[name] = {"error": f"{e.code}: {e.message}"}
+                    unreadable.append(e)
     except SandboxError as e:
         fail(e)
     if as_json:
         typer.echo(json.dumps(out, indent=2, default=str))
+        if unreadable:
+            raise typer.Exit(2)
         return
     typer.echo(f"active:   {out['active'] or '(zero-config: jail)'}")
     typer.echo(f"fallback: {', '.join(out['fallback']) or '(none)'}")
@@ -70,6 +77,10 @@ def show(
         values = out[name]
         for key, value in values.items():
             typer.echo(f"  {key} = {json.dumps(value) if not isinstance(value, str) else value}")
+    for e in unreadable:
+        typer.echo(f"execbox: {e.code}: {e.message}", err=True)
+    if unreadable:
+        raise typer.Exit(2)
 
 
 def _parse_pairs(pairs: list[str], schema: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
@@ -98,7 +109,9 @@ def _parse_pairs(pairs: list[str], schema: dict[str, dict[str, Any]]) -> tuple[d
 @config_app.command("set")
 def set_(
     provider: str = typer.Argument(..., help="Provider id, e.g. local, jail, docker, e2b."),
-    pairs: list[str] = typer.Argument(None, help="key=value (key= removes a stored value; secret=? prompts)."),
+    pairs: list[str] = typer.Argument(
+        None, help="key=value (key= removes a stored value; secret=? prompts). A list setting takes "
+                   "comma-separated values (network_allow=pypi.org,files.pythonhosted.org), not JSON."),
     activate: bool = typer.Option(False, "--activate", help="Also make this provider active."),
     test: bool = typer.Option(False, "--test", help="Run a probe program first; store only if it passes."),
 ) -> None:

@@ -83,11 +83,15 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     probe: bool = typer.Option(True, "--probe/--no-probe", help="Run print(1) on the zero-config provider."),
 ) -> None:
-    """Show which isolation tiers work on this host (gvisor > container > jail > none) and why not."""
+    """Show which isolation tiers work on this host (gvisor > container > jail > none) and why not.
+
+    Exits 1 when no provider is usable here or the probe run fails (so scripts and readiness
+    checks can use it), 0 otherwise."""
     report = collect(probe)
+    code = exit_code(report)
     if as_json:
         typer.echo(json.dumps(report, indent=2, default=str))
-        return
+        raise typer.Exit(code)
     from rich.console import Console
     from rich.table import Table
 
@@ -115,6 +119,15 @@ def doctor(
                       f"{pr.get('error', '')}")
         if pr.get("pool"):
             console.print(f"  pool: {pr['pool']}")
+    raise typer.Exit(code)
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """1 when no provider is usable (no zero-config choice) or the probe failed, else 0."""
+    if not report["zero_config"].get("provider"):
+        return 1
+    probe = report.get("probe")
+    return 1 if probe is not None and not probe.get("ok") else 0
 
 
 def register(app: typer.Typer) -> None:

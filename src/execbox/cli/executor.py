@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from ..errors import SandboxError
+from ._options import LOG_LEVEL, LogLevel
 
 
 def _fail(message: str) -> None:
@@ -24,10 +25,12 @@ def _fail(message: str) -> None:
 
 def executor(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind (RAGFlow's executor uses 9385).")] = 9385,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind (RAGFlow's executor uses 9385).")] = 9385,
     provider: Annotated[str | None, typer.Option(
-        help="Provider to run code on (default: SANDBOX_TYPE, else the jail).")] = None,
-    config: Annotated[str | None, typer.Option(help="Provider config as a JSON object.")] = None,
+        help="Provider to run code on (default: the settings store's active provider when a store exists, "
+             "else SANDBOX_TYPE, else the jail).")] = None,
+    config: Annotated[str | None, typer.Option(
+        help="Provider config as a JSON object, over the settings the store holds for the provider.")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="EXECBOX_EXECUTOR_TOKEN",
         help="Bearer token clients must send. Prefer the EXECBOX_EXECUTOR_TOKEN environment variable: a "
@@ -42,15 +45,19 @@ def executor(
         show_default=False)] = None,
     allow_no_isolation: Annotated[bool, typer.Option(
         help="Allow the 'local' provider (no isolation) on a non-loopback address.")] = False,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    log_level: LogLevel = LOG_LEVEL,
 ) -> None:
-    """Serve RAGFlow's executor API (POST /run, GET /healthz) on the active provider."""
+    """Serve RAGFlow's executor API (POST /run, GET /healthz) on the active provider.
+
+    The active provider and its settings come from the settings store (EXECBOX_DATABASE_URL, or
+    execbox.db in EXECBOX_DATA_DIR) when one exists, as `execbox config` set them; none is created."""
     import uvicorn
 
     from ..models import Isolation
     from ..sdk.local import get_sandbox
     from ..service.fd_limit import raise_open_file_limit
     from ..service.routes.executor_compat import ExecutorAuth, create_executor_app, is_loopback
+    from ._stored import stored_provider
 
     public = not is_loopback(host)
     if public and not token and not allow_unauthenticated:
@@ -60,6 +67,7 @@ def executor(
         cfg = json.loads(config) if config else None
         if cfg is not None and not isinstance(cfg, dict):
             _fail("--config must be a JSON object")
+        provider, cfg, from_store = stored_provider(provider, cfg)
         raise_open_file_limit()  # before the first box starts (service/fd_limit.py)
         prov = get_sandbox(provider, cfg)
     except json.JSONDecodeError as e:
@@ -77,14 +85,15 @@ def executor(
                                  allowed_hosts=extra_hosts)
     mode = "open (loopback)" if auth.open and not public else ("open (--allow-unauthenticated)" if auth.open
                                                               else "bearer token")
-    typer.echo(f"execbox executor: provider={prov.name} isolation={prov.isolation.value} auth={mode} "
+    source = " (settings store)" if from_store else ""
+    typer.echo(f"execbox executor: provider={prov.name}{source} isolation={prov.isolation.value} auth={mode} "
                f"listening on http://{host}:{port}", err=True)
     if auth.open:
         names = ", ".join(sorted(auth.hosts)) + (", any IP address" if auth.any_ip else "")
         typer.echo(f"open /run answers JSON requests without a foreign Origin, for Host: {names}", err=True)
     if prov.selection_note:
         typer.echo(f"note: {prov.selection_note}", err=True)
-    uvicorn.run(create_executor_app(prov, auth=auth), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_executor_app(prov, auth=auth), host=host, port=port, log_level=LogLevel(log_level).value)
 
 
 def register(app: typer.Typer) -> None:

@@ -54,8 +54,10 @@ def run(
     language: str | None = typer.Option(None, "--language", "-l",
                                         help="python, javascript (nodejs, js) or bash; default from the extension."),
     args: str | None = typer.Option(None, "--args", help="JSON object passed to main() as arguments."),
-    provider: str | None = typer.Option(None, "--provider", "-p",
-                                        help="Provider name; default SANDBOX_TYPE, else the jail."),
+    provider: str | None = typer.Option(
+        None, "--provider", "-p",
+        help="Provider name; default: the settings store's active provider when a store exists, else "
+             "SANDBOX_TYPE, else the jail. A store's settings for the provider apply."),
     timeout: str | None = typer.Option(None, "--timeout", "-t", help="Timeout: '30', '30s', '1m'."),
     show_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON instead of the output."),
 ) -> None:
@@ -66,6 +68,7 @@ def run(
     """
     from ..sdk.local import execute_code
     from ..settings import parse_duration
+    from ._stored import stored_provider
 
     try:
         if file == "-":
@@ -83,7 +86,9 @@ def run(
                     f"cannot tell the language of {file!r} from its extension; pass --language",
                     details={"field": "language"})
         seconds = parse_duration(timeout, "--timeout") if timeout is not None else None
-        result = execute_code(code, lang, seconds, _parse_args_json(args), provider=provider)
+        arguments = _parse_args_json(args)
+        name, config, _ = stored_provider(provider, None)  # its endpoint, key and limits, as configured
+        result = execute_code(code, lang, seconds, arguments, provider=name, config=config)
     except SandboxError as e:
         _fail(e, show_json)
         return

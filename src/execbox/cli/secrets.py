@@ -183,17 +183,41 @@ def remove_stale_key_temps(directory: Path) -> list[str]:
 
 @secrets_app.command("status")
 def status() -> None:
-    """Show where the key comes from and its id (never the key)."""
+    """Show where the key comes from and its id (never the key), and check every stored secret
+    against it: exits 2 (SB002, naming the key each needs) when one cannot be decrypted, as after
+    restoring a database without its key or setting the wrong EXECBOX_SECRET_KEY."""
+    from ..providers import registry
+    from ..service import crypto
     from ..service.store.sandbox_settings import SandboxSettings
 
+    problems: list[SandboxError] = []
     try:
         with store_from_cli() as store:
-            ring = SandboxSettings(store).keyring
+            settings = SandboxSettings(store)
+            ring = settings.keyring
             typer.echo(f"key source: {ring.source}")
             typer.echo(f"key id:     {ring.primary_id}")
             typer.echo(f"old keys:   {len(ring.others)}")
+            in_use = settings.key_ids_in_use()
+            typer.echo(f"in use:     {', '.join(sorted(in_use)) or '(no stored secrets)'}")
+            for name in registry.provider_names():  # decrypting is the whole check: key id and data
+                try:
+                    settings.decrypted(name)
+                except SandboxError as e:
+                    problems.append(e)
+            missing = sorted(in_use - {ring.primary_id, *(crypto.key_id(k) for k in ring.others)})
+            if missing and not problems:  # e.g. only E2B sandboxes' env vars use it
+                problems.append(InvalidConfigError(
+                    f"stored secrets are encrypted with key(s) {', '.join(missing)}, but the configured key "
+                    f"({ring.source}) is {ring.primary_id}. Set EXECBOX_SECRET_KEY (or restore the key file) to "
+                    "the key used when they were saved.",
+                    details={"key_ids": missing, "configured_key_id": ring.primary_id}))
     except SandboxError as e:
         fail(e)
+    for problem in problems:
+        typer.echo(f"execbox: {problem.code}: {problem.message}", err=True)
+    if problems:
+        raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:

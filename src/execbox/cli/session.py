@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -65,10 +66,19 @@ def ls(
     Console().print(table)
 
 
-def _call(method: str, url: str, token: str, path: str) -> dict[str, Any]:
+def _call(method: str, url: str, token: str, tenant: str, session: str, action: str) -> dict[str, Any]:
     """One call to the service, bounded (CALL_DEADLINE, MAX_RESPONSE_BYTES) and shape-checked: any
-    failure is ``execbox: SB...`` and exit 2, never a traceback."""
+    failure is ``execbox: SB...`` and exit 2, never a traceback. ``tenant`` and ``session`` must be
+    names the service accepts (SB002 otherwise) and are percent-encoded: each stays one path
+    segment, so '../x' cannot reach another route."""
+    from ..service.sessions.workspace import check_name  # the service's rule for both ids
+
     base = url.rstrip("/")
+    try:
+        path = f"{quote(check_name(tenant, 'tenant_id'), safe='')}/{quote(check_name(session, 'session_id'), safe='')}"
+    except SandboxError as e:  # '..' or 'a/b' would otherwise name another route
+        fail(e)
+    path += f"/{action}"
     try:
         with clamp_client(httpx.Client(timeout=120)) as http, deadline(
                 CALL_DEADLINE, ConnectionFailedError,
@@ -89,7 +99,7 @@ def _call(method: str, url: str, token: str, path: str) -> dict[str, Any]:
 def pause(tenant: str = typer.Argument(...), session: str = typer.Argument(...), url: str = URL,
           token: str = TOKEN) -> None:
     """Stop the session's box (CPU and memory freed); its files stay until the retention ends."""
-    out = _call("POST", url, token, f"{tenant}/{session}/pause")
+    out = _call("POST", url, token, tenant, session, "pause")
     typer.echo(f"paused {tenant}/{session}; deleted after {_when(out.get('expires_at'))} unless resumed")
 
 
@@ -97,7 +107,7 @@ def pause(tenant: str = typer.Argument(...), session: str = typer.Argument(...),
 def resume(tenant: str = typer.Argument(...), session: str = typer.Argument(...), url: str = URL,
            token: str = TOKEN) -> None:
     """Start a paused session's box again, under the same session id."""
-    out = _call("POST", url, token, f"{tenant}/{session}/resume")
+    out = _call("POST", url, token, tenant, session, "resume")
     lost = " (in-memory contexts were lost; files intact)" if out.get("contexts_lost") else ""
     typer.echo(f"resumed {tenant}/{session} on {out.get('owner')}{lost}")
 
@@ -106,7 +116,7 @@ def resume(tenant: str = typer.Argument(...), session: str = typer.Argument(...)
 def rm(tenant: str = typer.Argument(...), session: str = typer.Argument(...), url: str = URL,
        token: str = TOKEN) -> None:
     """Destroy the session: its box, its workspace and its registry row (its tenant's token, or admin)."""
-    _call("POST", url, token, f"{tenant}/{session}/close")
+    _call("POST", url, token, tenant, session, "close")
     typer.echo(f"removed {tenant}/{session}")
 
 

@@ -15,13 +15,17 @@ token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_h
 
 @token_app.command("create")
 def create(
-    tenant: str = typer.Option(..., "--tenant", "-t", help="Tenant the token acts for."),
+    tenant: str = typer.Option(..., "--tenant", "-t", help="Tenant the token acts for: 1-64 letters, digits, "
+                                                          "'_', '.' or '-' (not starting with '.' or '-')."),
     admin: bool = typer.Option(False, "--admin", help="Admin token (admin API and console)."),
     name: str | None = typer.Option(None, "--name", "-n", help="A label to recognise the token by."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
+    from ..service.sessions.workspace import check_name  # the service's own rule for tenant ids
+
     try:
+        check_name(tenant, "tenant_id")  # a tenant id every sandbox request would refuse: SB002 now
         with store_from_cli() as store:
             rec, plaintext = store.tokens.create(tenant, "admin" if admin else "tenant", name)
     except SandboxError as e:
@@ -39,7 +43,7 @@ def list_(
     all_: bool = typer.Option(False, "--all", help="Include revoked tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """List tokens (never whole: prefix and last 4 characters)."""
+    """List tokens (never whole: the fixed ebx_ tag and the last 4 characters)."""
     try:
         with store_from_cli() as store:
             records = store.tokens.list(include_revoked=all_)

@@ -6,6 +6,7 @@ with the same per-field messages.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -79,6 +80,8 @@ def _coerce(field: str, spec: dict[str, Any], value: Any) -> Any:
                 raise ValueError("must be a number") from None
         if not isinstance(value, (int, float)):
             raise ValueError("must be a number")
+        if not math.isfinite(value):  # NaN passes every min/max comparison; not valid JSON either
+            raise ValueError("must be a finite number")
     elif kind == "boolean":
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
             value = value.lower() in ("true", "1", "yes", "on")

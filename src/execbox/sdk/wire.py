@@ -14,7 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import ConnectionFailedError, SandboxClosedError, SandboxError, error_from_dict
+from ..errors import (
+    ConnectionFailedError,
+    ProviderUnavailableError,
+    SandboxClosedError,
+    SandboxError,
+    error_from_dict,
+)
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback
 from .bounded import MAX_RESPONSE_BYTES, too_large
@@ -104,9 +110,10 @@ def reply_error(reply: Reply) -> SandboxError:
     except ValueError:
         payload = None
     err = payload.get("error") if isinstance(payload, dict) else None
-    if not isinstance(err, dict):
+    if not isinstance(err, dict):  # a proxy's page, another server's 500: not an execbox bug (SB000)
         text = reply.content[:200].decode("utf-8", "replace")
-        return SandboxError(f"HTTP {status} from {reply.path}: {text}", http_status=status)
+        return ProviderUnavailableError(f"HTTP {status} from {reply.path} did not carry execbox's error object: "
+                                        f"{text}", http_status=status)
     return typed_error(err, status)
 
 

@@ -23,12 +23,13 @@ from fastapi.routing import APIRoute
 from .. import __version__
 from ..web import mount as mount_console
 from ..web import tokens_api
+from . import api_docs
 from .config import ServiceSettings
 from .container import Services
 from .disconnect import CancelOnDisconnect
 from .e2b_compat import install as install_e2b
 from .egress_service import install as install_egress
-from .errors import BodyLimit, install_error_handlers
+from .errors import ADMIN_BODY_LIMITS, BodyLimit, install_error_handlers
 from .executions import RunService
 from .forward_watch import OwnerWatch
 from .forwarding import ForwardToOwner
@@ -42,6 +43,7 @@ from .routes.executor_compat import ExecutorAuth, ExecutorDeps
 from .session_headers import SessionHeaders
 from .sessions import ProviderSource, SessionManager
 from .store.sandbox_settings import SandboxSettings
+from .token_gate import TokenGate
 
 log = logging.getLogger("execbox.service")
 
@@ -152,17 +154,20 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
             if owns_providers and hasattr(providers, "shutdown"):
                 await anyio.to_thread.run_sync(providers.shutdown)
 
-    app = FastAPI(title="execbox", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="execbox", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Multi-tenant code sandbox: run untrusted Python, JavaScript and bash in "
                               "isolated per-session workspaces. Errors: {\"error\": {code, message, details}}.")
     app.state.services = svc  # routes read it via container.services
     app.state.executor = svc.executor  # what the RAGFlow /run routes read (also in the standalone app)
     install_error_handlers(app)
+    if settings.api_docs:  # /docs and /redoc load a CDN's scripts: off unless asked for (api_docs.py)
+        api_docs.install(app)
     install_egress(app, svc)  # issue 14: egress audit, tenant caps, routes
     app.add_middleware(SessionHeaders)  # innermost: X-Execbox-Session-Created / -Create-Session (any status)
     app.add_middleware(ForwardToOwner, replica=sessions.replica,  # inside BodyLimit: bodies are bounded
                        watch=OwnerWatch(sessions.registry.get, settings.lease_ttl) if sessions.fences() else None)
     app.add_middleware(CancelOnDisconnect)  # a plain execute/bash run whose client left is cancelled
+    app.add_middleware(TokenGate, services=svc)  # outside ForwardToOwner: no token, no body read
 
     app.include_router(health.router)  # first: its /healthz wins over the executor's
     # the gateway API, public and direct paths
@@ -181,7 +186,8 @@ def create_app(store: Any | None = None, providers: ProviderSource | None = None
     install_e2b(app, svc)  # E2B-compatible control plane + sandbox URL (docs/e2b-compat.md)
     # outermost (added last): every request, the E2B sandbox URL's included, is bounded before parsing
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, metrics=metrics,
-                       shapes=executor_compat.BODY_SHAPES)  # /run answers 413 in its own shape
+                       shapes=executor_compat.BODY_SHAPES,  # /run answers 413 in its own shape
+                       limits=ADMIN_BODY_LIMITS)  # admin bodies are small
     if WEB_STATIC.is_dir():
         mount_console(app, "/admin", WEB_STATIC)  # with the console's security headers (web/__init__.py)
     return app

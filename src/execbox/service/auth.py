@@ -39,17 +39,31 @@ class Principal:
         return self.role == "admin"
 
 
-def bearer_token(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
+def bearer_value(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value (scheme case-insensitive)."""
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         return None
     return value.strip()
 
 
-def authenticate(request: Request, store: Any) -> Principal:
-    """The caller of ``request`` by its bearer token, checked against ``store.tokens``."""
-    token = bearer_token(request)
+def bearer_token(request: Request) -> str | None:
+    return bearer_value(request.headers.get("authorization", ""))
+
+
+VERIFIED = "execbox.verified_token"
+"""Scope key: ``(token, TokenRecord)`` the token gate (token_gate.py) verified for this request
+before its body was read; ``authenticate`` uses it instead of asking the store a second time."""
+
+
+def verified(scope: Any, token: str) -> Any | None:
+    """The record the token gate verified for ``token`` in this request, or None."""
+    found = scope.get(VERIFIED)
+    return found[1] if found is not None and found[0] == token else None
+
+
+def verify_token(token: str | None, store: Any) -> Any:
+    """The live token record for ``token``; AuthError (401) when it is missing, unknown or revoked."""
     if token is None:
         raise AuthError("missing bearer token: send 'Authorization: Bearer <token>' "
                         "(create one with `execbox token create`)",
@@ -59,6 +73,17 @@ def authenticate(request: Request, store: Any) -> Principal:
     record = store.tokens.verify(token)
     if record is None:
         raise AuthError("invalid or revoked token", details={"header": "Authorization"})
+    return record
+
+
+def authenticate(request: Request, store: Any) -> Principal:
+    """The caller of ``request`` by its bearer token, checked against ``store.tokens`` (once per
+    request: the token gate's check is reused)."""
+    token = bearer_token(request)
+    record = verified(request.scope, token) if token is not None else None
+    if record is None:
+        record = verify_token(token, store)
+        request.scope[VERIFIED] = (token, record)
     return Principal(token_id=record.id, tenant_id=record.tenant_id, role=record.role)
 
 

@@ -79,6 +79,9 @@ class ServiceSettings:
     (after a grace of a minute for readers still at it); the rest is dropped, and said so in reads."""
     audit_code: bool = False
     """SANDBOX_AUDIT_CODE: store the code itself in the audit table (off: only its sha256)."""
+    api_docs: bool = False
+    """EXECBOX_API_DOCS: serve /docs (Swagger UI) and /redoc, which load scripts from a CDN
+    (service/api_docs.py); off: only /openapi.json."""
     reap_interval: float = 0.0
     """Seconds between idle sweeps; 0 derives it from idle_timeout."""
     data_dir: str = ""
@@ -177,6 +180,8 @@ class ServiceSettings:
                 values[attr] = parse_days(raw, var)
         if (raw := get("SANDBOX_AUDIT_CODE")) is not None:
             values["audit_code"] = parse_bool(raw, "SANDBOX_AUDIT_CODE")
+        if (raw := get("EXECBOX_API_DOCS")) is not None:
+            values["api_docs"] = parse_bool(raw, "EXECBOX_API_DOCS")
         known = {f.name for f in fields(cls)}
         values.update({k: v for k, v in overrides.items() if k in known and v is not None})
         floor = values.get("tenant_background_floor_bytes")

@@ -141,6 +141,12 @@ class BodyTooLarge(StarletteHTTPException):
         super().__init__(413, message)
 
 
+ADMIN_BODY_BYTES = 1024 * 1024
+ADMIN_BODY_LIMITS = {"/api/admin/": ADMIN_BODY_BYTES}
+"""BodyLimit's ``limits`` for execbox's app: the admin API's bodies are a provider configuration or
+a token name (a few KiB), so they stop at 1 MiB, not at SANDBOX_MAX_REQUEST_BYTES (review 47, F3)."""
+
+
 class BodyLimit:
     """ASGI middleware: refuse bodies over ``max_bytes`` with 413 (declared length or counted stream).
 
@@ -155,32 +161,42 @@ class BodyLimit:
     DRAIN_SECONDS = 15.0
 
     def __init__(self, app: ASGIApp, max_bytes: int, metrics: ServiceMetrics,
-                 shapes: dict[str, Callable[[PayloadTooLargeError], Response]] | None = None) -> None:
+                 shapes: dict[str, Callable[[PayloadTooLargeError], Response]] | None = None,
+                 limits: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.metrics = metrics
         self.shapes = shapes or {}
         """Path -> the 413 answer in that route's own shape (RAGFlow's /run: executor_compat.too_large);
         every other path gets the one error shape."""
+        self.limits = limits or {}
+        """Path prefix -> a smaller limit for the paths under it (ADMIN_BODY_LIMITS)."""
 
-    def _too_large(self) -> PayloadTooLargeError:
-        return PayloadTooLargeError(f"request body exceeds the limit of {self.max_bytes} bytes",
-                                    details={"field": "body", "limit": self.max_bytes})
+    def limit_for(self, path: str) -> int:
+        return min([self.max_bytes, *(n for prefix, n in self.limits.items() if path.startswith(prefix))])
+
+    def _too_large(self, limit: int | None = None, path: str = "") -> PayloadTooLargeError:
+        limit = self.max_bytes if limit is None else limit
+        where = next((f" for {prefix}* routes" for prefix, n in self.limits.items()
+                      if path.startswith(prefix) and n == limit and n < self.max_bytes), "")
+        return PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes{where}",
+                                    details={"field": "body", "limit": limit})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope.get("path", ""))
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    declared = int(value) if len(value) <= 20 else self.max_bytes + 1
+                    declared = int(value) if len(value) <= 20 else limit + 1
                 except ValueError:
                     declared = 0
-                if declared > self.max_bytes:
-                    if declared <= self.DRAIN_FACTOR * self.max_bytes:
+                if declared > limit:
+                    if declared <= self.DRAIN_FACTOR * limit:
                         await self._drain(receive, declared)
-                    await self._reject(scope, receive, send)
+                    await self._reject(scope, receive, send, limit)
                     return
         seen = 0
         started = False
@@ -192,8 +208,8 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 ended = not message.get("more_body")
-                if seen > self.max_bytes:  # FastAPI passes HTTPException through body parsing
-                    raise BodyTooLarge(self._too_large().message)
+                if seen > limit:  # FastAPI passes HTTPException through body parsing
+                    raise BodyTooLarge(self._too_large(limit, scope.get("path", "")).message)
             return message
 
         async def watched(message: Message) -> None:
@@ -208,8 +224,8 @@ class BodyLimit:
             if started:  # a streamed answer already began: nothing more can be said
                 return
             if not ended:
-                await self._drain(receive, self.DRAIN_FACTOR * self.max_bytes - seen)
-            await self._reject(scope, receive, send)
+                await self._drain(receive, self.DRAIN_FACTOR * limit - seen)
+            await self._reject(scope, receive, send, limit)
 
     async def _drain(self, receive: Receive, budget: int) -> None:
         """Read and drop the body's rest, up to ``budget`` bytes and ``DRAIN_SECONDS``."""
@@ -228,8 +244,8 @@ class BodyLimit:
         except TimeoutError:
             pass
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        err = self._too_large()
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int | None = None) -> None:
+        err = self._too_large(limit, scope.get("path", ""))
         shape = self.shapes.get(scope.get("path", ""))
         response = shape(err) if shape is not None else JSONResponse(err.to_dict(), status_code=413)
         response.headers["Connection"] = "close"

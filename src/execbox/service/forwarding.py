@@ -33,6 +33,7 @@ from .config import internal_secret, replica_base_url
 from .errors import error_response
 from .forward_watch import OwnerWatch
 from .streaming import sse
+from .token_paths import scheme_for
 
 log = logging.getLogger("execbox.service.forwarding")
 
@@ -112,7 +113,9 @@ class ForwardToOwner:
         self.watch = watch
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in NEVER_FORWARDED:
+        if scope["type"] != "http" or scope["path"] in NEVER_FORWARDED or scheme_for(scope["path"]) is None:
+            # only a token route can answer "owned elsewhere", and its token was checked before
+            # this (token_gate.py): no other body is held here (an unknown path's neither)
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []

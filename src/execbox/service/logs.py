@@ -72,6 +72,15 @@ def memory_mb(metadata: dict[str, Any]) -> float | None:
     return round(kb / 1024, 2) if isinstance(kb, (int, float)) else None
 
 
+def db_error(e: BaseException) -> str:
+    """A failed statement, for the log: the exception's type and the driver's first line only.
+    Never SQLAlchemy's parameter list (the engines hide it anyway) nor PostgreSQL's DETAIL
+    ("Failing row contains (...)"), which would put the submitted code in the log."""
+    cause = getattr(e, "orig", None) or e
+    first = (str(cause).strip().splitlines() or [""])[0][:200]
+    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+
+
 BATCH_LINGER = 0.05  # seconds the writer waits for more records before a transaction
 RETENTION_ENV = "EXECBOX_AUDIT_DAYS"  # how long audit rows are kept (store/retention.py)
 DEFAULT_RETENTION_DAYS = 365.0
@@ -140,25 +149,40 @@ class AuditWriter:
         try:
             self._insert_many(rows, begins, ends)
             return
-        except Exception:  # noqa: BLE001 - the audit trail must not take the service down
-            log.exception("writing %d audit records failed; retrying one by one", len(rows))
+        except Exception as e:  # noqa: BLE001 - the audit trail must not take the service down
+            log.error("writing %d audit records failed (%s); retrying one by one", len(rows), db_error(e))
         for fields in rows:
-            try:
-                self._store.audit.record(**fields)
-            except Exception:  # noqa: BLE001
-                log.exception("writing an audit record failed")
+            self._write_one(fields)
         try:
             self._insert_many([], begins, ends)
-        except Exception:  # noqa: BLE001
-            log.exception("filing %d started runs failed", len(begins) + len(ends))
+        except Exception as e:  # noqa: BLE001
+            log.error("filing %d started runs failed (%s)", len(begins) + len(ends), db_error(e))
+
+    def _write_one(self, fields: dict[str, Any]) -> None:
+        """One row on its own; one that still fails is written without its code rather than lost
+        (the run happened: tenant, token, code hash and status must stay on record). Logged
+        without the statement's values or the database's detail (db_error): no code in the log."""
+        try:
+            self._store.audit.record(**fields)
+            return
+        except Exception as e:  # noqa: BLE001
+            if fields.get("code") is None:
+                log.error("writing an audit record failed (%s); dropped", db_error(e))
+                return
+            log.error("writing an audit record failed (%s); writing it without its code", db_error(e))
+        try:
+            self._store.audit.record(**{**fields, "code": None})
+        except Exception as e:  # noqa: BLE001
+            log.error("writing an audit record without its code failed (%s); dropped", db_error(e))
 
     def _insert_many(self, batch: list[dict[str, Any]], begins: list[dict[str, Any]], ends: set[str]) -> None:
         from sqlalchemy import insert
 
         from .store import audit_inflight
         from .store.models import AuditEntry
+        from .store.repos import audit_row
 
-        rows = [{name: fields.get(name) for name in sorted(AUDIT_FIELDS)} for fields in batch]
+        rows = [audit_row({k: v for k, v in fields.items() if k in AUDIT_FIELDS}) for fields in batch]
         with self._store.engine.begin() as conn:
             if rows:
                 conn.execute(insert(AuditEntry), rows)

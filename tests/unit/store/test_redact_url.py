@@ -33,3 +33,15 @@ def test_an_unusable_database_url_error_does_not_quote_the_password(tmp_path):
     with pytest.raises(InvalidConfigError) as e:
         open_store(tmp_path, url=f"postgresql://u:{PW}@host:notaport/db")
     assert PW not in str(e.value) and PW not in repr(e.value.details)
+
+
+def test_an_unescaped_at_in_the_password_hides_all_of_it(tmp_path):
+    """SQLAlchemy parses ``u:Sup3r@Tail5ecret@host`` as password ``Sup3r`` on host
+    ``Tail5ecret@host``: the tail must not be shown as part of the host (review 50, F6)."""
+    url = "postgresql://u:Sup3r@Tail5ecret@127.0.0.1:5432/x"
+    assert redact_url(url) == "postgresql://****@127.0.0.1:5432/x"
+    assert redact_url(url.replace("postgresql", "postgresql+psycopg")) == "postgresql+psycopg://****@127.0.0.1:5432/x"
+    with pytest.raises(InvalidConfigError, match="percent-encode special characters") as e:
+        open_store(tmp_path, url=url)
+    for part in ("Sup3r", "Tail5ecret"):
+        assert part not in str(e.value) and part not in repr(e.value.details)

@@ -18,9 +18,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ...errors import SandboxError
-from ..auth import Principal
+from ..auth import Principal, verified
 from ..container import services
 from ..forwarding import TARGET
+from ..store.safe_text import control_character
 from .registry import MAX_TIMEOUT, E2BSandbox, Registry, new_sandbox_id
 from .sandbox_http import clip, parse_json
 from .templates import TemplateRefused, runtime_for
@@ -54,7 +55,8 @@ def principal(request: Request) -> Principal:
     if not token:
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else None
-    record = services(request).store.tokens.verify(token) if token else None
+    # the token gate (token_gate.py) verified it before the body was read: reused, not asked again
+    record = (verified(request.scope, token) or services(request).store.tokens.verify(token)) if token else None
     if record is None:
         raise E2BError(401, "invalid or missing API key (use an execbox token as E2B_API_KEY)")
     return Principal(token_id=record.id, tenant_id=record.tenant_id, role=record.role)
@@ -127,6 +129,8 @@ async def create(request: Request) -> Response:
         template = body.get("templateID")
         if not isinstance(template, str) or not template:
             raise E2BError(400, "templateID is required")
+        if control_character(template):  # stored with the sandbox: PostgreSQL refuses a NUL (500)
+            raise E2BError(400, "templateID must not contain control characters")
         sb = E2BSandbox(new_sandbox_id(), who.tenant_id, template,
                         _str_map(body.get("metadata"), "metadata"), _str_map(body.get("envVars"), "envVars"),
                         time.time() + _timeout(body.get("timeout")), token_id=who.token_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import ConnectionFailedError, InvalidConfigError, SandboxError
@@ -18,6 +18,7 @@ from ...providers import registry
 from ..auth import Principal, require_admin
 from ..container import services
 from ..provider_probe import probe
+from ..sessions import NAME_PATTERN
 from ..store.sandbox_settings import SandboxSettings
 
 router = APIRouter(prefix="/api/admin/sandbox", tags=["admin"])
@@ -198,10 +199,14 @@ def status(request: Request, _: Principal = Depends(require_admin)) -> dict[str,
 
 
 AUDIT_MAX_LIMIT = 1000
+MAX_ENTRY_ID = 2**63 - 1
+"""Audit ids are BIGINT: a larger one is a 400 naming the parameter, not a driver overflow (500)."""
 
 
 @router.get("/audit")
-def audit(request: Request, limit: int = 100, tenant_id: str | None = None, before_id: int | None = None,
+def audit(request: Request, limit: int = 100,
+          tenant_id: str | None = Query(None, pattern=NAME_PATTERN, max_length=64),
+          before_id: int | None = Query(None, ge=1, le=MAX_ENTRY_ID),
           since: float | None = None, until: float | None = None,
           _: Principal = Depends(require_admin)) -> dict[str, Any]:
     """Newest audit entries first, without the code (``has_code`` says whether a row has it:
@@ -209,8 +214,6 @@ def audit(request: Request, limit: int = 100, tenant_id: str | None = None, befo
     ``next_before_id`` pages back; ``since``/``until`` (epoch seconds) bound the time."""
     if not 1 <= limit <= AUDIT_MAX_LIMIT:
         raise InvalidConfigError("limit must be between 1 and 1000", details={"fields": {"limit": "1..1000"}})
-    if before_id is not None and before_id < 1:
-        raise InvalidConfigError("before_id must be a positive entry id", details={"fields": {"before_id": ">= 1"}})
     for name, value in (("since", since), ("until", until)):
         if value is not None and not math.isfinite(value):
             raise InvalidConfigError(f"{name} must be a time in epoch seconds", details={"fields": {name: "finite"}})
@@ -222,9 +225,10 @@ def audit(request: Request, limit: int = 100, tenant_id: str | None = None, befo
 
 
 @router.get("/audit/{entry_id}")
-def audit_entry(request: Request, entry_id: int, _: Principal = Depends(require_admin)) -> dict[str, Any]:
+def audit_entry(request: Request, entry_id: int = Path(ge=1, le=MAX_ENTRY_ID),
+                _: Principal = Depends(require_admin)) -> dict[str, Any]:
     """One audit entry with its code (null unless SANDBOX_AUDIT_CODE was on when it ran)."""
-    row = services(request).store.audit.get(entry_id) if entry_id >= 1 else None
+    row = services(request).store.audit.get(entry_id)
     if row is None:
         raise InvalidConfigError(f"no audit entry {entry_id}", details={"id": entry_id}, http_status=404)
     return {"data": row}

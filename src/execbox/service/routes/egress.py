@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...egress import audit as egress_audit
@@ -26,6 +26,11 @@ router = APIRouter(tags=["egress"], responses=ERROR_RESPONSES)
 
 def _name() -> Any:
     return Path(pattern=NAME_PATTERN, max_length=64)
+
+
+FILTER_PATTERN = f"^$|{NAME_PATTERN}"
+"""A tenant/session filter: a name as the session routes take it, or empty (no filter). Anything
+else is 400 naming the parameter (a NUL made PostgreSQL's driver fail: 500; review 47 F1)."""
 DECISIONS = ("allowed", "denied", "limited")
 
 
@@ -43,7 +48,9 @@ def _service(request: Request) -> Any:
 
 
 @router.get("/api/admin/egress/audit", summary="Egress connection attempts, newest first (admin)")
-def audit(request: Request, limit: int = 100, tenant_id: str | None = None, session_id: str | None = None,
+def audit(request: Request, limit: int = 100,
+          tenant_id: str | None = Query(None, pattern=FILTER_PATTERN, max_length=64),
+          session_id: str | None = Query(None, pattern=FILTER_PATTERN, max_length=64),
           decision: str | None = None, _: Principal = Depends(require_admin)) -> dict[str, Any]:
     if not 1 <= limit <= 1000:
         raise InvalidConfigError("limit must be between 1 and 1000", details={"fields": {"limit": "1..1000"}})

@@ -17,6 +17,7 @@ from sqlalchemy import delete, insert, or_, select
 from sqlalchemy.engine import Connection, Engine
 
 from .models import AuditEntry, AuditInflight
+from .repos import AUDIT_FIELDS, audit_row
 
 STALE_AFTER = 86400.0
 """Seconds after which any replica's left-over entry is recovered (a replica that never came back)."""
@@ -47,7 +48,7 @@ def recover(engine: Engine, replica: str, stale_after: float = STALE_AFTER) -> i
             fields = json.loads(entry.record)
             fields.update(status="interrupted", duration_ms=None, exit_code=None, memory_used_mb=None,
                           error_code=None)
-            rows.append({name: fields.get(name) for name in AuditEntry.__table__.c.keys() if name != "id"})
+            rows.append(audit_row({k: v for k, v in fields.items() if k in AUDIT_FIELDS}))  # NUL escaped
         conn.execute(insert(AuditEntry), rows)
         conn.execute(delete(AuditInflight).where(AuditInflight.key.in_([e.key for e in left])))
     return len(rows)

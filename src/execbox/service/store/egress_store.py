@@ -19,8 +19,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 from ...egress.audit import AuditRecord
 from ...egress.policy import EgressPolicy, parse_policy
 from ...errors import InvalidConfigError
+from ..logs import db_error
 from .models import Base
 from .retention import Pruner, delete_older
+from .safe_text import storable_fields
 
 log = logging.getLogger("execbox.egress")
 CAPS_SETTING = "egress.tenant_caps"
@@ -54,23 +56,51 @@ FIELDS = ("ts", "tenant_id", "session_id", "run_id", "box", "kind", "host", "ip"
           "bytes_up", "bytes_down", "duration_ms", "injected")
 
 
+class PartlyWritten(Exception):
+    """Some rows of a batch could not be written even one by one (the others were)."""
+
+    def __init__(self, failed: int, total: int) -> None:
+        super().__init__(f"{failed} of {total} egress audit records could not be written")
+        self.failed = failed
+
+
 class EgressAuditRepo:
     def __init__(self, sessions: Any) -> None:
         self._sessions = sessions
 
     def insert_many(self, records: list[AuditRecord]) -> None:
+        """One transaction for the batch; should it fail, each row on its own, so one bad row
+        cannot cost the other attempts' records. Host names come from the boxes' own DNS queries
+        (any bytes): NUL and lone surrogates are stored escaped (safe_text), as PostgreSQL
+        refuses NUL in text."""
         rows = []
         for r in records:
             d = r.to_dict()
-            row = {k: d.get(k) for k in FIELDS}
+            row = storable_fields({k: d.get(k) for k in FIELDS})
             for k in ("reason", "host", "box", "tenant_id", "session_id", "run_id"):
                 length = EgressAuditEntry.__table__.c[k].type.length
                 if isinstance(row[k], str) and len(row[k]) > length:
                     row[k] = row[k][:length]
             rows.append(row)
-        if rows:
+        if not rows:
+            return
+        try:
             with self._sessions.begin() as s:
                 s.execute(insert(EgressAuditEntry), rows)
+            return
+        except Exception as e:  # noqa: BLE001 - retried row by row below
+            if len(rows) == 1:
+                raise
+            log.error("egress audit: writing %d records failed (%s); retrying one by one", len(rows), db_error(e))
+        failed = 0
+        for row in rows:
+            try:
+                with self._sessions.begin() as s:
+                    s.execute(insert(EgressAuditEntry), [row])
+            except Exception:  # noqa: BLE001
+                failed += 1
+        if failed:
+            raise PartlyWritten(failed, len(rows))
 
     def prune(self, older_than: float) -> int:
         """Delete rows written before ``older_than`` (epoch seconds); returns how many."""
@@ -142,6 +172,9 @@ class EgressAuditWriter:
                     break
             try:
                 self.repo.insert_many(batch)
+            except PartlyWritten as e:
+                self.dropped += e.failed
+                log.error("egress audit: %s", e)
             except Exception:  # noqa: BLE001 - the data path never waits on the store
                 self.dropped += len(batch)  # lost for good; execbox_egress_audit_dropped_total says so
                 log.exception("egress audit: %d records not written", len(batch))

@@ -13,14 +13,16 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from ...errors import InvalidConfigError, ProviderUnavailableError
 from .repos import AuditRepo, SettingsRepo, TokensRepo
+from .schema_revisions import check_upgrade
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 DEFAULT_DATA_DIR = "./.execbox"
@@ -60,9 +62,13 @@ def redact_url(url: str) -> str:
     """The database URL with its password hidden, for logs, errors and the admin status: the
     ``user:password@`` password (also with an empty user) and the value of every password-like query
     parameter (``?password=``, ``sslpassword``, ``token``...). A string SQLAlchemy cannot parse is
-    masked by pattern instead: everything before the last ``@`` and secret-like parameter values."""
+    masked by pattern instead: everything before the last ``@`` and secret-like parameter values.
+    So is one whose host holds an ``@``: SQLAlchemy ends the password at the first ``@`` of an
+    unescaped one and takes the rest of it for the host (review 50, F6)."""
     try:
         parsed = make_url(url)
+        if "@" in (parsed.host or ""):
+            return _redact_unparsable(url)
         secret_params = {k: _SENTINEL for k in parsed.query if _SECRET_PARAM.search(k)}
         if secret_params:
             parsed = parsed.update_query_dict(secret_params)
@@ -91,7 +97,7 @@ def _scrub(message: str, url: str) -> str:
     secrets: list[str] = []
     try:
         parsed = make_url(url)
-        secrets += [parsed.password or ""]
+        secrets += [parsed.password or "", (parsed.host or "").rpartition("@")[0]]
         secrets += [v for k, vals in parsed.query.items() if _SECRET_PARAM.search(k)
                     for v in ((vals,) if isinstance(vals, str) else vals)]
     except Exception:  # noqa: BLE001 - unparsable: what the pattern would hide
@@ -138,8 +144,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     dialect = engine.dialect.name
     if dialect == "sqlite":
         with _file_lock(engine), engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
+            _migrate(cfg, conn, revision)
         return
     lock, unlock = {
         "postgresql": (f"SELECT pg_advisory_lock({MIGRATION_LOCK})", f"SELECT pg_advisory_unlock({MIGRATION_LOCK})"),
@@ -151,12 +156,24 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             conn.commit()
         try:
             with conn.begin():
-                cfg.attributes["connection"] = conn
-                command.upgrade(cfg, revision)
+                _migrate(cfg, conn, revision)
         finally:
             if unlock:
                 conn.exec_driver_sql(unlock)
                 conn.commit()
+
+
+def _migrate(cfg: Config, conn: Connection, revision: str) -> None:
+    """command.upgrade, after refusing (SB002) a database from a newer execbox, an unknown target
+    and a downgrade (schema_revisions.check_upgrade); checked under the migration lock."""
+    database = redact_url(conn.engine.url.render_as_string(hide_password=False))
+    check_upgrade(MigrationContext.configure(conn).get_current_revision(), revision, database)
+    cfg.attributes["connection"] = conn
+    try:
+        command.upgrade(cfg, revision)
+    except CommandError as e:  # anything check_upgrade did not foresee: still SB002, no traceback
+        raise InvalidConfigError(f"cannot migrate the settings database {database} to {revision!r}: {e}",
+                                 details={"database": database, "revision": revision}) from None
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -198,12 +215,14 @@ PG_POOL_TIMEOUT = 10  # seconds a request waits for a free pooled connection
 
 
 def _make_engine(url: str) -> Engine:
+    """``hide_parameters``: a failing statement's error (logged with its traceback) never carries
+    the values bound to it: submitted code, file paths, token names (review 47, F2)."""
     if url.startswith("sqlite"):
         memory = url in ("sqlite://", "sqlite:///:memory:")
         if not memory:
             _private_db_file(make_url(url).database or "")
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
-                               **({"poolclass": StaticPool} if memory else {}))
+                               hide_parameters=True, **({"poolclass": StaticPool} if memory else {}))
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:
@@ -220,6 +239,7 @@ def _make_engine(url: str) -> Engine:
     # hanging them: libpq gives up connecting after PG_CONNECT_TIMEOUT and on a connection whose
     # sent data goes unacknowledged for PG_TCP_USER_TIMEOUT_MS; keepalives find dead peers.
     return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800, pool_timeout=PG_POOL_TIMEOUT,
+                         hide_parameters=True,
                          connect_args={"connect_timeout": PG_CONNECT_TIMEOUT,
                                        "tcp_user_timeout": PG_TCP_USER_TIMEOUT_MS, "keepalives": 1,
                                        "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3})
@@ -277,7 +297,8 @@ def open_store(data_dir: str | os.PathLike[str] | None = None, url: str | None =
     path = data_dir_path(data_dir)
     full_url = database_url(path, url)
     try:
-        make_url(full_url)
+        if "@" in (make_url(full_url).host or ""):  # an unescaped '@' in the password (review 50, F6)
+            raise ValueError("'@' in the host")
     except Exception:  # noqa: BLE001 - ArgumentError, ValueError (a port that is not a number), ...
         # never the parser's text: it quotes a fragment of the URL, e.g. the tail of a password
         # with an unescaped '@' (review 36, F6)
@@ -297,6 +318,9 @@ def open_store(data_dir: str | os.PathLike[str] | None = None, url: str | None =
         else:
             with engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
+    except InvalidConfigError:  # a database from a newer execbox (schema_revisions): SB002
+        engine.dispose()
+        raise
     except SQLAlchemyError as e:
         engine.dispose()
         raise ProviderUnavailableError(

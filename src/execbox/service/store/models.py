@@ -27,7 +27,8 @@ class SystemSetting(Base):
 
 
 class Token(Base):
-    """An API token. Only its SHA-256 is stored; prefix/last4 let people tell tokens apart."""
+    """An API token. Only its SHA-256 is stored; last4 lets people tell tokens apart (``prefix`` is
+    the fixed ``ebx_`` tag; rows from before review 47 hold 4 more characters, never shown)."""
 
     __tablename__ = "tokens"
 

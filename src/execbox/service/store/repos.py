@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ...errors import InvalidConfigError
 from .models import AuditEntry, SystemSetting, Token
 from .retention import delete_older
+from .safe_text import control_character, storable_fields
 
 TOKEN_PREFIX = "ebx_"
 ROLES = ("tenant", "admin")
@@ -167,8 +168,10 @@ class TokenRecord:
 
     @property
     def display(self) -> str:
-        """How a token is shown anywhere: never whole."""
-        return f"{self.prefix}...{self.last4}"
+        """How a token is shown anywhere: the fixed ``ebx_`` tag and the last 4 characters, no
+        more of the secret (rows made before review 47 store 4 random characters in ``prefix``:
+        never shown)."""
+        return f"{TOKEN_PREFIX}...{self.last4}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "tenant_id": self.tenant_id, "role": self.role, "name": self.name,
@@ -194,9 +197,13 @@ class TokensRepo:
         if not tenant_id or len(tenant_id) > 128:
             raise InvalidConfigError("tenant_id must be 1-128 characters",
                                      details={"fields": {"tenant_id": "invalid"}})
+        bad = control_character(name) if name is not None else None
+        if bad is not None or (name is not None and len(name) > 128):
+            raise InvalidConfigError(f"name must be at most 128 characters without control characters"
+                                     f"{f' (found {bad})' if bad else ''}", details={"fields": {"name": "invalid"}})
         plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
         row = Token(id="tok_" + secrets.token_hex(8), token_hash=hash_token(plaintext),
-                    prefix=plaintext[:8], last4=plaintext[-4:], tenant_id=tenant_id, role=role,
+                    prefix=TOKEN_PREFIX, last4=plaintext[-4:], tenant_id=tenant_id, role=role,
                     name=name, created_at=time.time(), revoked_at=None)
         with self._sessions.begin() as s:
             s.add(row)
@@ -257,6 +264,33 @@ AUDIT_FIELDS = ("tenant_id", "provider", "operation", "instance_id", "session_id
                 "created_at")
 
 
+def audit_row(fields: dict[str, Any]) -> dict[str, Any]:
+    """The row to insert for one audit record (every column named), whatever a tenant put in
+    it: NUL and lone surrogates escaped (safe_text; PostgreSQL refuses NUL), over-long values
+    clipped to their column (marked), defaults filled in. Used by ``record`` and by the audit
+    writer's batches alike, so no path inserts a row this has not seen."""
+    unknown = set(fields) - set(AUDIT_FIELDS)
+    if unknown:
+        raise InvalidConfigError(f"unknown audit fields: {', '.join(sorted(unknown))}")
+    fields = dict(fields)
+    if fields.get("code") is not None and not fields.get("code_hash"):  # of the code as submitted
+        fields["code_hash"] = "sha256:" + hashlib.sha256(
+            str(fields["code"]).encode("utf-8", "surrogatepass")).hexdigest()
+    fields = storable_fields(fields)
+    # An over-long identifier must not cost the whole record: clip to the column (marked).
+    for name, value in fields.items():
+        length = getattr(AuditEntry.__table__.c[name].type, "length", None)
+        if length and isinstance(value, str) and len(value) > length:
+            fields[name] = value[:length - 1] + "…"
+    if fields.get("created_at") is None:
+        fields["created_at"] = time.time()
+    if not fields.get("tenant_id"):
+        fields["tenant_id"] = "default"
+    if not fields.get("operation"):
+        fields["operation"] = "execute"
+    return {name: fields.get(name) for name in AUDIT_FIELDS}
+
+
 class AuditRepo:
     """Append-only log of sandbox operations."""
 
@@ -264,21 +298,9 @@ class AuditRepo:
         self._sessions = sessions
 
     def record(self, **fields: Any) -> None:
-        unknown = set(fields) - set(AUDIT_FIELDS)
-        if unknown:
-            raise InvalidConfigError(f"unknown audit fields: {', '.join(sorted(unknown))}")
-        if fields.get("code") is not None and not fields.get("code_hash"):
-            fields["code_hash"] = "sha256:" + hashlib.sha256(str(fields["code"]).encode()).hexdigest()
-        # An over-long identifier must not cost the whole record: clip to the column (marked).
-        for name, value in fields.items():
-            length = getattr(AuditEntry.__table__.c[name].type, "length", None)
-            if length and isinstance(value, str) and len(value) > length:
-                fields[name] = value[:length - 1] + "…"
-        fields.setdefault("created_at", time.time())
-        fields.setdefault("tenant_id", "default")
-        fields.setdefault("operation", "execute")
+        row = audit_row(fields)
         with self._sessions.begin() as s:
-            s.execute(insert(AuditEntry).values(**fields))
+            s.execute(insert(AuditEntry).values(**row))
 
     def prune(self, older_than: float) -> int:
         """Delete rows written before ``older_than`` (epoch seconds); returns how many."""
@@ -321,4 +343,4 @@ def _audit_row(row: Any) -> dict[str, Any]:
     return out
 
 
-__all__ = ["AuditRepo", "SettingRecord", "SettingsRepo", "TokenRecord", "TokensRepo", "hash_token"]
+__all__ = ["AuditRepo", "audit_row", "SettingRecord", "SettingsRepo", "TokenRecord", "TokensRepo", "hash_token"]

@@ -5,6 +5,9 @@ per provider ``sandbox.<provider>`` holding only the values an operator set (sch
 applied on read, so a new default reaches existing installs), and ``sandbox.fallback`` (JSON
 list). ``secret: true`` fields are stored as AES-256-GCM ciphertext (``execbox.service.crypto``)
 and leave this module only decrypted for a provider, or redacted for people.
+
+What the first boot writes comes from sandbox_seed.py; how secret fields are shown, kept and
+checked (printable ASCII: they are HTTP header values) from secret_fields.py.
 """
 
 from __future__ import annotations
@@ -19,109 +22,47 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ...errors import InvalidConfigError, SandboxError
+from ...errors import InvalidConfigError
 from ...providers import registry
 from ...providers.base import SandboxProvider
 from ...providers.schema import validate_against_schema
-from ...settings import parse_duration, sandbox_type
 from ..crypto import (
     KEY_FILE,
     PENDING_KEY_FILE,
     PREVIOUS_KEY_FILE,
-    REDACTED_PREFIX,
     KeyRing,
     SecretKeyError,
     ciphertext_key_id,
     is_encrypted,
-    is_redacted,
     load_keyring,
-    redact,
 )
 from .engine import Store
 from .models import SystemSetting
 from .repos import SettingsRepo, _lock_for_write
+from .sandbox_seed import (  # noqa: F401 - the row names, re-exported
+    ACTIVE,
+    FALLBACK,
+    PREFIX,
+    first_boot_rows,
+    provider_schema,
+    schema_or_none,
+    setting_name,
+)
+from .secret_fields import (  # noqa: F401 - moved_destinations, shown_secret, STRUCTURED_SECRETS: re-exported
+    STRUCTURED_SECRETS,
+    moved_destinations,
+    resolve_secrets,
+    shown_secret,
+    stored_secret_problems,
+)
 
 log = logging.getLogger("execbox.config")
-
-ACTIVE = "sandbox.provider_type"
-FALLBACK = "sandbox.fallback"
-PREFIX = "sandbox."
-SEED_ENV = "EXECBOX_SEED_FILE"
-
-# Env vars applied on first boot only: (provider, field). The field is applied when the provider's
-# schema has it. Besides these, EXECBOX_<PROVIDER>_<FIELD> sets any schema field.
-ENV_FIELDS: dict[str, tuple[str, str]] = {
-    "E2B_API_KEY": ("e2b", "api_key"),
-    "E2B_DOMAIN": ("e2b", "domain"),
-    "E2B_TEMPLATE": ("e2b", "template"),
-    "AGENTRUN_ACCESS_KEY_ID": ("aliyun_codeinterpreter", "access_key_id"),
-    "AGENTRUN_ACCESS_KEY_SECRET": ("aliyun_codeinterpreter", "access_key_secret"),
-    "AGENTRUN_ACCOUNT_ID": ("aliyun_codeinterpreter", "account_id"),
-    "AGENTRUN_REGION": ("aliyun_codeinterpreter", "region"),
-    "SANDBOX_EXECUTOR_ENDPOINT": ("self_managed", "endpoint"),
-}
-
-
-def setting_name(provider: str) -> str:
-    return PREFIX + provider
-
-
-def default_seed_file() -> Path | None:
-    """EXECBOX_SEED_FILE, else conf/system_settings.json of the source tree or the working dir."""
-    if os.environ.get(SEED_ENV):
-        return Path(os.environ[SEED_ENV])
-    for base in (Path(__file__).resolve().parents[4], Path.cwd()):
-        path = base / "conf" / "system_settings.json"
-        if path.is_file():
-            return path
-    return None
-
-
-def read_seed(path: Path | None) -> dict[str, tuple[str, str]]:
-    """{name: (data_type, value)} from a RAGFlow-style ``{"system_settings": [...]}`` file."""
-    if path is None:
-        return {ACTIVE: ("string", ""), FALLBACK: ("json", "[]")}
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InvalidConfigError(f"seed file {path} is unreadable: {e}", details={"path": str(path)}) from None
-    out: dict[str, tuple[str, str]] = {}
-    for row in doc.get("system_settings", []):
-        value = row.get("value", "")
-        if not isinstance(value, str):
-            value = json.dumps(value)
-        out[str(row["name"])] = (str(row.get("data_type", "string")), value)
-    return out
-
-
-def provider_schema(name: str) -> dict[str, dict[str, Any]]:
-    return registry.get_provider_class(name).get_config_schema()
-
-
-def _schema_or_none(name: str) -> dict[str, dict[str, Any]] | None:
-    try:
-        return provider_schema(name)
-    except SandboxError:
-        return None
 
 
 def _field_for_message(message: str, schema: Mapping[str, Any]) -> str:
     """Attribute a validate_config message to the field it starts with, if any."""
     head = message.replace(":", " ").split(" ", 1)[0].strip()
     return head if head in schema else "config"
-
-
-def _destination_value(spec: Mapping[str, Any], value: Any) -> Any:
-    return spec.get("default", "") if value in (None, "") else value
-
-
-def moved_destinations(schema: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any],
-                       stored: Mapping[str, Any]) -> list[str]:
-    """The ``secret_destination`` fields (providers/base.py) whose value in ``config`` differs from
-    the stored one (an unset field counts as its schema default): where a stored secret must not
-    follow without being sent again."""
-    return [k for k, spec in schema.items() if spec.get("secret_destination")
-            and _destination_value(spec, config.get(k)) != _destination_value(spec, stored.get(k))]
 
 
 def _key_source_identity(data_dir: Path) -> tuple[Any, ...]:
@@ -138,20 +79,6 @@ def _key_source_identity(data_dir: Path) -> tuple[Any, ...]:
             out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(out)
 
-
-
-STRUCTURED_SECRETS = frozenset({"network_credentials"})
-"""Secret fields holding a JSON document ({host: {header: value}}): the last 4 characters of the
-text would be a fragment of some value (of any length) and JSON punctuation, so they show as
-``****`` only."""
-
-
-def shown_secret(field: str, value: str) -> str:
-    """A stored secret as people see it (and send back to keep it): ``crypto.redact``, or just
-    ``****`` for a structured one."""
-    if field in STRUCTURED_SECRETS:
-        return REDACTED_PREFIX if value else ""
-    return redact(value)
 
 class SandboxSettings:
     """The provider rows of the store, with secrets encrypted at rest.
@@ -199,56 +126,15 @@ class SandboxSettings:
     # -- first boot ------------------------------------------------------------------------
     def seed(self, seed_file: Path | None = None, env: Mapping[str, str] | None = None) -> bool:
         """On a store without ``sandbox.provider_type``: write the seed file's rows with the env
-        overrides applied. Returns False (and writes nothing) on any later boot."""
+        overrides applied (sandbox_seed.py), secrets encrypted. Returns False (and writes
+        nothing) on any later boot."""
         env = os.environ if env is None else env
         if self.store.settings.get(ACTIVE) is not None:
             return False
-        rows = read_seed(seed_file if seed_file is not None else default_seed_file())
-        configs: dict[str, dict[str, Any]] = {}
-        for name, (_dt, value) in rows.items():
-            if name.startswith(PREFIX) and name not in (ACTIVE, FALLBACK):
-                try:
-                    parsed = json.loads(value or "{}")
-                except json.JSONDecodeError:
-                    raise InvalidConfigError(f"seed row {name} is not JSON", details={"field": name}) from None
-                configs[name[len(PREFIX):]] = {k: v for k, v in parsed.items() if v not in ("", None)}
-        self._apply_env(configs, env)
-        active = sandbox_type(env) or rows.get(ACTIVE, ("string", ""))[1]
-        values: dict[str, str] = {ACTIVE: active, FALLBACK: rows.get(FALLBACK, ("json", "[]"))[1]}
-        types = {ACTIVE: "string", FALLBACK: "json"}
+        values, types, configs = first_boot_rows(seed_file, env)
         for provider, cfg in configs.items():
-            schema = _schema_or_none(provider)
-            if schema is not None:
-                dropped = sorted(set(cfg) - set(schema))
-                if dropped:
-                    log.info("seed: %s has no field(s) %s; ignored", provider, ", ".join(dropped))
-                cfg = {k: v for k, v in cfg.items() if k in schema}
-            values[setting_name(provider)] = json.dumps(self._encrypt(provider, cfg, schema or {}))
-            types[setting_name(provider)] = "json"
+            values[setting_name(provider)] = json.dumps(self._encrypt(provider, cfg, schema_or_none(provider) or {}))
         return self.store.settings.seed(values, source="seed", data_types=types)
-
-    @staticmethod
-    def _apply_env(configs: dict[str, dict[str, Any]], env: Mapping[str, str]) -> None:
-        timeout = env.get("SANDBOX_TIMEOUT_SEC", "").strip()
-        if timeout:
-            seconds = max(1, round(parse_duration(timeout, "SANDBOX_TIMEOUT_SEC")))
-            for provider in registry.provider_names():
-                schema = _schema_or_none(provider) or {}
-                if "timeout" in schema:
-                    configs.setdefault(provider, {})["timeout"] = seconds
-        for var, (provider, fld) in ENV_FIELDS.items():
-            if env.get(var, "").strip():
-                configs.setdefault(provider, {})[fld] = env[var].strip()
-        names = registry.provider_names()
-        for var, value in env.items():
-            if not var.startswith("EXECBOX_") or not value.strip():
-                continue
-            rest = var[len("EXECBOX_"):].lower()
-            for provider in names:
-                if rest.startswith(provider + "_"):
-                    fld = rest[len(provider) + 1:]
-                    if fld in (_schema_or_none(provider) or {}):
-                        configs.setdefault(provider, {})[fld] = value.strip()
 
     # -- reading ---------------------------------------------------------------------------
     def active(self) -> str | None:
@@ -333,30 +219,7 @@ class SandboxSettings:
             raise InvalidConfigError("config must be a JSON object",
                                      details={"provider": provider, "fields": {"config": "must be a JSON object"}})
         config = dict(config)
-        errors: dict[str, str] = {}
-        current: dict[str, Any] | None = None
-        for key, spec in schema.items():
-            if not spec.get("secret"):
-                continue
-            value = config.get(key)
-            if is_encrypted(value):
-                errors[key] = "looks like a stored ciphertext; send the secret itself"
-                continue
-            if value is None or is_redacted(value):
-                if current is None:
-                    current = self.decrypted(provider)
-                stored = current.get(key)
-                if not stored or (value is not None and shown_secret(key, stored) != value):
-                    if value is not None:
-                        errors[key] = "is a redacted placeholder that matches no stored secret; send the full value"
-                    continue
-                moved = moved_destinations(schema, config, current)
-                if moved:
-                    # the stored secret would go to where the new value points (an admin's listener):
-                    # only a secret sent with the change may go there
-                    errors[key] = f"re-enter {key} when {' and '.join(moved)} change{'s' if len(moved) == 1 else ''}"
-                    continue
-                config[key] = stored  # omitted, or its redacted value sent back unchanged: keep it
+        errors = resolve_secrets(schema, config, lambda: self.decrypted(provider))
         clean, schema_errors = validate_against_schema(schema, config, fill_defaults=False)
         errors = {**schema_errors, **errors}  # "re-enter api_key ..." says more than "is required"
         if not errors:
@@ -399,13 +262,30 @@ class SandboxSettings:
                 f"provider {provider!r} is not configured; save its configuration first",
                 details={"fields": {"provider": "not configured"}}, http_status=409)
         try:
-            self.effective(provider)
+            self.check_stored(provider)
         except InvalidConfigError as e:
             raise InvalidConfigError(
                 f"provider {provider!r} is not configured correctly: {e.message}",
                 details={"fields": {"provider": "not configured"}, "config_errors": e.details.get("fields", {})},
                 http_status=409) from None
         return self.store.settings.set(ACTIVE, provider, data_type="string")
+
+    def check_stored(self, provider: str) -> dict[str, Any]:
+        """The stored configuration (defaults applied) if it passes everything a new one must: the
+        schema, the secrets' own check (a row saved before it may hold a secret with a newline)
+        and the provider's ``validate_config``; SB002 naming the fields otherwise. Activation asks
+        this: a provider that could not serve one request is never made the active one."""
+        full = self.effective(provider)
+        schema = provider_schema(provider)
+        errors = stored_secret_problems(schema, full)
+        if not errors:
+            ok, message = registry.get_provider_class(provider)().validate_config(full)
+            if not ok:
+                errors[_field_for_message(message or "", schema)] = message or "rejected by the provider"
+        if errors:
+            raise InvalidConfigError("; ".join(f"{k}: {v}" for k, v in errors.items()),
+                                     details={"provider": provider, "fields": errors})
+        return full
 
     def set_fallback(self, providers: Any) -> float:
         if not isinstance(providers, list) or not all(isinstance(p, str) for p in providers):

@@ -27,7 +27,7 @@ if context.is_offline_mode():
 elif connection is not None:
     _run(connection)
 else:
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    engine = create_engine(config.get_main_option("sqlalchemy.url"), hide_parameters=True)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()
