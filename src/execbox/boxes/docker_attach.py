@@ -41,6 +41,12 @@ DRAIN_MAX = 1 << 20
 _RDHUP = getattr(select, "POLLRDHUP", 0)
 
 
+def open_attach(api: Any, container_id: str, probe: Callable[[], bool] | None = None) -> AttachTransport:
+    """A new attach stream (stdin, stdout, stderr) to a container's main process, the agent."""
+    sock = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+    return AttachTransport(sock, probe)
+
+
 class StreamClosed(BrokenPipeError):
     """The attach stream ended (or the container stopped) while a request was being sent."""
 

@@ -6,6 +6,11 @@ capabilities, no-new-privileges, no log driver; under runc also a capped devpts 
 host's block devices masked: docker_host.py, docker_masks.py), and the attach stream
 (docker_attach.py) is opened *before* start so the agent's ready frame cannot be missed. Never ``docker exec``: one
 long-lived stream per box. Owner labels live in docker_owner.py, OOM detection in docker_oom.py.
+
+The end of that stream does not prove the box dead: dockerd closes every attach stream when it
+stops, and an engine with ``--live-restore`` leaves the containers running. So a box handed
+out (``recoverable``) whose stream ended asks the engine first (docker_recover.py): a container
+that still runs is re-attached in place, its agent and contexts kept (review 52).
 """
 
 from __future__ import annotations
@@ -20,16 +25,17 @@ from ..agent import protocol
 from ..errors import SEE_LOG, BoxStartFailed, InstanceCreationError
 from .agent_client import AgentClient
 from .box import READY_TIMEOUT, Box
-from .docker_attach import AttachTransport
+from .docker_attach import AttachTransport, open_attach
 from .docker_host import HostSide
 from .docker_oom import at_memory_limit, engine_oom, exit_state, oom_file
+from .docker_recover import GONE, StreamRecovery
 from .docker_removals import Removals
 from .docker_spec import ContainerSpec  # re-exported too (providers, tests)
 from .oom_counter import OomCounter
 
 log = logging.getLogger("execbox.docker")
 
-class DockerBox(Box):
+class DockerBox(StreamRecovery, Box):
     """A running box container. Removal can be handed to a background reaper (``remover``)."""
 
     def __init__(self, name: str, client: AgentClient, docker_client: Any, container_id: str,
@@ -52,18 +58,23 @@ class DockerBox(Box):
         self.removals: Removals | None = None  # retries a failed removal (docker_removals.py)
         self._remove_lock = threading.Lock()
         self._removed = False
+        self._recover_lock = threading.Lock()
         transport.probe = self._running
 
     def alive(self) -> bool:
         """Not destroyed, and its agent's stream still open. A pooled box is never read while it
         waits, so a container killed (or lost with a dockerd restart) meanwhile showed only here:
-        ``ended()`` looks without waiting and without taking bytes from the agent client."""
-        if not super().alive():
+        ``ended()`` looks without waiting and without taking bytes from the agent client. A box
+        handed out whose stream ended is alive while its container runs (``recover``), or while
+        an engine with live-restore does not answer (it may still run: kept until it can tell)."""
+        if self.destroyed:
             return False
-        if self.transport.ended():
-            self.client.dead = self.client.dead or "stream closed"
-            return False
-        return True
+        if not self.transport.ended():
+            return not self.client.dead
+        if self.recoverable:
+            return self.recover() != GONE
+        self.client.dead = self.client.dead or "stream closed"
+        return False
 
     def _running(self) -> bool:
         """Does the engine say the container runs? (Asked by a stalled send; True when it cannot tell.)"""
@@ -195,8 +206,7 @@ def start_container(docker_client: Any, spec: ContainerSpec, host: HostSide,
     box: DockerBox | None = None
     try:
         container_id = api.create_container(**spec.create_args(api.api_version))["Id"]
-        sock = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-        transport = AttachTransport(sock)
+        transport = open_attach(api, container_id)
         api.start(container_id)
         client = AgentClient(transport, spec.name)
         box = DockerBox(spec.name, client, docker_client, container_id, spec, transport, host)
@@ -267,11 +277,10 @@ Python cell is interrupted, its context kept). The uid lease and host dir
                          cpus=(host.get("NanoCpus") or 0) / 1e9, pids_limit=int(host.get("PidsLimit") or 0),
                          host_workspace=workspace, run_as=side.uid)
     try:
-        sock = api.attach_socket(attrs["Id"], params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        transport = open_attach(api, attrs["Id"])
     except BaseException:
         side.detach()
         raise
-    transport = AttachTransport(sock)
     client = AgentClient(transport, spec.name)
     client.ids = itertools.count(1_000_000_000 + secrets.randbelow(1_000_000_000))
     try:

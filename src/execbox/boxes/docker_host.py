@@ -147,14 +147,29 @@ class HostSide:
             self.lease.release()
 
 
-def wait_unmounted(caller_dir: str, timeout: float = quota.RELEASE_WAIT_SECONDS) -> None:
+HELD_WAIT = 10.0
+"""Seconds a new box of a session waits for its previous box to let go of the workspace: its bind
+on the session dir, and the loop device of the workspace image (a lazy unmount keeps it until the
+old box's last process is gone: a runsc gofer can take seconds). Then quota.StillMounted, which the
+provider answers with SB009 ``previous_owner_holds_workspace`` and Retry-After (review 52: this
+waited the jail's 30 s, ``quota.RELEASE_WAIT_SECONDS``, for the loop device and then failed SB004)."""
+
+
+def wait_unmounted(caller_dir: str, timeout: float = HELD_WAIT) -> None:
     """Wait for the session's previous box to let go of its workspace: a destroyed box's
     container and mounts go in the background (quota.StillMounted after ``timeout``)."""
     deadline = time.monotonic() + timeout
-    while quota.is_mounted(caller_dir):
+    image = os.path.join(caller_dir, quota.PERSISTENT_IMAGE)
+    while True:
+        bound = quota.is_mounted(caller_dir)
+        loops = quota.loop_devices(image) if not bound and os.path.lexists(image) else []
+        if not bound and not loops:
+            return
         if time.monotonic() > deadline:
+            log.warning("docker: workspace %s still held after %.0fs: %s", caller_dir, timeout,
+                        "bound on the session dir" if bound else f"its image on {', '.join(loops)}")
             raise quota.StillMounted(f"workspace {os.path.basename(caller_dir)} is still mounted by another box")
-        time.sleep(0.02)
+        time.sleep(0.05)
 
 
 def chown_tree(root: str, uid: int) -> None:

@@ -10,7 +10,6 @@ dead predecessor left behind.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
@@ -49,7 +48,7 @@ from .docker_config import (
 )
 from .docker_hygiene import PROVIDER_LABEL, DockerHygieneMixin
 from .docker_prepare import NET_RUNTIME, DockerPrepareMixin
-from .docker_sessions import DockerSessionsMixin
+from .docker_sessions import DockerSessionsMixin, workspace_still_held
 from .docker_spares import DockerSparesMixin
 from .gpu_config import docker_device_ids, gpu_config_error, legacy_gpu
 from .schema import parse_size
@@ -89,6 +88,7 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
         self.engine_id = ""  # names this engine in host dirs and uid pins (docker_uid.engine_key)
         self._removals: Removals | None = None  # removals retried until the engine lets them
         self._pinger: Any = None  # a client with a short timeout, for _engine_answers (made by prepare)
+        self.live_restore = False  # the engine's LiveRestoreEnabled: its restarts leave containers running
 
     @staticmethod
     def get_config_schema() -> dict[str, dict[str, Any]]:
@@ -231,19 +231,6 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
                 raise
         return box
 
-    def _settle_workspace(self, workspace: str) -> None:
-        """Before a session's new box: its previous boxes' removals, which hold its workspace, are
-        finished now (docker_removals.py). While the engine does not answer, a quick SB009 instead
-        of waiting out the mount (docker_host.wait_unmounted)."""
-        if self._removals is not None:
-            self._removals.settle(workspace, self.name)
-        if os.path.exists(workspace) and quota.is_mounted(workspace):
-            try:
-                self.docker.ping()
-            except Exception as e:  # noqa: BLE001
-                if engine_unreachable(e):
-                    raise engine_unavailable(self.name) from None
-
     def _remove_later(self, job: Any) -> None:
         reaper = self._reaper
         if reaper is None:
@@ -284,13 +271,17 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
                                      tenant_id=tenant_id, session_id=session_id or "", instance_id=instance_id)
             except SandboxError:
                 raise
+            except quota.StillMounted:
+                pass  # SB009 below, outside this block (no chain: its own words, not the session layer's)
             except Exception as e:  # noqa: BLE001
                 if engine_unreachable(e):
                     log.warning("docker: could not start a container: %s", e)
                     raise engine_unavailable(self.name) from e
                 raise box_start_failed(self.name, e, "a container") from e
-            return self._register(Instance(instance_id, box, tenant_id, session_id, runtime=runtime),
-                                  workspace is not None)
+            else:
+                return self._register(Instance(instance_id, box, tenant_id, session_id, runtime=runtime),
+                                      workspace is not None)
+            raise workspace_still_held(self.name, session_id)
         wait, pool, since = float(self.config.get("pool_wait") or 0), self._pool, time.time()
         if not pool.status()["ready"] and engine_down(pool, 0.0) and not self._engine_answers():
             raise engine_unavailable(self.name)  # the refill keeps failing: no use waiting pool_wait
@@ -331,6 +322,7 @@ class DockerProvider(DockerPrepareMixin, DockerSessionsMixin, DockerSparesMixin,
 
     def _register(self, inst: Instance, keep_workspace: bool) -> SandboxInstance:
         inst.box.keep_workspace = keep_workspace
+        self._recoverable(inst.box)  # docker_sessions.py: re-attached when its stream ends
         self._bind_egress(inst)
         with self._lock:
             self._instances[inst.instance_id] = inst

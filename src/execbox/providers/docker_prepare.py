@@ -55,6 +55,7 @@ class DockerPrepareMixin:
             raise ProviderUnavailableError(engine_error(e), details={"provider": self.name}) from None
         runtimes = info.get("Runtimes") or {}
         self.engine_id = docker_uid.engine_key(info)
+        self.live_restore = bool(info.get("LiveRestoreEnabled"))  # boxes outlive its restarts (docker_sessions.py)
         wanted = cfg.get("runtime") or ""
         self._notes = []
         if wanted and wanted not in runtimes:

@@ -7,7 +7,9 @@ too), on a bridge of its own and without iptables, with the host's daemon.json (
 test of a bridged container failed "could not find bridge docker0"). The worker image
 is imported from the rootfs tarball the shared engine's fixture cached (``images.build_image``,
 ~6 s here); nothing is pulled. ``close`` removes every container on it, undoes their host side,
-stops it and deletes its directories.
+stops it and deletes its directories. With ``--live-restore`` in its flags a stop leaves the
+containers running (their shims outlive dockerd and its containerd), as on a production engine so
+configured.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 
 
 class PrivateEngine:
-    def __init__(self) -> None:
+    def __init__(self, flags: tuple[str, ...] = ()) -> None:
+        self.flags = list(flags)  # more dockerd flags, on every start (``--live-restore``)
         self.dir = tempfile.mkdtemp(prefix="xbd", dir="/tmp")  # short: containerd's socket path is bounded
         self.sock = os.path.join(self.dir, "docker.sock")
         self.url = f"unix://{self.sock}"
@@ -38,6 +41,7 @@ class PrivateEngine:
                 "--bridge", self.bridge, "--iptables=false", "--ip-masq=false", "--shutdown-timeout", "2"]
         if os.path.exists(DAEMON_JSON):
             argv += ["--config-file", DAEMON_JSON]
+        argv += self.flags
         log = open(os.path.join(self.dir, "dockerd.log"), "ab")  # noqa: SIM115 - the daemon's, closed by close()
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
         log.close()
@@ -93,6 +97,11 @@ class PrivateEngine:
     def close(self) -> None:
         from execbox.boxes import docker_host
 
+        if "--live-restore" in self.flags and self.proc is not None and self.proc.poll() is not None:
+            try:  # its containers outlive a stopped daemon: start it again to remove them
+                self.start()
+            except Exception:  # noqa: BLE001 - best effort
+                pass
         if self.proc is not None and self.proc.poll() is None and self.client is not None:
             try:
                 for c in self.client.containers.list(all=True, ignore_removed=True):

@@ -5,11 +5,13 @@ pool box's own workspace and for a session's directory alike, under runc and run
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
 
-from execbox.boxes import quota
+from execbox.boxes import docker_host, quota
+from execbox.errors import ProviderUnavailableError
 from execbox.providers.docker import DockerProvider
 from tests.conftest import require
 from tests.integration.docker.conftest import runtimes_of
@@ -65,3 +67,37 @@ def test_writing_past_the_quota_is_enospc_in_the_box(small, tmp_path, session_di
         while quota.is_mounted(ws) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert os.path.getsize(os.path.join(ws, quota.PERSISTENT_IMAGE)) == QUOTA_MB << 20
+
+
+def test_a_workspace_its_previous_box_still_holds_is_sb009_with_retry_after(small, tmp_path):
+    """Review 52, F1: a session's new box waited the jail's 30 s for the loop device of its
+    workspace image (a previous box's, released lazily once its last process is gone: a runsc
+    gofer, a live-restored container) and then failed SB004 "no capacity". Now it waits
+    ``docker_host.HELD_WAIT`` and answers SB009 ``previous_owner_holds_workspace`` with Retry-After,
+    as docs/sessions.md says; once the image is free the session starts with its files."""
+    require(os.geteuid() == 0 and quota.loop_quota_possible()[0], "root with loop devices")
+    ws = str(tmp_path / "held")
+    inst = small.create_instance(tenant_id="t", session_id="held", workspace=ws).instance_id
+    small.write_file(inst, "kept.txt", "kept")
+    small.destroy_instance(inst)
+    image = os.path.join(ws, quota.PERSISTENT_IMAGE)
+    deadline = time.monotonic() + 60
+    while (quota.is_mounted(ws) or quota.loop_devices(image)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    held = subprocess.run(["losetup", "--find", "--show", "--read-only", image], capture_output=True,  # noqa: S607
+                          text=True, check=True).stdout.strip()  # as a box's lingering loop device
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ProviderUnavailableError) as ei:
+            small.create_instance(tenant_id="t", session_id="held", workspace=ws)
+        took = time.monotonic() - t0
+    finally:
+        subprocess.run(["losetup", "-d", held], check=False)  # noqa: S603,S607
+    assert ei.value.details["reason"] == "previous_owner_holds_workspace"
+    assert getattr(ei.value, "retry_after", None) == 1
+    assert docker_host.HELD_WAIT - 1 < took < docker_host.HELD_WAIT + 10
+    inst = small.create_instance(tenant_id="t", session_id="held", workspace=ws).instance_id
+    try:
+        assert small.execute_code(inst, "print(open('kept.txt').read())", "python").stdout == "kept\n"
+    finally:
+        small.destroy_instance(inst)
