@@ -139,6 +139,21 @@ def validate_against_schema(schema: dict[str, dict[str, Any]], config: dict[str,
     return clean, errors
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def cross_field_errors(config: dict[str, Any]) -> dict[str, str]:
+    """``{field: error}`` for the rules that span fields (the schema checks one field at a time),
+    on a configuration with defaults applied. A default ``timeout`` above ``max_timeout`` would
+    make every run that names no timeout fail (SB002 "exceeds this provider's maximum"), so it is
+    refused when configured, naming ``timeout``."""
+    timeout, limit = config.get("timeout"), config.get("max_timeout")
+    if _number(timeout) and _number(limit) and timeout > limit:
+        return {"timeout": f"must be <= max_timeout ({limit})"}
+    return {}
+
+
 def check_config(schema: dict[str, dict[str, Any]], config: dict[str, Any], provider: str) -> dict[str, Any]:
     """validate_against_schema, raising SB002 with per-field details."""
     clean, errors = validate_against_schema(schema, config)

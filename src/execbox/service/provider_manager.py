@@ -31,9 +31,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..errors import InvalidConfigError, ProviderUnavailableError, SandboxError
 from ..providers import registry
 from ..providers.base import Isolation, SandboxProvider
-from ..settings import sandbox_type
 from .crypto import KeyRing
 from .store import Store
+from .store.sandbox_seed import warn_ignored_on_later_boot
 from .store.sandbox_settings import SandboxSettings
 
 log = logging.getLogger("execbox.providers")
@@ -87,11 +87,7 @@ class ProviderManager:
         self.retire_grace = retire_grace
         self.selection_note: str | None = None
         if seed and not self.settings.seed(seed_file, env):
-            wanted = sandbox_type(env)
-            stored = self.settings.active()
-            if wanted and stored and wanted != stored:
-                log.warning("SANDBOX_TYPE=%s is ignored: the settings store (the source of truth after "
-                            "first boot) has %s active; use `execbox config activate %s`", wanted, stored, wanted)
+            warn_ignored_on_later_boot(env, self.settings.active())
         self._lock = threading.RLock()
         self._version: float | None = None
         self._checked_at = 0.0

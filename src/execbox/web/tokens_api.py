@@ -16,11 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..errors import InvalidConfigError
 from ..service.auth import Principal, require_admin
 from ..service.container import services
+from ..service.sessions.workspace import NAME_PATTERN  # the service's one rule for tenant ids
 from ..service.store.safe_text import control_character
 
 router = APIRouter(prefix="/api/admin/tokens", tags=["admin tokens"])
-
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
 class UnknownTokenError(InvalidConfigError):

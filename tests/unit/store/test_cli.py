@@ -101,3 +101,12 @@ def test_secrets_rotate_with_env_key_and_previous(cli, monkeypatch):
     assert r.exit_code == 0 and "re-encrypted 1 secret" in r.stdout
     monkeypatch.delenv("EXECBOX_SECRET_KEY_PREVIOUS")
     assert "****6789" in cli("config", "show", "self_managed").stdout
+
+
+def test_config_set_refuses_timeout_above_max_timeout(cli):
+    """Review 50, F3: every run naming no timeout would fail SB002; nothing is stored."""
+    r = cli("config", "set", "local", "timeout=600", "max_timeout=60", "--activate")
+    assert r.exit_code == 2 and "timeout: must be <= max_timeout (60)" in r.output
+    assert cli("config", "set", "local", "max_timeout=10").exit_code == 2  # below the default timeout, 30
+    shown = json.loads(cli("config", "show", "local", "--json").stdout)
+    assert shown["active"] != "local" and (shown["local"]["timeout"], shown["local"]["max_timeout"]) == (30, 3600)

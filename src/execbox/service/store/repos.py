@@ -194,9 +194,12 @@ class TokensRepo:
         if role not in ROLES:
             raise InvalidConfigError(f"role must be one of {', '.join(ROLES)}",
                                      details={"fields": {"role": "invalid"}})
-        if not tenant_id or len(tenant_id) > 128:
-            raise InvalidConfigError("tenant_id must be 1-128 characters",
-                                     details={"fields": {"tenant_id": "invalid"}})
+        from ..sessions.workspace import check_name  # the service's one rule for tenant ids (lazy: light store)
+
+        try:
+            check_name(tenant_id, "tenant_id")  # a tenant every sandbox request would refuse: SB002 now
+        except InvalidConfigError as e:
+            raise InvalidConfigError(e.message, details={"fields": {"tenant_id": "invalid"}}) from None
         bad = control_character(name) if name is not None else None
         if bad is not None or (name is not None and len(name) > 128):
             raise InvalidConfigError(f"name must be at most 128 characters without control characters"

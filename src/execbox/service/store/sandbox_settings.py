@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from ...errors import InvalidConfigError
 from ...providers import registry
 from ...providers.base import SandboxProvider
-from ...providers.schema import validate_against_schema
+from ...providers.schema import cross_field_errors, validate_against_schema
 from ..crypto import (
     KEY_FILE,
     PENDING_KEY_FILE,
@@ -43,6 +43,7 @@ from .sandbox_seed import (  # noqa: F401 - the row names, re-exported
     ACTIVE,
     FALLBACK,
     PREFIX,
+    checked_first_boot,
     first_boot_rows,
     provider_schema,
     schema_or_none,
@@ -126,12 +127,15 @@ class SandboxSettings:
     # -- first boot ------------------------------------------------------------------------
     def seed(self, seed_file: Path | None = None, env: Mapping[str, str] | None = None) -> bool:
         """On a store without ``sandbox.provider_type``: write the seed file's rows with the env
-        overrides applied (sandbox_seed.py), secrets encrypted. Returns False (and writes
-        nothing) on any later boot."""
+        overrides applied (sandbox_seed.py), secrets encrypted. Each provider's configuration
+        passes :meth:`problems` (the admin API's validation) first: a value that cannot be used is
+        SB002 naming the variable (or seed row) it came from, and nothing is written. Returns False
+        (and writes nothing) on any later boot."""
         env = os.environ if env is None else env
         if self.store.settings.get(ACTIVE) is not None:
             return False
-        values, types, configs = first_boot_rows(seed_file, env)
+        values, types, configs, sources = first_boot_rows(seed_file, env)
+        configs = checked_first_boot(configs, sources, lambda p, c: self.problems(p, c, lambda: {}))
         for provider, cfg in configs.items():
             values[setting_name(provider)] = json.dumps(self._encrypt(provider, cfg, schema_or_none(provider) or {}))
         return self.store.settings.seed(values, source="seed", data_types=types)
@@ -206,32 +210,43 @@ class SandboxSettings:
 
     # -- writing ---------------------------------------------------------------------------
     def validate(self, provider: str, config: Any) -> dict[str, Any]:
-        """Schema + validate_config, with redacted (or omitted) secrets resolved to the stored ones
-        while every ``secret_destination`` field (endpoint, API URL, domain) keeps its stored value;
-        after such a change the secret must be sent again (SB002 "re-enter api_key when endpoint
-        changes"), so a stored secret is never sent somewhere new.
+        """Schema, the cross-field rules (``timeout`` <= ``max_timeout``) and validate_config, with
+        redacted (or omitted) secrets resolved to the stored ones while every ``secret_destination``
+        field (endpoint, API URL, domain) keeps its stored value; after such a change the secret
+        must be sent again (SB002 "re-enter api_key when endpoint changes"), so a stored secret is
+        never sent somewhere new.
 
         Returns the values to store (only what was given); raises SB002 with details.fields.
         """
-        cls = registry.get_provider_class(provider)
-        schema = cls.get_config_schema()
         if not isinstance(config, dict):
             raise InvalidConfigError("config must be a JSON object",
                                      details={"provider": provider, "fields": {"config": "must be a JSON object"}})
-        config = dict(config)
-        errors = resolve_secrets(schema, config, lambda: self.decrypted(provider))
-        clean, schema_errors = validate_against_schema(schema, config, fill_defaults=False)
-        errors = {**schema_errors, **errors}  # "re-enter api_key ..." says more than "is required"
-        if not errors:
-            full, _ = validate_against_schema(schema, clean)
-            ok, message = cls().validate_config(full)
-            if not ok:
-                errors[_field_for_message(message or "", schema)] = message or "rejected by the provider"
+        clean, errors = self.problems(provider, config)
         if errors:
             summary = "; ".join(f"{k}: {v}" for k, v in errors.items())
             raise InvalidConfigError(f"invalid {provider} configuration: {summary}",
                                      details={"provider": provider, "fields": errors})
         return clean
+
+    def problems(self, provider: str, config: dict[str, Any],
+                 load_stored: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """What :meth:`validate` checks, without raising: ``(clean values, {field: error})``.
+        ``load_stored``: the stored secrets a redacted or omitted one resolves to (default: this
+        provider's row; the first boot passes ``lambda: {}``)."""
+        cls = registry.get_provider_class(provider)
+        schema = cls.get_config_schema()
+        config = dict(config)
+        errors = resolve_secrets(schema, config, load_stored or (lambda: self.decrypted(provider)))
+        clean, schema_errors = validate_against_schema(schema, config, fill_defaults=False)
+        errors = {**schema_errors, **errors}  # "re-enter api_key ..." says more than "is required"
+        full, _ = validate_against_schema(schema, clean)  # the merged config: what a run would see
+        for field, problem in cross_field_errors(full).items():
+            errors.setdefault(field, problem)
+        if not errors:
+            ok, message = cls().validate_config(full)
+            if not ok:
+                errors[_field_for_message(message or "", schema)] = message or "rejected by the provider"
+        return clean, errors
 
     def _encrypt(self, provider: str, values: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(values)
@@ -272,12 +287,13 @@ class SandboxSettings:
 
     def check_stored(self, provider: str) -> dict[str, Any]:
         """The stored configuration (defaults applied) if it passes everything a new one must: the
-        schema, the secrets' own check (a row saved before it may hold a secret with a newline)
-        and the provider's ``validate_config``; SB002 naming the fields otherwise. Activation asks
-        this: a provider that could not serve one request is never made the active one."""
+        schema, the cross-field rules and the secrets' own check (a row saved before them may hold
+        ``timeout`` above ``max_timeout``, or a secret with a newline) and the provider's
+        ``validate_config``; SB002 naming the fields otherwise. Activation asks this: a provider
+        that could not serve one request is never made the active one."""
         full = self.effective(provider)
         schema = provider_schema(provider)
-        errors = stored_secret_problems(schema, full)
+        errors = {**cross_field_errors(full), **stored_secret_problems(schema, full)}
         if not errors:
             ok, message = registry.get_provider_class(provider)().validate_config(full)
             if not ok:
