@@ -170,3 +170,31 @@ def test_a_from_parent_s_records_are_checked_only_where_the_build_changed_them(t
     (site / "added-1.0.dist-info" / "direct_url.json").write_text("{}")
     with pytest.raises(RuntimeNotUsable, match="added-1.0"):
         build_sources.check_pip_sources(str(tmp_path), before)
+
+
+def test_a_build_box_that_does_not_end_is_never_walked_by_the_host(tmp_path, monkeypatch):
+    """own_tree runs as root over what the box wrote: a box process still alive could swap a checked
+    path for a link to a host file, so the version is taken back only once every process is reaped."""
+    from execbox.boxes import jail_box, netns
+
+    class Box:
+        class client:  # noqa: N801 - the shape jail boxes have
+            @staticmethod
+            def call(*_a, **_kw):
+                return {"exit_code": 0, "result": {"ok": True}}
+
+        @staticmethod
+        def destroy():
+            pass
+
+    walked = []
+    monkeypatch.setattr(build_box, "box_prerequisites", lambda *a, **kw: "")
+    monkeypatch.setattr(jail_box, "start", lambda *a, **kw: Box())
+    monkeypatch.setattr(jail_box, "reap_stale", lambda *a, **kw: None)
+    monkeypatch.setattr(netns, "reap_stale_once", lambda *a, **kw: None)
+    monkeypatch.setattr(build_box, "own_tree", lambda *a, **kw: walked.append(a))
+    monkeypatch.setattr(jail_box, "drain", lambda timeout=30.0: False)
+    with pytest.raises(RuntimeNotUsable, match="did not all end"):
+        build_box.install_in_box(str(tmp_path), ["pkg"], [], python="/usr/bin/python3", index_url=None,
+                                 registry=None, report=lambda *a: None)
+    assert walked == []

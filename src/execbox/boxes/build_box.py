@@ -176,6 +176,7 @@ def install_in_box(work: str, pip: list[str], npm: list[str], *, python: str, in
     except (OSError, ValueError):
         before_npm = None
     before_npm = before_npm if isinstance(before_npm, dict) else None
+    ended = False  # every process of the box reaped: only then may the host walk what it wrote
     try:
         try:
             box = jail_box.start(settings, None, tmpfs_workspace=True, oneshot=True)
@@ -194,10 +195,14 @@ def install_in_box(work: str, pip: list[str], npm: list[str], *, python: str, in
                                    details={"step": "box"}) from e
         finally:
             box.destroy()
-            jail_box.drain(30.0)  # every process of the box is gone before the host touches the version
+            ended = jail_box.drain(30.0)  # every process of the box is gone before the host touches the version
     finally:
-        own_tree(work, os.geteuid(), os.getegid())
-        shutil.rmtree(os.path.join(work, SCRATCH), ignore_errors=True)
+        if ended:  # a process still alive could swap a checked path for a link to a host file
+            own_tree(work, os.geteuid(), os.getegid())
+            shutil.rmtree(os.path.join(work, SCRATCH), ignore_errors=True)
+    if not ended:
+        raise RuntimeNotUsable("the build box's processes did not all end within 30 s of its teardown; the "
+                               "version was not taken back and nothing was published", details={"step": "box"})
     _outcome(reply, timeout, index_url)
     if pip:
         check_pip_sources(work, before_pip)
@@ -306,6 +311,16 @@ def _outcome(reply: dict[str, Any], timeout: float, index_url: str | None) -> No
     raise RuntimeNotUsable(f"{tool} failed:\n{tail}", details={"tool": tool, "exit_code": value.get("exit_code")})
 
 
+def _drop_special_bits(path: str, st: os.stat_result) -> None:
+    """chmod without following a link: through an O_NOFOLLOW descriptor of the very inode lstat saw."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == (st.st_dev, st.st_ino):
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
+    finally:
+        os.close(fd)
+
+
 def own_tree(root: str, uid: int, gid: int | None = None) -> None:
     """Everything under ``root`` (links themselves, never followed) owned by ``uid``:``gid``, set-id
     and sticky bits dropped, anything but files, directories and symlinks (fifos, sockets) removed."""
@@ -319,6 +334,6 @@ def own_tree(root: str, uid: int, gid: int | None = None) -> None:
                 continue
             os.chown(path, uid, gid, follow_symlinks=False)
             if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o7000:
-                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o777)
+                _drop_special_bits(path, st)
     os.chown(root, uid, gid)
     os.chmod(root, stat.S_IMODE(os.stat(root).st_mode) & 0o777)
