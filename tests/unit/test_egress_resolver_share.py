@@ -83,3 +83,24 @@ def test_a_tenant_over_its_share_gets_servfail_and_a_refusal_that_says_why(monke
     target, why = _run(main)
     assert DNSRecord.parse(sent[0]).header.rcode == RCODE.SERVFAIL
     assert target is None and "resolver is busy" in why
+
+
+def test_a_lookup_the_pool_refuses_gives_its_slots_back(monkeypatch):
+    """Review 53 F3: the box's and the tenant's slots were taken before the pool's submit; a pool
+    that refused (shut down) kept them for good."""
+    dead = ThreadPoolExecutor(1)
+    dead.shutdown()
+    monkeypatch.setattr(resolver, "_pool", dead)
+    box = SimpleNamespace(tenant_id="t-refused")
+
+    async def main() -> None:
+        for _ in range(resolver.LOOKUPS_PER_TENANT + 1):
+            try:
+                await asyncio.wait_for(resolver.resolve("x.example", box), 5)  # a held slot: TimeoutError
+            except RuntimeError:  # "cannot schedule new futures after shutdown"
+                pass
+            await asyncio.sleep(0)  # the box slot comes back through the loop
+
+    _run(main)
+    assert resolver._tenants.get("t-refused", 0) == 0
+    assert box.lookup_slots._value == resolver.LOOKUPS_PER_BOX

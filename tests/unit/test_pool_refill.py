@@ -134,3 +134,22 @@ def test_a_failing_pool_keeps_its_backoff_while_callers_wait():
         assert 1 <= len(calls) <= 3, len(calls)
     finally:
         p.close()
+
+
+def test_a_stale_check_that_fails_keeps_the_ready_boxes(monkeypatch):
+    """Review 53 F4: a check that raised counted as stale, so one failing every time destroyed and
+    restarted every ready box each STALE_RECHECK, and none was ever handed out."""
+    monkeypatch.setattr(pool_mod, "STALE_RECHECK", 0.05)
+    starts = Starts()
+
+    def broken(_box: FakeBox) -> bool:
+        raise OSError("readlink failed")
+
+    p = BoxPool(starts, 2, workers=1, stale=broken)
+    try:
+        assert wait_for(lambda: p.status()["ready"] == 2)
+        time.sleep(0.5)  # ten rechecks
+        assert starts.n == 2
+        assert p.take(wait=1) is not None
+    finally:
+        p.close()

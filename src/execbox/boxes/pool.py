@@ -46,6 +46,7 @@ class BoxPool:
                  stale: Callable[[PooledBox], bool] | None = None) -> None:
         self._start = start
         self._stale = stale
+        self._stale_warned = -1e9
         self.size = max(0, int(size))
         self.name = name
         self.max_backoff = max_backoff
@@ -159,8 +160,13 @@ class BoxPool:
             return False
         try:
             return self._stale(box)
-        except Exception:  # noqa: BLE001 - cannot tell: a fresh box is the safe side
-            return True
+        except Exception as e:  # noqa: BLE001 - cannot tell: keep it (a check failing every time
+            # would otherwise destroy and restart every ready box each STALE_RECHECK, for ever)
+            now = time.monotonic()
+            if now - self._stale_warned > 60:
+                self._stale_warned = now
+                log.warning("pool %s: cannot tell whether a ready box is stale (%s); keeping it", self.name, e)
+            return False
 
     def _drop_stale(self) -> None:
         """Remove the stale ready boxes (called with the lock held) and destroy them in the back."""

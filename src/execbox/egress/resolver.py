@@ -110,6 +110,10 @@ async def resolve(name: str, box: Any = None) -> list[ipaddress.IPv4Address]:
         finally:
             release()
 
-    job = _pool.submit(lookup)
+    try:
+        job = _pool.submit(lookup)
+    except BaseException:  # the pool is shut down: the slots taken above would be held for good
+        release()
+        raise
     job.add_done_callback(lambda j: j.cancelled() and release())  # never started: its slots come back
     return await asyncio.wrap_future(job, loop=loop)

@@ -26,6 +26,7 @@ import logging
 from typing import Any
 
 import anyio.to_thread
+from sqlalchemy import exc as sqlalchemy_exc
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,6 +37,8 @@ from .routes.executor_compat import authorize
 from .token_paths import E2B_UNAUTHORIZED, scheme_for
 
 log = logging.getLogger("execbox.service.auth")
+DATABASE_DOWN = (sqlalchemy_exc.OperationalError, sqlalchemy_exc.InterfaceError, sqlalchemy_exc.TimeoutError)
+"""Connection-level store failures (errors.install_error_handlers answers the same ones 503)."""
 
 def _header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope.get("headers") or []:
@@ -66,7 +69,11 @@ class TokenGate:
         except SandboxError as e:
             await self._refuse(kind, e, scope, receive, send)
             return
-        except Exception as e:  # noqa: BLE001 - the store failed: the route's own check answers (503 SB009)
+        except DATABASE_DOWN as e:  # answered here, the body unread: a degraded service is no time to buffer it
+            log.warning("token gate: the database is unavailable (%s)", type(e).__name__)
+            await self._unavailable(kind, scope, receive, send)
+            return
+        except Exception as e:  # noqa: BLE001 - anything else: the route's own check answers it
             log.debug("token gate: verification failed (%s); leaving it to the route", type(e).__name__)
         await self.app(scope, receive, send)
 
@@ -81,6 +88,17 @@ class TokenGate:
         else:
             token = _header(scope, b"x-api-key") or bearer_value(_header(scope, b"authorization") or "")
             scope[VERIFIED] = (token, verify_token(token, self.services.store))
+
+    async def _unavailable(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """503 SB009 with Retry-After, as errors.database_error answers a route (E2B's shape on its API)."""
+        message = "the service's database is unavailable; retry shortly"
+        body = {"code": 503, "message": message} if kind == "e2b" else \
+            {"error": {"code": "SB009", "message": message, "details": {}}}
+        response = JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        self.services.metrics.errors.labels("SB009").inc()
+        if _has_body(scope):
+            response.headers["Connection"] = "close"
+        await response(scope, receive, send)
 
     async def _refuse(self, kind: str, error: SandboxError, scope: Scope, receive: Receive, send: Send) -> None:
         if kind == "e2b":

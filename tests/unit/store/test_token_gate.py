@@ -209,3 +209,24 @@ def test_paths_without_a_token_never_have_their_body_held(tmp_path, path, status
     finally:
         providers.shutdown()
         store.close()
+
+
+@pytest.mark.parametrize("path, shape", [("/v1/sandbox/write", "execbox"), ("/v2/sandboxes", "e2b")])
+def test_a_store_that_is_down_is_503_before_the_body_is_read(tmp_path, monkeypatch, path, shape) -> None:  # noqa: ANN001
+    """Review 53 F2: the gate used to pass the request on when the store failed, so the body (up to
+    64 MiB, no token checked) was read and parsed before the route's own check answered 503."""
+    from sqlalchemy.exc import OperationalError
+
+    app, store, providers = _app(tmp_path)
+
+    def down(_token: str) -> None:
+        raise OperationalError("SELECT", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(store.tokens, "verify", down)
+    try:
+        status, pulled, headers = _post(app, path, 900 * 1024, {"Authorization": "Bearer ebx_whatever"})
+        assert (status, pulled) == (503, 0)
+        assert headers.get("retry-after") == "1" and headers.get("connection") == "close"
+    finally:
+        providers.shutdown()
+        store.close()
