@@ -3,9 +3,11 @@ can warn about one it does not (a misspelled database URL variable would otherwi
 service on a local SQLite file without a word).
 
 The list is kept honest by tests/unit/test_env_names.py: every such name written anywhere under
-src/ must be in :data:`KNOWN`, and every one the docs mention must be known or in
-:data:`SCRIPT_ONLY`. Besides these, ``EXECBOX_<PROVIDER>_<FIELD>`` sets any field of a provider's
-schema on first boot (service/store/sandbox_seed.py): :func:`provider_field_names`.
+src/ must be in :data:`KNOWN` (or be a Python constant: :data:`NOT_ENVIRONMENT`), and every one
+the docs mention must be known, in :data:`SCRIPT_ONLY`, or a contract name execbox does not read
+(:data:`REPLACED`, which the docs say so of). Besides these, ``EXECBOX_<PROVIDER>_<FIELD>`` sets
+any field of a provider's schema on first boot (service/store/sandbox_seed.py):
+:func:`provider_field_names`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ KNOWN: frozenset[str] = frozenset({
     "SANDBOX_MAX_REQUEST_BYTES", "SANDBOX_MAX_BACKGROUND_PROCESSES", "SANDBOX_TENANT_MAX_BACKGROUND_PROCESSES",
     "SANDBOX_BACKGROUND_HOLD_BYTES", "SANDBOX_TENANT_BACKGROUND_HOLD_BYTES",
     "SANDBOX_TENANT_BACKGROUND_FLOOR_BYTES", "SANDBOX_BACKGROUND_ENDED_TAIL_BYTES", "SANDBOX_AUDIT_CODE",
-    "SANDBOX_GPU_ENABLED", "SANDBOX_GPU_NETWORK_ENABLED", "SANDBOX_EXECUTOR_ENDPOINT", "SANDBOX_UID",
+    "SANDBOX_GPU_ENABLED", "SANDBOX_GPU_NETWORK_ENABLED", "SANDBOX_EXECUTOR_ENDPOINT",
     # boxes, runtimes and installs
     "EXECBOX_JAIL_DIR", "EXECBOX_JAIL_HOST_UID", "EXECBOX_JAIL_UID_RANGE", "EXECBOX_IMAGE_CACHE",
     "EXECBOX_GPU_DEV_ROOT", "EXECBOX_BUILD_TIMEOUT", "EXECBOX_INSTALL_TIMEOUT", "EXECBOX_INSTALL_MAX_BYTES",
@@ -52,6 +54,20 @@ SCRIPT_ONLY: frozenset[str] = frozenset({
 })
 """Read by the scripts under scripts/ and the test suite, which the docs describe: never warned
 about (they are often exported in the shell a service is started from)."""
+
+NOT_ENVIRONMENT: frozenset[str] = frozenset({"SANDBOX_UID"})
+"""Names written under src/ that are Python constants, not environment variables (``SANDBOX_UID``:
+the fixed uid of a docker/kubernetes box's user, boxes/images.py). Not in :data:`KNOWN`: setting one
+does nothing, so ``serve`` warns about it."""
+
+REPLACED: dict[str, str] = {
+    "SANDBOX_WORKER_IMAGE": "the docker provider's `image` (EXECBOX_DOCKER_IMAGE on first boot, "
+                            "else `execbox config set docker image=...`)",
+    "SANDBOX_MEM_LIMIT": "the docker provider's `max_memory` (EXECBOX_DOCKER_MAX_MEMORY on first boot, "
+                         "else `execbox config set docker max_memory=...`)",
+}
+"""Names of the gateway design contract execbox does not read, and what does their job: the warning
+for one names it."""
 
 _NAME = re.compile(r"^(?:EXECBOX|SANDBOX)_[A-Z0-9_]+$")
 
@@ -80,8 +96,9 @@ def unknown_names(env: Mapping[str, str], known: Iterable[str] | None = None) ->
 def unknown_name_warnings(env: Mapping[str, str]) -> list[str]:
     """One line per unknown name, for ``execbox serve`` to print at start."""
     return [f"warning: {name} is not an environment variable execbox reads; it is ignored"
-            + (f" (did you mean {close}?)" if close else "")
+            + (f"; use {REPLACED[name]}" if name in REPLACED else f" (did you mean {close}?)" if close else "")
             for name, close in unknown_names(env).items()]
 
 
-__all__ = ["KNOWN", "SCRIPT_ONLY", "provider_field_names", "unknown_name_warnings", "unknown_names"]
+__all__ = ["KNOWN", "NOT_ENVIRONMENT", "REPLACED", "SCRIPT_ONLY", "provider_field_names", "unknown_name_warnings",
+           "unknown_names"]

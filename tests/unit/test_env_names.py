@@ -7,7 +7,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from execbox.env_names import KNOWN, SCRIPT_ONLY, provider_field_names, unknown_name_warnings, unknown_names
+from execbox.env_names import (
+    KNOWN,
+    NOT_ENVIRONMENT,
+    REPLACED,
+    SCRIPT_ONLY,
+    provider_field_names,
+    unknown_name_warnings,
+    unknown_names,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"\b(?:EXECBOX|SANDBOX)_[A-Z0-9_]*[A-Z0-9]\b")
@@ -30,7 +38,7 @@ def _names_in(paths) -> dict[str, str]:
 def test_every_name_in_the_source_is_known() -> None:
     found = _names_in(p for p in (ROOT / "src").rglob("*") if p.name != "env_names.py")  # the list itself
     assert "EXECBOX_DATABASE_URL" in found  # the scan does see the source
-    missing = {n: where for n, where in found.items() if n not in KNOWN}
+    missing = {n: where for n, where in found.items() if n not in KNOWN | NOT_ENVIRONMENT}
     assert not missing, f"add these to execbox/env_names.py KNOWN: {missing}"
 
 
@@ -39,7 +47,8 @@ def test_every_name_the_docs_mention_is_known() -> None:
     fields = provider_field_names()
     found = _names_in(p for p in docs if "device-runs" not in p.parts)  # dated reports, kept as run
     unknown = {n: where for n, where in found.items()
-               if n not in KNOWN | SCRIPT_ONLY | fields and not n.startswith("SANDBOX_TENANT_MAX_")}
+               if n not in KNOWN | SCRIPT_ONLY | fields | set(REPLACED)
+               and not n.startswith("SANDBOX_TENANT_MAX_")}
     unknown.pop("SANDBOX_HOST", None)  # RAGFlow's own, where the docs say how to point RAGFlow here
     unknown.pop("EXECBOX_DATABSE_URL", None)  # the misspelling admin.md shows the warning for
     assert not unknown, unknown
@@ -60,3 +69,17 @@ def test_unknown_names_get_the_nearest_known_one() -> None:
     assert lines == ["warning: EXECBOX_DATABSE_URL is not an environment variable execbox reads; it is "
                      "ignored (did you mean EXECBOX_DATABASE_URL?)"]
     assert "postgresql" not in " ".join(unknown_name_warnings(env))  # names only, never values
+
+
+def test_a_python_constant_is_not_a_known_variable_and_contract_names_point_to_their_replacement() -> None:
+    """SANDBOX_UID is a constant (boxes/images.py), read from no environment: setting it warns. The
+    gateway contract's SANDBOX_WORKER_IMAGE / SANDBOX_MEM_LIMIT are not read: the warning says what is."""
+    assert not NOT_ENVIRONMENT & KNOWN
+    assert unknown_name_warnings({"SANDBOX_UID": "5"}) == [
+        "warning: SANDBOX_UID is not an environment variable execbox reads; it is ignored"]
+    fields = provider_field_names()
+    assert {"EXECBOX_DOCKER_IMAGE", "EXECBOX_DOCKER_MAX_MEMORY"} <= fields  # the replacements the warning names
+    [memory, image] = unknown_name_warnings({"SANDBOX_WORKER_IMAGE": "x", "SANDBOX_MEM_LIMIT": "1g"})  # sorted
+    assert image.startswith("warning: SANDBOX_WORKER_IMAGE ") and "EXECBOX_DOCKER_IMAGE" in image
+    assert memory.startswith("warning: SANDBOX_MEM_LIMIT ") and "EXECBOX_DOCKER_MAX_MEMORY" in memory
+    assert not set(REPLACED) & (KNOWN | SCRIPT_ONLY | fields)

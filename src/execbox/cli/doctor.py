@@ -85,8 +85,9 @@ def doctor(
 ) -> None:
     """Show which isolation tiers work on this host (gvisor > container > jail > none) and why not.
 
-    Exits 1 when no provider is usable here or the probe run fails (so scripts and readiness
-    checks can use it), 0 otherwise."""
+    Exits 1 when the zero-config provider (the jail) cannot run here or its probe run fails (so
+    scripts and readiness checks can use it), 0 otherwise; other providers are listed but do not
+    change the exit status, and the probe ignores the settings store's active provider."""
     report = collect(probe)
     code = exit_code(report)
     if as_json:
@@ -123,7 +124,7 @@ def doctor(
 
 
 def exit_code(report: dict[str, Any]) -> int:
-    """1 when no provider is usable (no zero-config choice) or the probe failed, else 0."""
+    """1 when the zero-config provider (the jail) cannot run here or its probe failed, else 0."""
     if not report["zero_config"].get("provider"):
         return 1
     probe = report.get("probe")

@@ -68,9 +68,11 @@ def build_cmd(
     npm: list[str] = typer.Option([], "--npm", help="npm package (repeat), e.g. --npm axios --npm lodash@4"),
     base: str = typer.Option(None, "--from", help="Start from this template (NAME or NAME@vN) and add to it"),
     index_url: str = typer.Option(None, "--index-url", envvar="EXECBOX_PIP_INDEX_URL",
-                                  help="pip index (internal mirror); default: pip's own configuration"),
+                                  help="pip index (internal mirror); default: https://pypi.org/simple (the "
+                                       "host's pip configuration is not read)"),
     registry: str = typer.Option(None, "--npm-registry", envvar="EXECBOX_NPM_REGISTRY",
-                                 help="npm registry (internal mirror); default: npm's own configuration"),
+                                 help="npm registry (internal mirror); default: https://registry.npmjs.org/ "
+                                      "(the host's npm configuration is not read)"),
     docker: bool = typer.Option(False, "--docker", help="Also build the image execbox/runtime-NAME:vN for the "
                                                         "docker provider (needs `execbox image build python`)"),
 ) -> None:

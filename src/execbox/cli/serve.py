@@ -79,8 +79,6 @@ def serve(
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(f"execbox {app.version}: provider {provider.name} (isolation {provider.isolation.value}), "
                f"data in {store.data_dir}, database {store.url}", err=True)
-    typer.echo(f"  API      http://{shown}:{port}/v1/sandbox  (OpenAPI: /docs, /openapi.json)", err=True)
-    typer.echo(f"  console  http://{shown}:{port}/admin/    health: /healthz /readyz /metrics", err=True)
     # SIGTERM/SIGINT: uvicorn stops accepting and the sessions start draining at once (new work
     # refused, what still runs after drain_timeout cancelled, so each request gets its answer);
     # uvicorn's own deadline comes CANCEL_GRACE later. Then the lifespan stops the boxes
@@ -88,12 +86,27 @@ def serve(
     sessions = state_services(app).sessions
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)  # exits the process when the lifespan or the bind failed
+            bound = next((sock.getsockname()[1] for srv in getattr(self, "servers", []) for sock in srv.sockets),
+                         port)  # the real port when --port 0
+            for line in url_lines(shown, bound, settings.api_docs):
+                typer.echo(line, err=True)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             sessions.begin_drain()
             super().handle_exit(sig, frame)
 
     Server(uvicorn.Config(app, host=host, port=port, log_level=LogLevel(log_level).value, access_log=False,
                           timeout_graceful_shutdown=int(settings.drain_timeout) + CANCEL_GRACE)).run()
+
+
+def url_lines(host: str, port: int, api_docs: bool) -> list[str]:
+    """Where the API and console answer, once bound (``port`` the bound one). /docs and /redoc
+    only when EXECBOX_API_DOCS serves them (service/api_docs.py); /openapi.json always."""
+    openapi = "/docs, /redoc, /openapi.json" if api_docs else "/openapi.json"
+    return [f"  API      http://{host}:{port}/v1/sandbox  (OpenAPI: {openapi})",
+            f"  console  http://{host}:{port}/admin/    health: /healthz /readyz /metrics"]
 
 
 CANCEL_GRACE = 10

@@ -188,13 +188,9 @@ class ServiceCore:
         return self.sessions.interrupt(caller.tenant_id, session_id)
 
     def install(self, caller: Caller, session_id: str, pip: list[str], npm: list[str]) -> dict[str, Any]:
-        """pip/npm into the session's workspace (the same provider call as the HTTP install route)."""
-        with self.sessions.session(caller.tenant_id, session_id) as s:
-            do = getattr(s.provider, "install_packages", None)
-            if do is None:
-                raise InvalidConfigError(f"provider {s.provider.name!r} does not support in-session installs",
-                                         details={"provider": s.provider.name})
-            return do(s.instance_id, pip=pip, npm=npm)
+        """pip/npm into the session's workspace, on the run path as the HTTP install route
+        (RunService.install): the tenant's execution slot, the metric and an audit row."""
+        return self.runs.install(caller.tenant_id, session_id, caller.token_id, pip, npm)
 
     # -- files ----------------------------------------------------------------------------------
     def read_file(self, caller: Caller, session_id: str, path: str, offset: int, limit: int) -> TextPage:

@@ -5,9 +5,11 @@ They are served from the admin console's origin, and both load their scripts fro
 cdn.jsdelivr.net: with them on, a compromise of that CDN (or of the floating ``@5``/``@2`` versions
 FastAPI names) would run script in the origin whose tab holds an admin token (review 47, F7). So
 they are off by default (``/openapi.json`` stays: it is data, not a page), and when an operator
-turns them on each page carries a Content-Security-Policy that lets scripts and styles come from
-that CDN only, plus the page's own inline start-up script by its hash; nothing else may load from
-another origin, nothing may frame it, and requests go to this origin only.
+turns them on each page carries a Content-Security-Policy that lets scripts come from that CDN
+only, plus the page's own inline start-up script by its hash (Swagger UI has one; ReDoc's bundle
+starts itself from the ``<redoc>`` element, so /redoc has none); styles come from that CDN and
+inline, fonts from that CDN or ``data:``; nothing else may load from another origin, nothing may
+frame it, and requests go to this origin only.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import SandboxError
+from ..errors import InvalidConfigError, SandboxError
 from ..models import ExecutionResult
 from ..providers.base import OutputCallback, SandboxProvider
 from .config import forwarding_enabled
@@ -151,6 +151,29 @@ class RunService:
         self._record(spec, provider_name, instance_id, started, status, result.exit_code,
                      memory_mb(result.metadata), result.error_code)
         return result
+
+    def install(self, tenant_id: str, session_id: str, token_id: str | None, pip: list[str], npm: list[str],
+                timeout: float | None = None) -> dict[str, Any]:
+        """pip/npm into a session's workspace, as a run: the packages' code runs in the box (build
+        steps, npm scripts), so it takes the tenant's execution slot (SB008 beyond
+        ``tenant_max_executions``), the ``execbox_executions`` metric (language ``packages``) and one
+        audit row (operation ``install``, the requirements as code). The HTTP install route and the
+        MCP ``install_packages`` tool both come here; the provider's install result is returned."""
+        out: dict[str, Any] = {}
+
+        def call(provider: SandboxProvider, instance_id: str, _one_shot: bool,
+                 _on_output: OutputCallback | None) -> ExecutionResult:
+            do = getattr(provider, "install_packages", None)
+            if do is None:
+                raise InvalidConfigError(f"provider {provider.name!r} does not support in-session installs; "
+                                         "they work on the self-hosted providers (jail, docker)",
+                                         details={"provider": provider.name})
+            out.update(do(instance_id, pip=pip, npm=npm, timeout=timeout))
+            return ExecutionResult("", "", 0, 0.0, metadata={"egress_run_id": out.get("egress_run_id")})
+
+        code = "\n".join([*(f"pip {p}" for p in pip), *(f"npm {n}" for n in npm)])
+        self.run(RunSpec(tenant_id, session_id, "install", INSTALL_LANGUAGE, code, token_id, call, template="python"))
+        return out
 
     def file_op(self, tenant_id: str, session_id: str, operation: str, path: str, token_id: str | None,
                 call: FileCall[T]) -> T:

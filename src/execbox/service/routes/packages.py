@@ -6,9 +6,10 @@
 
 Templates are built with the CLI (`execbox runtime build`): a build runs for minutes and writes
 to the jail directory, which is an operator's step, not a request. An install runs the tenant's
-packages' code in the box (build steps, npm scripts), so it takes the run path (RunService): the
-tenant's execution slot (SB008 beyond ``tenant_max_executions``), the ``execbox_executions``
-metric (language ``packages``) and one audit row (operation ``install``, the requirements as code).
+packages' code in the box (build steps, npm scripts), so it takes the run path (RunService.install,
+as the MCP ``install_packages`` tool does): the tenant's execution slot (SB008 beyond
+``tenant_max_executions``), the ``execbox_executions`` metric (language ``packages``) and one
+audit row (operation ``install``, the requirements as code).
 """
 
 from __future__ import annotations
@@ -19,11 +20,8 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...boxes import runtime as rt
-from ...errors import InvalidConfigError
-from ...models import ExecutionResult
 from ..auth import Principal, require_admin, require_token
 from ..container import services
-from ..executions import INSTALL_LANGUAGE, RunSpec
 from ..schemas import ERROR_RESPONSES
 from .sandbox import NAME_PATTERN, tenant_for
 
@@ -57,18 +55,5 @@ def runtime(name: str = Path(max_length=80), _: Principal = Depends(require_admi
 def install(body: InstallIn, request: Request, tenant_id: str = _name(), session_id: str = _name(),
             principal: Principal = Depends(require_token)) -> Any:
     tenant = tenant_for(principal, tenant_id)
-    out: dict[str, Any] = {}
-
-    def call(provider: Any, instance_id: str, _one_shot: bool, _on_output: Any) -> ExecutionResult:
-        do = getattr(provider, "install_packages", None)
-        if do is None:
-            raise InvalidConfigError(f"provider {provider.name!r} does not support in-session installs; "
-                                     "they work on the self-hosted providers (jail, docker)",
-                                     details={"provider": provider.name})
-        out.update(do(instance_id, pip=body.pip, npm=body.npm, timeout=body.timeout))
-        return ExecutionResult("", "", 0, 0.0, metadata={"egress_run_id": out.get("egress_run_id")})
-
-    code = "\n".join([*(f"pip {p}" for p in body.pip), *(f"npm {n}" for n in body.npm)])
-    services(request).runs.run(RunSpec(tenant, session_id, "install", INSTALL_LANGUAGE, code, principal.token_id,
-                                       call, template="python"))
+    out = services(request).runs.install(tenant, session_id, principal.token_id, body.pip, body.npm, body.timeout)
     return {"tenant_id": tenant, "session_id": session_id, **out}
