@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
+
+from tests.integration.service.conftest import slots_taken
 
 from .conftest import http_client, run_async
 
@@ -26,26 +27,8 @@ def test_mcp_file_tools_are_metered_audited_and_quota_bound(service) -> None:
         "execbox_file_operations_total", {"operation": "write_file", "status": "success"})
     assert metric == 1.0
 
-    held, release = threading.Event(), threading.Event()
-    limit = svc.settings.tenant_max_executions
-
-    def busy() -> None:  # every execution slot of the tenant is taken
-        from contextlib import ExitStack
-
-        with ExitStack() as stack:
-            for _ in range(limit):
-                stack.enter_context(svc.sessions.execution_slot("tenant-a"))
-            held.set()
-            release.wait(30)
-
-    t = threading.Thread(target=busy)
-    t.start()
-    try:
-        assert held.wait(10)
+    with slots_taken(svc.sessions, "tenant-a", svc.settings.tenant_max_executions):  # every one of them
         _, refused = run_async(write, sid, "over.txt")
-    finally:
-        release.set()
-        t.join()
     assert refused.is_error and "SB008" in str(refused.content)
     _, listing = run_async(write, sid, "after.txt")  # the slot is free again
     assert not listing.is_error

@@ -4,9 +4,9 @@ and the tenant's execution slot (SB008 when the tenant's slots are all taken).""
 
 from __future__ import annotations
 
-import threading
-from contextlib import ExitStack
 from typing import Any
+
+from tests.integration.service.conftest import slots_taken
 
 from .conftest import http_client, run_async
 
@@ -34,22 +34,6 @@ def test_mcp_install_is_audited_metered_and_quota_bound(service) -> None:
     assert row["token_id"].startswith("tok_")
     assert packages_metric("error") == before + 1
 
-    held, release = threading.Event(), threading.Event()
-    limit = svc.settings.tenant_max_executions
-
-    def busy() -> None:  # every execution slot of the tenant is taken
-        with ExitStack() as stack:
-            for _ in range(limit):
-                stack.enter_context(svc.sessions.execution_slot("tenant-a"))
-            held.set()
-            release.wait(30)
-
-    t = threading.Thread(target=busy)
-    t.start()
-    try:
-        assert held.wait(10)
+    with slots_taken(svc.sessions, "tenant-a", svc.settings.tenant_max_executions):  # every one of them
         _, refused = run_async(install, sid)
-    finally:
-        release.set()
-        t.join()
     assert refused.is_error and refused.structured_content["error"]["code"] == "SB008"

@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +161,29 @@ def service_factory(jail_provider: SandboxProvider) -> Iterator[Any]:
     yield make
     for svc in started:
         svc.stop()
+
+
+@contextmanager
+def slots_taken(sessions: Any, tenant_id: str, n: int = 1) -> Iterator[None]:
+    """``n`` of the tenant's execution slots held by another thread, as runs in progress hold them,
+    while the body runs."""
+    held, release = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        with ExitStack() as stack:
+            for _ in range(n):
+                stack.enter_context(sessions.execution_slot(tenant_id))
+            held.set()
+            release.wait(120)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    try:
+        assert held.wait(10)
+        yield
+    finally:
+        release.set()
+        t.join()
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:

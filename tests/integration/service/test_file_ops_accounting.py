@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import Service, error_of
+from .conftest import Service, error_of, slots_taken
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -42,17 +40,7 @@ def test_a_file_write_over_the_tenant_quota_is_refused_and_nothing_is_written(se
     svc: Service = service_factory(tenant_max_executions=1)
     c = svc.a
     c.post("/v1/sandbox/write", json={"session_id": "fq", "path": "keep.txt", "content": "v1"})
-    held, release = threading.Event(), threading.Event()
-
-    def busy() -> None:  # the tenant's one execution slot is taken (a run in progress)
-        with svc.app.state.services.sessions.execution_slot("tenant-a"):
-            held.set()
-            release.wait(30)
-
-    t = threading.Thread(target=busy)
-    t.start()
-    try:
-        assert held.wait(10)
+    with slots_taken(svc.app.state.services.sessions, "tenant-a"):  # its one slot: a run in progress
         r = c.post("/v1/sandbox/write", json={"session_id": "fq", "path": "keep.txt", "content": "v2"})
         assert r.status_code == 429
         err = error_of(r)
@@ -62,9 +50,6 @@ def test_a_file_write_over_the_tenant_quota_is_refused_and_nothing_is_written(se
         # another tenant's quota is its own
         assert svc.b.post("/v1/sandbox/write", json={"session_id": "fq", "path": "b.txt",
                                                      "content": "b"}).status_code == 200
-    finally:
-        release.set()
-        t.join()
     assert c.post("/v1/sandbox/read", json={"session_id": "fq", "path": "keep.txt"}).json()["content"] == "v1"
     assert c.post("/v1/sandbox/glob", json={"session_id": "fq", "pattern": "x.txt"}).json()["paths"] == []
     m = _samples(svc.client().get("/metrics").text)
