@@ -1,7 +1,5 @@
-"""kill_tree keeps at it until every target is dead, by time rather than by a count of rounds:
-under gVisor's ptrace platform on a loaded host a SIGKILL took longer than the 50 quick rounds the
-loop used to allow, and a process the run left behind wrote once more after the run had returned
-(the conformance case background_ends_with_run, docker-runsc, in a full CI run)."""
+"""kill_tree keeps at it until every target is dead, bounded by time rather than by a count of
+quick rounds (50 of them could pass before a slow SIGKILL landed), and gives up after KILL_WAIT."""
 
 from __future__ import annotations
 

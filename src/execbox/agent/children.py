@@ -136,6 +136,7 @@ class Children(Spares):
                     pass
             self._cleanup_run_files()
         elapsed = time.monotonic() - start
+        ctx_note.pop("spare_ended", None)
         if ctx_note.pop("context_interrupted", False) and not out["exit"].get("died"):
             why = "timeout" if out["timed_out"] else "cancelled"
             ctx_note["context_note"] = f"context {context_id!r} was interrupted ({why}); its state is kept"
@@ -401,11 +402,30 @@ class Children(Spares):
 
         def done() -> dict[str, Any] | None:
             if "done" in state:
+                if not cell and not note.get("spare_ended"):
+                    end_spare()
                 return state["done"]
             if ctx.pid in self.exited:
                 return procs.died(*self.exited.pop(ctx.pid))
             stop.tick()
             return None
+
+        def end_spare() -> None:
+            """A one-shot run in a spare context answered: the spare (it serves this one run) and
+            what the run left running in its process group (a Popen'd child, a shell's job) end
+            now, before the reply, as a forked one-shot run's leftovers do (reap_and_clean). The
+            host's context.reset of the used spare comes later, from another thread, after the
+            caller already has the reply: a leftover kept writing meanwhile (conformance:
+            background_ends_with_run on docker-runsc). One killpg here (the spare leads its own
+            session); the reset's full kill_tree still ends what left the group (a setsid daemon)
+            and closes the context. Dead here, the leftovers also close the run's pipes: no drain
+            grace is waited out."""
+            note["spare_ended"] = True
+            try:
+                os.killpg(ctx.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.detached.add(ctx.pid)  # its exit status is nobody's: dropped by on_wake
 
         def kill() -> None:
             # A notebook's interrupt first (contexts.context_main): KeyboardInterrupt in the cell,

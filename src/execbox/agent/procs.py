@@ -237,9 +237,9 @@ def descendants(pid: int) -> list[int]:
 
 
 KILL_WAIT = 2.0
-"""Seconds kill_tree keeps at it until every target is dead (a zombie). A kernel delivers SIGKILL at
-once; gVisor's ptrace platform on a loaded host took over 100 ms, and a process the run left behind
-wrote once more after the run had returned (the conformance case background_ends_with_run)."""
+"""Seconds kill_tree keeps at it until every target is dead (a zombie): bounded by time, not by a
+count of quick rounds, so a slow SIGKILL (a loaded gVisor sentry) is still waited for, and an
+unkillable process (uninterruptible sleep) cannot hold a run's reply for longer than this."""
 
 
 def kill_tree(pid: int, *, keep: set[int] | None = None, include_root: bool = True) -> int:
